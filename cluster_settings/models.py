@@ -1,0 +1,373 @@
+"""The stack configuration as pydantic models.
+
+Every field documents its default and why, because this is the configuration
+reference: the README's table is generated from these models and a test keeps
+the two in step. Rules that need two fields at once live in
+``cluster_settings.rules``; rules about one value live here as validators.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+)
+
+DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+K3S_VERSION = re.compile(r"^v(\d+)\.(\d+)\.(\d+)\+k3s(\d+)$")
+# `k3s token create --ttl` (per-node, short-lived join tokens) exists from v1.26.2.
+MIN_K3S_VERSION = (1, 26, 2)
+LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+# Labels the program sets itself; a stack may not set or override them.
+RESERVED_LABEL_PREFIXES = ("node-role.kubernetes.io/", "kubernetes.io/", "k8s.io/", "hk3s.dev/")
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$"
+)
+SSH_PUBLIC_KEY = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]+$")
+
+# Hetzner Cloud locations and the network zone each belongs to: servers in one
+# private network must share a zone.
+NETWORK_ZONE_OF_LOCATION = {
+    "fsn1": "eu-central",
+    "nbg1": "eu-central",
+    "hel1": "eu-central",
+    "ash": "us-east",
+    "hil": "us-west",
+    "sin": "ap-southeast",
+}
+
+
+def _node_name(value: str) -> str:
+    if len(value) > 63 or not DNS_1123_LABEL.match(value):
+        raise ValueError(
+            f"{value!r} is not a DNS-1123 node name; use at most 63 lowercase letters, "
+            "digits and '-', starting and ending with a letter or digit (e.g. 'worker-1')"
+        )
+    return value
+
+
+def _k3s_version(value: str) -> str:
+    match = K3S_VERSION.match(value)
+    if not match:
+        raise ValueError(
+            f"{value!r} is not a k3s release; write it as k3s tags it, e.g. 'v1.31.4+k3s1'"
+        )
+    if tuple(int(part) for part in match.groups()[:3]) < MIN_K3S_VERSION:
+        raise ValueError(
+            f"{value} is older than v1.26.2, the first k3s that creates short-lived "
+            "per-node join tokens; choose v1.26.2+k3s1 or later"
+        )
+    return value
+
+
+def _location(value: str) -> str:
+    if value not in NETWORK_ZONE_OF_LOCATION:
+        raise ValueError(
+            f"{value!r} is not a Hetzner Cloud location; use one of "
+            + ", ".join(sorted(NETWORK_ZONE_OF_LOCATION))
+        )
+    return value
+
+
+def _ssh_address(value: str) -> str:
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    if not HOSTNAME.match(value):
+        raise ValueError(f"{value!r} is neither an IP address nor a host name")
+    return value
+
+
+def _ipv4_network(value: str) -> str:
+    try:
+        net = ipaddress.ip_network(value, strict=True)
+    except ValueError as error:
+        raise ValueError(
+            f"{value!r} is not a network in CIDR form with its host bits zero "
+            f"({error}); write it like '10.0.0.0/16'"
+        ) from None
+    if net.version != 4:
+        raise ValueError(f"{value!r} is IPv6; the cluster's node networks are IPv4")
+    return str(net)
+
+
+def _ipv4_address(value: str) -> str:
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(
+            f"{value!r} is not an IPv4 address; give the host's address, e.g. '198.51.100.7'"
+        ) from None
+    if address.version != 4:
+        raise ValueError(f"{value!r} is IPv6; every node needs an IPv4 address")
+    return str(address)
+
+
+NodeName = Annotated[str, AfterValidator(_node_name)]
+K3sVersion = Annotated[str, AfterValidator(_k3s_version)]
+Location = Annotated[str, AfterValidator(_location)]
+SshAddress = Annotated[str, AfterValidator(_ssh_address)]
+IPv4Cidr = Annotated[str, AfterValidator(_ipv4_network)]
+IPv4Addr = Annotated[str, AfterValidator(_ipv4_address)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class StrictModel(BaseModel):
+    """Unknown keys are errors: a misspelt setting must never be ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+class ClusterSettings(StrictModel):
+    """`hk3s:cluster`: what the whole cluster shares."""
+
+    name: NodeName = Field(
+        "k3s",
+        description="Cluster name; prefixes the Hetzner resources (network, firewalls, SSH key).",
+    )
+    location: Location = Field(
+        "fsn1",
+        description="Default Hetzner location for servers the program creates (fsn1, nbg1, hel1, ash, hil, sin).",
+    )
+    server_type: str = Field(
+        "cx32",
+        min_length=1,
+        description="Default Hetzner server type for servers the program creates.",
+    )
+    image: str = Field(
+        "debian-12",
+        min_length=1,
+        description="Default Hetzner image for servers the program creates.",
+    )
+    k3s_version: K3sVersion = Field(
+        ...,
+        description="k3s release of the server; every worker joins at exactly this version (e.g. v1.31.4+k3s1).",
+    )
+    k3s_binary: Path | None = Field(
+        None,
+        description="Air-gapped install: local path of the k3s binary to upload. Unset: the host downloads the release.",
+    )
+    k3s_sha256: str | None = Field(
+        None,
+        description="SHA-256 of the k3s binary, checked on the host before it is installed. Required with k3s_binary.",
+    )
+    pod_cidr: IPv4Cidr = Field("10.42.0.0/16", description="Pod network (k3s --cluster-cidr).")
+    service_cidr: IPv4Cidr = Field("10.43.0.0/16", description="Service network (k3s --service-cidr).")
+    pod_network: Literal["wireguard", "vxlan"] = Field(
+        "wireguard",
+        description="Pod traffic between nodes: wireguard (encrypted, 51820/udp) or vxlan (8472/udp).",
+    )
+    registry: str | None = Field(
+        None,
+        description="Cluster registry as host[:port]; the join checks every worker reaches it.",
+    )
+
+    @field_validator("k3s_sha256")
+    @classmethod
+    def _sha256(cls, value: str | None) -> str | None:
+        if value is not None and not SHA256_HEX.match(value.lower()):
+            raise ValueError(f"{value!r} is not a SHA-256 hex digest (64 hex digits)")
+        return value.lower() if value else value
+
+    @field_validator("registry")
+    @classmethod
+    def _registry(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        host, _, port = value.rpartition(":") if ":" in value else (value, "", "")
+        if not HOSTNAME.match(host) or (port and not (port.isdigit() and 0 < int(port) < 65536)):
+            raise ValueError(f"{value!r} is not host[:port], e.g. 'registry.example.com:5000'")
+        return value
+
+
+class SshSettings(StrictModel):
+    """`hk3s:ssh`: how the program logs in to every node."""
+
+    user: str = Field("root", min_length=1, description="Login user on every node (root or a sudoer).")
+    private_key_file: Path = Field(
+        ...,
+        description="Private key that logs in to every node; its .pub file is given to Hetzner servers.",
+    )
+    host_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description="Recorded SSH host keys per node name ('ssh-ed25519 AAAA...'); a changed key is refused.",
+    )
+    connect_timeout_seconds: float = Field(
+        15.0, gt=0, le=300, description="Deadline for opening one SSH connection."
+    )
+
+    @field_validator("host_keys")
+    @classmethod
+    def _host_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for node, key in value.items():
+            _node_name(node)
+            if not SSH_PUBLIC_KEY.match(key.strip()):
+                raise ValueError(
+                    f"host key of {node!r} is not an OpenSSH public key line "
+                    "('ssh-ed25519 AAAA...', as ssh-keyscan prints it without the host)"
+                )
+        return value
+
+
+class NetworkSettings(StrictModel):
+    """`hk3s:network`: the network the nodes use to talk to each other."""
+
+    mode: Literal["auto", "private", "public"] = Field(
+        "auto",
+        description="auto: private when the hosts share a private IPv4 network, else public. The first join fixes it.",
+    )
+    private_network_cidr: IPv4Cidr = Field(
+        "10.0.0.0/16", description="Hetzner Cloud network the program creates for its servers."
+    )
+    private_subnet_cidr: IPv4Cidr = Field(
+        "10.0.1.0/24", description="Subnet of that network the servers are attached to."
+    )
+    private_network: IPv4Cidr | None = Field(
+        None,
+        description="Explicit private network; required when the private network carries the hosts' default route.",
+    )
+    approve_server_restart: bool = Field(
+        False,
+        description="Allow moving the server into the chosen mode, which restarts k3s (the API is down 10-30 s).",
+    )
+
+
+class FirewallSettings(StrictModel):
+    """`hk3s:firewall`: host firewalls and the Hetzner cloud firewall."""
+
+    managed: bool = Field(
+        True,
+        description="The program runs each node's host firewall (UFW, firewalld or nftables). False: the operator does.",
+    )
+    cloud_firewall: bool = Field(True, description="Create Hetzner cloud firewalls for the servers it creates.")
+    operator_access: list[IPv4Cidr] = Field(
+        default_factory=list,
+        description="Networks allowed to reach the Kubernetes API (6443/tcp) from outside the cluster.",
+    )
+    nodeports_open: bool = Field(False, description="Open NodePorts (30000-32767) to every source.")
+
+
+class StorageSettings(StrictModel):
+    """`hk3s:storage`: Longhorn and how many copies of data it may keep."""
+
+    max_copies: int = Field(1, description="Most copies of a volume offered: 1 or 2.")
+    install_longhorn: bool = Field(True, description="Install Longhorn with the program's settings.")
+    longhorn_version: str = Field("1.9.1", min_length=1, description="Longhorn Helm chart version.")
+    reserved_percent: int = Field(
+        30, ge=0, le=90, description="Share of each default disk Longhorn never schedules on."
+    )
+    minimal_available_percent: int = Field(
+        25, ge=0, le=90, description="A new copy needs more than this share of the disk available."
+    )
+
+    @field_validator("max_copies")
+    @classmethod
+    def _copies(cls, value: int) -> int:
+        if value not in (1, 2):
+            raise ValueError(
+                f"{value} copies are not offered; set 1 (default) or 2 — "
+                "two copies on different nodes is the most this release keeps"
+            )
+        return value
+
+
+class HostSettings(StrictModel):
+    """A machine of the cluster: a Hetzner server to create, or an existing host."""
+
+    name: NodeName = Field(..., description="Node name in Kubernetes and Hetzner.")
+    kind: Literal["hetzner", "existing"] = Field(
+        "hetzner", description="hetzner: the program creates the server. existing: a host given by address."
+    )
+    server_type: str | None = Field(None, description="Hetzner server type (kind hetzner); default cluster.server_type.")
+    image: str | None = Field(None, description="Hetzner image (kind hetzner); default cluster.image.")
+    location: Location | None = Field(None, description="Hetzner location (kind hetzner); default cluster.location.")
+    address: IPv4Addr | None = Field(None, description="Public IPv4 address (kind existing: required).")
+    ssh_address: SshAddress | None = Field(None, description="Where SSH reaches the host, if not at address.")
+    ssh_port: Port = Field(22, description="SSH port of the host.")
+    private_address: IPv4Addr | None = Field(
+        None, description="The host's address on the private network (kind existing), if it has one."
+    )
+
+
+class ServerSettings(HostSettings):
+    """`hk3s:server`: the k3s server, the cluster's only control plane."""
+
+    name: NodeName = Field("k3s-server", description="Node name of the server.")
+
+
+class WorkerSettings(HostSettings):
+    """One entry of `hk3s:workers`."""
+
+    holds_copies: bool = Field(
+        True, description="False opts the worker out of holding volume copies (no disk check)."
+    )
+    ignore_slow_disk: bool = Field(
+        False, description="Accept a disk that fails the sync-latency check (recorded as an override)."
+    )
+    firewall: bool | None = Field(
+        None, description="Override firewall.managed for this node: true, false, or unset to follow it."
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra node labels.")
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            if not LABEL_KEY.match(key) or len(key.rpartition("/")[2]) > 63:
+                raise ValueError(f"label key {key!r} is not a valid Kubernetes label key")
+            if key.startswith(RESERVED_LABEL_PREFIXES):
+                raise ValueError(
+                    f"label {key!r} is set by the program or Kubernetes; choose a key outside "
+                    + ", ".join(RESERVED_LABEL_PREFIXES)
+                )
+            if not LABEL_VALUE.match(label):
+                raise ValueError(f"label value {label!r} of {key!r} is not a valid Kubernetes label value")
+        return value
+
+
+class FenceSettings(StrictModel):
+    """One entry of `hk3s:fences`: a worker that is down and must be fenced."""
+
+    powered_off: bool = Field(
+        False,
+        description="Confirms the host is powered off and stays off until it rejoins (needed when SSH fails).",
+    )
+    accept_stale_data: bool = Field(
+        False, description="Let services start from copies that may be older than the lost one."
+    )
+
+
+class StackSettings(StrictModel):
+    """The whole stack configuration (namespace `hk3s`)."""
+
+    cluster: ClusterSettings
+    server: ServerSettings = Field(default_factory=lambda: ServerSettings())
+    ssh: SshSettings
+    network: NetworkSettings = Field(default_factory=lambda: NetworkSettings())
+    firewall: FirewallSettings = Field(default_factory=lambda: FirewallSettings())
+    storage: StorageSettings = Field(default_factory=lambda: StorageSettings())
+    workers: list[WorkerSettings] = Field(default_factory=list)
+    fences: dict[str, FenceSettings] = Field(default_factory=dict)
+
+    def hetzner_hosts(self) -> list[HostSettings]:
+        """The server and workers the program creates in Hetzner Cloud."""
+        return [host for host in [self.server, *self.workers] if host.kind == "hetzner"]
+
+    def worker_firewall_managed(self, worker: WorkerSettings) -> bool:
+        """Whether the program runs this worker's host firewall."""
+        return self.firewall.managed if worker.firewall is None else worker.firewall

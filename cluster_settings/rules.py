@@ -1,0 +1,251 @@
+"""Rules that relate several settings, checked before any machine is touched.
+
+Each rule returns problems that name the exact config key and the fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .models import NETWORK_ZONE_OF_LOCATION, HostSettings, StackSettings
+
+# A Hetzner Cloud network holds at most 100 servers.
+HETZNER_NETWORK_MAX_SERVERS = 100
+NAMESPACE = "hk3s"
+
+
+@dataclass(frozen=True)
+class SettingProblem:
+    """One invalid setting: the config key and what to do about it."""
+
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}"
+
+
+def _key(*parts: str | int) -> str:
+    text = NAMESPACE + ":"
+    for index, part in enumerate(parts):
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += ("." if index else "") + part
+    return text
+
+
+def _host_key(settings: StackSettings, host: HostSettings, field: str) -> str:
+    if host is settings.server:
+        return _key("server", field)
+    index = next(i for i, worker in enumerate(settings.workers) if worker is host)
+    return _key("workers", index, field)
+
+
+def _overlaps(a: str, b: str) -> bool:
+    return ipaddress.ip_network(a).overlaps(ipaddress.ip_network(b))
+
+
+def check_stack_rules(settings: StackSettings) -> list[SettingProblem]:
+    """Every cross-field rule, all problems collected (not only the first)."""
+    return [
+        *_check_names(settings),
+        *_check_hosts(settings),
+        *_check_addresses(settings),
+        *_check_networks(settings),
+        *_check_ssh(settings),
+        *_check_cluster(settings),
+        *_check_fences(settings),
+        *_check_workers(settings),
+    ]
+
+
+def _check_names(settings: StackSettings) -> Iterator[SettingProblem]:
+    seen: dict[str, str] = {settings.server.name: _key("server", "name")}
+    for index, worker in enumerate(settings.workers):
+        key = _key("workers", index, "name")
+        if worker.name == settings.server.name:
+            yield SettingProblem(
+                key,
+                f"{worker.name!r} is the server's name (hk3s:server.name); give the worker another name",
+            )
+        elif worker.name in seen:
+            yield SettingProblem(
+                key,
+                f"{worker.name!r} is already the name of {seen[worker.name]}; node names must be unique",
+            )
+        else:
+            seen[worker.name] = key
+
+
+def _check_hosts(settings: StackSettings) -> Iterator[SettingProblem]:
+    for host in [settings.server, *settings.workers]:
+        if host.kind == "existing":
+            if host.address is None:
+                yield SettingProblem(
+                    _host_key(settings, host, "address"),
+                    f"{host.name} is an existing host (kind: existing) but has no address; "
+                    "set its public IPv4 address, e.g. address: 198.51.100.7",
+                )
+            for field in ("server_type", "image", "location"):
+                if getattr(host, field) is not None:
+                    yield SettingProblem(
+                        _host_key(settings, host, field),
+                        f"{host.name} is an existing host; {field} applies only to kind: hetzner. Remove it",
+                    )
+        else:
+            for field in ("address", "ssh_address", "private_address"):
+                if getattr(host, field) is not None:
+                    yield SettingProblem(
+                        _host_key(settings, host, field),
+                        f"{host.name} is a Hetzner server the program creates, so Hetzner assigns its "
+                        f"addresses; remove {field} or set kind: existing",
+                    )
+
+
+def _check_addresses(settings: StackSettings) -> Iterator[SettingProblem]:
+    seen: dict[str, str] = {}
+    cluster = settings.cluster
+    for host in [settings.server, *settings.workers]:
+        for field in ("address", "private_address"):
+            value = getattr(host, field)
+            if value is None:
+                continue
+            key = _host_key(settings, host, field)
+            if value in seen:
+                yield SettingProblem(
+                    key, f"{value} is already the address of {seen[value]}; every node needs its own address"
+                )
+            else:
+                seen[value] = key
+            for net_field, net in (("pod_cidr", cluster.pod_cidr), ("service_cidr", cluster.service_cidr)):
+                if ipaddress.ip_address(value) in ipaddress.ip_network(net):
+                    yield SettingProblem(
+                        key,
+                        f"{value} lies in the cluster's {net_field.replace('_', ' ')} {net} "
+                        f"(hk3s:cluster.{net_field}); move that network or use another address",
+                    )
+
+
+def _check_networks(settings: StackSettings) -> Iterator[SettingProblem]:
+    cluster, network = settings.cluster, settings.network
+    if _overlaps(cluster.pod_cidr, cluster.service_cidr):
+        yield SettingProblem(
+            _key("cluster", "service_cidr"),
+            f"{cluster.service_cidr} overlaps the pod network {cluster.pod_cidr}; choose disjoint networks",
+        )
+    private_nets = [("private_network_cidr", network.private_network_cidr)]
+    if network.private_network is not None:
+        private_nets.append(("private_network", network.private_network))
+    for field, net in private_nets:
+        for other_field, other in (("pod_cidr", cluster.pod_cidr), ("service_cidr", cluster.service_cidr)):
+            if _overlaps(net, other):
+                yield SettingProblem(
+                    _key("network", field),
+                    f"{net} overlaps the cluster's {other_field.replace('_', ' ')} {other} "
+                    f"(hk3s:cluster.{other_field}); choose a private network outside it",
+                )
+    subnet = ipaddress.ip_network(network.private_subnet_cidr)
+    if not subnet.subnet_of(ipaddress.ip_network(network.private_network_cidr)):  # type: ignore[arg-type]
+        yield SettingProblem(
+            _key("network", "private_subnet_cidr"),
+            f"{network.private_subnet_cidr} is not inside hk3s:network.private_network_cidr "
+            f"{network.private_network_cidr}; pick a subnet of it",
+        )
+    if network.mode == "public" and network.private_network is not None:
+        yield SettingProblem(
+            _key("network", "private_network"),
+            "mode is public, so the nodes never use a private network; remove private_network or set mode: private",
+        )
+    if network.private_network is not None:
+        for host in [settings.server, *settings.workers]:
+            if host.private_address and ipaddress.ip_address(host.private_address) not in ipaddress.ip_network(
+                network.private_network
+            ):
+                yield SettingProblem(
+                    _host_key(settings, host, "private_address"),
+                    f"{host.private_address} is outside hk3s:network.private_network {network.private_network}; "
+                    "fix the address or the network",
+                )
+    hetzner = settings.hetzner_hosts()
+    if len(hetzner) > HETZNER_NETWORK_MAX_SERVERS:
+        yield SettingProblem(
+            _key("workers"),
+            f"{len(hetzner)} Hetzner servers, but a Hetzner Cloud network holds at most "
+            f"{HETZNER_NETWORK_MAX_SERVERS}; add the rest as existing hosts or split the cluster",
+        )
+    zone_of_server = NETWORK_ZONE_OF_LOCATION[settings.server.location or cluster.location]
+    for host in hetzner:
+        zone = NETWORK_ZONE_OF_LOCATION[host.location or cluster.location]
+        if zone != zone_of_server:
+            yield SettingProblem(
+                _host_key(settings, host, "location"),
+                f"{host.location or cluster.location} is in network zone {zone}, but the server's location is in "
+                f"{zone_of_server}; one private network spans one zone, so choose a location in {zone_of_server}",
+            )
+
+
+def _check_ssh(settings: StackSettings) -> Iterator[SettingProblem]:
+    key_file = settings.ssh.private_key_file.expanduser()
+    if not key_file.is_file():
+        yield SettingProblem(
+            _key("ssh", "private_key_file"),
+            f"{key_file} does not exist; point it at the private key that logs in to every node "
+            "(e.g. ~/.ssh/id_ed25519)",
+        )
+    elif settings.hetzner_hosts() and not key_file.with_name(key_file.name + ".pub").is_file():
+        yield SettingProblem(
+            _key("ssh", "private_key_file"),
+            f"{key_file}.pub is missing; Hetzner servers are created with that public key. "
+            f"Write it with: ssh-keygen -y -f {key_file} > {key_file}.pub",
+        )
+    names = {settings.server.name, *(worker.name for worker in settings.workers)}
+    for node in settings.ssh.host_keys:
+        if node not in names:
+            yield SettingProblem(
+                _key("ssh", "host_keys", node),
+                f"{node!r} is neither the server nor a worker; remove the key or fix the name",
+            )
+
+
+def _check_cluster(settings: StackSettings) -> Iterator[SettingProblem]:
+    cluster = settings.cluster
+    if cluster.k3s_binary is not None:
+        if cluster.k3s_sha256 is None:
+            yield SettingProblem(
+                _key("cluster", "k3s_sha256"),
+                "k3s_binary is set, so its SHA-256 is required; compute it with: sha256sum <binary>",
+            )
+        if not cluster.k3s_binary.expanduser().is_file():
+            yield SettingProblem(
+                _key("cluster", "k3s_binary"),
+                f"{cluster.k3s_binary} does not exist; give the path of the k3s binary to upload, "
+                "or unset it to download the release on the host",
+            )
+
+
+def _check_fences(settings: StackSettings) -> Iterator[SettingProblem]:
+    workers = {worker.name for worker in settings.workers}
+    for name in settings.fences:
+        if name == settings.server.name:
+            yield SettingProblem(
+                _key("fences", name),
+                f"{name} is the server; only workers can be fenced. Remove this entry",
+            )
+        elif name not in workers:
+            yield SettingProblem(
+                _key("fences", name),
+                f"there is no worker named {name!r} in hk3s:workers; fix the name or remove the entry",
+            )
+
+
+def _check_workers(settings: StackSettings) -> Iterator[SettingProblem]:
+    for index, worker in enumerate(settings.workers):
+        if worker.ignore_slow_disk and not worker.holds_copies:
+            yield SettingProblem(
+                _key("workers", index, "ignore_slow_disk"),
+                f"{worker.name} does not hold copies (holds_copies: false), so there is no disk check "
+                "to override; remove ignore_slow_disk",
+            )
