@@ -1,0 +1,43 @@
+"""Pulumi program: read the stack's settings, build the cluster, export outputs."""
+
+import pulumi
+
+from cluster_settings import load_settings_from_pulumi
+from components.program import build_cluster, read_credentials
+
+settings = load_settings_from_pulumi()
+cluster = build_cluster(settings, read_credentials(settings))
+
+pulumi.export("api_endpoint", cluster.server.api_endpoint)
+pulumi.export("kubeconfig", cluster.server.kubeconfig)
+pulumi.export("k3s_version", cluster.server.version)
+pulumi.export("storage_classes", cluster.storage.storage_classes)
+pulumi.export(
+    "nodes",
+    [
+        {
+            "name": settings.server.name,
+            "role": "server",
+            "address": cluster.server.endpoint.public_address,
+            "private_address": cluster.server.endpoint.private_address,
+            "ssh_address": cluster.server.endpoint.ssh_address,
+            "holds_copies": True,
+            "state": "server",
+        },
+        *(
+            {
+                "name": spec.name,
+                "role": "worker",
+                "address": worker.endpoint.public_address,
+                "private_address": worker.endpoint.private_address,
+                "ssh_address": worker.endpoint.ssh_address,
+                "network_mode": worker.network_mode,
+                "k3s_version": worker.k3s_version,
+                "holds_copies": spec.holds_copies,
+                "fenced": spec.name in settings.fences,
+                "state": worker.state,
+            }
+            for spec, worker in zip(settings.workers, cluster.workers, strict=True)
+        ),
+    ],
+)

@@ -1,0 +1,111 @@
+"""ClusterServer: the k3s server, the cluster's only control plane."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_hcloud as hcloud
+
+from cluster_settings.models import StackSettings
+from components.machine import provision_machine
+from components.node_endpoint import NodeEndpoint, SshCredentials
+from components.private_network import PrivateNetwork
+from providers.k3s_server import K3sServer
+
+FLANNEL_BACKEND = {"wireguard": "wireguard-native", "vxlan": "vxlan"}
+
+
+@dataclass(frozen=True)
+class ClusterServerArgs:
+    """Arguments of `ClusterServer`."""
+
+    settings: StackSettings
+    """The validated stack settings."""
+    credentials: SshCredentials
+    """The SSH key that logs in to every node."""
+    private_network: PrivateNetwork | None
+    """The Hetzner network to attach the server to, when the program creates one."""
+
+
+class ClusterServer(pulumi.ComponentResource):
+    """The server's machine (Hetzner server or existing host), the cluster's
+    Hetzner SSH key, and k3s on the server (`install_k3s`)."""
+
+    endpoint: NodeEndpoint
+    ssh_key_id: pulumi.Output[str] | None
+    version: pulumi.Output[str]
+    ca_hash: pulumi.Output[str]
+    kubeconfig: pulumi.Output[str]
+    api_endpoint: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ClusterServerArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("hk3s:index:ClusterServer", name, None, opts)
+        self._args = args
+        settings = args.settings
+        self.ssh_key_id = None
+        if settings.hetzner_hosts():
+            if args.credentials.public_key is None:
+                raise ValueError("Hetzner servers need the public half of hk3s:ssh.private_key_file")
+            ssh_key = hcloud.SshKey(
+                f"{settings.cluster.name}-ssh-key",
+                name=f"{settings.cluster.name}-admin",
+                public_key=args.credentials.public_key,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            self.ssh_key_id = ssh_key.id
+        self.endpoint = provision_machine(
+            self,
+            host=settings.server,
+            role="server",
+            settings=settings,
+            credentials=args.credentials,
+            ssh_key_id=self.ssh_key_id,
+            private_network=args.private_network,
+            firewall_managed=settings.firewall.managed,
+        )
+        self._k3s: K3sServer | None = None
+
+    @property
+    def k3s(self) -> K3sServer:
+        if self._k3s is None:
+            raise RuntimeError("install_k3s() has not been called")
+        return self._k3s
+
+    def install_k3s(self, after: Sequence[pulumi.Resource]) -> None:
+        """Install or adopt k3s once the resources in `after` (the firewalls) exist."""
+        settings = self._args.settings
+        cluster = settings.cluster
+        mode = settings.network.mode
+        self._k3s = K3sServer(
+            f"{self.endpoint.name}-k3s",
+            {
+                **self.endpoint.connection_props(self._args.credentials),
+                "k3s_version": cluster.k3s_version,
+                "k3s_binary": str(cluster.k3s_binary) if cluster.k3s_binary else None,
+                "k3s_sha256": cluster.k3s_sha256,
+                "pod_cidr": cluster.pod_cidr,
+                "service_cidr": cluster.service_cidr,
+                "flannel_backend": FLANNEL_BACKEND[cluster.pod_network],
+                "node_ip": self.endpoint.cluster_address(mode),
+                "node_external_ip": self.endpoint.public_address,
+                "network_mode": mode,
+                "approve_restart": settings.network.approve_server_restart,
+                "registry": cluster.registry,
+            },
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.endpoint.probe, *after]),
+        )
+        self.version = self._k3s.version
+        self.ca_hash = self._k3s.ca_hash
+        self.kubeconfig = self._k3s.kubeconfig
+        self.api_endpoint = self._k3s.api_endpoint
+        self.register_outputs(
+            {
+                "address": self.endpoint.public_address,
+                "version": self.version,
+                "ca_hash": self.ca_hash,
+                "kubeconfig": self.kubeconfig,
+                "api_endpoint": self.api_endpoint,
+            }
+        )

@@ -1,0 +1,131 @@
+"""FirewallRules: the Hetzner cloud firewalls and one host firewall per managed
+node, both from node_operations.firewall_plan so the two layers agree."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pulumi
+import pulumi_hcloud as hcloud
+
+from cluster_settings.models import StackSettings
+from components.node_endpoint import NodeEndpoint, SshCredentials
+from node_operations.firewall_plan import PortRule, Role, inbound_rules
+from providers.host_firewall import HostFirewall
+
+
+@dataclass(frozen=True)
+class FirewallRulesArgs:
+    """Arguments of `FirewallRules`."""
+
+    settings: StackSettings
+    """The validated stack settings."""
+    credentials: SshCredentials
+    """The SSH key that logs in to every node."""
+    nodes: Sequence[NodeEndpoint]
+    """Every node of the cluster, server first."""
+
+
+def _rules_for(
+    settings: StackSettings, role: Role, node: str, server: str, peers: dict[str, str]
+) -> list[PortRule]:
+    return inbound_rules(
+        role=role,
+        node=node,
+        peers=peers,
+        server=server,
+        pod_network=settings.cluster.pod_network,
+        operator_access=settings.firewall.operator_access,
+        nodeports_open=settings.firewall.nodeports_open,
+    )
+
+
+def _peer_map(nodes: Sequence[NodeEndpoint], addresses: Sequence[pulumi.Output[str]]) -> pulumi.Output[dict[str, str]]:
+    names = [node.name for node in nodes]
+    return pulumi.Output.all(*addresses).apply(lambda values: dict(zip(names, values, strict=True)))
+
+
+class FirewallRules(pulumi.ComponentResource):
+    """Cloud firewalls for the Hetzner servers and host firewalls on managed nodes."""
+
+    host_firewalls: dict[str, HostFirewall]
+    cloud_firewall_ids: dict[str, pulumi.Output[str]]
+
+    def __init__(self, name: str, args: FirewallRulesArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("hk3s:index:FirewallRules", name, None, opts)
+        settings = args.settings
+        server = next(node for node in args.nodes if node.role == "server")
+        mode = settings.network.mode
+        cluster_peers = _peer_map(args.nodes, [node.cluster_address(mode) for node in args.nodes])
+        # The cloud firewall sees public traffic only, so its sources are public addresses.
+        public_peers = _peer_map(args.nodes, [node.public_address for node in args.nodes])
+
+        self.cloud_firewall_ids = {}
+        self._waits: list[pulumi.Resource] = []
+        if settings.firewall.cloud_firewall:
+            for role in ("server", "worker"):
+                members = [node for node in args.nodes if node.role == role and node.hcloud_server_id is not None]
+                if not members:
+                    continue
+                rules = public_peers.apply(
+                    lambda peers, role=role: [
+                        hcloud.FirewallRuleArgs(
+                            direction="in",
+                            protocol=rule.protocol,
+                            port=rule.port,
+                            source_ips=list(rule.sources),
+                            description=rule.purpose,
+                        )
+                        # One firewall per role: the server's excludes itself; the workers'
+                        # admits every node, each worker's peers being all the others.
+                        for rule in _rules_for(settings, role, server.name if role == "server" else "", server.name, peers)
+                    ]
+                )
+                firewall = hcloud.Firewall(
+                    f"{settings.cluster.name}-{role}s",
+                    name=f"{settings.cluster.name}-{role}s",
+                    rules=rules,
+                    labels={"hk3s-cluster": settings.cluster.name},
+                    opts=pulumi.ResourceOptions(parent=self),
+                )
+                attachment = hcloud.FirewallAttachment(
+                    f"{settings.cluster.name}-{role}s-attachment",
+                    firewall_id=firewall.id.apply(int),
+                    server_ids=[node.hcloud_server_id.apply(int) for node in members if node.hcloud_server_id],
+                    opts=pulumi.ResourceOptions(parent=self),
+                )
+                self.cloud_firewall_ids[role] = firewall.id
+                self._waits.append(attachment)
+
+        self.host_firewalls = {}
+        for node in args.nodes:
+            if not node.firewall_managed:
+                continue
+            rules_data = cluster_peers.apply(
+                lambda peers, node=node: [
+                    {**asdict(rule), "sources": list(rule.sources)}
+                    for rule in _rules_for(settings, node.role, node.name, server.name, peers)
+                ]
+            )
+            props: dict[str, Any] = {
+                **node.connection_props(args.credentials),
+                "role": node.role,
+                "rules": rules_data,
+                "nodeports_open": settings.firewall.nodeports_open,
+            }
+            self.host_firewalls[node.name] = HostFirewall(
+                f"{node.name}-firewall", props, opts=pulumi.ResourceOptions(parent=self, depends_on=[node.probe])
+            )
+        self._waits.extend(self.host_firewalls.values())
+        self.register_outputs(
+            {
+                "cloud_firewall_ids": self.cloud_firewall_ids,
+                "host_firewall_nodes": sorted(self.host_firewalls),
+            }
+        )
+
+    def in_place(self) -> list[pulumi.Resource]:
+        """What a join or the server set-up waits for: every firewall change."""
+        return list(self._waits)

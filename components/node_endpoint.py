@@ -1,0 +1,58 @@
+"""Typed boundary between the node components and the components that act on
+all nodes (firewalls, storage): how to reach a node and at which addresses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pulumi
+
+from providers.host_probe import HostProbe
+
+
+@dataclass(frozen=True)
+class SshCredentials:
+    """The key that logs in to every node; the private half is a Pulumi secret."""
+
+    user: str
+    private_key: pulumi.Output[str]
+    public_key: str | None
+    recorded_host_keys: dict[str, str]
+
+
+@dataclass(frozen=True)
+class NodeEndpoint:
+    """One node as the other components see it."""
+
+    name: str
+    role: Literal["server", "worker"]
+    public_address: pulumi.Output[str]
+    private_address: pulumi.Output[str | None]
+    ssh_address: pulumi.Output[str]
+    ssh_port: int
+    hcloud_server_id: pulumi.Output[str] | None
+    firewall_managed: bool
+    probe: HostProbe
+
+    def cluster_address(self, mode: str) -> pulumi.Output[str]:
+        """The address the other nodes use for this one: its private address in
+        private mode, its public one otherwise. (Resolving `auto` from the hosts'
+        routing tables is the network-mode capability; until then auto means public.)"""
+        if mode == "private":
+            return pulumi.Output.all(self.private_address, self.public_address).apply(
+                lambda pair: pair[0] or pair[1]
+            )
+        return self.public_address
+
+    def connection_props(self, credentials: SshCredentials) -> dict[str, Any]:
+        """Inputs a node-facing dynamic resource needs to log in to this node,
+        pinned to the host key the probe recorded (or the stack config gives)."""
+        return {
+            "node": self.name,
+            "address": self.ssh_address,
+            "ssh_port": self.ssh_port,
+            "ssh_user": credentials.user,
+            "private_key": credentials.private_key,
+            "recorded_host_key": self.probe.host_key,
+        }

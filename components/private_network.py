@@ -1,0 +1,62 @@
+"""PrivateNetwork: the Hetzner Cloud network the program's servers share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_hcloud as hcloud
+
+
+@dataclass(frozen=True)
+class PrivateNetworkArgs:
+    """Arguments of `PrivateNetwork`."""
+
+    cluster_name: str
+    """Prefix of the network's name."""
+    ip_range: str
+    """The whole network (hk3s:network.private_network_cidr)."""
+    subnet_range: str
+    """The subnet servers are attached to (hk3s:network.private_subnet_cidr)."""
+    network_zone: str
+    """Hetzner network zone of the server's location (one network spans one zone)."""
+
+
+class PrivateNetwork(pulumi.ComponentResource):
+    """Hetzner network, its cloud subnet, and one attachment per server."""
+
+    network_id: pulumi.Output[str]
+    subnet_id: pulumi.Output[str]
+    ip_range: pulumi.Output[str]
+
+    def __init__(self, name: str, args: PrivateNetworkArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("hk3s:index:PrivateNetwork", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self._network = hcloud.Network(
+            f"{name}-network",
+            name=f"{args.cluster_name}-network",
+            ip_range=args.ip_range,
+            labels={"hk3s-cluster": args.cluster_name},
+            opts=child,
+        )
+        self._subnet = hcloud.NetworkSubnet(
+            f"{name}-subnet",
+            network_id=self._network.id.apply(int),
+            type="cloud",
+            network_zone=args.network_zone,
+            ip_range=args.subnet_range,
+            opts=child,
+        )
+        self.network_id = self._network.id
+        self.subnet_id = self._subnet.id
+        self.ip_range = self._network.ip_range
+        self.register_outputs({"network_id": self.network_id, "subnet_id": self.subnet_id, "ip_range": self.ip_range})
+
+    def attach(self, node: str, server_id: pulumi.Output[str]) -> hcloud.ServerNetwork:
+        """Attach a server to the subnet; the attachment's `ip` is its private address."""
+        return hcloud.ServerNetwork(
+            f"{node}-private",
+            server_id=server_id.apply(int),
+            subnet_id=self._subnet.id,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self._subnet]),
+        )

@@ -1,0 +1,85 @@
+"""The order the components are built in; `__main__` and the component tests
+both call `build_cluster`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+
+from cluster_settings.models import NETWORK_ZONE_OF_LOCATION, StackSettings
+from components.cluster_server import ClusterServer, ClusterServerArgs
+from components.firewall_rules import FirewallRules, FirewallRulesArgs
+from components.node_endpoint import SshCredentials
+from components.private_network import PrivateNetwork, PrivateNetworkArgs
+from components.storage_copies import StorageCopies, StorageCopiesArgs
+from components.worker_node import WorkerNode, WorkerNodeArgs
+
+
+@dataclass(frozen=True)
+class BuiltCluster:
+    """Everything `build_cluster` made, for exports and tests."""
+
+    private_network: PrivateNetwork | None
+    server: ClusterServer
+    workers: list[WorkerNode]
+    firewall: FirewallRules
+    storage: StorageCopies
+
+
+def read_credentials(settings: StackSettings) -> SshCredentials:
+    """The SSH key files named by the settings; the private key becomes a secret."""
+    key_file = settings.ssh.private_key_file.expanduser()
+    public_file = key_file.with_name(key_file.name + ".pub")
+    return SshCredentials(
+        user=settings.ssh.user,
+        private_key=pulumi.Output.secret(key_file.read_text()),
+        public_key=public_file.read_text().strip() if public_file.is_file() else None,
+        recorded_host_keys=dict(settings.ssh.host_keys),
+    )
+
+
+def build_cluster(settings: StackSettings, credentials: SshCredentials) -> BuiltCluster:
+    """Machines first (so every address is known), then firewalls, then k3s on
+    the server, then the joins, then storage."""
+    network = None
+    if settings.hetzner_hosts() and settings.network.mode != "public":
+        network = PrivateNetwork(
+            "private-network",
+            PrivateNetworkArgs(
+                cluster_name=settings.cluster.name,
+                ip_range=settings.network.private_network_cidr,
+                subnet_range=settings.network.private_subnet_cidr,
+                network_zone=NETWORK_ZONE_OF_LOCATION[settings.server.location or settings.cluster.location],
+            ),
+        )
+    server = ClusterServer(
+        settings.server.name, ClusterServerArgs(settings=settings, credentials=credentials, private_network=network)
+    )
+    workers = [
+        WorkerNode(
+            worker.name,
+            WorkerNodeArgs(
+                settings=settings,
+                worker=worker,
+                credentials=credentials,
+                ssh_key_id=server.ssh_key_id,
+                private_network=network,
+            ),
+        )
+        for worker in settings.workers
+    ]
+    firewall = FirewallRules(
+        "firewall",
+        FirewallRulesArgs(
+            settings=settings, credentials=credentials, nodes=[server.endpoint, *(w.endpoint for w in workers)]
+        ),
+    )
+    server.install_k3s(after=firewall.in_place())
+    for worker in workers:
+        worker.join(server, after=firewall.in_place())
+    storage = StorageCopies(
+        "storage",
+        StorageCopiesArgs(storage=settings.storage, kubeconfig=server.kubeconfig, after=[server.k3s]),
+    )
+    return BuiltCluster(network, server, workers, firewall, storage)

@@ -1,0 +1,112 @@
+"""StorageCopies: Longhorn with the program's departures from its defaults
+(seed 000, "Two copies of a service's data"), and one storage class per number
+of copies offered."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from cluster_settings.models import StorageSettings
+
+LONGHORN_NAMESPACE = "longhorn-system"
+LONGHORN_CHART_REPO = "https://charts.longhorn.io"
+# Longhorn node tags the storage classes select: the server always holds copies;
+# a worker gets the copies tag once its disk probe passes.
+SERVER_TAG = "hk3s-server"
+COPIES_TAG = "hk3s-copies"
+STORAGE_CLASS_BY_COPIES = {1: "hk3s-one-copy", 2: "hk3s-two-copies"}
+
+
+def longhorn_values(storage: StorageSettings) -> dict[str, Any]:
+    """Helm values: one copy by default, at most two, data locality and replica
+    auto-balance off, volumes creatable with a copy missing, and the disk
+    reserve and minimum-available shares."""
+    return {
+        "defaultSettings": {
+            "defaultReplicaCount": 1,
+            "defaultDataLocality": "disabled",
+            "replicaAutoBalance": "disabled",
+            "allowVolumeCreationWithDegradedAvailability": True,
+            "storageReservedPercentageForDefaultDisk": storage.reserved_percent,
+            "storageMinimalAvailablePercentage": storage.minimal_available_percent,
+        },
+        "persistence": {"defaultClass": False, "defaultClassReplicaCount": 1},
+    }
+
+
+def storage_class_parameters(copies: int) -> dict[str, str]:
+    """Parameters of the storage class that keeps `copies` copies."""
+    return {
+        "numberOfReplicas": str(copies),
+        "dataLocality": "disabled",
+        "replicaAutoBalance": "disabled",
+        # One copy is pinned to the server; two copies go to nodes that passed the disk probe.
+        "nodeSelector": SERVER_TAG if copies == 1 else COPIES_TAG,
+        "staleReplicaTimeout": "30",
+    }
+
+
+@dataclass(frozen=True)
+class StorageCopiesArgs:
+    """Arguments of `StorageCopies`."""
+
+    storage: StorageSettings
+    """hk3s:storage."""
+    kubeconfig: pulumi.Output[str]
+    """The server's kubeconfig (a secret)."""
+    after: Sequence[pulumi.Resource]
+    """What must exist first (the server's k3s)."""
+
+
+class StorageCopies(pulumi.ComponentResource):
+    """Longhorn and the storage classes for one and (when offered) two copies."""
+
+    storage_classes: pulumi.Output[list[str]]
+
+    def __init__(self, name: str, args: StorageCopiesArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("hk3s:index:StorageCopies", name, None, opts)
+        storage = args.storage
+        provider = k8s.Provider(
+            f"{name}-kubernetes",
+            kubeconfig=pulumi.Output.secret(args.kubeconfig),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
+        )
+        in_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
+        classes: list[str] = []
+        if storage.install_longhorn:
+            namespace = k8s.core.v1.Namespace(
+                f"{name}-namespace",
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=LONGHORN_NAMESPACE),
+                opts=in_cluster,
+            )
+            release = k8s.helm.v3.Release(
+                f"{name}-longhorn",
+                name="longhorn",
+                chart="longhorn",
+                version=storage.longhorn_version,
+                namespace=LONGHORN_NAMESPACE,
+                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=LONGHORN_CHART_REPO),
+                values=longhorn_values(storage),
+                opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace]),
+            )
+            for copies in range(1, storage.max_copies + 1):
+                class_name = STORAGE_CLASS_BY_COPIES[copies]
+                k8s.storage.v1.StorageClass(
+                    f"{name}-{class_name}",
+                    metadata=k8s.meta.v1.ObjectMetaArgs(name=class_name),
+                    provisioner="driver.longhorn.io",
+                    # Retain: deleting a claim never deletes the data with it.
+                    reclaim_policy="Retain",
+                    allow_volume_expansion=True,
+                    volume_binding_mode="Immediate",
+                    parameters=storage_class_parameters(copies),
+                    opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[release]),
+                )
+                classes.append(class_name)
+        self.storage_classes = pulumi.Output.from_input(classes)
+        self.register_outputs({"storage_classes": self.storage_classes})

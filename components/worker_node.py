@@ -1,0 +1,155 @@
+"""WorkerNode: one worker's machine, its connection checks, its join, and (when
+it may hold copies) its disk probe; its fence when the stack fences it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+
+from cluster_settings.models import StackSettings, WorkerSettings
+from components.cluster_server import ClusterServer
+from components.machine import provision_machine
+from components.node_endpoint import NodeEndpoint, SshCredentials
+from components.private_network import PrivateNetwork
+from node_operations.firewall_plan import KUBE_API_PORT, SSH_PORT
+from providers.connectivity_check import ConnectivityCheck
+from providers.disk_probe import DiskProbe
+from providers.node_fence import NodeFence
+from providers.node_join import NodeJoin
+
+LONGHORN_DISK_PATH = "/var/lib/longhorn"
+VALIDATION_TAINT = "hk3s.dev/validating=true:NoSchedule"
+
+
+@dataclass(frozen=True)
+class WorkerNodeArgs:
+    """Arguments of `WorkerNode`."""
+
+    settings: StackSettings
+    """The validated stack settings."""
+    worker: WorkerSettings
+    """This worker's entry of hk3s:workers."""
+    credentials: SshCredentials
+    """The SSH key that logs in to every node."""
+    ssh_key_id: pulumi.Output[str] | None
+    """The cluster's Hetzner SSH key, for a worker the program creates."""
+    private_network: PrivateNetwork | None
+    """The Hetzner network to attach a created worker to."""
+
+
+class WorkerNode(pulumi.ComponentResource):
+    """A worker: machine first, then (`join`) checks, join, disk probe, fence."""
+
+    endpoint: NodeEndpoint
+    name: pulumi.Output[str]
+    addresses: pulumi.Output[list[str]]
+    network_mode: pulumi.Output[str]
+    k3s_version: pulumi.Output[str]
+    state: pulumi.Output[str]
+
+    def __init__(self, name: str, args: WorkerNodeArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("hk3s:index:WorkerNode", name, None, opts)
+        self._args = args
+        self.endpoint = provision_machine(
+            self,
+            host=args.worker,
+            role="worker",
+            settings=args.settings,
+            credentials=args.credentials,
+            ssh_key_id=args.ssh_key_id,
+            private_network=args.private_network,
+            firewall_managed=args.settings.worker_firewall_managed(args.worker),
+        )
+        self.join_resource: NodeJoin | None = None
+
+    def join(self, server: ClusterServer, after: Sequence[pulumi.Resource]) -> None:
+        """Join the worker to `server` once `after` (the firewalls) exist."""
+        settings, worker, credentials = self._args.settings, self._args.worker, self._args.credentials
+        mode = settings.network.mode
+        connection = self.endpoint.connection_props(credentials)
+        checks: list[pulumi.Resource] = []
+        if mode != "public":
+            server_end = server.endpoint
+            checks.append(
+                ConnectivityCheck(
+                    f"{worker.name}-from-server-ssh",
+                    {
+                        **server_end.connection_props(credentials),
+                        "target_node": worker.name,
+                        "target_address": self.endpoint.private_address,
+                        "target_port": int(SSH_PORT),
+                    },
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[*after]),
+                )
+            )
+            checks.append(
+                ConnectivityCheck(
+                    f"{worker.name}-to-server-api",
+                    {
+                        **connection,
+                        "target_node": server_end.name,
+                        "target_address": server_end.private_address,
+                        "target_port": int(KUBE_API_PORT),
+                    },
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[*after]),
+                )
+            )
+        self.join_resource = NodeJoin(
+            f"{worker.name}-join",
+            {
+                **connection,
+                "server_node": server.endpoint.name,
+                # The join logs in to the server too (to create this node's token) with the same key.
+                "server_address": server.endpoint.ssh_address,
+                "server_ssh_port": server.endpoint.ssh_port,
+                "server_host_key": server.endpoint.probe.host_key,
+                "api_endpoint": server.api_endpoint,
+                "ca_hash": server.ca_hash,
+                "k3s_version": server.version,
+                "network_mode": mode,
+                "node_ip": self.endpoint.cluster_address(mode),
+                "node_external_ip": self.endpoint.public_address,
+                "labels": dict(worker.labels),
+                "validation_taint": VALIDATION_TAINT,
+                "registry": settings.cluster.registry,
+                "pod_network": settings.cluster.pod_network,
+            },
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[self.endpoint.probe, server.k3s, *after, *checks]
+            ),
+        )
+        if worker.holds_copies:
+            DiskProbe(
+                f"{worker.name}-disk",
+                {**connection, "disk_path": LONGHORN_DISK_PATH, "ignore_slow_disk": worker.ignore_slow_disk},
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.join_resource]),
+            )
+        fence = settings.fences.get(worker.name)
+        if fence is not None:
+            NodeFence(
+                f"{worker.name}-fence",
+                {
+                    **connection,
+                    "powered_off": fence.powered_off,
+                    "accept_stale_data": fence.accept_stale_data,
+                    "hcloud_server_id": self.endpoint.hcloud_server_id,
+                    "kubeconfig": server.kubeconfig,
+                },
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.join_resource]),
+            )
+        self.name = self.join_resource.name
+        self.addresses = self.join_resource.addresses
+        self.network_mode = self.join_resource.network_mode_in_use
+        self.k3s_version = self.join_resource.k3s_version_in_use
+        self.state = self.join_resource.state
+        self.register_outputs(
+            {
+                "name": self.name,
+                "addresses": self.addresses,
+                "network_mode": self.network_mode,
+                "k3s_version": self.k3s_version,
+                "state": self.state,
+            }
+        )

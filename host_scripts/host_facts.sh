@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Reads what preflight and network-mode selection need to know about a host.
+# Changes nothing. Prints one "fact <name> <value>" line per fact.
+set -euo pipefail
+
+fact() { printf 'fact %s %s\n' "$1" "$2"; }
+
+if [ -r /etc/os-release ]; then
+  # shellcheck disable=SC1091
+  . /etc/os-release
+  fact os_id "${ID:-unknown}"
+  fact os_version_id "${VERSION_ID:-unknown}"
+  fact os_pretty_name "${PRETTY_NAME:-unknown}"
+else
+  fact os_id unknown
+  fact os_version_id unknown
+  fact os_pretty_name unknown
+fi
+fact kernel "$(uname -r)"
+fact architecture "$(uname -m)"
+fact cpus "$(getconf _NPROCESSORS_ONLN)"
+fact memory_mb "$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)"
+fact swap_mb "$(awk '/^SwapTotal:/ {print int($2 / 1024)}' /proc/meminfo)"
+if [ -d /run/systemd/system ]; then fact systemd yes; else fact systemd no; fi
+
+# IPv4 addresses per interface, and the routing table, as "ip" prints them.
+ip -4 -o addr show scope global | while read -r _ iface _ cidr _; do
+  fact ipv4_address "$iface $cidr"
+done
+ip -4 route show table main | while read -r line; do
+  fact ipv4_route "$line"
+done
+
+# State left by an earlier Kubernetes install makes a join loop on a CA mismatch.
+for path in /etc/rancher/k3s /var/lib/rancher/k3s/agent /var/lib/rancher/k3s/server \
+  /etc/kubernetes/kubelet.conf /var/lib/kubelet/pki /etc/cni/net.d; do
+  if [ -e "$path" ]; then fact kubernetes_state "$path"; fi
+done
+fact complete yes

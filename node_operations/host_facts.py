@@ -1,0 +1,90 @@
+"""Read a host's facts over SSH: the data preflight and network-mode selection use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from host_scripts import script_path
+from remote_access.ssh import SshError, SshTarget, open_session
+
+HOST_FACTS_DEADLINE_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What a host is: OS, size, addresses and routes, leftovers of Kubernetes."""
+
+    os_id: str
+    os_version_id: str
+    os_pretty_name: str
+    kernel: str
+    architecture: str
+    cpus: int
+    memory_mb: int
+    swap_mb: int
+    systemd: bool
+    ipv4_addresses: list[str] = field(default_factory=list)  # "eth0 198.51.100.7/24"
+    ipv4_routes: list[str] = field(default_factory=list)  # as `ip -4 route` prints them
+    kubernetes_state: list[str] = field(default_factory=list)
+
+    @property
+    def default_route_interface(self) -> str | None:
+        for route in self.ipv4_routes:
+            words = route.split()
+            if words[:1] == ["default"] and "dev" in words:
+                return words[words.index("dev") + 1]
+        return None
+
+
+@dataclass(frozen=True)
+class ObservedHost:
+    """Facts plus the SSH host key seen while reading them."""
+
+    facts: HostFacts
+    host_key: str
+    host_key_newly_recorded: bool
+
+
+def parse_host_facts(node: str, output: str) -> HostFacts:
+    """Parse the `fact <name> <value>` lines of host_facts.sh."""
+    single: dict[str, str] = {}
+    multi: dict[str, list[str]] = {"ipv4_address": [], "ipv4_route": [], "kubernetes_state": []}
+    for line in output.splitlines():
+        words = line.split(" ", 2)
+        if len(words) < 3 or words[0] != "fact":
+            continue
+        name, value = words[1], words[2]
+        if name in multi:
+            multi[name].append(value)
+        else:
+            single[name] = value
+    if single.get("complete") != "yes":
+        raise SshError(node, "host_facts.sh stopped before reporting every fact; run it by hand to see why")
+    try:
+        return HostFacts(
+            os_id=single["os_id"],
+            os_version_id=single["os_version_id"],
+            os_pretty_name=single["os_pretty_name"],
+            kernel=single["kernel"],
+            architecture=single["architecture"],
+            cpus=int(single["cpus"]),
+            memory_mb=int(single["memory_mb"]),
+            swap_mb=int(single["swap_mb"]),
+            systemd=single["systemd"] == "yes",
+            ipv4_addresses=multi["ipv4_address"],
+            ipv4_routes=multi["ipv4_route"],
+            kubernetes_state=multi["kubernetes_state"],
+        )
+    except (KeyError, ValueError) as error:
+        raise SshError(node, f"host_facts.sh printed an unreadable fact ({error})") from None
+
+
+async def read_host_facts(target: SshTarget) -> ObservedHost:
+    """Log in (pinning the host key), run host_facts.sh, parse its output."""
+    async with open_session(target) as session:
+        result = await session.run_script(script_path("host_facts.sh"), deadline=HOST_FACTS_DEADLINE_SECONDS)
+        return ObservedHost(
+            facts=parse_host_facts(target.node, result.stdout),
+            host_key=session.host_key,
+            host_key_newly_recorded=session.newly_recorded,
+        )

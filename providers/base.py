@@ -1,0 +1,110 @@
+"""What every dynamic provider of this program shares.
+
+Providers are thin: `check` validates and normalises inputs, `diff` says what
+updates and what replaces, CRUD calls `node_operations`. Nothing that cannot be
+pickled (clients, sockets, `pulumi.Config`) is kept on a provider: the engine
+pickles it with dill into the state and unpickles it in the provider process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Coroutine, Iterable, Mapping
+from typing import Any, TypeVar
+
+from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ResourceProvider
+
+from cluster_settings.models import DNS_1123_LABEL
+from remote_access.ssh import SshTarget
+
+T = TypeVar("T")
+
+# Inputs every node-facing resource carries to log in to its host.
+CONNECTION_INPUTS = ("node", "address", "ssh_port", "ssh_user", "private_key", "recorded_host_key")
+
+
+class CapabilityMissingError(RuntimeError):
+    """The operation belongs to a capability this release does not have yet."""
+
+    def __init__(self, node: str, action: str, capability: str) -> None:
+        super().__init__(
+            f"{node}: {action} is not available in this release: {capability}. "
+            "Nothing was changed on the host; `pulumi preview` shows the plan, `pulumi up` cannot "
+            "complete this step until the capability lands."
+        )
+
+
+def progress(node: str, message: str) -> None:
+    """A progress line. Dynamic providers have no per-resource log channel, so
+    every line is prefixed with the node it is about."""
+    print(f"[{node}] {message}", file=sys.stderr, flush=True)
+
+
+def run_operation(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run an async operation from a provider method (each gRPC worker thread
+    gets its own event loop)."""
+    return asyncio.run(coroutine)
+
+
+def ssh_target(props: Mapping[str, Any], recorded_host_key: str | None = None) -> SshTarget:
+    """The SSH target a node-facing resource's inputs describe."""
+    return SshTarget(
+        node=str(props["node"]),
+        address=str(props["address"]),
+        port=int(props.get("ssh_port") or 22),
+        user=str(props.get("ssh_user") or "root"),
+        private_key=str(props["private_key"]),
+        recorded_host_key=recorded_host_key or props.get("recorded_host_key") or None,
+    )
+
+
+def check_connection_inputs(news: Mapping[str, Any]) -> list[CheckFailure]:
+    """Validate the inputs shared by node-facing resources (unknowns pass)."""
+    failures: list[CheckFailure] = []
+    node = news.get("node")
+    if isinstance(node, str) and not DNS_1123_LABEL.match(node):
+        failures.append(CheckFailure("node", f"{node!r} is not a DNS-1123 node name"))
+    for name in ("node", "address", "private_key"):
+        if name in news and news[name] in (None, ""):
+            failures.append(CheckFailure(name, f"{name} is required to reach the host"))
+    port = news.get("ssh_port")
+    if isinstance(port, (int, float)) and not 0 < int(port) < 65536:
+        failures.append(CheckFailure("ssh_port", f"{port} is not a TCP port"))
+    return failures
+
+
+def pin_recorded_host_key(olds: Mapping[str, Any], news: dict[str, Any]) -> dict[str, Any]:
+    """Carry the host key recorded on first use into later runs, unless the stack
+    config now records one explicitly (which is how an operator accepts a new key)."""
+    if not news.get("recorded_host_key") and olds.get("host_key") and olds.get("address") == news.get("address"):
+        news["recorded_host_key"] = olds["host_key"]
+    return news
+
+
+def diff_inputs(
+    olds: Mapping[str, Any],
+    news: Mapping[str, Any],
+    *,
+    replace_on: Iterable[str],
+    ignore: Iterable[str] = (),
+) -> DiffResult:
+    """Compare inputs: a change in a `replace_on` key replaces, any other updates."""
+    skipped = {"__provider", *ignore}
+    keys = (set(olds) | set(news)) - skipped
+    changed = sorted(key for key in keys if key in news and olds.get(key) != news.get(key))
+    replaces = [key for key in changed if key in set(replace_on)]
+    return DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=bool(replaces))
+
+
+class NodeProvider(ResourceProvider):
+    """Base of the providers that act on one node over SSH."""
+
+    # Keys whose change means a different machine or node: replace, never update.
+    replace_on: tuple[str, ...] = ("node", "address")
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        return CheckResult(news, check_connection_inputs(news))
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        return diff_inputs(olds, news, replace_on=self.replace_on, ignore=("recorded_host_key",))

@@ -1,0 +1,109 @@
+"""HostProbe: reads a host's facts over SSH and records its SSH host key.
+
+It changes nothing on the host. Its outputs feed preflight and network-mode
+selection, and its `host_key` output is the key every later login to the node
+is pinned to (recorded on first use unless `hk3s:ssh.host_keys` records one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import CheckResult, CreateResult, ReadResult, Resource, UpdateResult
+
+from node_operations.host_facts import HostFacts, ObservedHost, read_host_facts
+from providers.base import (
+    NodeProvider,
+    check_connection_inputs,
+    pin_recorded_host_key,
+    progress,
+    run_operation,
+    ssh_target,
+)
+
+FACT_OUTPUTS = tuple(field.name for field in dataclasses.fields(HostFacts))
+
+
+def _outputs(props: dict[str, Any], observed: ObservedHost) -> dict[str, Any]:
+    facts = dataclasses.asdict(observed.facts)
+    return {
+        **props,
+        **facts,
+        "default_route_interface": observed.facts.default_route_interface,
+        "host_key": observed.host_key,
+    }
+
+
+class HostProbeProvider(NodeProvider):
+    """Dynamic provider of `HostProbe`."""
+
+    def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        return CheckResult(pin_recorded_host_key(olds, dict(news)), check_connection_inputs(news))
+
+    def _observe(self, props: dict[str, Any]) -> ObservedHost:
+        observed = run_operation(read_host_facts(ssh_target(props)))
+        if observed.host_key_newly_recorded:
+            progress(
+                props["node"],
+                f"recorded SSH host key on first use: {observed.host_key} "
+                f"(pin it with hk3s:ssh.host_keys.{props['node']})",
+            )
+        return observed
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        progress(props["node"], f"reading host facts from {props['address']}")
+        observed = self._observe(props)
+        # Deterministic id: a create retried after a crash adopts the same host.
+        return CreateResult(id_=f"{props['node']}@{props['address']}", outs=_outputs(props, observed))
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        pinned = dict(props)
+        pinned["recorded_host_key"] = props.get("recorded_host_key") or props.get("host_key")
+        observed = self._observe(pinned)
+        return ReadResult(id_=id_, outs=_outputs(props, observed))
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        observed = self._observe(news)
+        return UpdateResult(outs=_outputs(news, observed))
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        # Reading facts left nothing on the host; forgetting them is all there is.
+        return None
+
+
+class HostProbe(Resource, module="hk3s", name="HostProbe"):
+    """Facts of one host and its pinned SSH host key."""
+
+    node: pulumi.Output[str]
+    host_key: pulumi.Output[str]
+    os_id: pulumi.Output[str]
+    os_version_id: pulumi.Output[str]
+    ipv4_addresses: pulumi.Output[list[str]]
+    ipv4_routes: pulumi.Output[list[str]]
+    default_route_interface: pulumi.Output[str | None]
+    kubernetes_state: pulumi.Output[list[str]]
+
+    def __init__(
+        self,
+        resource_name: str,
+        *,
+        node: pulumi.Input[str],
+        address: pulumi.Input[str],
+        private_key: pulumi.Input[str],
+        ssh_port: pulumi.Input[int] = 22,
+        ssh_user: pulumi.Input[str] = "root",
+        recorded_host_key: pulumi.Input[str | None] = None,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        props: dict[str, Any] = {
+            "node": node,
+            "address": address,
+            "private_key": pulumi.Output.secret(private_key),
+            "ssh_port": ssh_port,
+            "ssh_user": ssh_user,
+            "recorded_host_key": recorded_host_key,
+            **{name: None for name in (*FACT_OUTPUTS, "default_route_interface", "host_key")},
+        }
+        super().__init__(HostProbeProvider(), resource_name, props, opts)

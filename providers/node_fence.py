@@ -1,0 +1,56 @@
+"""NodeFence: fences a dead worker (seed 000, "When a node dies").
+
+The fence is recorded before anything is touched; only then is the node tainted
+out of service, which is the one way pods are force-deleted in this product.
+Inputs are validated now; the procedure is a later capability.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, Resource, UpdateResult
+
+from providers.base import CapabilityMissingError, NodeProvider, check_connection_inputs
+
+FENCE_CAPABILITY = "fencing a worker"
+
+
+class NodeFenceProvider(NodeProvider):
+    """Dynamic provider of `NodeFence`."""
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        failures = check_connection_inputs(news)
+        for flag in ("powered_off", "accept_stale_data"):
+            if flag in news and not isinstance(news[flag], bool) and news[flag] is not None:
+                failures.append(CheckFailure(flag, f"{flag} must be true or false"))
+        return CheckResult(news, failures)
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        raise CapabilityMissingError(props["node"], "fencing the worker", FENCE_CAPABILITY)
+
+    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        raise CapabilityMissingError(news["node"], "changing the fence", FENCE_CAPABILITY)
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        raise CapabilityMissingError(
+            props["node"], "lifting the fence (the worker rejoins through the join)", FENCE_CAPABILITY
+        )
+
+
+class NodeFence(Resource, module="hk3s", name="NodeFence"):
+    """A recorded fence of one worker."""
+
+    recorded_at: pulumi.Output[str]
+    stopped_services: pulumi.Output[list[str]]
+
+    def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
+        inputs = {
+            **props,
+            "private_key": pulumi.Output.secret(props["private_key"]),
+            "kubeconfig": pulumi.Output.secret(props["kubeconfig"]),
+            "recorded_at": None,
+            "stopped_services": None,
+        }
+        super().__init__(NodeFenceProvider(), resource_name, inputs, opts)

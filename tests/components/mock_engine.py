@@ -1,0 +1,127 @@
+"""Pulumi mocks for component wiring tests.
+
+Mocks stand in for the engine and for Hetzner Cloud, which cannot be reached
+from the test machine. The monitor records every RegisterResource request as
+the engine would receive it: type, name, parent, dependencies, and the raw
+property struct (where secrets are still marked secret). The dynamic
+providers are pickled by the SDK exactly as in a real deployment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import rpc
+
+# The wire marker of a secret value: {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270", "value": ...}
+SIG_KEY = rpc._special_sig_key  # noqa: SLF001
+SECRET_SIG = rpc._special_secret_sig  # noqa: SLF001
+
+
+def fake_ipv4(name: str, prefix: str = "198.51.100") -> str:
+    return f"{prefix}.{int(hashlib.sha256(name.encode()).hexdigest(), 16) % 200 + 20}"
+
+
+def fake_id(name: str) -> str:
+    """Hetzner ids are numbers; a deterministic one per resource name."""
+    return str(int(hashlib.sha256(name.encode()).hexdigest(), 16) % 10**8)
+
+
+@dataclass
+class Registration:
+    type: str
+    name: str
+    urn: str
+    parent: str
+    dependencies: list[str]
+    raw: Any
+    inputs: dict[str, Any]
+    additional_secret_outputs: list[str]
+
+    def is_secret(self, key: str) -> bool:
+        value = self.raw.fields.get(key)
+        if value is None:
+            return False
+        fields = value.struct_value.fields
+        return SIG_KEY in fields and fields[SIG_KEY].string_value == SECRET_SIG
+
+
+@dataclass
+class Recording:
+    registrations: list[Registration] = field(default_factory=list)
+
+    def by_name(self, name: str) -> Registration:
+        found = [r for r in self.registrations if r.name == name]
+        assert len(found) == 1, f"expected one resource named {name}, found {[r.type for r in found]}"
+        return found[0]
+
+    def of_type(self, suffix: str) -> list[Registration]:
+        return [r for r in self.registrations if r.type.endswith(suffix)]
+
+    def urn_of(self, name: str) -> str:
+        return self.by_name(name).urn
+
+
+class ClusterMocks(pulumi.runtime.Mocks):
+    """Outputs a real deployment would produce, deterministic per resource name."""
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
+        outputs = dict(args.inputs)
+        name = args.name
+        if args.typ == "hcloud:index/server:Server":
+            outputs["ipv4Address"] = fake_ipv4(name)
+        elif args.typ == "hcloud:index/serverNetwork:ServerNetwork":
+            outputs["ip"] = fake_ipv4(name, "10.0.1")
+        elif args.typ.endswith("hk3s:HostProbe"):
+            outputs["host_key"] = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI" + hashlib.sha256(name.encode()).hexdigest()[:40]
+        elif args.typ.endswith("hk3s:K3sServer"):
+            outputs.update(version=args.inputs["k3s_version"], ca_hash="ab" * 32, kubeconfig="apiVersion: v1\n# secret", api_endpoint="https://10.0.1.2:6443")
+        elif args.typ.endswith("hk3s:NodeJoin"):
+            outputs.update(name=args.inputs["node"], addresses=[args.inputs["address"]], network_mode_in_use="public", k3s_version_in_use=args.inputs.get("k3s_version"), state="ready")
+        return fake_id(name), outputs
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+        return {}, None
+
+
+class RecordingMonitor(pulumi_mocks.MockMonitor):
+    def __init__(self, mocks: pulumi.runtime.Mocks, recording: Recording) -> None:
+        super().__init__(mocks)
+        self.recording = recording
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            self.recording.registrations.append(
+                Registration(
+                    type=request.type,
+                    name=request.name,
+                    urn=response.urn,
+                    parent=request.parent,
+                    dependencies=list(request.dependencies),
+                    raw=request.object,
+                    inputs=rpc.deserialize_properties(request.object),
+                    additional_secret_outputs=list(request.additionalSecretOutputs),
+                )
+            )
+        return response
+
+
+def run_with_mocks(program: Callable[[], Any]) -> Recording:
+    """Run `program` against the recording mock engine and wait for every RPC."""
+    recording = Recording()
+    mocks = ClusterMocks()
+    pulumi.runtime.set_mocks(mocks, project="hk3s", stack="test", preview=False, monitor=RecordingMonitor(mocks, recording))
+
+    @pulumi.runtime.test
+    def wrapped() -> Any:
+        program()
+        return pulumi.Output.from_input(None)
+
+    wrapped()
+    return recording

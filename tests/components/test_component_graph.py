@@ -1,0 +1,202 @@
+"""The component graph under Pulumi mocks (the engine and Hetzner Cloud are
+mocked: Hetzner cannot be reached from the test machine). Asserts which
+resources exist, their parents and dependencies, the firewall ports and
+sources, and that secrets stay secret on the wire."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster_settings import load_settings
+from components.program import build_cluster, read_credentials
+from tests.components.mock_engine import Recording, fake_id, fake_ipv4, run_with_mocks
+
+OPERATOR_NET = "192.0.2.0/24"
+METAL_ADDRESS = "198.51.100.250"
+
+
+def _config(key_file: Path, **overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "cluster": {"name": "t", "k3s_version": "v1.31.4+k3s1"},
+        "server": {"name": "srv"},
+        "ssh": {"private_key_file": str(key_file)},
+        "firewall": {"operator_access": [OPERATOR_NET]},
+        "storage": {"max_copies": 2},
+        "workers": [
+            {"name": "w1"},
+            {"name": "w2", "holds_copies": False},
+            {"name": "metal", "kind": "existing", "address": METAL_ADDRESS},
+        ],
+        "fences": {"w1": {"powered_off": True}},
+    }
+    config.update(overrides)
+    return config
+
+
+def _run(config: dict[str, Any]) -> Recording:
+    settings = load_settings(config)
+    return run_with_mocks(lambda: build_cluster(settings, read_credentials(settings)))
+
+
+@pytest.fixture
+def graph(ssh_key_file: Path) -> Recording:
+    return _run(_config(ssh_key_file))
+
+
+def _rules(reg_inputs: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    rules: dict[tuple[str, str], set[str]] = {}
+    for rule in reg_inputs["rules"]:
+        sources = rule.get("sourceIps", rule.get("sources"))
+        rules[(rule["port"], rule["protocol"])] = set(sources)
+    return rules
+
+
+def test_resources_and_parents(graph: Recording) -> None:
+    components = {r.name: r for r in graph.registrations if r.type.startswith("hk3s:index:")}
+    assert {(r.type.split(":")[-1], name) for name, r in components.items()} == {
+        ("PrivateNetwork", "private-network"),
+        ("ClusterServer", "srv"),
+        ("WorkerNode", "w1"),
+        ("WorkerNode", "w2"),
+        ("WorkerNode", "metal"),
+        ("FirewallRules", "firewall"),
+        ("StorageCopies", "storage"),
+    }
+    parent_of = {r.name: r.parent for r in graph.registrations}
+    # Machines: Hetzner servers for srv, w1, w2; none for the existing host.
+    servers = sorted(r.name for r in graph.of_type("hcloud:index/server:Server"))
+    assert servers == ["srv", "w1", "w2"]
+    for reg in graph.of_type("hcloud:index/server:Server"):
+        component = next(r for r in graph.registrations if r.type.startswith("hk3s:index:") and r.name == reg.name)
+        assert reg.parent == component.urn
+    assert graph.by_name("t-ssh-key").parent.endswith("ClusterServer::srv")
+    for name in ("private-network-network", "private-network-subnet", "srv-private", "w1-private", "w2-private"):
+        assert graph.by_name(name).parent.endswith("PrivateNetwork::private-network"), name
+    assert "metal-private" not in parent_of
+    for name in ("w1-join", "w1-disk", "w1-fence", "w1-probe", "w1-to-server-api", "w1-from-server-ssh"):
+        assert graph.by_name(name).parent.endswith("WorkerNode::w1"), name
+    # w2 holds no copies: no disk probe; only w1 is fenced.
+    assert "w2-disk" not in parent_of and "metal-fence" not in parent_of and "w2-fence" not in parent_of
+    assert "metal-disk" in parent_of
+    assert graph.by_name("srv-k3s").parent.endswith("ClusterServer::srv")
+    for name in ("srv-firewall", "w1-firewall", "w2-firewall", "metal-firewall", "t-servers", "t-workers"):
+        assert graph.by_name(name).parent.endswith("FirewallRules::firewall"), name
+    assert graph.by_name("storage-longhorn").parent.endswith("StorageCopies::storage")
+
+
+def test_dependencies_order_the_join(graph: Recording) -> None:
+    join = graph.by_name("w1-join")
+    deps = set(join.dependencies)
+    for name in ("srv-k3s", "w1-probe", "srv-firewall", "w1-firewall", "metal-firewall", "t-workers-attachment",
+                 "w1-to-server-api", "w1-from-server-ssh"):
+        assert graph.urn_of(name) in deps, name
+    assert graph.urn_of("w1-join") in set(graph.by_name("w1-fence").dependencies)
+    assert graph.urn_of("w1-join") in set(graph.by_name("w1-disk").dependencies)
+    # The server's k3s waits for the firewalls, never for a worker's join.
+    k3s_deps = set(graph.by_name("srv-k3s").dependencies)
+    assert graph.urn_of("srv-firewall") in k3s_deps
+    assert graph.urn_of("w1-join") not in k3s_deps
+    # Storage talks to the cluster through a provider that waits for k3s.
+    assert graph.urn_of("srv-k3s") in set(graph.by_name("storage-kubernetes").dependencies)
+
+
+def test_cloud_firewall_ports_and_sources(graph: Recording) -> None:
+    public = {name: f"{fake_ipv4(name)}/32" for name in ("srv", "w1", "w2")}
+    public["metal"] = f"{METAL_ADDRESS}/32"
+    everyone = set(public.values())
+    workers = everyone - {public["srv"]}
+    server_rules = _rules(graph.by_name("t-servers").inputs)
+    assert server_rules == {
+        ("22", "tcp"): {"0.0.0.0/0"},
+        ("6443", "tcp"): workers | {OPERATOR_NET},
+        ("51820", "udp"): workers,
+        ("10250", "tcp"): workers,
+    }
+    worker_rules = _rules(graph.by_name("t-workers").inputs)
+    assert worker_rules == {
+        ("22", "tcp"): {"0.0.0.0/0"},
+        ("51820", "udp"): everyone,
+        ("10250", "tcp"): everyone,
+        ("9100", "tcp"): {public["srv"]},
+    }
+    attached = graph.by_name("t-workers-attachment").inputs["serverIds"]
+    assert sorted(attached) == sorted([int(fake_id("w1")), int(fake_id("w2"))])
+    assert graph.by_name("t-servers-attachment").inputs["serverIds"] == [int(fake_id("srv"))]
+
+
+def test_host_firewall_rules_exclude_self_and_keep_8888_closed(graph: Recording) -> None:
+    rules = _rules(graph.by_name("w2-firewall").inputs)
+    own = f"{fake_ipv4('w2')}/32"
+    assert all(own not in sources for port, sources in rules.items() if port[0] != "22")
+    assert ("8888", "tcp") not in rules
+    assert not any(port.startswith("30000") for port, _ in rules)
+    assert rules[("9100", "tcp")] == {f"{fake_ipv4('srv')}/32"}
+
+
+def test_vxlan_and_nodeports_change_the_plan(ssh_key_file: Path) -> None:
+    config = _config(
+        ssh_key_file,
+        cluster={"name": "t", "k3s_version": "v1.31.4+k3s1", "pod_network": "vxlan"},
+        firewall={"nodeports_open": True},
+    )
+    rules = _rules(_run(config).by_name("t-workers").inputs)
+    assert ("8472", "udp") in rules and ("51820", "udp") not in rules
+    assert rules[("30000-32767", "tcp")] == {"0.0.0.0/0"}
+
+
+def test_unmanaged_firewall_has_no_host_firewall(ssh_key_file: Path) -> None:
+    config = _config(ssh_key_file, firewall={"managed": False})
+    config["workers"][0]["firewall"] = True
+    names = {r.name for r in _run(config).of_type("hk3s:HostFirewall")}
+    assert names == {"w1-firewall"}
+
+
+def test_secrets_stay_secret(graph: Recording) -> None:
+    dynamic = [r for r in graph.registrations if "pulumi-python:dynamic" in r.type]
+    assert len(dynamic) >= 12
+    for reg in dynamic:
+        assert reg.is_secret("private_key"), f"{reg.name}: private_key is not secret"
+        assert reg.is_secret("__provider"), f"{reg.name}: serialized provider is not secret"
+    assert "kubeconfig" in graph.by_name("srv-k3s").additional_secret_outputs
+    assert graph.by_name("w1-fence").is_secret("kubeconfig")
+    assert graph.by_name("storage-kubernetes").is_secret("kubeconfig")
+
+
+def test_public_mode_creates_no_private_network_or_checks(ssh_key_file: Path) -> None:
+    graph = _run(_config(ssh_key_file, network={"mode": "public"}))
+    types = {r.type for r in graph.registrations}
+    assert "hcloud:index/network:Network" not in types
+    assert not graph.of_type("hk3s:ConnectivityCheck")
+
+
+def test_existing_hosts_only_need_no_hetzner(ssh_key_file: Path) -> None:
+    config = _config(
+        ssh_key_file,
+        server={"name": "srv", "kind": "existing", "address": "198.51.100.2"},
+        workers=[{"name": "metal", "kind": "existing", "address": METAL_ADDRESS}],
+        fences={},
+        storage={"install_longhorn": False},
+    )
+    graph = _run(config)
+    assert not [r for r in graph.registrations if r.type.startswith("hcloud:")]
+    assert graph.by_name("metal-probe").inputs["address"] == METAL_ADDRESS
+
+
+def test_one_copy_offer_has_one_storage_class(ssh_key_file: Path) -> None:
+    graph = _run(_config(ssh_key_file, storage={"max_copies": 1}))
+    classes = graph.of_type("kubernetes:storage.k8s.io/v1:StorageClass")
+    assert [c.inputs["metadata"]["name"] for c in classes] == ["hk3s-one-copy"]
+    assert classes[0].inputs["parameters"]["numberOfReplicas"] == "1"
+    assert classes[0].inputs["reclaimPolicy"] == "Retain"
+    values = graph.by_name("storage-longhorn").inputs["values"]["defaultSettings"]
+    assert values == {
+        "defaultReplicaCount": 1,
+        "defaultDataLocality": "disabled",
+        "replicaAutoBalance": "disabled",
+        "allowVolumeCreationWithDegradedAvailability": True,
+        "storageReservedPercentageForDefaultDisk": 30,
+        "storageMinimalAvailablePercentage": 25,
+    }
