@@ -1,0 +1,1 @@
+"""Remote access: the SSH layer (and, later, the Kubernetes API layer)."""
