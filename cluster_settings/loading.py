@@ -4,9 +4,11 @@ that lists every problem by config key."""
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from pulumi.runtime import config as runtime_config
 from pydantic import BaseModel, ValidationError
 
 from .models import StackSettings
@@ -22,9 +24,7 @@ class SettingsError(ValueError):
     def __init__(self, problems: list[SettingProblem]) -> None:
         self.problems = problems
         lines = "\n".join(f"  - {problem}" for problem in problems)
-        super().__init__(
-            f"The stack configuration has {len(problems)} problem(s); nothing was changed:\n{lines}"
-        )
+        super().__init__(f"The stack configuration has {len(problems)} problem(s); nothing was changed:\n{lines}")
 
 
 def _union_tags() -> set[str]:
@@ -111,10 +111,6 @@ def load_settings_from_pulumi() -> StackSettings:
     All keys are read, not only the known ones, so a misspelt top-level key is
     reported instead of silently ignored.
     """
-    import json
-
-    from pulumi.runtime import config as runtime_config  # keeps this layer usable without an engine
-
     merged: dict[str, Any] = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
     raw: dict[str, Any] = {}
     for full_key, value in merged.items():

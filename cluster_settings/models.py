@@ -62,9 +62,7 @@ def _node_name(value: str) -> str:
 def _k3s_version(value: str) -> str:
     match = K3S_VERSION.match(value)
     if not match:
-        raise ValueError(
-            f"{value!r} is not a k3s release; write it as k3s tags it, e.g. 'v1.31.4+k3s1'"
-        )
+        raise ValueError(f"{value!r} is not a k3s release; write it as k3s tags it, e.g. 'v1.31.4+k3s1'")
     if tuple(int(part) for part in match.groups()[:3]) < MIN_K3S_VERSION:
         raise ValueError(
             f"{value} is older than v1.26.2, the first k3s that creates short-lived "
@@ -76,8 +74,7 @@ def _k3s_version(value: str) -> str:
 def _location(value: str) -> str:
     if value not in NETWORK_ZONE_OF_LOCATION:
         raise ValueError(
-            f"{value!r} is not a Hetzner Cloud location; use one of "
-            + ", ".join(sorted(NETWORK_ZONE_OF_LOCATION))
+            f"{value!r} is not a Hetzner Cloud location; use one of " + ", ".join(sorted(NETWORK_ZONE_OF_LOCATION))
         )
     return value
 
@@ -98,8 +95,7 @@ def _ipv4_network(value: str) -> str:
         net = ipaddress.ip_network(value, strict=True)
     except ValueError as error:
         raise ValueError(
-            f"{value!r} is not a network in CIDR form with its host bits zero "
-            f"({error}); write it like '10.0.0.0/16'"
+            f"{value!r} is not a network in CIDR form with its host bits zero ({error}); write it like '10.0.0.0/16'"
         ) from None
     if net.version != 4:
         raise ValueError(f"{value!r} is IPv6; the cluster's node networks are IPv4")
@@ -110,9 +106,7 @@ def _ipv4_address(value: str) -> str:
     try:
         address = ipaddress.ip_address(value)
     except ValueError:
-        raise ValueError(
-            f"{value!r} is not an IPv4 address; give the host's address, e.g. '198.51.100.7'"
-        ) from None
+        raise ValueError(f"{value!r} is not an IPv4 address; give the host's address, e.g. '198.51.100.7'") from None
     if address.version != 4:
         raise ValueError(f"{value!r} is IPv6; every node needs an IPv4 address")
     return str(address)
@@ -160,7 +154,7 @@ class ClusterSettings(StrictModel):
     )
     k3s_binary: Path | None = Field(
         None,
-        description="Air-gapped install: local path of the k3s binary to upload. Unset: the host downloads the release.",
+        description="Air-gapped install: local path of the k3s binary to upload. Unset: the host downloads it.",
     )
     k3s_sha256: str | None = Field(
         None,
@@ -207,9 +201,7 @@ class SshSettings(StrictModel):
         default_factory=dict,
         description="Recorded SSH host keys per node name ('ssh-ed25519 AAAA...'); a changed key is refused.",
     )
-    connect_timeout_seconds: float = Field(
-        15.0, gt=0, le=300, description="Deadline for opening one SSH connection."
-    )
+    connect_timeout_seconds: float = Field(15.0, gt=0, le=300, description="Deadline for opening one SSH connection.")
 
     @field_validator("host_keys")
     @classmethod
@@ -252,7 +244,7 @@ class FirewallSettings(StrictModel):
 
     managed: bool = Field(
         True,
-        description="The program runs each node's host firewall (UFW, firewalld or nftables). False: the operator does.",
+        description="The program runs each node's host firewall (UFW, firewalld or nftables). False: you do.",
     )
     cloud_firewall: bool = Field(True, description="Create Hetzner cloud firewalls for the servers it creates.")
     operator_access: list[IPv4Cidr] = Field(
@@ -293,7 +285,9 @@ class HostSettings(StrictModel):
     kind: Literal["hetzner", "existing"] = Field(
         "hetzner", description="hetzner: the program creates the server. existing: a host given by address."
     )
-    server_type: str | None = Field(None, description="Hetzner server type (kind hetzner); default cluster.server_type.")
+    server_type: str | None = Field(
+        None, description="Hetzner server type (kind hetzner); default cluster.server_type."
+    )
     image: str | None = Field(None, description="Hetzner image (kind hetzner); default cluster.image.")
     location: Location | None = Field(None, description="Hetzner location (kind hetzner); default cluster.location.")
     address: IPv4Addr | None = Field(None, description="Public IPv4 address (kind existing: required).")
@@ -313,9 +307,7 @@ class ServerSettings(HostSettings):
 class WorkerSettings(HostSettings):
     """One entry of `hk3s:workers`."""
 
-    holds_copies: bool = Field(
-        True, description="False opts the worker out of holding volume copies (no disk check)."
-    )
+    holds_copies: bool = Field(True, description="False opts the worker out of holding volume copies (no disk check).")
     ignore_slow_disk: bool = Field(
         False, description="Accept a disk that fails the sync-latency check (recorded as an override)."
     )
@@ -356,11 +348,11 @@ class StackSettings(StrictModel):
     """The whole stack configuration (namespace `hk3s`)."""
 
     cluster: ClusterSettings
-    server: ServerSettings = Field(default_factory=lambda: ServerSettings())
+    server: ServerSettings = Field(default_factory=ServerSettings)
     ssh: SshSettings
-    network: NetworkSettings = Field(default_factory=lambda: NetworkSettings())
-    firewall: FirewallSettings = Field(default_factory=lambda: FirewallSettings())
-    storage: StorageSettings = Field(default_factory=lambda: StorageSettings())
+    network: NetworkSettings = Field(default_factory=NetworkSettings)
+    firewall: FirewallSettings = Field(default_factory=FirewallSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
     workers: list[WorkerSettings] = Field(default_factory=list)
     fences: dict[str, FenceSettings] = Field(default_factory=dict)
 

@@ -3,6 +3,7 @@ node, both from node_operations.firewall_plan so the two layers agree."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -28,9 +29,7 @@ class FirewallRulesArgs:
     """Every node of the cluster, server first."""
 
 
-def _rules_for(
-    settings: StackSettings, role: Role, node: str, server: str, peers: dict[str, str]
-) -> list[PortRule]:
+def _rules_for(settings: StackSettings, role: Role, node: str, server: str, peers: dict[str, str]) -> list[PortRule]:
     return inbound_rules(
         role=role,
         node=node,
@@ -40,6 +39,27 @@ def _rules_for(
         operator_access=settings.firewall.operator_access,
         nodeports_open=settings.firewall.nodeports_open,
     )
+
+
+def _cloud_rules(
+    settings: StackSettings, role: Role, node: str, server: str, peers: dict[str, str]
+) -> list[hcloud.FirewallRuleArgs]:
+    return [
+        hcloud.FirewallRuleArgs(
+            direction="in",
+            protocol=rule.protocol,
+            port=rule.port,
+            source_ips=list(rule.sources),
+            description=rule.purpose,
+        )
+        for rule in _rules_for(settings, role, node, server, peers)
+    ]
+
+
+def _host_rules(
+    settings: StackSettings, role: Role, node: str, server: str, peers: dict[str, str]
+) -> list[dict[str, Any]]:
+    return [{**asdict(rule), "sources": list(rule.sources)} for rule in _rules_for(settings, role, node, server, peers)]
 
 
 def _peer_map(nodes: Sequence[NodeEndpoint], addresses: Sequence[pulumi.Output[str]]) -> pulumi.Output[dict[str, str]]:
@@ -69,19 +89,12 @@ class FirewallRules(pulumi.ComponentResource):
                 members = [node for node in args.nodes if node.role == role and node.hcloud_server_id is not None]
                 if not members:
                     continue
+                # One firewall per role: the server's excludes itself; the workers'
+                # admits every node, each worker's peers being all the others.
                 rules = public_peers.apply(
-                    lambda peers, role=role: [
-                        hcloud.FirewallRuleArgs(
-                            direction="in",
-                            protocol=rule.protocol,
-                            port=rule.port,
-                            source_ips=list(rule.sources),
-                            description=rule.purpose,
-                        )
-                        # One firewall per role: the server's excludes itself; the workers'
-                        # admits every node, each worker's peers being all the others.
-                        for rule in _rules_for(settings, role, server.name if role == "server" else "", server.name, peers)
-                    ]
+                    functools.partial(
+                        _cloud_rules, settings, role, server.name if role == "server" else "", server.name
+                    )
                 )
                 firewall = hcloud.Firewall(
                     f"{settings.cluster.name}-{role}s",
@@ -104,10 +117,7 @@ class FirewallRules(pulumi.ComponentResource):
             if not node.firewall_managed:
                 continue
             rules_data = cluster_peers.apply(
-                lambda peers, node=node: [
-                    {**asdict(rule), "sources": list(rule.sources)}
-                    for rule in _rules_for(settings, node.role, node.name, server.name, peers)
-                ]
+                functools.partial(_host_rules, settings, node.role, node.name, server.name)
             )
             props: dict[str, Any] = {
                 **node.connection_props(args.credentials),

@@ -40,9 +40,7 @@ class NodeEndpoint:
         private mode, its public one otherwise. (Resolving `auto` from the hosts'
         routing tables is the network-mode capability; until then auto means public.)"""
         if mode == "private":
-            return pulumi.Output.all(self.private_address, self.public_address).apply(
-                lambda pair: pair[0] or pair[1]
-            )
+            return pulumi.Output.all(self.private_address, self.public_address).apply(lambda pair: pair[0] or pair[1])
         return self.public_address
 
     def connection_props(self, credentials: SshCredentials) -> dict[str, Any]:

@@ -73,7 +73,7 @@ class StorageCopies(pulumi.ComponentResource):
         storage = args.storage
         provider = k8s.Provider(
             f"{name}-kubernetes",
-            kubeconfig=pulumi.Output.secret(args.kubeconfig),
+            kubeconfig=pulumi.Output.secret(args.kubeconfig),  # type: ignore[arg-type]
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
         )
         in_cluster = pulumi.ResourceOptions(parent=self, provider=provider)

@@ -116,9 +116,7 @@ class WorkerNode(pulumi.ComponentResource):
                 "registry": settings.cluster.registry,
                 "pod_network": settings.cluster.pod_network,
             },
-            opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[self.endpoint.probe, server.k3s, *after, *checks]
-            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.endpoint.probe, server.k3s, *after, *checks]),
         )
         if worker.holds_copies:
             DiskProbe(

@@ -29,7 +29,9 @@ class ConnectivityCheckProvider(NodeProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # A check is a fact about a path; a different path is a different check.
         return diff_inputs(
-            olds, news, replace_on=("node", "address", "target_node", "target_address", "target_port"),
+            olds,
+            news,
+            replace_on=("node", "address", "target_node", "target_address", "target_port"),
             ignore=("recorded_host_key",),
         )
 

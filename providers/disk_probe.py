@@ -14,9 +14,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, Resource, Up
 
 from providers.base import CapabilityMissingError, NodeProvider, check_connection_inputs
 
-PROBE_CAPABILITY = (
-    "the disk probe for volume copies; set holds_copies: false on the worker to join it without one"
-)
+PROBE_CAPABILITY = "the disk probe for volume copies; set holds_copies: false on the worker to join it without one"
 
 
 class DiskProbeProvider(NodeProvider):

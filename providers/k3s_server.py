@@ -42,15 +42,18 @@ class K3sServerProvider(NodeProvider):
                     )
                 )
         old_version, new_version = olds.get("k3s_version"), news.get("k3s_version")
-        if isinstance(old_version, str) and isinstance(new_version, str):
-            if _version_tuple(new_version) < _version_tuple(old_version):
-                failures.append(
-                    CheckFailure(
-                        "k3s_version",
-                        f"hk3s:cluster.k3s_version {new_version} is older than the running {old_version}; "
-                        "k3s cannot be downgraded in place",
-                    )
+        if (
+            isinstance(old_version, str)
+            and isinstance(new_version, str)
+            and _version_tuple(new_version) < _version_tuple(old_version)
+        ):
+            failures.append(
+                CheckFailure(
+                    "k3s_version",
+                    f"hk3s:cluster.k3s_version {new_version} is older than the running {old_version}; "
+                    "k3s cannot be downgraded in place",
                 )
+            )
         return CheckResult(pin_recorded_host_key(olds, dict(news)), failures)
 
     def create(self, props: dict[str, Any]) -> CreateResult:

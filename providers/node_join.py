@@ -17,8 +17,7 @@ from providers.base import CapabilityMissingError, NodeProvider, check_connectio
 
 JOIN_CAPABILITY = "joining workers (issue #4: join a worker)"
 REMOVE_CAPABILITY = (
-    "removing a worker (drain, move copies, wipe, deregister); put the worker back in "
-    "hk3s:workers to keep it"
+    "removing a worker (drain, move copies, wipe, deregister); put the worker back in hk3s:workers to keep it"
 )
 NETWORK_MODES = ("auto", "private", "public")
 

@@ -100,7 +100,9 @@ def _stderr_tail(stderr: str, lines: int = 5) -> str:
 class SshSession:
     """One open, host-key-verified connection; many commands over it."""
 
-    def __init__(self, target: SshTarget, connection: asyncssh.SSHClientConnection, host_key: str, newly_recorded: bool):
+    def __init__(
+        self, target: SshTarget, connection: asyncssh.SSHClientConnection, host_key: str, newly_recorded: bool
+    ):
         self.target = target
         self._connection = connection
         self.host_key = host_key
@@ -118,7 +120,9 @@ class SshSession:
     ) -> CommandResult:
         """Run one command (argv, each argument quoted) under a deadline in seconds."""
         command = shlex.join(argv)
-        return await self._run_command(command, deadline=deadline, stdin=stdin, on_line=on_line, check=check, what=what or command)
+        return await self._run_command(
+            command, deadline=deadline, stdin=stdin, on_line=on_line, check=check, what=what or command
+        )
 
     async def run_script(
         self,
@@ -143,7 +147,12 @@ class SshSession:
             raise ValueError(f"invalid environment variable name among {sorted(env)}")
         command = shlex.join(["bash", "-s", "--", *args])
         return await self._run_command(
-            command, deadline=deadline, stdin=preamble + body, on_line=on_line, check=check, what=f"script {script.name}"
+            command,
+            deadline=deadline,
+            stdin=preamble + body,
+            on_line=on_line,
+            check=check,
+            what=f"script {script.name}",
         )
 
     async def upload(self, data: bytes, remote_path: str, *, deadline: float, mode: int = 0o644) -> None:

@@ -18,9 +18,9 @@ import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 
-# The wire marker of a secret value: {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270", "value": ...}
-SIG_KEY = rpc._special_sig_key  # noqa: SLF001
-SECRET_SIG = rpc._special_secret_sig  # noqa: SLF001
+# The wire marker of a secret value: {SIG_KEY: SECRET_SIG, "value": ...}
+SIG_KEY = rpc._special_sig_key
+SECRET_SIG = rpc._special_secret_sig
 
 
 def fake_ipv4(name: str, prefix: str = "198.51.100") -> str:
@@ -78,11 +78,24 @@ class ClusterMocks(pulumi.runtime.Mocks):
         elif args.typ == "hcloud:index/serverNetwork:ServerNetwork":
             outputs["ip"] = fake_ipv4(name, "10.0.1")
         elif args.typ.endswith("hk3s:HostProbe"):
-            outputs["host_key"] = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI" + hashlib.sha256(name.encode()).hexdigest()[:40]
+            outputs["host_key"] = (
+                "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI" + hashlib.sha256(name.encode()).hexdigest()[:40]
+            )
         elif args.typ.endswith("hk3s:K3sServer"):
-            outputs.update(version=args.inputs["k3s_version"], ca_hash="ab" * 32, kubeconfig="apiVersion: v1\n# secret", api_endpoint="https://10.0.1.2:6443")
+            outputs.update(
+                version=args.inputs["k3s_version"],
+                ca_hash="ab" * 32,
+                kubeconfig="apiVersion: v1\n# secret",
+                api_endpoint="https://10.0.1.2:6443",
+            )
         elif args.typ.endswith("hk3s:NodeJoin"):
-            outputs.update(name=args.inputs["node"], addresses=[args.inputs["address"]], network_mode_in_use="public", k3s_version_in_use=args.inputs.get("k3s_version"), state="ready")
+            outputs.update(
+                name=args.inputs["node"],
+                addresses=[args.inputs["address"]],
+                network_mode_in_use="public",
+                k3s_version_in_use=args.inputs.get("k3s_version"),
+                state="ready",
+            )
         return fake_id(name), outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
@@ -116,7 +129,9 @@ def run_with_mocks(program: Callable[[], Any]) -> Recording:
     """Run `program` against the recording mock engine and wait for every RPC."""
     recording = Recording()
     mocks = ClusterMocks()
-    pulumi.runtime.set_mocks(mocks, project="hk3s", stack="test", preview=False, monitor=RecordingMonitor(mocks, recording))
+    pulumi.runtime.set_mocks(
+        mocks, project="hk3s", stack="test", preview=False, monitor=RecordingMonitor(mocks, recording)
+    )
 
     @pulumi.runtime.test
     def wrapped() -> Any:

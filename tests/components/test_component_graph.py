@@ -90,8 +90,16 @@ def test_resources_and_parents(graph: Recording) -> None:
 def test_dependencies_order_the_join(graph: Recording) -> None:
     join = graph.by_name("w1-join")
     deps = set(join.dependencies)
-    for name in ("srv-k3s", "w1-probe", "srv-firewall", "w1-firewall", "metal-firewall", "t-workers-attachment",
-                 "w1-to-server-api", "w1-from-server-ssh"):
+    for name in (
+        "srv-k3s",
+        "w1-probe",
+        "srv-firewall",
+        "w1-firewall",
+        "metal-firewall",
+        "t-workers-attachment",
+        "w1-to-server-api",
+        "w1-from-server-ssh",
+    ):
         assert graph.urn_of(name) in deps, name
     assert graph.urn_of("w1-join") in set(graph.by_name("w1-fence").dependencies)
     assert graph.urn_of("w1-join") in set(graph.by_name("w1-disk").dependencies)

@@ -78,7 +78,9 @@ def test_host_probe_lifecycle_over_grpc(sshd: LoopbackSshd, provider_server: Any
     assert created.id == "worker-1@127.0.0.1"
     assert outs["host_key"] == sshd.host_key_line
     assert outs["systemd"] in (True, False) and outs["cpus"] >= 1 and outs["memory_mb"] > 0
-    local_routes = subprocess.run(["ip", "-4", "route", "show", "table", "main"], capture_output=True, text=True, check=True)
+    local_routes = subprocess.run(
+        ["ip", "-4", "route", "show", "table", "main"], capture_output=True, text=True, check=True
+    )
     assert outs["ipv4_routes"] == [line.strip() for line in local_routes.stdout.splitlines()]
     os_release = dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().split("\n") if "=" in line)
     assert outs["os_id"] == os_release["ID"].strip('"')

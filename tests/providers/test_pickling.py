@@ -27,7 +27,7 @@ def test_provider_unpickles_in_a_fresh_process(provider_class: type, tmp_path: P
     script = textwrap.dedent(
         f"""
         import base64, dill, sys
-        provider = dill.loads(base64.b64decode(open({str(tmp_path / 'provider.b64')!r}).read()))
+        provider = dill.loads(base64.b64decode(open({str(tmp_path / "provider.b64")!r}).read()))
         result = provider.check({{}}, {{"node": "Not_A_Name", "address": "198.51.100.7", "private_key": "k"}})
         print(type(provider).__module__, type(provider).__name__, [f.property for f in result.failures])
         """

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -103,7 +105,9 @@ def test_output_is_streamed_line_by_line(sshd: LoopbackSshd, tmp_path: Path) -> 
 
     async def scenario() -> None:
         async with open_session(_target(sshd)) as session:
-            await session.run_script(script, deadline=10, on_line=lambda line: seen.append((line, time.monotonic() - start)))
+            await session.run_script(
+                script, deadline=10, on_line=lambda line: seen.append((line, time.monotonic() - start))
+            )
 
     asyncio.run(scenario())
     assert [line for line, _ in seen] == ["step-1", "step-2", "step-3"]
@@ -123,20 +127,20 @@ def test_deadline_stops_a_stuck_command(sshd: LoopbackSshd) -> None:
 
 
 def test_connect_deadline_on_a_silent_port(sshd: LoopbackSshd) -> None:
-    import socket
-
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)  # accepts TCP, never speaks SSH
     port = listener.getsockname()[1]
-    target = SshTarget(node="worker-9", address="127.0.0.1", port=port, private_key=sshd.client_private_key, connect_timeout=1.0)
+    target = SshTarget(
+        node="worker-9", address="127.0.0.1", port=port, private_key=sshd.client_private_key, connect_timeout=1.0
+    )
 
     async def scenario() -> None:
         async with open_session(target):
             pass
 
     try:
-        with pytest.raises(SshDeadlineError, match="worker-9: no SSH connection .* within 1s"):
+        with pytest.raises(SshDeadlineError, match=r"worker-9: no SSH connection .* within 1s"):
             asyncio.run(scenario())
     finally:
         listener.close()
@@ -168,8 +172,6 @@ def test_upload_writes_file_atomically_with_mode(sshd: LoopbackSshd, tmp_path: P
 
 
 def test_wrong_client_key_is_refused_with_fix(sshd: LoopbackSshd, tmp_path: Path) -> None:
-    import subprocess
-
     other = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
 
