@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,15 +35,19 @@ def _union_tags() -> set[str]:
 def _field_names_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """Known field names of the model that `loc` (minus its last element) points into."""
     current: Any = model
+    skip_next = False  # the element after a list or dict field is an index or a key
     for part in loc[:-1]:
-        if isinstance(part, int):
+        if skip_next or isinstance(part, int):
+            skip_next = False
             continue
         if isinstance(current, type) and issubclass(current, BaseModel) and part in current.model_fields:
             annotation = current.model_fields[part].annotation
-            args = getattr(annotation, "__args__", ())
+            origin = typing.get_origin(annotation)
+            skip_next = origin in (list, dict)
+            args = typing.get_args(annotation)
             nested = [arg for arg in (annotation, *args) if isinstance(arg, type) and issubclass(arg, BaseModel)]
             current = nested[0] if nested else None
-        else:
+        elif part not in _union_tags():
             current = None
     if isinstance(current, type) and issubclass(current, BaseModel):
         return list(current.model_fields)
