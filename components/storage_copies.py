@@ -71,18 +71,17 @@ class StorageCopies(pulumi.ComponentResource):
     def __init__(self, name: str, args: StorageCopiesArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("hk3s:index:StorageCopies", name, None, opts)
         storage = args.storage
-        provider = k8s.Provider(
-            f"{name}-kubernetes",
-            kubeconfig=pulumi.Output.secret(args.kubeconfig),  # type: ignore[arg-type]
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
-        )
-        in_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
         classes: list[str] = []
         if storage.install_longhorn:
+            provider = k8s.Provider(
+                f"{name}-kubernetes",
+                kubeconfig=pulumi.Output.secret(args.kubeconfig),  # type: ignore[arg-type]
+                opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
+            )
             namespace = k8s.core.v1.Namespace(
                 f"{name}-namespace",
                 metadata=k8s.meta.v1.ObjectMetaArgs(name=LONGHORN_NAMESPACE),
-                opts=in_cluster,
+                opts=pulumi.ResourceOptions(parent=self, provider=provider),
             )
             release = k8s.helm.v3.Release(
                 f"{name}-longhorn",

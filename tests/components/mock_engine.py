@@ -125,9 +125,9 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         return response
 
 
-def run_with_mocks(program: Callable[[], Any]) -> Recording:
+def run_with_mocks(program: Callable[[], Any], recording: Recording | None = None) -> Recording:
     """Run `program` against the recording mock engine and wait for every RPC."""
-    recording = Recording()
+    recording = recording if recording is not None else Recording()
     mocks = ClusterMocks()
     pulumi.runtime.set_mocks(
         mocks, project="hk3s", stack="test", preview=False, monitor=RecordingMonitor(mocks, recording)

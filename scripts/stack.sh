@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs the program against one stack: `scripts/stack.sh preview|up|refresh|destroy [--stack NAME] [pulumi args...]`.
+# Prepares the Python environment, uses a local state backend unless PULUMI_BACKEND_URL
+# says otherwise, and creates the stack on first use. Secrets are encrypted with
+# PULUMI_CONFIG_PASSPHRASE, which you choose and must keep.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+action=${1:-}
+case "$action" in
+  preview | up | refresh | destroy) shift ;;
+  *)
+    echo "usage: scripts/stack.sh preview|up|refresh|destroy [--stack NAME] [pulumi args...]" >&2
+    exit 2
+    ;;
+esac
+stack=dev
+if [ "${1:-}" = "--stack" ]; then
+  stack=${2:?--stack needs a name}
+  shift 2
+fi
+
+if [ -z "${PULUMI_CONFIG_PASSPHRASE:-}" ] && [ -z "${PULUMI_CONFIG_PASSPHRASE_FILE:-}" ]; then
+  echo "PULUMI_CONFIG_PASSPHRASE is not set: choose a passphrase that encrypts this stack's secrets," >&2
+  echo "export it (or PULUMI_CONFIG_PASSPHRASE_FILE) and run again. Keep it: the secrets cannot be read without it." >&2
+  exit 2
+fi
+if [ ! -f "$repo/Pulumi.$stack.yaml" ]; then
+  echo "Pulumi.$stack.yaml does not exist: copy Pulumi.dev.yaml to it and edit it (see README, Configuration)." >&2
+  exit 2
+fi
+
+# The lab's Pulumi CLI, when it has been built, serves where no other is installed.
+lab_bin=${HK3S_LAB_CACHE:-/var/cache/hk3s-lab}/bin
+if ! command -v pulumi >/dev/null && [ -x "$lab_bin/pulumi" ]; then
+  PATH="$lab_bin:$PATH"
+fi
+if ! command -v pulumi >/dev/null; then
+  echo "The Pulumi CLI is not installed: see https://www.pulumi.com/docs/install/ (README, Prerequisites)." >&2
+  exit 2
+fi
+
+"$repo/scripts/setup_python.sh" >&2
+
+export PULUMI_SKIP_UPDATE_CHECK=true
+export PULUMI_BACKEND_URL=${PULUMI_BACKEND_URL:-file://$HOME/.hk3s-state}
+case "$PULUMI_BACKEND_URL" in
+  file://*) mkdir -p "${PULUMI_BACKEND_URL#file://}" ;;
+esac
+
+cd "$repo"
+if ! pulumi stack select "$stack" 2>/dev/null; then
+  echo "Creating stack $stack in $PULUMI_BACKEND_URL" >&2
+  pulumi stack init "$stack" --secrets-provider passphrase
+fi
+exec pulumi "$action" --stack "$stack" "$@"
