@@ -23,6 +23,15 @@ fact memory_mb "$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)"
 fact swap_mb "$(awk '/^SwapTotal:/ {print int($2 / 1024)}' /proc/meminfo)"
 if [ -d /run/systemd/system ]; then fact systemd yes; else fact systemd no; fi
 
+# WireGuard: loaded, or loadable by modprobe.
+if [ -d /sys/module/wireguard ]; then
+  fact wireguard loaded
+elif command -v modprobe >/dev/null && modprobe -n -q wireguard 2>/dev/null; then
+  fact wireguard loadable
+else
+  fact wireguard missing
+fi
+
 # IPv4 addresses per interface, and the routing table, as "ip" prints them.
 ip -4 -o addr show scope global | while read -r _ iface _ cidr _; do
   fact ipv4_address "$iface $cidr"

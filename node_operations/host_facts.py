@@ -23,6 +23,7 @@ class HostFacts:
     memory_mb: int
     swap_mb: int
     systemd: bool
+    wireguard: str  # loaded, loadable or missing
     ipv4_addresses: list[str] = field(default_factory=list)  # "eth0 198.51.100.7/24"
     ipv4_routes: list[str] = field(default_factory=list)  # as `ip -4 route` prints them
     kubernetes_state: list[str] = field(default_factory=list)
@@ -71,6 +72,7 @@ def parse_host_facts(node: str, output: str) -> HostFacts:
             memory_mb=int(single["memory_mb"]),
             swap_mb=int(single["swap_mb"]),
             systemd=single["systemd"] == "yes",
+            wireguard=single["wireguard"],
             ipv4_addresses=multi["ipv4_address"],
             ipv4_routes=multi["ipv4_route"],
             kubernetes_state=multi["kubernetes_state"],

@@ -1,0 +1,140 @@
+"""Preflight: decide from a host's facts whether it may join, before anything
+on it changes (seed 000 "Before you start", seed 003 "Cosa serve a una macchina").
+
+Every problem names the host, the failed check and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from node_operations.host_facts import HostFacts
+
+# A "2 GB" machine reports a little less than 2048 MiB of MemTotal.
+MIN_MEMORY_MB = 1800
+MIN_CPUS = 2
+
+# OS id -> lowest supported major version.
+SUPPORTED_OS_MAJOR = {
+    "debian": 11,
+    "ubuntu": 20,
+    "rocky": 8,
+    "almalinux": 8,
+    "rhel": 8,
+    "centos": 9,
+}
+# Longhorn volumes break on these 9.x releases until a release adopts a fixed Longhorn.
+LONGHORN_BROKEN_EL = ("rocky", "almalinux")
+LONGHORN_BROKEN_FROM = (9, 7)
+
+
+@dataclass(frozen=True)
+class PreflightProblem:
+    """One reason a host may not join."""
+
+    node: str
+    check: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.node}: preflight {self.check}: {self.message}"
+
+
+@dataclass(frozen=True)
+class PreflightRequirements:
+    """What the cluster asks of every node."""
+
+    pod_network: str  # wireguard or vxlan
+    # A worker this program joined before carries its own k3s state; that is not foreign.
+    own_k3s_state_expected: bool = False
+    min_memory_mb: int = MIN_MEMORY_MB
+    min_cpus: int = MIN_CPUS
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for part in text.split("."):
+        if not part.isdigit():
+            break
+        parts.append(int(part))
+    return tuple(parts)
+
+
+def check_os(node: str, facts: HostFacts) -> PreflightProblem | None:
+    """Supported OS, and the Rocky/AlmaLinux 9.7+ refusal with seed 000's reason."""
+    version = _version(facts.os_version_id)
+    minimum = SUPPORTED_OS_MAJOR.get(facts.os_id)
+    if minimum is None or not version:
+        return PreflightProblem(
+            node,
+            "os",
+            f"{facts.os_pretty_name} is not supported; use Debian 11+, Ubuntu 20.04+, Rocky/AlmaLinux 8 "
+            "or 9 up to 9.6, RHEL 8/9 or CentOS Stream 9",
+        )
+    if version[0] < minimum:
+        return PreflightProblem(
+            node, "os", f"{facts.os_pretty_name} is too old; upgrade to {facts.os_id} {minimum} or later"
+        )
+    if facts.os_id in LONGHORN_BROKEN_EL and version[:2] >= LONGHORN_BROKEN_FROM and version[0] == 9:
+        return PreflightProblem(
+            node,
+            "os",
+            f"{facts.os_pretty_name} is refused: workers hold Longhorn volumes, and Longhorn is broken on "
+            "Rocky Linux and AlmaLinux 9.7 and later 9.x until a release adopts a fixed Longhorn. "
+            "Use 9.6 or another supported OS for this worker",
+        )
+    return None
+
+
+def evaluate_preflight(node: str, facts: HostFacts, requirements: PreflightRequirements) -> list[PreflightProblem]:
+    """Every preflight problem of one host (empty: it may join)."""
+    problems: list[PreflightProblem] = []
+    os_problem = check_os(node, facts)
+    if os_problem is not None:
+        problems.append(os_problem)
+    if not facts.ipv4_addresses:
+        problems.append(PreflightProblem(node, "ipv4", "the host has no global IPv4 address; every node needs one"))
+    if not facts.systemd:
+        problems.append(
+            PreflightProblem(node, "systemd", "systemd is not running as init; k3s runs as a systemd service")
+        )
+    if facts.memory_mb < requirements.min_memory_mb:
+        problems.append(
+            PreflightProblem(
+                node,
+                "memory",
+                f"{facts.memory_mb} MiB of RAM, at least {requirements.min_memory_mb} MiB needed (4 GiB for real work)",
+            )
+        )
+    if facts.cpus < requirements.min_cpus:
+        problems.append(PreflightProblem(node, "cpu", f"{facts.cpus} CPU(s), at least {requirements.min_cpus} needed"))
+    if facts.swap_mb > 0:
+        problems.append(
+            PreflightProblem(
+                node,
+                "swap",
+                f"{facts.swap_mb} MiB of swap is on; the kubelet needs it off: run `swapoff -a` and remove "
+                "the swap entries from /etc/fstab",
+            )
+        )
+    if requirements.pod_network == "wireguard" and facts.wireguard == "missing":
+        problems.append(
+            PreflightProblem(
+                node,
+                "wireguard",
+                "the wireguard kernel module cannot be loaded, but the pod network uses WireGuard; install a "
+                "kernel with WireGuard (5.6+) or its module package",
+            )
+        )
+    if facts.kubernetes_state and not requirements.own_k3s_state_expected:
+        problems.append(
+            PreflightProblem(
+                node,
+                "kubernetes-state",
+                "the host carries state of an earlier Kubernetes install ("
+                + ", ".join(facts.kubernetes_state)
+                + "), which makes a join loop on a CA hash mismatch. Reset the host (k3s-agent-uninstall.sh "
+                "or kubeadm reset, then remove those paths) and run again",
+            )
+        )
+    return problems
