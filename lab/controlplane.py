@@ -123,9 +123,7 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
 
 
@@ -208,10 +206,7 @@ class _CA:
                 ),
                 critical=True,
             )
-            .add_extension(
-                x509.SubjectKeyIdentifier.from_public_key(k.public_key()),
-                critical=False,
-            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(k.public_key()), critical=False)
             .sign(k, hashes.SHA256())
         )
         _write(key, _key_pem(k), 0o600)
@@ -260,10 +255,7 @@ class _CA:
                 critical=True,
             )
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
-                critical=False,
-            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False)
         )
         if server_names:
             b = b.add_extension(_san(server_names), critical=False)
@@ -281,21 +273,8 @@ def _kubeconfig(server: str, ca: Path, crt: Path, key: Path, user: str) -> str:
     cfg = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {
-                "name": "hk3s-lab",
-                "cluster": {"server": server, "certificate-authority-data": b64(ca)},
-            }
-        ],
-        "users": [
-            {
-                "name": user,
-                "user": {
-                    "client-certificate-data": b64(crt),
-                    "client-key-data": b64(key),
-                },
-            }
-        ],
+        "clusters": [{"name": "hk3s-lab", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}],
+        "users": [{"name": user, "user": {"client-certificate-data": b64(crt), "client-key-data": b64(key)}}],
         "contexts": [{"name": "hk3s-lab", "context": {"cluster": "hk3s-lab", "user": user}}],
         "current-context": "hk3s-lab",
     }
@@ -342,15 +321,13 @@ class KubeApi:
         host = self.url.split("://", 1)[1].rstrip("/")
         hostname, _, port = host.rpartition(":")
         conn = http.client.HTTPSConnection(
-            hostname.strip("[]"),
-            int(port),
-            context=self._context(),
-            timeout=self.timeout,
+            hostname.strip("[]"), int(port), context=self._context(), timeout=self.timeout
         )
         headers = {"Accept": "application/json"}
-        data = None
+        data: bytes | None = None
         if body is not None:
-            data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+            text_body = body if isinstance(body, (str, bytes)) else json.dumps(body)
+            data = text_body.encode() if isinstance(text_body, str) else text_body
             headers["Content-Type"] = content_type
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -461,30 +438,15 @@ class ControlPlane:
     def admin_api(self) -> KubeApi:
         return KubeApi(self.api_url, self.ca_path, cert=self.admin_cert, key=self.admin_key)
 
-    def api(
-        self,
-        *,
-        token: str | None = None,
-        cert: Path | None = None,
-        key: Path | None = None,
-    ) -> KubeApi:
+    def api(self, *, token: str | None = None, cert: Path | None = None, key: Path | None = None) -> KubeApi:
         return KubeApi(self.api_url, self.ca_path, cert=cert, key=key, token=token)
 
     def kubectl(
-        self,
-        *args: str,
-        input: str | None = None,
-        check: bool = True,
-        timeout: float = 60,
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
         """Run the cached kubectl against this control plane as admin."""
         return subprocess.run(
-            [
-                str(self.bin_dir / "kubectl"),
-                "--kubeconfig",
-                str(self.admin_kubeconfig),
-                *args,
-            ],
+            [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.admin_kubeconfig), *args],
             input=input,
             capture_output=True,
             text=True,
@@ -658,28 +620,16 @@ def start(
         ["system:masters"],
         client=True,
     )
+    ca.issue(pki / "admin.crt", pki / "admin.key", "hk3s-lab-admin", ["system:masters"], client=True)
     ca.issue(
-        pki / "admin.crt",
-        pki / "admin.key",
-        "hk3s-lab-admin",
-        ["system:masters"],
-        client=True,
-    )
-    ca.issue(
-        pki / "controller-manager.crt",
-        pki / "controller-manager.key",
-        "system:kube-controller-manager",
-        client=True,
+        pki / "controller-manager.crt", pki / "controller-manager.key", "system:kube-controller-manager", client=True
     )
     if not (pki / "sa.key").exists():
         sa = _new_key()
         _write(pki / "sa.key", _key_pem(sa), 0o600)
         _write(
             pki / "sa.pub",
-            sa.public_key().public_bytes(
-                serialization.Encoding.PEM,
-                serialization.PublicFormat.SubjectPublicKeyInfo,
-            ),
+            sa.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo),
         )
     admin_kubeconfig = d / "admin.kubeconfig"
     _write(
@@ -849,22 +799,9 @@ def _apply_bootstrap_rbac(admin: KubeApi) -> None:
         body = {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
-            "metadata": {
-                "name": name,
-                "labels": {"app.kubernetes.io/managed-by": "hk3s-lab"},
-            },
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": role,
-            },
-            "subjects": [
-                {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Group",
-                    "name": group,
-                }
-            ],
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "hk3s-lab"}},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}],
         }
         # Server-side apply: idempotent when the directory (and its database) is re-used.
         admin.request(

@@ -149,19 +149,12 @@ def _exercise(cp: ControlPlane, tmp_path: Path) -> None:
     assert "system:nodes" in who["groups"]
     created = node.post(
         "/api/v1/nodes",
-        {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": "test-node", "labels": {"hk3s-lab/test": "true"}},
-        },
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "test-node", "labels": {"hk3s-lab/test": "true"}}},
     )
     assert created["metadata"]["name"] == "test-node"
     # NodeRestriction: this node may not create another node.
     with pytest.raises(ApiError) as denied:
-        node.post(
-            "/api/v1/nodes",
-            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "other-node"}},
-        )
+        node.post("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "other-node"}})
     assert denied.value.status == 403
     # The node controller (node IPAM) gives the node a pod CIDR.
     got = _wait_for(
