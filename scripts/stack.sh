@@ -43,6 +43,9 @@ fi
 "$repo/scripts/setup_python.sh" >&2
 
 export PULUMI_SKIP_UPDATE_CHECK=true
+# Older Python language hosts (such as the lab's) run the program with this interpreter
+# instead of reading Pulumi.yaml's virtualenv; current ones ignore it.
+export PULUMI_PYTHON_CMD="$repo/venv/bin/python"
 export PULUMI_BACKEND_URL=${PULUMI_BACKEND_URL:-file://$HOME/.hk3s-state}
 case "$PULUMI_BACKEND_URL" in
   file://*) mkdir -p "${PULUMI_BACKEND_URL#file://}" ;;
