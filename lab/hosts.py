@@ -174,8 +174,11 @@ class LabError(RuntimeError):
     """A lab operation failed; the message says what and, where known, why."""
 
 
-class HostNotRunning(LabError):
+class HostNotRunningError(LabError):
     """The host's container is not running (powered off or failed to boot)."""
+
+
+HostNotRunning = HostNotRunningError
 
 
 # --------------------------------------------------------------------------- helpers
@@ -194,6 +197,7 @@ def _run(
     try:
         proc = subprocess.run(
             args,
+            check=False,
             input=input_text,
             capture_output=True,
             text=True,
@@ -647,10 +651,10 @@ class Host:
     def nsenter_argv(self, command: str | Sequence[str]) -> list[str]:
         leader = self.leader_pid
         if leader is None:
-            raise HostNotRunning(f"host {self.name} is not running")
+            raise HostNotRunningError(f"host {self.name} is not running")
         argv = ["nsenter", "-t", str(leader), "-m", "-u", "-i", "-n", "-p", "-r", "-w", "--"]
         if isinstance(command, str):
-            return argv + ["/bin/sh", "-c", command]
+            return [*argv, "/bin/sh", "-c", command]
         return argv + list(command)
 
     def run(
@@ -675,7 +679,9 @@ class Host:
         }
         return _run(self.nsenter_argv(command), check=check, timeout=timeout, env=env)
 
-    def netns_run(self, argv: Sequence[str], *, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def netns_run(
+        self, argv: Sequence[str], *, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         """Run a machine binary inside the host's network namespace (works while powered off)."""
         return _run(["ip", "netns", "exec", self.netns, *argv], check=check, timeout=timeout)
 
@@ -761,17 +767,16 @@ class Host:
         mangle = ["iptables", "-w", "5", "-t", "mangle", "-A"]
         if loss_pct > 0:
             probability = f"{min(loss_pct, 100.0) / 100.0:.6f}"
-            self.netns_run(
-                mangle + ["POSTROUTING", "-o", ifname, *comment]
-                + ["-m", "statistic", "--mode", "random", "--probability", probability, "-j", "DROP"]
-            )
+            drop = ["-m", "statistic", "--mode", "random", "--probability", probability, "-j", "DROP"]
+            self.netns_run([*mangle, "POSTROUTING", "-o", ifname, *comment, *drop])
         if delay_ms > 0:
             # Delay what arrives: queueing the host's own outgoing packets would
             # keep them charged to their sockets and TCP small queues would
             # throttle bulk sends to a few packets per delay period.
             queue = NETEM_QUEUES[link]
             self._start_delay_daemon(link, queue, delay_ms)
-            self.netns_run(mangle + ["PREROUTING", "-i", ifname, *comment, "-j", "NFQUEUE", "--queue-num", str(queue), "--queue-bypass"])
+            nfqueue = ["-j", "NFQUEUE", "--queue-num", str(queue), "--queue-bypass"]
+            self.netns_run([*mangle, "PREROUTING", "-i", ifname, *comment, *nfqueue])
 
     def _start_delay_daemon(self, link: Link, queue: int, delay_ms: float) -> None:
         pid_file = self.dir / f"netdelay-{link}.pid"
@@ -842,16 +847,18 @@ class Host:
     def reboot(self, *, wait: bool = True, timeout: float = 120) -> None:
         """``systemctl reboot`` inside; the supervisor starts the container again."""
         if not self.is_running:
-            raise HostNotRunning(f"host {self.name} is not running")
+            raise HostNotRunningError(f"host {self.name} is not running")
         boots_before = self.boots
         leader_before = self.leader_pid
         self.run(["systemctl", "reboot"], check=False, timeout=30)
         deadline = time.monotonic() + timeout
         while True:
             leader = self.leader_pid
-            if self.boots > boots_before or (leader is not None and leader_before is not None and leader != leader_before):
-                if leader is not None:
-                    break
+            if (
+                self.boots > boots_before
+                or (leader is not None and leader_before is not None and leader != leader_before)
+            ) and leader is not None:
+                break
             if not self.is_running:
                 # nspawn ended without asking for a restart: start it ourselves.
                 self._lab()._start_container(self)
@@ -969,6 +976,7 @@ class Lab:
         self.plan: AddressPlan | None = None
         self.hosts: dict[str, Host] = {}
         self.created_by_cli = False
+        self.owner_pid = os.getpid()
         self._lock = threading.RLock()
         self._netem_available: bool | None = None
         self._torn_down = False
@@ -980,10 +988,24 @@ class Lab:
         self.ssh_private_key_path = self.ssh_dir / "id_ed25519"
         self.known_hosts_path = self.ssh_dir / "known_hosts"
         if not self.ssh_private_key_path.exists():
-            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"hk3s-lab-{self.lab_id}", "-f", self.ssh_private_key_path])
+            _run(
+                [
+                    "ssh-keygen",
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    f"hk3s-lab-{self.lab_id}",
+                    "-f",
+                    self.ssh_private_key_path,
+                ]
+            )
         self.ssh_public_key = self.ssh_private_key_path.with_suffix(".pub").read_text().strip()
         self.known_hosts_path.touch()
-        self._save_state()
+        if not (self.run_dir / "state.json").exists():
+            self._save_state()
 
     # ---- names
 
@@ -1134,9 +1156,19 @@ class Lab:
             mask.symlink_to("/dev/null")
         conf_dir = root / "etc/ssh/sshd_config.d"
         conf_dir.mkdir(parents=True, exist_ok=True)
-        (conf_dir / "10-hk3s-lab.conf").write_text("PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\n")
+        (conf_dir / "10-hk3s-lab.conf").write_text(
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\n"
+        )
         (root / ".hk3s-lab-base.json").write_text(
-            json.dumps({"suite": SUITE, "mirror": self.mirror, "packages": list(packages), "layout": BASE_LAYOUT, "built": time.time()})
+            json.dumps(
+                {
+                    "suite": SUITE,
+                    "mirror": self.mirror,
+                    "packages": list(packages),
+                    "layout": BASE_LAYOUT,
+                    "built": time.time(),
+                }
+            )
         )
 
     # ---- network
@@ -1160,10 +1192,11 @@ class Lab:
                     private = pick_network(PRIVATE_CANDIDATES, avoid)
                 avoid.append(Reserved(private, "lab private network"))
                 nat = pick_network(NAT_CANDIDATES, avoid)
-                self.plan = AddressPlan(public, private, nat, tuple(sorted({f"{r.network} ({r.reason})" for r in reserved})))
+                self.plan = AddressPlan(
+                    public, private, nat, tuple(sorted({f"{r.network} ({r.reason})" for r in reserved}))
+                )
                 log.info(
-                    "lab %s: public %s (gateway %s), private %s (gateway %s), behind-NAT LANs in %s; "
-                    "avoided %s",
+                    "lab %s: public %s (gateway %s), private %s (gateway %s), behind-NAT LANs in %s; avoided %s",
                     self.lab_id,
                     public,
                     self.plan.public_gateway,
@@ -1193,15 +1226,16 @@ class Lab:
         # (another lab, the machine's networks, or a host's NAT'd LAN).
         exempt = sorted(
             {IPv4Network(f"{s}/32") for s in machine_nameservers()}
-            | {IPv4Network(f"{a}/24", strict=False) for addrs in _resolve_ipv4(self.registry_hosts).values() for a in addrs},
+            | {
+                IPv4Network(f"{a}/24", strict=False)
+                for addrs in _resolve_ipv4(self.registry_hosts).values()
+                for a in addrs
+            },
             key=lambda n: (int(n.network_address), n.prefixlen),
         )
         exempt = [n for n in exempt if not any(n != o and n.subnet_of(o) for o in exempt)]
-        exempt_rule = (
-            f'    iifname "{self.public_bridge}" oifname != "{self.public_bridge}" ip daddr {{ {", ".join(map(str, exempt))} }} accept\n'
-            if exempt
-            else ""
-        )
+        leaving = f'iifname "{self.public_bridge}" oifname != "{self.public_bridge}"'
+        exempt_rule = f"    {leaving} ip daddr {{ {', '.join(map(str, exempt))} }} accept\n" if exempt else ""
         special = ", ".join(str(n) for n in SPECIAL_NETS)
         _nft(
             f"""table ip {self.nft_table} {{
@@ -1228,7 +1262,22 @@ class Lab:
         _ip("link", "set", "pub0", "up", netns=gw)
         _ip("route", "add", "default", "via", plan.public_gateway, netns=gw)
         outer_prv = f"{self.lab_id}-gv"
-        _ip("link", "add", outer_prv, "mtu", str(PRIVATE_MTU), "type", "veth", "peer", "name", "prv0", "mtu", str(PRIVATE_MTU), "netns", gw)
+        _ip(
+            "link",
+            "add",
+            outer_prv,
+            "mtu",
+            str(PRIVATE_MTU),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "prv0",
+            "mtu",
+            str(PRIVATE_MTU),
+            "netns",
+            gw,
+        )
         _ip("link", "set", outer_prv, "master", self.private_bridge, "up")
         _ip("addr", "add", f"{plan.private_gateway}/{plan.private_net.prefixlen}", "dev", "prv0", netns=gw)
         _ip("link", "set", "prv0", "up", netns=gw)
@@ -1442,7 +1491,22 @@ class Lab:
             self._add_gateway_network(network)
             outer = self._veth(host.index, "v")
             mtu = str(spec.private_mtu)
-            _ip("link", "add", outer, "mtu", mtu, "type", "veth", "peer", "name", PRIVATE_IFNAME, "mtu", mtu, "netns", ns)
+            _ip(
+                "link",
+                "add",
+                outer,
+                "mtu",
+                mtu,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                PRIVATE_IFNAME,
+                "mtu",
+                mtu,
+                "netns",
+                ns,
+            )
             _ip("link", "set", outer, "master", self.private_bridge, "up")
             _ip("addr", "add", f"{host.private_ip}/{network.prefixlen}", "dev", PRIVATE_IFNAME, netns=ns)
             _ip("link", "set", PRIVATE_IFNAME, "up", netns=ns)
@@ -1543,7 +1607,12 @@ class Lab:
         argv = [sys.executable, "-I", str(SUPERVISOR), str(host.dir), "30", "--", *self._nspawn_argv(host)]
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
             )
         deadline = time.monotonic() + 10
         while _read_pid(host.dir / "supervisor.pid") != proc.pid:
@@ -1567,17 +1636,21 @@ class Lab:
             last = ""
             while time.monotonic() < deadline:
                 if not host.is_running:
-                    raise HostNotRunning(f"host {host.name} is not running; console log: {self.console_tail(host)}")
+                    raise HostNotRunningError(
+                        f"host {host.name} is not running; console log: {self.console_tail(host)}"
+                    )
                 proc = _run(host.ssh_argv("true", connect_timeout=2), check=False, timeout=15)
                 if proc.returncode == 0:
                     return time.monotonic() - started
                 last = proc.stderr.strip()
                 time.sleep(0.2)
-            raise LabError(f"host {host.name}: no SSH within {timeout}s (last error: {last}); console: {self.console_tail(host)}")
+            raise LabError(
+                f"host {host.name}: no SSH within {timeout}s (last error: {last}); console: {self.console_tail(host)}"
+            )
 
         with ThreadPoolExecutor(max_workers=len(targets)) as pool:
             results = list(pool.map(wait_one, targets))
-        return {host.name: seconds for host, seconds in zip(targets, results)}
+        return {host.name: seconds for host, seconds in zip(targets, results, strict=False)}
 
     def console_tail(self, host: Host, lines: int = 20) -> str:
         try:
@@ -1596,7 +1669,7 @@ class Lab:
             "mirror": self.mirror,
             "plan": self.plan.to_json() if self.plan else None,
             "created_by_cli": self.created_by_cli,
-            "owner_pid": os.getpid(),
+            "owner_pid": self.owner_pid,
             "hosts": [host.to_json() for host in self.hosts.values()],
         }
         tmp = self.run_dir / ".state.json.tmp"
@@ -1610,6 +1683,7 @@ class Lab:
         state = json.loads((Path(run_dir) / "state.json").read_text())
         lab = cls(Path(state["cache_dir"]), Path(state["run_dir"]), lab_id=state["lab_id"], mirror=state["mirror"])
         lab.created_by_cli = bool(state.get("created_by_cli"))
+        lab.owner_pid = int(state.get("owner_pid") or lab.owner_pid)
         if state.get("plan"):
             lab.plan = AddressPlan.from_json(state["plan"])
         for data in state.get("hosts", []):
@@ -1635,6 +1709,10 @@ class Lab:
                 lab=lab,
             )
             lab.hosts[spec.name] = host
+        if lab.plan is not None:
+            lab._gateway_networks = [lab.plan.private_net] + [
+                IPv4Network(h.private_network) for h in lab.hosts.values() if h.private_network
+            ]
         lab._save_state()
         return lab
 
@@ -1653,11 +1731,12 @@ class Lab:
             if not argv:
                 continue
             joined = "\0".join(argv)
-            if (run_dir + "/") in joined or any(a == run_dir for a in argv):
-                found.append(pid)
-            elif NETDELAY.name in joined and any(a.startswith(tag) for a in argv):
-                found.append(pid)
-            elif any(a.startswith(f"--network-namespace-path=/run/netns/{self.lab_id}-") for a in argv):
+            if (
+                (run_dir + "/") in joined
+                or any(a == run_dir for a in argv)
+                or (NETDELAY.name in joined and any(a.startswith(tag) for a in argv))
+                or any(a.startswith(f"--network-namespace-path=/run/netns/{self.lab_id}-") for a in argv)
+            ):
                 found.append(pid)
         return found
 
@@ -1665,7 +1744,9 @@ class Lab:
         """Everything of this lab still on the machine (listed from the system, not from memory)."""
         prefix = self.lab_id + "-"
         netns = [n for n in _run(["ip", "netns", "list"], check=False).stdout.split() if n.startswith(prefix)]
-        links = [str(link["ifname"]) for link in _ip_json("link", "show") if str(link.get("ifname", "")).startswith(prefix)]
+        links = [
+            str(link["ifname"]) for link in _ip_json("link", "show") if str(link.get("ifname", "")).startswith(prefix)
+        ]
         mounts = [str(m) for m in _mounts_under(self.run_dir)]
         mounts += [
             line.split()[4]
@@ -1728,7 +1809,11 @@ class Lab:
                     if result.returncode != 0:
                         errors.append(result.stderr.strip())
             for _ in range(20):
-                links = [str(link["ifname"]) for link in _ip_json("link", "show") if str(link.get("ifname", "")).startswith(prefix)]
+                links = [
+                    str(link["ifname"])
+                    for link in _ip_json("link", "show")
+                    if str(link.get("ifname", "")).startswith(prefix)
+                ]
                 if not links:
                     break
                 for link in links:
@@ -1768,7 +1853,11 @@ class Lab:
             f"run dir {self.run_dir}",
         ]
         for host in self.hosts.values():
-            where = f"public {host.public_ip}" if host.public_ip else f"behind NAT as {host.egress_ip} (LAN {host.nat_inner_ip})"
+            where = (
+                f"public {host.public_ip}"
+                if host.public_ip
+                else f"behind NAT as {host.egress_ip} (LAN {host.nat_inner_ip})"
+            )
             private = f"private {host.private_ip} ({host.private_network})" if host.private_ip else "no private NIC"
             default = "default via private" if host.spec.private_default_route else "default via public"
             state = "running" if host.is_running else "off"
@@ -1908,14 +1997,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     up = sub.add_parser("up", help="boot hosts and print how to reach them")
     up.add_argument("--hosts", type=int, default=3)
     up.add_argument("--name-prefix", default="node")
-    up.add_argument("--variety", action="store_true", help="host 2 routes via private, 3 has no private NIC, 4 is behind NAT")
+    up.add_argument(
+        "--variety", action="store_true", help="host 2 routes via private, 3 has no private NIC, 4 is behind NAT"
+    )
     up.add_argument("--timeout", type=float, default=180)
     down = sub.add_parser("down", help="tear down labs made by 'up' (or --lab ID, or --all)")
     down.add_argument("--lab", action="append", default=[])
     down.add_argument("--all", action="store_true")
     sub.add_parser("list", help="show the labs on this machine")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
     missing = missing_prerequisites()
     if missing:
         print("cannot run the lab here: " + "; ".join(missing), file=sys.stderr)

@@ -20,6 +20,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Iterator
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_QUEUE = 3
@@ -56,23 +57,23 @@ def _message(msg_type: int, flags: int, seq: int, queue: int, attrs: bytes) -> b
     return header + body
 
 
-def _iter_messages(data: bytes):
+def _iter_messages(data: bytes) -> Iterator[tuple[int, int, bytes]]:
     offset = 0
     while offset + NLMSG_HDR.size <= len(data):
         length, msg_type, _flags, seq, _pid = NLMSG_HDR.unpack_from(data, offset)
         if length < NLMSG_HDR.size:
             break
-        yield msg_type, seq, data[offset + NLMSG_HDR.size: offset + length]
+        yield msg_type, seq, data[offset + NLMSG_HDR.size : offset + length]
         offset += _align(length)
 
 
-def _iter_attrs(data: bytes):
+def _iter_attrs(data: bytes) -> Iterator[tuple[int, bytes]]:
     offset = 0
     while offset + 4 <= len(data):
         length, kind = struct.unpack_from("=HH", data, offset)
         if length < 4:
             break
-        yield kind & 0x3FFF, data[offset + 4: offset + length]
+        yield kind & 0x3FFF, data[offset + 4 : offset + length]
         offset += _align(length)
 
 
@@ -113,7 +114,7 @@ class Queue:
         for msg_type, _seq, payload in _iter_messages(data):
             if msg_type != (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET:
                 continue
-            for kind, value in _iter_attrs(payload[NFGENMSG.size:]):
+            for kind, value in _iter_attrs(payload[NFGENMSG.size :]):
                 if kind == NFQA_PACKET_HDR:
                     ids.append(struct.unpack_from("!I", value, 0)[0])
         return ids

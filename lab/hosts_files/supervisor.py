@@ -18,6 +18,7 @@ container starts).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -58,10 +59,8 @@ class Supervisor:
     def _on_term(self, _signum: int, _frame: object) -> None:
         self.stop_mode = "graceful"
         if self.proc is not None and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
     def _on_usr1(self, _signum: int, _frame: object) -> None:
         self.stop_mode = "hard"
@@ -72,15 +71,11 @@ class Supervisor:
             return
         leader = container_leader(self.proc.pid)
         if leader is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(leader, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         else:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
-            except ProcessLookupError:
-                pass
 
     def _write(self, name: str, value: str) -> None:
         tmp = self.host_dir / f".{name}.tmp"
@@ -113,20 +108,16 @@ class Supervisor:
                         self._kill_container()
                         deadline = time.monotonic() + 5.0
                         if self.proc.poll() is None:
-                            try:
+                            with contextlib.suppress(ProcessLookupError):
                                 self.proc.kill()
-                            except ProcessLookupError:
-                                pass
                 print(f"supervisor: systemd-nspawn exited with {rc}", file=sys.stderr, flush=True)
                 if rc != REBOOT_EXIT:
                     break
                 time.sleep(0.2)
         finally:
             for name in ("nspawn.pid", "supervisor.pid"):
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     (self.host_dir / name).unlink()
-                except FileNotFoundError:
-                    pass
         return rc
 
 

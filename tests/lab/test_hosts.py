@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from lab.hosts import Host, HostNotRunning, HostSpec, Lab, reserved_networks
+from lab.hosts import Host, HostNotRunningError, HostSpec, Lab, reserved_networks
 from lab.pytest_fixtures import fresh_lab, lab  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.lab
@@ -39,9 +39,10 @@ class Hosts:
     privroute: Host
     nopriv: Host
     natted: Host
+    podnet: Host
 
     def all(self) -> list[Host]:
-        return [self.normal, self.privroute, self.nopriv, self.natted]
+        return [self.normal, self.privroute, self.nopriv, self.natted, self.podnet]
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,8 @@ def hosts(lab: Lab) -> Iterator[Hosts]:  # noqa: F811
         privroute=lab.add_host(HostSpec("hs-privroute", private_default_route=True)),
         nopriv=lab.add_host(HostSpec("hs-nopriv", private_nic=False)),
         natted=lab.add_host(HostSpec("hs-natted", behind_nat=True, private_nic=False)),
+        # A private network of its own choosing: k3s's default pod network.
+        podnet=lab.add_host(HostSpec("hs-podnet", private_cidr="10.42.0.0/16", private_default_route=True)),
     )
     lab.wait_ssh_ready(made.all(), timeout=180)
     yield made
@@ -81,7 +84,7 @@ def wait_until(predicate: Any, timeout: float, what: str) -> None:
 def ssh_with_known_hosts(host: Host, known_hosts: Path) -> subprocess.CompletedProcess[str]:
     argv = host.ssh_argv("true", connect_timeout=3)
     argv = [f"UserKnownHostsFile={known_hosts}" if a.startswith("UserKnownHostsFile=") else a for a in argv]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
 
 
 def routes_inside(host: Host) -> list[dict[str, Any]]:
@@ -103,20 +106,30 @@ def tcp_open(src: Host, ip: str, port: int = 22) -> bool:
 
 def list_system(lab_id: str, run_dir: Path) -> dict[str, list[str]]:
     """What the system (not the lab object) shows of a lab."""
-    netns = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split() if n.startswith(lab_id)]
+    netns = [
+        n
+        for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout.split()
+        if n.startswith(lab_id)
+    ]
     links = [
         line.split(":")[1].strip().split("@")[0]
-        for line in subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout.splitlines()
+        for line in subprocess.run(
+            ["ip", "-o", "link", "show"], capture_output=True, text=True, check=False
+        ).stdout.splitlines()
         if line.split(":")[1].strip().startswith(lab_id)
     ]
     bridges = [
         line.split(":")[1].strip()
-        for line in subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True).stdout.splitlines()
+        for line in subprocess.run(
+            ["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True, check=False
+        ).stdout.splitlines()
         if lab_id in line
     ]
     veths = [
         line.split(":")[1].strip()
-        for line in subprocess.run(["ip", "-o", "link", "show", "type", "veth"], capture_output=True, text=True).stdout.splitlines()
+        for line in subprocess.run(
+            ["ip", "-o", "link", "show", "type", "veth"], capture_output=True, text=True, check=False
+        ).stdout.splitlines()
         if lab_id in line
     ]
     mounts = [
@@ -135,7 +148,11 @@ def list_system(lab_id: str, run_dir: Path) -> dict[str, list[str]]:
         if lab_id in cmdline or str(run_dir) in cmdline:
             processes.append(f"{entry}: {cmdline}")
     tables = [
-        line for line in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout.splitlines() if lab_id in line
+        line
+        for line in subprocess.run(
+            ["nft", "list", "tables"], capture_output=True, text=True, check=False
+        ).stdout.splitlines()
+        if lab_id in line
     ]
     return {
         "netns": netns,
@@ -214,6 +231,11 @@ def test_routing_tables_match_the_specs(lab: Lab, hosts: Hosts) -> None:  # noqa
     assert defaults(natted) == [(lan_gateway, "eth0")]
     assert all(dst != public_net for dst, _dev in connected(natted))
 
+    podnet = routes_inside(hosts.podnet)
+    assert defaults(podnet) == [("10.42.0.1", "enp7s0")]
+    assert ("10.42.0.0/16", "enp7s0") in connected(podnet)
+    assert hosts.podnet.private_ip == str(ipaddress.ip_address("10.42.0.1") + hosts.podnet.index)
+
     addresses = json.loads(hosts.normal.ssh("ip -j -4 addr show").stdout)
     by_dev = {a["ifname"]: {i["local"] for i in a["addr_info"]} for a in addresses}
     assert by_dev["eth0"] == {hosts.normal.public_ip}
@@ -283,7 +305,7 @@ def test_power_off_and_on_keeps_the_disk(hosts: Hosts) -> None:
     host.power_off()
     assert not host.is_running and host.leader_pid is None
     assert not ssh_ok(host, timeout=2)
-    with pytest.raises(HostNotRunning):
+    with pytest.raises(HostNotRunningError):
         host.run("true")
     host.power_on(wait=True)
     assert host.boots == boots + 1
@@ -374,4 +396,8 @@ def test_teardown_leaves_nothing_behind(lab: Lab, fresh_lab: Lab) -> None:  # no
     assert not run_dir.exists()
     assert fresh_lab.leftovers().empty()
     # The session lab is untouched.
-    assert lab.plan is not None and lab.hosts and all(h.is_running for h in lab.hosts.values() if h.spec.name.startswith("hs-"))
+    assert (
+        lab.plan is not None
+        and lab.hosts
+        and all(h.is_running for h in lab.hosts.values() if h.spec.name.startswith("hs-"))
+    )
