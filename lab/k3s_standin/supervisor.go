@@ -1,0 +1,267 @@
+package main
+
+// The supervisor: the HTTPS listener on 6443. Like k3s's it answers /cacerts and
+// /ping itself and hands everything else to the Kubernetes API server, which
+// listens on 127.0.0.1 only. Callers that present a client certificate of the
+// cluster's client CA are passed on with their identity in request headers,
+// authenticated to the apiserver by the request-header (front-proxy) client
+// certificate; bearer tokens are passed on as they are.
+
+import (
+	"context"
+	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	authenticationclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
+)
+
+const (
+	supervisorKubeletCertPath = "/v1-k3s/client-kubelet.crt"
+	nodeNameHeader            = "K3s-Node-Name"
+)
+
+type supervisor struct {
+	s            *server
+	clientPool   *x509.CertPool
+	authed       *httputil.ReverseProxy // with the front-proxy client certificate
+	plain        *httputil.ReverseProxy // no client certificate
+	tokenReviews authenticationclient.TokenReviewInterface
+	passwords    []string
+}
+
+func newSupervisor(s *server, passwords []string) (*supervisor, error) {
+	pool, err := certPool(s.clientCA.certPEM)
+	if err != nil {
+		return nil, err
+	}
+	serverPool, err := certPool(s.caBundle)
+	if err != nil {
+		return nil, err
+	}
+	proxyCert, err := tls.LoadX509KeyPair(s.tls("client-auth-proxy.crt"), s.tls("client-auth-proxy.key"))
+	if err != nil {
+		return nil, err
+	}
+	target := &url.URL{Scheme: "https", Host: fmt.Sprintf("127.0.0.1:%d", s.apiPort)}
+	transport := func(certs []tls.Certificate) *http.Transport {
+		return &http.Transport{
+			TLSClientConfig:     &tls.Config{RootCAs: serverPool, Certificates: certs, MinVersion: tls.VersionTLS12},
+			ForceAttemptHTTP2:   true,
+			MaxIdleConnsPerHost: 50,
+			IdleConnTimeout:     90 * time.Second,
+			DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		}
+	}
+	mk := func(t *http.Transport) *httputil.ReverseProxy {
+		return &httputil.ReverseProxy{
+			Rewrite: func(pr *httputil.ProxyRequest) {
+				pr.SetURL(target)
+				pr.Out.Host = target.Host
+			},
+			Transport:     t,
+			FlushInterval: -1, // watches stream
+			ErrorLog:      log.New(io.Discard, "", 0),
+			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+				debugf("proxy %s %s: %v", r.Method, r.URL.Path, err)
+				writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "apiserver not ready")
+			},
+		}
+	}
+	tr, err := authenticationclient.NewForConfig(clientConfig(s.adminCfg, "supervisor"))
+	if err != nil {
+		return nil, err
+	}
+	return &supervisor{
+		s:            s,
+		clientPool:   pool,
+		authed:       mk(transport([]tls.Certificate{proxyCert})),
+		plain:        mk(transport(nil)),
+		tokenReviews: tr.TokenReviews(),
+		passwords:    passwords,
+	}, nil
+}
+
+func (sup *supervisor) listen(addr string) (func(), error) {
+	kp, err := tls.LoadX509KeyPair(sup.s.tls("serving-kube-apiserver.crt"), sup.s.tls("serving-kube-apiserver.key"))
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("supervisor: %w", err)
+	}
+	srv := &http.Server{
+		Handler: sup,
+		TLSConfig: &tls.Config{
+			Certificates: []tls.Certificate{kp},
+			ClientAuth:   tls.RequestClientCert,
+			MinVersion:   tls.VersionTLS12,
+		},
+		ReadHeaderTimeout: 30 * time.Second,
+		ErrorLog:          log.New(io.Discard, "", 0),
+	}
+	go func() {
+		if err := srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errorf("supervisor: %v", err)
+		}
+	}()
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if srv.Shutdown(ctx) != nil {
+			_ = srv.Close() // hanging watches
+		}
+	}, nil
+}
+
+func writeStatus(w http.ResponseWriter, code int, reason, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	fmt.Fprintf(w, `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":%q,"reason":%q,"code":%d}`+"\n", msg, reason, code)
+}
+
+func (sup *supervisor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/ping":
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = io.WriteString(w, "pong")
+		return
+	case "/cacerts":
+		sup.serveCACerts(w, r)
+		return
+	case supervisorKubeletCertPath:
+		sup.serveKubeletCert(w, r)
+		return
+	}
+	// Never trust identity headers from outside.
+	for k := range r.Header {
+		if strings.HasPrefix(strings.ToLower(k), "x-remote-") {
+			r.Header.Del(k)
+		}
+	}
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		user, groups, err := sup.verifyClient(r.TLS.PeerCertificates)
+		if err == nil {
+			r.Header.Set("X-Remote-User", user)
+			for _, g := range groups {
+				r.Header.Add("X-Remote-Group", g)
+			}
+			sup.authed.ServeHTTP(w, r)
+			return
+		}
+		if r.Header.Get("Authorization") == "" {
+			debugf("rejected client certificate %q: %v", r.TLS.PeerCertificates[0].Subject.CommonName, err)
+			writeStatus(w, http.StatusUnauthorized, "Unauthorized", "Unauthorized")
+			return
+		}
+	}
+	sup.plain.ServeHTTP(w, r)
+}
+
+func (sup *supervisor) verifyClient(chain []*x509.Certificate) (string, []string, error) {
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := chain[0].Verify(x509.VerifyOptions{
+		Roots: sup.clientPool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}); err != nil {
+		return "", nil, err
+	}
+	if chain[0].Subject.CommonName == "" {
+		return "", nil, errors.New("empty common name")
+	}
+	return chain[0].Subject.CommonName, chain[0].Subject.Organization, nil
+}
+
+// serveCACerts returns the server CA bundle. A request that carries a bearer token
+// gets 401 unless the token is valid (agents use that to check their token).
+func (sup *supervisor) serveCACerts(w http.ResponseWriter, r *http.Request) {
+	if auth := r.Header.Get("Authorization"); auth != "" {
+		token, ok := strings.CutPrefix(auth, "Bearer ")
+		if !ok {
+			writeStatus(w, http.StatusUnauthorized, "Unauthorized", "Unauthorized")
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		review, err := sup.tokenReviews.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
+		if err != nil {
+			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "apiserver not ready")
+			return
+		}
+		if !review.Status.Authenticated {
+			writeStatus(w, http.StatusUnauthorized, "Unauthorized", "Unauthorized")
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain")
+	_, _ = w.Write(sup.s.caBundle)
+}
+
+// serveKubeletCert signs a node's CSR for a caller that knows the server token
+// (or the agent token). Bootstrap-token callers use the CSR API instead.
+func (sup *supervisor) serveKubeletCert(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	_, password, ok := r.BasicAuth()
+	allowed := false
+	for _, p := range sup.passwords {
+		if ok && p != "" && subtle.ConstantTimeCompare([]byte(p), []byte(password)) == 1 {
+			allowed = true
+		}
+	}
+	if !allowed {
+		writeStatus(w, http.StatusUnauthorized, "Unauthorized", "Unauthorized")
+		return
+	}
+	node := r.Header.Get(nodeNameHeader)
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	block, _ := pem.Decode(body)
+	if block == nil || block.Type != "CERTIFICATE REQUEST" {
+		http.Error(w, "expected a PEM certificate request", http.StatusBadRequest)
+		return
+	}
+	csr, err := x509.ParseCertificateRequest(block.Bytes)
+	if err == nil {
+		err = csr.CheckSignature()
+	}
+	if err != nil {
+		http.Error(w, "invalid certificate request: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	if node == "" || csr.Subject.CommonName != "system:node:"+node {
+		http.Error(w, "certificate request does not match the node name", http.StatusBadRequest)
+		return
+	}
+	der, err := signCert(sup.s.clientCA, csr.PublicKey, nil, certSpec{
+		cn: "system:node:" + node, orgs: []string{"system:nodes"}, client: true,
+	})
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	infof("Issued kubelet client certificate for node %s", node)
+	w.Header().Set("Content-Type", "application/x-pem-file")
+	_, _ = w.Write(append(certToPEM(der), sup.s.clientCA.certPEM...))
+}
