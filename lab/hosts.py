@@ -31,7 +31,12 @@ Every name the lab creates starts with its id (``hk`` + 4 hex digits), so
 labs never collide; :meth:`Lab.teardown` removes them all, and
 :meth:`Lab.leftovers` lists whatever is still there.
 
-Command line: ``python -m lab.hosts up --hosts 3`` / ``python -m lab.hosts down``.
+On the machine itself the lab turns on ``net.ipv4.ip_forward`` (and leaves
+it on) and needs the Debian packages in :data:`MACHINE_PACKAGES` (install
+them with ``--no-install-recommends``).
+
+Command line: ``python -m lab.hosts up --hosts 3 [--variety]`` / ``python -m
+lab.hosts list`` / ``python -m lab.hosts down [--lab ID | --all]``.
 """
 
 from __future__ import annotations
@@ -1300,26 +1305,11 @@ class Lab:
         )
 
     def _enable_root_forwarding(self) -> None:
-        current = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
-        if current != "1":
-            marker = Path("/run/hk3s-lab.ip_forward.orig")
-            if not marker.exists():
-                marker.write_text(current)
+        """The root namespace routes for the public bridge.  Left on at teardown:
+        other labs, or anything else on the machine, may rely on it by then."""
+        if Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() != "1":
+            log.info("setting net.ipv4.ip_forward=1 (stays on after teardown)")
             _sysctl("net.ipv4.ip_forward", "1")
-
-    def _restore_root_forwarding(self) -> None:
-        marker = Path("/run/hk3s-lab.ip_forward.orig")
-        if not marker.exists():
-            return
-        other_labs = [
-            link["ifname"]
-            for link in _ip_json("link", "show")
-            if re.match(r"^hk[0-9a-f]{4}-pub$", str(link.get("ifname", ""))) and link["ifname"] != self.public_bridge
-        ]
-        if other_labs:
-            return
-        _sysctl("net.ipv4.ip_forward", marker.read_text().strip() or "0")
-        marker.unlink(missing_ok=True)
 
     def _add_gateway_network(self, network: IPv4Network) -> None:
         """Give the gateway namespace an address (.1) in a host's own private network."""
@@ -1824,8 +1814,6 @@ class Lab:
                 result = _run(["nft", "delete", "table", "ip", self.nft_table], check=False)
                 if result.returncode != 0:
                     errors.append(result.stderr.strip())
-            with contextlib.suppress(Exception):
-                self._restore_root_forwarding()
             # 5. State and disks.
             try:
                 _safe_rmtree(self.run_dir)
