@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the tests and the lab use (run as root).
+# Installs the Debian packages the tests use (run as root); `--lab` adds what
+# the lab needs to boot hosts and firewall them.
 set -euo pipefail
 
-packages=(
-  openssh-server openssh-client shellcheck iproute2
-)
+packages=(openssh-server openssh-client shellcheck iproute2 bc)
+if [ "${1:-}" = "--lab" ]; then
+  packages+=(debootstrap systemd-container nftables iptables util-linux procps)
+fi
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" || missing+=("$package")

@@ -1,13 +1,17 @@
-"""Shared fixtures: a real sshd on loopback, and a valid baseline config."""
+"""Shared fixtures: a real sshd on loopback, a valid key file, and the lab."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.loopback_sshd import SSHD, LoopbackSshd
+
+# One lab (bridges, base tree) per test session, always torn down.
+pytest_plugins = ["lab.pytest_fixtures"]
 
 
 @pytest.fixture
@@ -31,3 +35,17 @@ def ssh_key_file(tmp_path: Path) -> Path:
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDummyDummyDummyDummyDummyDummyDummyDumm test\n"
     )
     return key
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """With HK3S_LAB_REQUIRED=1 (set by scripts/test.sh after the lab set-up),
+    a lab test or an sshd test that skips fails instead: CI must never pass by
+    skipping the real parts."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    required = os.environ.get("HK3S_LAB_REQUIRED") == "1"
+    needs_real_parts = item.get_closest_marker("lab") is not None or "sshd" in getattr(item, "fixturenames", ())
+    if required and needs_real_parts and report.skipped:
+        report.outcome = "failed"
+        report.longrepr = f"skipped although the lab is required (HK3S_LAB_REQUIRED=1): {report.longrepr}"

@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 
 from lab.hosts import Host, HostNotRunningError, HostSpec, Lab, reserved_networks
-from lab.pytest_fixtures import fresh_lab, lab  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.lab
 

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The lab's one set-up command: installs the Debian packages it needs, then
+# builds or reuses (cached outside the repository, in $HK3S_LAB_CACHE):
+#   - kube-apiserver, kube-controller-manager, kubectl and kine (lab/build/kube.sh)
+#   - the Pulumi CLI and its Python language host (lab/build/pulumi.sh)
+#   - the k3s stand-in (lab/build/k3s_standin.sh)
+#   - the Debian base tree lab hosts boot from (lab.hosts.Lab.ensure_base)
+# Prints each step and its time; `--timings FILE` also writes them as JSON.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+export HK3S_LAB_CACHE=${HK3S_LAB_CACHE:-/var/cache/hk3s-lab}
+timings_file=
+if [ "${1:-}" = "--timings" ]; then
+  timings_file=${2:?--timings needs a file}
+fi
+
+declare -a timing_lines=()
+step() {
+  local name=$1
+  shift
+  local started
+  started=$(date +%s.%N)
+  echo "== lab set-up: $name"
+  "$@"
+  local seconds
+  seconds=$(echo "$(date +%s.%N) - $started" | bc)
+  printf '== lab set-up: %s done in %.1f s\n' "$name" "$seconds"
+  timing_lines+=("\"$name\": $seconds")
+}
+
+step "debian packages" bash scripts/setup_system.sh --lab
+step "python environment" bash scripts/setup_python.sh requirements-dev.txt
+step "kubernetes control plane" bash lab/build/kube.sh
+step "pulumi cli" bash lab/build/pulumi.sh
+step "k3s stand-in" bash lab/build/k3s_standin.sh
+step "host base tree" venv/bin/python -c '
+import os, pathlib, tempfile
+from lab.hosts import Lab
+with tempfile.TemporaryDirectory() as run_dir:
+    print(Lab(pathlib.Path(os.environ["HK3S_LAB_CACHE"]), pathlib.Path(run_dir)).ensure_base())
+'
+
+if [ -n "$timings_file" ]; then
+  {
+    printf '{'
+    (IFS=,; printf '%s' "${timing_lines[*]}")
+    printf '}\n'
+  } >"$timings_file"
+fi
+echo "== lab set-up complete; binaries in $HK3S_LAB_CACHE/bin"
