@@ -45,7 +45,7 @@ class Hosts:
 
 
 @pytest.fixture(scope="module")
-def hosts(lab: Lab) -> Iterator[Hosts]:  # noqa: F811
+def hosts(lab: Lab) -> Iterator[Hosts]:
     made = Hosts(
         normal=lab.add_host(HostSpec("hs-normal")),
         privroute=lab.add_host(HostSpec("hs-privroute", private_default_route=True)),
@@ -190,7 +190,7 @@ def test_ssh_into_each_host_checks_the_recorded_host_key(hosts: Hosts, tmp_path:
     assert len(machine_ids) == len(hosts.all())
 
 
-def test_addresses_follow_the_spec_and_avoid_the_machines_networks(lab: Lab, hosts: Hosts) -> None:  # noqa: F811
+def test_addresses_follow_the_spec_and_avoid_the_machines_networks(lab: Lab, hosts: Hosts) -> None:
     plan = lab.plan
     assert plan is not None
     for host in (hosts.normal, hosts.privroute, hosts.nopriv):
@@ -207,7 +207,7 @@ def test_addresses_follow_the_spec_and_avoid_the_machines_networks(lab: Lab, hos
         assert not plan.nat_net.overlaps(reserved.network), reserved
 
 
-def test_routing_tables_match_the_specs(lab: Lab, hosts: Hosts) -> None:  # noqa: F811
+def test_routing_tables_match_the_specs(lab: Lab, hosts: Hosts) -> None:
     public_net = lab.public_net
     private_net = lab.private_net
 
@@ -373,7 +373,7 @@ def test_host_behind_nat_connects_out_but_nothing_connects_in(hosts: Hosts) -> N
         socket.create_connection((natted.egress_ip, 22), timeout=3).close()
 
 
-def test_teardown_leaves_nothing_behind(lab: Lab, fresh_lab: Lab) -> None:  # noqa: F811
+def test_teardown_leaves_nothing_behind(lab: Lab, fresh_lab: Lab) -> None:
     # A second lab alongside the session's one: distinct names and ranges.
     assert fresh_lab.lab_id != lab.lab_id
     one = fresh_lab.add_host(HostSpec("td-one"))
