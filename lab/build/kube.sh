@@ -77,6 +77,9 @@ command -v go >/dev/null || die "go is not installed"
 # loudly here (set HK3S_GOTOOLCHAIN, e.g. go1.27.3, to allow a download from the proxy).
 export GOTOOLCHAIN="${HK3S_GOTOOLCHAIN:-local}"
 export GOFLAGS="-buildvcs=false"
+# Go's caches live in the lab cache too, so an empty HK3S_LAB_CACHE is a truly cold build.
+export GOMODCACHE="$CACHE/go/mod"
+export GOCACHE="$CACHE/go/build"
 export CGO_ENABLED=0   # static binaries (they run inside Debian bookworm containers)
 export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
 GO_VERSION=$(go env GOVERSION)
