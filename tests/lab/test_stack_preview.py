@@ -1,0 +1,114 @@
+"""The README's main command reaches `pulumi preview` with the real Pulumi CLI
+(built by lab/build/pulumi.sh) on a local state backend with a passphrase.
+
+The stack uses existing hosts only, so no Hetzner plugin is needed (this
+machine cannot download plugins); the addresses are documentation addresses
+nothing answers on, which also shows that preview logs in to no host."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE_BIN = Path(os.environ.get("HK3S_LAB_CACHE", "/var/cache/hk3s-lab")) / "bin"
+
+pytestmark = pytest.mark.lab
+
+STACK = """\
+config:
+  hk3s:cluster:
+    k3s_version: v1.37.2+k3s1
+    pod_network: vxlan
+  hk3s:server:
+    name: srv
+    kind: existing
+    address: 192.0.2.200
+  hk3s:ssh:
+    private_key_file: {key}
+  hk3s:storage:
+    install_longhorn: false
+  hk3s:workers:
+    - name: w1
+      kind: existing
+      address: 192.0.2.201
+    - name: w2
+      kind: existing
+      address: 192.0.2.202
+      holds_copies: false
+"""
+
+
+@pytest.fixture
+def project_copy(tmp_path: Path) -> Path:
+    if not (CACHE_BIN / "pulumi").exists():
+        pytest.skip(f"the Pulumi CLI is not built in {CACHE_BIN}; run lab/build/pulumi.sh")
+    copy = tmp_path / "project"
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    for name in files:
+        if (REPO / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, copy / name)
+    (copy / "venv").symlink_to(REPO / "venv")
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    (copy / "Pulumi.local.yaml").write_text(STACK.format(key=key))
+    return copy
+
+
+def test_readme_command_reaches_preview(project_copy: Path, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "PATH": f"{CACHE_BIN}:{os.environ['PATH']}",
+        "PULUMI_CONFIG_PASSPHRASE": "lab-passphrase",
+        "PULUMI_HOME": str(tmp_path / ".pulumi"),
+    }
+    env.pop("PULUMI_BACKEND_URL", None)
+    completed = subprocess.run(
+        ["bash", "scripts/stack.sh", "preview", "--stack", "local", "--non-interactive", "--diff"],
+        cwd=project_copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output
+    for line in ("hk3s:index:ClusterServer", "hk3s:index:WorkerNode", "hk3s:HostProbe", "hk3s:NodeJoin"):
+        assert line in output, line
+    # Stack, 5 components, and per node a probe and a host firewall; the server's k3s;
+    # per worker two connection checks and a join; a disk probe for w1 (w2 holds no copies).
+    assert "20 to create" in output, output[-2000:]
+    # The local backend the README names holds the stack.
+    assert list((tmp_path / ".hk3s-state").rglob("local.json*")), "no stack state in ~/.hk3s-state"
+    assert "BEGIN OPENSSH PRIVATE KEY" not in output
+
+
+def test_bad_config_fails_preview_naming_the_key(project_copy: Path, tmp_path: Path) -> None:
+    stack = project_copy / "Pulumi.local.yaml"
+    stack.write_text(stack.read_text().replace("name: w2", "name: W_2"))
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "PATH": f"{CACHE_BIN}:{os.environ['PATH']}",
+        "PULUMI_CONFIG_PASSPHRASE": "lab-passphrase",
+        "PULUMI_HOME": str(tmp_path / ".pulumi"),
+    }
+    completed = subprocess.run(
+        ["bash", "scripts/stack.sh", "preview", "--stack", "local", "--non-interactive"],
+        cwd=project_copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    output = completed.stdout + completed.stderr
+    assert completed.returncode != 0
+    assert "hk3s:workers[1].name: 'W_2' is not a DNS-1123 node name" in output, output[-3000:]
