@@ -6,7 +6,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
@@ -97,7 +96,11 @@ func runAgent(ctx context.Context, o *options) error {
 	infof("Starting k3s agent %s (%s)", version, gitCommit)
 	o.reportIgnored()
 
-	caBundle, ok := waitForCA(ctx, serverURL, token)
+	storedCA, _ := os.ReadFile(filepath.Join(spec.dataDir, "server-ca.crt"))
+	if token == "" && len(storedCA) == 0 {
+		return errors.New("--token is required")
+	}
+	caBundle, ok := waitForCA(ctx, serverURL, token, storedCA)
 	if !ok {
 		return nil // stopped
 	}
@@ -156,9 +159,14 @@ func getCACerts(ctx context.Context, client *http.Client, serverURL, bearer stri
 
 // waitForCA fetches the cluster CA from /cacerts until its hash matches the token's
 // (no credentials are sent before that). Retries forever, every few seconds.
-func waitForCA(ctx context.Context, serverURL, token string) ([]byte, bool) {
+// Without a hash in the token, the CA stored by an earlier join (if any) must
+// verify the server instead.
+func waitForCA(ctx context.Context, serverURL, token string, storedCA []byte) ([]byte, bool) {
 	client := insecureClient()
 	want := parseToken(token).caHash
+	if want == "" && len(storedCA) > 0 {
+		client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: mustPool(storedCA)}}}
+	}
 	warned := false
 	for {
 		body, err := getCACerts(ctx, client, serverURL, "")
@@ -174,7 +182,7 @@ func waitForCA(ctx context.Context, serverURL, token string) ([]byte, bool) {
 				errorf("Failed to validate connection to cluster at %s: failed to parse CA certs: %v", serverURL, perr)
 				break
 			}
-			if want == "" && !warned {
+			if want == "" && len(storedCA) == 0 && !warned {
 				warnf("Cluster CA certificate is not trusted by the host CA bundle, but the token does not include a CA hash. Use the full token from the server's node-token file to enable Cluster CA validation.")
 				warned = true
 			}
@@ -286,21 +294,21 @@ func storedCredentials(ctx context.Context, kubeconfig, certPath, keyPath, caPat
 }
 
 // newNodeCSR makes a key and a CSR for CN system:node:<name>, O system:nodes.
-func newNodeCSR(name string) (csrPEM, keyPEM []byte, key crypto.Signer, err error) {
+func newNodeCSR(name string) (csrPEM, keyPEM []byte, err error) {
 	k, err := newECKey()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
 		Subject: pkix.Name{CommonName: "system:node:" + name, Organization: []string{"system:nodes"}},
 	}, k)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	if keyPEM, err = keyToPEM(k); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), keyPEM, k, nil
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), keyPEM, nil
 }
 
 // bootstrapWithToken does kubelet TLS bootstrap: authenticated with the bootstrap
@@ -325,7 +333,7 @@ func bootstrapWithToken(ctx context.Context, serverURL string, caBundle []byte, 
 	if err != nil {
 		return nil, nil, err
 	}
-	csrPEM, keyPEM, _, err := newNodeCSR(name)
+	csrPEM, keyPEM, err := newNodeCSR(name)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -391,7 +399,7 @@ func bootstrapWithToken(ctx context.Context, serverURL string, caBundle []byte, 
 // certificateFromSupervisor: with a server token (not a bootstrap token) the
 // supervisor itself signs the node's CSR after checking the token's password.
 func certificateFromSupervisor(ctx context.Context, serverURL string, caBundle []byte, t parsedToken, name string) ([]byte, []byte, error) {
-	csrPEM, keyPEM, _, err := newNodeCSR(name)
+	csrPEM, keyPEM, err := newNodeCSR(name)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Build the lab's k3s stand-in (lab/k3s_standin, LAB ONLY: never shipped) into
+#   "$HK3S_LAB_CACHE/bin/k3s"          static binary (CGO_ENABLED=0)
+#   "$HK3S_LAB_CACHE/bin/k3s.sha256"   "<sha256>  k3s", as k3s's sha256sum files list it
+# (HK3S_LAB_CACHE defaults to /var/cache/hk3s-lab), outside the repository.
+#
+# The stand-in reports the k3s version v<Kubernetes release>+k3s1, where the
+# Kubernetes release is the one lab/build/kube.sh pins (asked with --print-version,
+# nothing is built by it here); its k8s.io modules in go.mod must be at the same
+# release (v0.<minor>.<patch>), which is checked. Only the Go module proxy is used.
+#
+# Idempotent: a stamp next to the binary records a hash of the sources (go.mod,
+# go.sum, non-test *.go, this script) and the pinned versions; when it matches and
+# the binary still has the recorded checksum, nothing is rebuilt. The binary is
+# always smoke-checked (it must report the expected version).
+#
+# Usage: lab/build/k3s_standin.sh           build if needed, then verify
+#        lab/build/k3s_standin.sh --force   rebuild even when the stamp matches
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+readonly HERE
+readonly SRC="$HERE/../k3s_standin"
+readonly CACHE="${HK3S_LAB_CACHE:-/var/cache/hk3s-lab}"
+readonly BIN="$CACHE/bin"
+readonly OUT="$BIN/k3s"
+readonly SUMFILE="$BIN/k3s.sha256"
+readonly STAMP="$BIN/.k3s-standin-stamp"
+# Bump when the build recipe (flags, layout) changes.
+readonly RECIPE=1
+
+FORCE=0
+case "${1:-}" in
+  "") ;;
+  --force) FORCE=1 ;;
+  -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+  *) echo "usage: $0 [--force]" >&2; exit 2 ;;
+esac
+
+START_ALL=$(date +%s)
+log() { printf '[k3s_standin.sh %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+die() { log "ERROR: $*" >&2; exit 1; }
+TMPOUT=""
+on_exit() {
+  local rc=$?
+  [[ -z $TMPOUT ]] || rm -f "$TMPOUT"
+  if [[ $rc -ne 0 ]]; then
+    log "FAILED (exit $rc) after $(( $(date +%s) - START_ALL ))s" >&2
+  fi
+}
+trap on_exit EXIT
+
+command -v go >/dev/null || die "go is not installed"
+[[ -f $SRC/go.mod ]] || die "no Go module at $SRC"
+export GOTOOLCHAIN="${HK3S_GOTOOLCHAIN:-local}"
+export GOFLAGS="-buildvcs=false -mod=readonly"
+export CGO_ENABLED=0
+export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
+GO_VERSION=$(go env GOVERSION)
+readonly GO_VERSION
+
+KUBE_VERSION=$(bash "$HERE/kube.sh" --print-version)
+[[ $KUBE_VERSION =~ ^v1\.[0-9]+\.[0-9]+$ ]] || die "kube.sh --print-version gave '$KUBE_VERSION'"
+readonly KUBE_VERSION
+readonly K3S_VERSION="${KUBE_VERSION}+k3s1"
+readonly STAGING_VERSION="v0.${KUBE_VERSION#v1.}"
+
+# Every k8s.io module the stand-in requires directly must be at kube.sh's release.
+check_pins() {
+  local mods bad
+  mods=$(awk '$1 ~ /^k8s\.io\// && $2 ~ /^v0\./ && $0 !~ /indirect/ { print $1, $2 }
+              $1 == "require" && $2 ~ /^k8s\.io\// && $3 ~ /^v0\./ { print $2, $3 }' "$SRC/go.mod")
+  [[ -n $mods ]] || die "go.mod requires no k8s.io module"
+  bad=$(awk -v want="$STAGING_VERSION" '$2 != want' <<<"$mods")
+  [[ -z $bad ]] || die "go.mod pins k8s.io modules off $STAGING_VERSION (kube.sh's $KUBE_VERSION): $bad"
+}
+
+source_hash() {
+  (
+    cd "$SRC"
+    find . -maxdepth 1 -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) ! -name '*_test.go' -print0 \
+      | LC_ALL=C sort -z | xargs -0 sha256sum
+    sha256sum <"$HERE/k3s_standin.sh"
+  ) | sha256sum | cut -c1-64
+}
+
+check_pins
+SRC_HASH=$(source_hash)
+readonly SRC_HASH
+readonly GIT_COMMIT=${SRC_HASH:0:8}
+
+stamp_content() {
+  printf 'source=%s\nk3s=%s\nkubernetes=%s\ngo=%s\nrecipe=%s\n' \
+    "$SRC_HASH" "$K3S_VERSION" "$KUBE_VERSION" "$GO_VERSION" "$RECIPE"
+}
+
+mkdir -p "$BIN"
+exec 9>"$CACHE/.k3s-standin.lock"
+if ! flock -n 9; then
+  log "another k3s_standin.sh holds $CACHE/.k3s-standin.lock; waiting"
+  flock 9
+fi
+
+up_to_date() {
+  [[ -f $STAMP && -x $OUT && -f $SUMFILE ]] || return 1
+  [[ "$(cat "$STAMP")" == "$(stamp_content)" ]] || return 1
+  [[ "$(cut -d' ' -f1 "$SUMFILE")" == "$(sha256sum "$OUT" | cut -c1-64)" ]]
+}
+
+build() {
+  local t0
+  t0=$(date +%s)
+  TMPOUT=$(mktemp "$BIN/.k3s.XXXXXX")
+  log "go build k3s stand-in $K3S_VERSION ($GIT_COMMIT) ..."
+  (cd "$SRC" && go build -trimpath \
+    -ldflags "-s -w -X main.version=$K3S_VERSION -X main.gitCommit=$GIT_COMMIT" \
+    -o "$TMPOUT" .)
+  chmod 0755 "$TMPOUT"
+  mv -f "$TMPOUT" "$OUT"
+  TMPOUT=""
+  printf '%s  k3s\n' "$(sha256sum "$OUT" | cut -c1-64)" >"$SUMFILE"
+  stamp_content >"$STAMP"
+  log "built $OUT in $(( $(date +%s) - t0 ))s"
+}
+
+verify() {
+  local out want
+  out=$("$OUT" --version) || die "$OUT --version failed"
+  want="k3s version $K3S_VERSION ($GIT_COMMIT)"
+  [[ $(head -n1 <<<"$out") == "$want" ]] || die "$OUT reports '$(head -n1 <<<"$out")', want '$want'"
+  [[ $(sed -n 2p <<<"$out") == "go version $GO_VERSION" ]] || die "$OUT reports '$(sed -n 2p <<<"$out")'"
+  if command -v readelf >/dev/null && readelf -l "$OUT" 2>/dev/null | grep -q 'program interpreter'; then
+    die "$OUT is dynamically linked"
+  fi
+  (cd "$BIN" && sha256sum --check --status "$SUMFILE") || die "$SUMFILE does not match $OUT"
+  log "$(head -n1 <<<"$out"), static, sha256 $(cut -c1-16 "$SUMFILE")..."
+}
+
+log "cache $CACHE; k3s $K3S_VERSION (k8s.io modules $STAGING_VERSION); $GO_VERSION; sources $GIT_COMMIT"
+if [[ $FORCE -eq 0 ]] && up_to_date; then
+  log "$OUT matches the sources and pins; nothing to build"
+else
+  rm -f "$STAMP"
+  build
+fi
+verify
+log "all done in $(( $(date +%s) - START_ALL ))s"
