@@ -54,6 +54,9 @@ command -v go >/dev/null || die "go is not installed"
 [[ -f $SRC/go.mod ]] || die "no Go module at $SRC"
 export GOTOOLCHAIN="${HK3S_GOTOOLCHAIN:-local}"
 export GOFLAGS="-buildvcs=false -mod=readonly"
+# Go's caches live in the lab cache (as kube.sh's), so an empty HK3S_LAB_CACHE is a cold build.
+export GOMODCACHE="$CACHE/go/mod"
+export GOCACHE="$CACHE/go/build"
 export CGO_ENABLED=0
 export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
 GO_VERSION=$(go env GOVERSION)

@@ -1,0 +1,491 @@
+"""The lab's k3s stand-in (lab/k3s_standin), run directly on this machine.
+
+One server and a few agents, each with its own data directory under a temporary
+directory and ports on loopback: no lab hosts are needed.  Needs the stand-in built
+by ``lab/build/k3s_standin.sh`` and the control-plane binaries built by
+``lab/build/kube.sh`` in ``$HK3S_LAB_CACHE/bin`` (default /var/cache/hk3s-lab/bin);
+skips only when they are absent.
+
+On one machine the server's node and the agents would all want the kubelet port
+10250, so each gets its own through ``--kubelet-arg port=N`` (a real k3s flag that
+the stand-in honours); a product install never sets it.  The tests run in order and
+share one cluster: the last one stops the server.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from cryptography import x509
+
+pytestmark = pytest.mark.lab
+
+BIN_DIR = Path(os.environ.get("HK3S_LAB_CACHE", "/var/cache/hk3s-lab")) / "bin"
+K3S = BIN_DIR / "k3s"
+REPO = Path(__file__).resolve().parents[2]
+GRACE_PERIOD = 20  # seconds; the server passes it to the controller-manager
+TOKEN_RE = re.compile(r"^K10([0-9a-f]{64})::([a-z0-9]{6})\.([a-z0-9]{16})$")
+T = TypeVar("T")
+
+
+def _require_binaries() -> None:
+    missing = [
+        b
+        for b in ("k3s", "kine", "kube-apiserver", "kube-controller-manager", "kubectl")
+        if not os.access(BIN_DIR / b, os.X_OK)
+    ]
+    if missing:
+        pytest.skip(
+            f"binaries absent from {BIN_DIR} ({', '.join(missing)}); "
+            "build them with lab/build/kube.sh and lab/build/k3s_standin.sh"
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_pair() -> int:
+    """A port p such that p and p+1 are free (supervisor and apiserver)."""
+    for _ in range(50):
+        p = _free_port()
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _children(pid: int) -> dict[int, str]:
+    """Direct children of pid: {pid: comm}."""
+    out: dict[int, str] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid:
+            out[int(d.name)] = comm
+    return out
+
+
+def _unverified() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _https_get(port: int, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=_unverified(), timeout=10)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def tail(self, n: int = 30) -> str:
+        return f"--- last lines of {self.log} ---\n" + "\n".join(self.text().splitlines()[-n:])
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        return self.popen.wait(timeout)
+
+
+@dataclass
+class Cluster:
+    tmp: Path
+    env: dict[str, str]
+    https_port: int = 0
+    kubeconfig: Path = Path()
+    server: Proc | None = None
+    procs: list[Proc] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def spawn(self, name: str, *args: str) -> Proc:
+        log = self.tmp / f"{name}.log"
+        with open(log, "ab") as out:
+            p = subprocess.Popen(
+                [str(K3S), *args],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+        proc = Proc(name, p, log)
+        self.procs.append(proc)
+        return proc
+
+    def run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(K3S), *args], capture_output=True, text=True, env=self.env, check=check, timeout=timeout
+        )
+
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        # `k3s kubectl` runs the cached kubectl; the kubeconfig goes through the supervisor.
+        return self.run("kubectl", "--kubeconfig", str(self.kubeconfig), *args, check=check)
+
+    def get(self, *args: str) -> dict[str, Any] | None:
+        r = self.kubectl("get", *args, "-o", "json", check=False)
+        if r.returncode != 0:
+            if "NotFound" in r.stderr:
+                return None
+            raise AssertionError(f"kubectl get {' '.join(args)} failed: {r.stderr}")
+        return dict(json.loads(r.stdout))
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        return self.get("node", name)
+
+    def agent_args(self, name: str, token: str, *extra: str) -> list[str]:
+        data = self.tmp / name
+        data.mkdir(exist_ok=True)
+        config = data / "config.yaml"
+        # Part of the settings come from the config file, as the product writes them.
+        config.write_text(f"node-ip: 127.0.0.1\nkubelet-arg:\n  - port={_free_port()}\n")
+        return [
+            "agent",
+            "--config",
+            str(config),
+            "--data-dir",
+            str(data),
+            "--server",
+            f"https://127.0.0.1:{self.https_port}",
+            "--token",
+            token,
+            "--node-name",
+            name,
+            *extra,
+        ]
+
+
+def _ready(node: dict[str, Any] | None) -> str | None:
+    if not node:
+        return None
+    for c in node.get("status", {}).get("conditions", []):
+        if c["type"] == "Ready":
+            return str(c["status"])
+    return None
+
+
+def _wait_for(what: str, fn: Callable[[], T | None], timeout: float, *watch: Proc) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        for p in watch:
+            if p.popen.poll() is not None:
+                raise AssertionError(f"{p.name} exited with {p.popen.returncode} while waiting for {what}\n{p.tail()}")
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            tails = "\n".join(p.tail() for p in watch)
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{tails}")
+        time.sleep(1)
+
+
+def _kill_tree(proc: Proc) -> None:
+    kids = _children(proc.popen.pid)
+    if proc.popen.poll() is None:
+        proc.popen.send_signal(signal.SIGTERM)
+        try:
+            proc.popen.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.popen.kill()
+            proc.popen.wait(10)
+    for pid in kids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    _require_binaries()
+    tmp = tmp_path_factory.mktemp("k3s-standin")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("K3S_") and k != "KUBECONFIG"}
+    env["HK3S_LAB_KUBE_BIN"] = str(BIN_DIR)
+    env["HK3S_LAB_NODE_MONITOR_GRACE_PERIOD"] = f"{GRACE_PERIOD}s"
+    c = Cluster(tmp=tmp, env=env)
+    c.https_port = _port_pair()
+    c.kubeconfig = tmp / "k3s.yaml"
+    server_dir = tmp / "server"
+    server_dir.mkdir()
+    (tmp / "server-config.yaml").write_text(
+        "tls-san:\n  - k3s-standin.test\n"
+        f"kube-controller-manager-arg:\n  - secure-port={_free_port()}\n"
+        "flannel-backend: wireguard-native\n"
+    )
+    c.server = c.spawn(
+        "server",
+        "server",
+        "--config",
+        str(tmp / "server-config.yaml"),
+        "--data-dir",
+        str(server_dir),
+        "--write-kubeconfig",
+        str(c.kubeconfig),
+        "--node-name",
+        "srv",
+        "--bind-address",
+        "127.0.0.1",
+        "--https-listen-port",
+        str(c.https_port),
+        "--kubelet-arg",
+        f"port={_free_port()}",
+    )
+    try:
+        server = c.server
+        _wait_for("the server to be up", lambda: "k3s is up and running" in server.text(), 240, server)
+        yield c
+    finally:
+        for p in reversed(c.procs):
+            _kill_tree(p)
+
+
+def test_version_matches_the_api_server(cluster: Cluster) -> None:
+    out = cluster.run("--version").stdout.splitlines()
+    m = re.fullmatch(r"k3s version (v1\.\d+\.\d+)\+k3s1 \(([0-9a-f]{8})\)", out[0])
+    assert m, out
+    assert out[1].startswith("go version go1."), out
+    api = json.loads(cluster.kubectl("get", "--raw", "/version").stdout)
+    assert m.group(1) == api["gitVersion"], (out[0], api["gitVersion"])
+    cluster.state["version"] = m.group(1) + "+k3s1"
+
+
+def test_server_is_up_with_its_own_node(cluster: Cluster) -> None:
+    assert cluster.server is not None
+    server_dir = cluster.tmp / "server"
+    kc = cluster.kubeconfig.read_text()
+    assert f"server: https://127.0.0.1:{cluster.https_port}" in kc
+    assert oct(cluster.kubeconfig.stat().st_mode & 0o777) == "0o600"
+    for name in ("server-ca.crt", "client-ca.crt", "request-header-ca.crt", "service.key"):
+        assert (server_dir / "server" / "tls" / name).is_file(), name
+
+    # /ping and /cacerts come from the supervisor itself, without credentials.
+    assert _https_get(cluster.https_port, "/ping") == (200, b"pong")
+    status, cacerts = _https_get(cluster.https_port, "/cacerts")
+    assert status == 200
+    assert cacerts == (server_dir / "server" / "tls" / "server-ca.crt").read_bytes()
+    # Everything else is the Kubernetes API, which wants credentials.
+    assert _https_get(cluster.https_port, "/api")[0] == 401
+    # The node token file, as k3s writes it.
+    node_token = (server_dir / "server" / "node-token").read_text().strip()
+    assert node_token.startswith(f"K10{hashlib.sha256(cacerts).hexdigest()}::server:"), node_token
+    # The serving certificate carries the config file's tls-san.
+    pem = ssl.get_server_certificate(("127.0.0.1", cluster.https_port))
+    san = x509.load_pem_x509_certificate(pem.encode()).extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    assert "k3s-standin.test" in san.value.get_values_for_type(x509.DNSName)
+
+    srv = _wait_for("node srv Ready", lambda: n if _ready(n := cluster.node("srv")) == "True" else None, 90)
+    labels = srv["metadata"]["labels"]
+    assert labels.get("node-role.kubernetes.io/control-plane") == "true", labels
+    assert labels.get("node-role.kubernetes.io/master") == "true", labels
+    assert srv["status"]["nodeInfo"]["kubeletVersion"] == cluster.state["version"]
+    lease = cluster.get("lease", "-n", "kube-node-lease", "srv")
+    assert lease and lease["spec"]["holderIdentity"] == "srv"
+    # The ignored flag from the config file was accepted and reported.
+    assert "--flannel-backend" in cluster.server.text()
+
+
+def test_token_create_prints_a_secure_token_for_the_served_ca(cluster: Cluster) -> None:
+    token = cluster.run(
+        "token", "create", "--data-dir", str(cluster.tmp / "server"), "--ttl", "10m", "--description", "worker-1"
+    ).stdout.strip()
+    m = TOKEN_RE.fullmatch(token)
+    assert m, token
+    status, cacerts = _https_get(cluster.https_port, "/cacerts")
+    assert status == 200
+    assert m.group(1) == hashlib.sha256(cacerts).hexdigest()
+
+    secret = cluster.get("secret", "-n", "kube-system", f"bootstrap-token-{m.group(2)}")
+    assert secret is not None
+    assert secret["type"] == "bootstrap.kubernetes.io/token"
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert data["token-id"] == m.group(2)
+    assert data["token-secret"] == m.group(3)
+    assert data["usage-bootstrap-authentication"] == "true"
+    assert data["usage-bootstrap-signing"] == "true"
+    assert data["description"] == "worker-1"
+    assert data["auth-extra-groups"] == "system:bootstrappers:k3s:default-node-token"
+    expires = dt.datetime.fromisoformat(data["expiration"].replace("Z", "+00:00"))
+    left = (expires - dt.datetime.now(dt.UTC)).total_seconds()
+    assert 540 < left <= 600, left
+    listed = cluster.run("token", "list", "--data-dir", str(cluster.tmp / "server")).stdout
+    assert f"{m.group(2)}.{m.group(3)}" in listed and "worker-1" in listed, listed
+    cluster.state["token"] = token
+
+
+def test_agent_joins_with_the_bootstrap_token(cluster: Cluster) -> None:
+    token = cluster.state["token"]
+    args = cluster.agent_args(
+        "worker-1", token, "--node-label", "a=b", "--node-taint", "hk3s.dev/validating=true:NoSchedule"
+    )
+    cluster.state["worker-1-args"] = args
+    agent = cluster.spawn("worker-1", *args)
+    cluster.state["worker-1"] = agent
+    node = _wait_for(
+        "node worker-1 Ready",
+        lambda: n if _ready(n := cluster.node("worker-1")) == "True" else None,
+        120,
+        agent,
+    )
+    assert node["metadata"]["labels"].get("a") == "b", node["metadata"]["labels"]
+    assert {"key": "hk3s.dev/validating", "value": "true", "effect": "NoSchedule"} in node["spec"].get("taints", [])
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == cluster.state["version"]
+    addresses = {(a["type"], a["address"]) for a in node["status"]["addresses"]}
+    assert ("InternalIP", "127.0.0.1") in addresses, addresses  # node-ip from the config file
+
+    # The client certificate came from a real CSR, approved and signed by the controllers.
+    csrs = cluster.get("csr")
+    assert csrs is not None
+    tid = TOKEN_RE.fullmatch(token).group(2)  # type: ignore[union-attr]
+    mine = [c for c in csrs["items"] if c["spec"]["username"] == f"system:bootstrap:{tid}"]
+    assert len(mine) == 1, [c["spec"]["username"] for c in csrs["items"]]
+    assert mine[0]["spec"]["signerName"] == "kubernetes.io/kube-apiserver-client-kubelet"
+    assert {c["type"] for c in mine[0]["status"]["conditions"]} >= {"Approved"}
+    crt = x509.load_pem_x509_certificate((cluster.tmp / "worker-1" / "agent" / "client-kubelet.crt").read_bytes())
+    assert crt.subject.rfc4514_string() == "CN=system:node:worker-1,O=system:nodes"
+
+    # The kubelet port answers /healthz over TLS.
+    port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+    assert port != 10250
+    assert _https_get(port, "/healthz") == (200, b"ok")
+
+    # The Lease in kube-node-lease is renewed.
+    first = cluster.get("lease", "-n", "kube-node-lease", "worker-1")
+    assert first and first["spec"]["holderIdentity"] == "worker-1"
+    _wait_for(
+        "the lease of worker-1 to be renewed",
+        lambda: (
+            (lease := cluster.get("lease", "-n", "kube-node-lease", "worker-1"))
+            and lease["spec"]["renewTime"] > first["spec"]["renewTime"]
+        ),
+        40,
+        agent,
+    )
+
+
+def test_wrong_ca_hash_is_refused_and_retried_without_joining(cluster: Cluster) -> None:
+    good = cluster.run(
+        "token", "create", "--data-dir", str(cluster.tmp / "server"), "--ttl", "10m", "--description", "worker-bad"
+    ).stdout.strip()
+    m = TOKEN_RE.fullmatch(good)
+    assert m, good
+    wrong_hash = "0" * 64
+    bad = f"K10{wrong_hash}::{m.group(2)}.{m.group(3)}"
+    agent = cluster.spawn("worker-bad", *cluster.agent_args("worker-bad", bad))
+    line = f"token CA hash does not match the Cluster CA certificate hash: {wrong_hash} != {m.group(1)}"
+    _wait_for("the mismatch to be logged twice", lambda: agent.text().count(line) >= 2, 60, agent)
+    assert agent.popen.poll() is None, "the agent must keep retrying"
+    assert cluster.node("worker-bad") is None
+    # The token was never used: no CSR from its bootstrap user.
+    csrs = cluster.get("csr")
+    assert csrs is not None
+    assert not [c for c in csrs["items"] if c["spec"]["username"] == f"system:bootstrap:{m.group(2)}"]
+    assert agent.stop() == 0
+
+
+def test_deleted_token_is_unauthorized(cluster: Cluster) -> None:
+    server_dir = str(cluster.tmp / "server")
+    token = cluster.run("token", "create", "--data-dir", server_dir, "--ttl", "10m").stdout.strip()
+    m = TOKEN_RE.fullmatch(token)
+    assert m, token
+    out = cluster.run("token", "delete", "--data-dir", server_dir, m.group(2)).stdout
+    assert m.group(2) in out
+    assert m.group(2) not in cluster.run("token", "list", "--data-dir", server_dir).stdout
+    agent = cluster.spawn("worker-gone", *cluster.agent_args("worker-gone", token))
+    _wait_for(
+        "the agent to log that the token is unauthorized",
+        lambda: "failed to get CA certs" in agent.text() and "Unauthorized" in agent.text(),
+        60,
+        agent,
+    )
+    time.sleep(6)  # and it keeps retrying
+    assert agent.popen.poll() is None
+    assert agent.text().count("Unauthorized") >= 2, agent.tail()
+    assert cluster.node("worker-gone") is None
+    assert agent.stop() == 0
+
+
+def test_stopped_agent_goes_not_ready_and_restarts_without_its_token(cluster: Cluster) -> None:
+    agent: Proc = cluster.state["worker-1"]
+    assert _ready(cluster.node("worker-1")) == "True"
+    stopped_at = time.monotonic()
+    assert agent.stop(timeout=20) == 0, agent.tail()
+    node = _wait_for(
+        "node worker-1 NotReady",
+        lambda: n if _ready(n := cluster.node("worker-1")) not in ("True", None) else None,
+        GRACE_PERIOD + 60,
+    )
+    took = time.monotonic() - stopped_at
+    ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "Unknown" and ready["reason"] == "NodeStatusUnknown", ready
+    assert took >= 5, f"NotReady after {took:.0f}s: faster than any heartbeat gap"
+
+    # The join token is gone now; the stored credentials are enough for a restart.
+    tid = TOKEN_RE.fullmatch(cluster.state["token"]).group(2)  # type: ignore[union-attr]
+    cluster.run("token", "delete", "--data-dir", str(cluster.tmp / "server"), tid)
+    again = cluster.spawn("worker-1-restart", *cluster.state["worker-1-args"])
+    _wait_for(
+        "node worker-1 Ready again",
+        lambda: _ready(cluster.node("worker-1")) == "True",
+        90,
+        again,
+    )
+    assert "Using the kubelet client certificate stored in" in again.text(), again.tail()
+    assert again.stop() == 0
+
+
+def test_server_sigterm_leaves_no_child_process(cluster: Cluster) -> None:
+    server = cluster.server
+    assert server is not None
+    kids = _children(server.popen.pid)
+    assert sorted(kids.values()) == ["kine", "kube-apiserver", "kube-controller"], kids
+    assert server.stop(timeout=60) == 0, server.tail()
+    left = {pid: comm for pid, comm in kids.items() if _alive(pid)}
+    assert not left, f"still running after the server stopped: {left}"
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", cluster.https_port), timeout=2).close()
