@@ -76,12 +76,22 @@ func nodeOptions(o *options, role string) (nodeSpec, error) {
 	if errs := validateDNS1123Subdomain(ns.name); errs != "" {
 		return ns, fmt.Errorf("invalid node name %q: %s", ns.name, errs)
 	}
+	var restricted []string
 	for _, l := range o.list("node-label") {
 		k, v, ok := strings.Cut(l, "=")
 		if !ok || k == "" {
 			return ns, fmt.Errorf("invalid --node-label %q (want key=value)", l)
 		}
+		if kubeletRestrictedLabel(k) {
+			restricted = append(restricted, k)
+		}
 		ns.labels[k] = v
+	}
+	if len(restricted) > 0 {
+		// The kubelet refuses to start with these (NodeRestriction would reject them).
+		return ns, fmt.Errorf("unknown 'kubernetes.io' or 'k8s.io' labels specified with --node-labels: %v\n"+
+			"--node-labels in the 'kubernetes.io' namespace must begin with an allowed prefix (kubelet.kubernetes.io, node.kubernetes.io) "+
+			"or be in the specifically allowed set (%s)", restricted, strings.Join(kubeletAllowedLabels, ", "))
 	}
 	for _, t := range o.list("node-taint") {
 		taint, err := parseTaint(t)
@@ -124,6 +134,32 @@ func nodeOptions(o *options, role string) (nodeSpec, error) {
 	}
 	ns.annotations["k3s.io/node-args"] = nodeArgsAnnotation(role, o)
 	return ns, nil
+}
+
+// The labels a kubelet may set on its own Node in the kubernetes.io and k8s.io
+// namespaces (besides the kubelet.kubernetes.io and node.kubernetes.io prefixes).
+var kubeletAllowedLabels = []string{
+	"beta.kubernetes.io/arch", "beta.kubernetes.io/instance-type", "beta.kubernetes.io/os",
+	"failure-domain.beta.kubernetes.io/region", "failure-domain.beta.kubernetes.io/zone",
+	"kubernetes.io/arch", "kubernetes.io/hostname", "kubernetes.io/os",
+	"node.kubernetes.io/instance-type", "topology.kubernetes.io/region", "topology.kubernetes.io/zone",
+}
+
+func kubeletRestrictedLabel(key string) bool {
+	prefix, _, ok := strings.Cut(key, "/")
+	if !ok {
+		return false
+	}
+	inK8sNamespace := func(p, ns string) bool { return p == ns || strings.HasSuffix(p, "."+ns) }
+	if !inK8sNamespace(prefix, "kubernetes.io") && !inK8sNamespace(prefix, "k8s.io") {
+		return false
+	}
+	for _, allowed := range []string{"kubelet.kubernetes.io", "node.kubernetes.io"} {
+		if inK8sNamespace(prefix, allowed) {
+			return false
+		}
+	}
+	return !slices.Contains(kubeletAllowedLabels, key)
 }
 
 func hostnameOrEmpty() string {
@@ -368,13 +404,19 @@ func runNode(ctx context.Context, cfg *rest.Config, spec nodeSpec, onceUp func(*
 	defer statusTick.Stop()
 	lastReport := time.Time{}
 	announced := false
+	failing := false
 	syncStatus := func() {
 		posted, err := nr.syncStatus(ctx, &lastReport)
 		if err != nil {
 			if ctx.Err() == nil {
 				errorf("Error updating node status, will retry: %v", err)
+				failing = true
 			}
 			return
+		}
+		if failing {
+			infof("Node %s status updates resumed", spec.name)
+			failing = false
 		}
 		if posted != nil && !announced {
 			announced = true

@@ -204,9 +204,14 @@ func (s *server) run(parent context.Context) error {
 	watch := func(c *child) {
 		go func() {
 			<-c.done
-			if ctx.Err() == nil {
-				failed <- fmt.Errorf("%s exited unexpectedly (%v); see %s", c.name, c.err, c.logPath)
+			// Under systemd's default KillMode the children get SIGTERM together with
+			// us: a child that exits at the same moment as our own stop is no failure.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(2 * time.Second):
 			}
+			failed <- fmt.Errorf("%s exited unexpectedly (%v); see %s", c.name, c.err, c.logPath)
 		}()
 	}
 
@@ -450,6 +455,12 @@ func (s *server) startChild(name string, args []string) (*child, error) {
 	fmt.Fprintf(f, "==== %s %s %s\n", time.Now().Format(time.RFC3339), bin, strings.Join(args, " "))
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = s.serverDir
+	// Only k3s itself talks to systemd: the apiserver would report READY=1 early.
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "NOTIFY_SOCKET=") {
+			cmd.Env = append(cmd.Env, e)
+		}
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	// Own process group (stopped as a group); killed if this process dies.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

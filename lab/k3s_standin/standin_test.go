@@ -124,3 +124,22 @@ func TestParseTaint(t *testing.T) {
 		}
 	}
 }
+
+func TestKubeletRestrictedLabels(t *testing.T) {
+	for key, want := range map[string]bool{
+		"a":                                  false,
+		"hk3s.dev/role":                      false,
+		"node-role.kubernetes.io/worker":     true,
+		"kubernetes.io/foo":                  true,
+		"example.k8s.io/x":                   true,
+		"node.kubernetes.io/exclude-from-lb": false,
+		"kubelet.kubernetes.io/x":            false,
+		"topology.kubernetes.io/zone":        false,
+		"kubernetes.io/hostname":             false,
+		"notkubernetes.io/x":                 false,
+	} {
+		if got := kubeletRestrictedLabel(key); got != want {
+			t.Errorf("kubeletRestrictedLabel(%q) = %v, want %v", key, got, want)
+		}
+	}
+}

@@ -146,15 +146,19 @@ class Cluster:
     procs: list[Proc] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
 
-    def spawn(self, name: str, *args: str) -> Proc:
+    def spawn(self, name: str, *args: str, notify: socket.socket | None = None) -> Proc:
+        """Start `k3s ARGS`; with notify, as a systemd Type=notify unit would (NOTIFY_SOCKET)."""
         log = self.tmp / f"{name}.log"
+        env = dict(self.env)
+        if notify is not None:
+            env["NOTIFY_SOCKET"] = str(notify.getsockname())
         with open(log, "ab") as out:
             p = subprocess.Popen(
                 [str(K3S), *args],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=self.env,
+                env=env,
                 start_new_session=True,
             )
         proc = Proc(name, p, log)
@@ -227,6 +231,22 @@ def _wait_for(what: str, fn: Callable[[], T | None], timeout: float, *watch: Pro
         time.sleep(1)
 
 
+def _notify_socket(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(0)
+    return sock
+
+
+def _notifications(sock: socket.socket) -> list[bytes]:
+    out = []
+    while True:
+        try:
+            out.append(sock.recv(4096))
+        except BlockingIOError:
+            return out
+
+
 def _kill_tree(proc: Proc) -> None:
     kids = _children(proc.popen.pid)
     if proc.popen.poll() is None:
@@ -258,6 +278,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         f"kube-controller-manager-arg:\n  - secure-port={_free_port()}\n"
         "flannel-backend: wireguard-native\n"
     )
+    c.state["server-notify"] = _notify_socket(tmp / "server-notify.sock")
     c.server = c.spawn(
         "server",
         "server",
@@ -275,6 +296,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         str(c.https_port),
         "--kubelet-arg",
         f"port={_free_port()}",
+        notify=c.state["server-notify"],
     )
     try:
         server = c.server
@@ -283,6 +305,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     finally:
         for p in reversed(c.procs):
             _kill_tree(p)
+        for value in c.state.values():
+            if isinstance(value, socket.socket):
+                value.close()
 
 
 def test_version_matches_the_api_server(cluster: Cluster) -> None:
@@ -298,6 +323,8 @@ def test_version_matches_the_api_server(cluster: Cluster) -> None:
 def test_server_is_up_with_its_own_node(cluster: Cluster) -> None:
     assert cluster.server is not None
     server_dir = cluster.tmp / "server"
+    # Like k3s, it tells systemd (Type=notify) when it is up.
+    assert _notifications(cluster.state["server-notify"]) == [b"READY=1"]
     kc = cluster.kubeconfig.read_text()
     assert f"server: https://127.0.0.1:{cluster.https_port}" in kc
     assert oct(cluster.kubeconfig.stat().st_mode & 0o777) == "0o600"
@@ -364,7 +391,8 @@ def test_agent_joins_with_the_bootstrap_token(cluster: Cluster) -> None:
         "worker-1", token, "--node-label", "a=b", "--node-taint", "hk3s.dev/validating=true:NoSchedule"
     )
     cluster.state["worker-1-args"] = args
-    agent = cluster.spawn("worker-1", *args)
+    notify = cluster.state["worker-1-notify"] = _notify_socket(cluster.tmp / "worker-1-notify.sock")
+    agent = cluster.spawn("worker-1", *args, notify=notify)
     cluster.state["worker-1"] = agent
     node = _wait_for(
         "node worker-1 Ready",
@@ -377,6 +405,7 @@ def test_agent_joins_with_the_bootstrap_token(cluster: Cluster) -> None:
     assert node["status"]["nodeInfo"]["kubeletVersion"] == cluster.state["version"]
     addresses = {(a["type"], a["address"]) for a in node["status"]["addresses"]}
     assert ("InternalIP", "127.0.0.1") in addresses, addresses  # node-ip from the config file
+    _wait_for("the agent to notify READY=1", lambda: _notifications(notify) == [b"READY=1"], 10, agent)
 
     # The client certificate came from a real CSR, approved and signed by the controllers.
     csrs = cluster.get("csr")
