@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from host_scripts import script_path
-from remote_access.ssh import SshError, SshTarget, open_session
+from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
 HOST_FACTS_DEADLINE_SECONDS = 30.0
 
@@ -81,12 +81,26 @@ def parse_host_facts(node: str, output: str) -> HostFacts:
         raise SshError(node, f"host_facts.sh printed an unreadable fact ({error})") from None
 
 
+async def gather_facts(session: SshSession) -> HostFacts:
+    """Run host_facts.sh over an open session and parse its output."""
+    result = await session.run_script(script_path("host_facts.sh"), deadline=HOST_FACTS_DEADLINE_SECONDS)
+    return parse_host_facts(session.target.node, result.stdout)
+
+
+def interface_of(facts: HostFacts, address: str) -> str | None:
+    """The interface that carries `address`, from the host's IPv4 addresses."""
+    for entry in facts.ipv4_addresses:
+        interface, _, cidr = entry.partition(" ")
+        if cidr.split("/")[0] == address:
+            return interface
+    return None
+
+
 async def read_host_facts(target: SshTarget) -> ObservedHost:
     """Log in (pinning the host key), run host_facts.sh, parse its output."""
     async with open_session(target) as session:
-        result = await session.run_script(script_path("host_facts.sh"), deadline=HOST_FACTS_DEADLINE_SECONDS)
         return ObservedHost(
-            facts=parse_host_facts(target.node, result.stdout),
+            facts=await gather_facts(session),
             host_key=session.host_key,
             host_key_newly_recorded=session.newly_recorded,
         )

@@ -1,21 +1,32 @@
 """K3sServer: installs or adopts k3s on the server host.
 
-`check` already guards what must never change on a running cluster (its pod
-and service networks, a k3s downgrade); the install itself is the join
-capability's server half and is not in this release yet.
+`check` guards what must never change on a running cluster (its pod and
+service networks, a k3s downgrade) and refuses a change that restarts k3s
+unless hk3s:network.approve_server_restart approves it. Create and update are
+idempotent: rerunning them after an interruption adopts what is there.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, Resource, UpdateResult
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, Resource, UpdateResult
 
 from cluster_settings.models import K3S_VERSION
-from providers.base import CapabilityMissingError, NodeProvider, check_connection_inputs, pin_recorded_host_key
+from node_operations.k3s_install import K3sBinary, ServerSpec, install_server, read_server_state, stop_server
+from providers.base import (
+    NodeProvider,
+    check_connection_inputs,
+    pin_recorded_host_key,
+    progress,
+    run_operation,
+    ssh_target,
+)
 
-INSTALL_CAPABILITY = "installing k3s on the server (issue #4: join a worker)"
+# Changing these on a running server restarts k3s: the API is down for 10-30 s.
+RESTARTING_INPUTS = ("node_ip", "node_external_ip", "flannel_backend")
 IMMUTABLE_CLUSTER_INPUTS = {
     "pod_cidr": "hk3s:cluster.pod_cidr",
     "service_cidr": "hk3s:cluster.service_cidr",
@@ -54,16 +65,62 @@ class K3sServerProvider(NodeProvider):
                     "k3s cannot be downgraded in place",
                 )
             )
+        restarting = [key for key in RESTARTING_INPUTS if olds.get(key) and key in news and olds[key] != news[key]]
+        if restarting and news.get("approve_restart") is False:
+            failures.append(
+                CheckFailure(
+                    restarting[0],
+                    f"changing {', '.join(restarting)} restarts k3s on the server: the Kubernetes API is down for "
+                    "10-30 s. Set hk3s:network.approve_server_restart: true to approve it",
+                )
+            )
         return CheckResult(pin_recorded_host_key(olds, dict(news)), failures)
 
+    def _install(self, props: dict[str, Any]) -> dict[str, Any]:
+        node = str(props["node"])
+        spec = ServerSpec(
+            node=node,
+            node_ip=str(props["node_ip"]),
+            external_ip=str(props["node_external_ip"]),
+            pod_cidr=str(props["pod_cidr"]),
+            service_cidr=str(props["service_cidr"]),
+            flannel_backend=str(props["flannel_backend"]),
+            binary=K3sBinary(
+                version=str(props["k3s_version"]),
+                local_path=Path(props["k3s_binary"]) if props.get("k3s_binary") else None,
+                sha256=props.get("k3s_sha256") or None,
+            ),
+        )
+        installed = run_operation(install_server(ssh_target(props), spec, lambda line: progress(node, line)))
+        return {
+            **props,
+            "version": installed.version,
+            "ca_hash": installed.ca_hash,
+            "kubeconfig": installed.kubeconfig,
+            "api_endpoint": installed.api_endpoint,
+        }
+
     def create(self, props: dict[str, Any]) -> CreateResult:
-        raise CapabilityMissingError(props["node"], "installing k3s", INSTALL_CAPABILITY)
+        # Deterministic id: a create retried after a crash adopts the k3s it installed.
+        return CreateResult(id_=f"{props['node']}-k3s", outs=self._install(props))
 
     def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        raise CapabilityMissingError(news["node"], "reconfiguring or upgrading k3s", INSTALL_CAPABILITY)
+        return UpdateResult(outs=self._install(news))
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        node = str(props["node"])
+        state = run_operation(read_server_state(ssh_target(props)))
+        if state is None:
+            progress(node, "k3s is not running on the server")
+            return ReadResult(id_=id_, outs={**props, "version": None})
+        return ReadResult(id_=id_, outs={**props, "version": state.version, "ca_hash": state.ca_hash})
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
-        raise CapabilityMissingError(props["node"], "uninstalling k3s", INSTALL_CAPABILITY)
+        node = str(props["node"])
+        run_operation(stop_server(ssh_target(props)))
+        progress(
+            node, "k3s stopped and disabled; its data stays in /var/lib/rancher/k3s (run k3s-uninstall.sh to wipe)"
+        )
 
 
 class K3sServer(Resource, module="hk3s", name="K3sServer"):

@@ -1,21 +1,33 @@
 """NodeJoin: preflight, prepare, join under a taint, validate, release.
 
-Inputs are checked now; the join itself is issue #4's capability. Removing a
-joined worker is refused until the remove capability exists, so a worker
-dropped from the config is never silently orphaned.
+Create joins (and resumes an interrupted join); update rejoins; read reports
+the Node's state. Removing a joined worker is refused until the remove
+capability exists, so a worker dropped from the config is never silently
+orphaned.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, Resource, UpdateResult
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, Resource, UpdateResult
 
 from cluster_settings.models import K3S_VERSION
-from providers.base import CapabilityMissingError, NodeProvider, check_connection_inputs, pin_recorded_host_key
+from node_operations.join import JoinSpec, join_worker, read_node
+from node_operations.k3s_install import K3sBinary
+from providers.base import (
+    CapabilityMissingError,
+    NodeProvider,
+    check_connection_inputs,
+    pin_recorded_host_key,
+    progress,
+    run_operation,
+    ssh_target,
+)
 
-JOIN_CAPABILITY = "joining workers (issue #4: join a worker)"
 REMOVE_CAPABILITY = (
     "removing a worker (drain, move copies, wipe, deregister); put the worker back in hk3s:workers to keep it"
 )
@@ -44,11 +56,71 @@ class NodeJoinProvider(NodeProvider):
             )
         return CheckResult(pin_recorded_host_key(olds, dict(news)), failures)
 
+    def _join(self, props: dict[str, Any]) -> dict[str, Any]:
+        node = str(props["node"])
+        spec = JoinSpec(
+            node=node,
+            node_ip=str(props["node_ip"]),
+            external_ip=str(props["node_external_ip"]),
+            server_url=str(props["server_url"]),
+            ca_hash=str(props["ca_hash"]),
+            binary=K3sBinary(
+                version=str(props["k3s_version"]),
+                local_path=Path(props["k3s_binary"]) if props.get("k3s_binary") else None,
+                sha256=props.get("k3s_sha256") or None,
+            ),
+            pod_network=str(props["pod_network"]),
+            network_mode=str(props["network_mode"]),
+            validation_taint=str(props["validation_taint"]),
+            labels=dict(props.get("labels") or {}),
+            recorded_nodes=tuple(props.get("recorded_nodes") or ()),
+            registry=props.get("registry") or None,
+        )
+        server = dataclasses.replace(
+            ssh_target(props),
+            node=str(props["server_node"]),
+            address=str(props["server_address"]),
+            port=int(props.get("server_ssh_port") or 22),
+            recorded_host_key=props.get("server_host_key") or None,
+        )
+        result = run_operation(join_worker(ssh_target(props), server, spec, lambda line: progress(node, line)))
+        return {
+            **props,
+            "name": result.name,
+            "addresses": result.addresses,
+            "network_mode_in_use": result.network_mode,
+            "k3s_version_in_use": result.k3s_version,
+            "state": result.state,
+            "checks": result.checks,
+        }
+
     def create(self, props: dict[str, Any]) -> CreateResult:
-        raise CapabilityMissingError(props["node"], "joining the worker", JOIN_CAPABILITY)
+        # Deterministic id: a create retried after a crash resumes the same node's join.
+        return CreateResult(id_=f"{props['node']}-join", outs=self._join(props))
 
     def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        raise CapabilityMissingError(news["node"], "rejoining the worker", JOIN_CAPABILITY)
+        # A rejoin: cordoned for the checks, running pods untouched, uncordoned after.
+        return UpdateResult(outs=self._join(news))
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        server = dataclasses.replace(
+            ssh_target(props),
+            node=str(props["server_node"]),
+            address=str(props["server_address"]),
+            port=int(props.get("server_ssh_port") or 22),
+            recorded_host_key=props.get("server_host_key") or None,
+        )
+        status = run_operation(read_node(server, str(props["node"])))
+        if status is None:
+            return ReadResult(id_=id_, outs={**props, "state": "missing"})
+        return ReadResult(
+            id_=id_,
+            outs={
+                **props,
+                "state": "ready" if status.ready else "not-ready",
+                "k3s_version_in_use": status.kubelet_version,
+            },
+        )
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         raise CapabilityMissingError(props["node"], "removing the worker", REMOVE_CAPABILITY)
@@ -72,5 +144,6 @@ class NodeJoin(Resource, module="hk3s", name="NodeJoin"):
             "network_mode_in_use": None,
             "k3s_version_in_use": None,
             "state": None,
+            "checks": None,
         }
         super().__init__(NodeJoinProvider(), resource_name, inputs, opts)

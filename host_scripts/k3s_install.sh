@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Installs or adopts k3s as a server or agent, idempotently.
+#   k3s_install.sh ROLE VERSION SHA256
+# ROLE is server or agent. SHA256 is the binary's checksum, or "-" to take it
+# from the release. Before this runs, the program may have uploaded
+#   /usr/local/bin/k3s.hk3s-upload          the binary (air-gapped install)
+#   /etc/rancher/k3s/config.yaml.hk3s-new   the wanted config
+# Prints "result <name> <value>" lines; each step is skipped when already done.
+set -euo pipefail
+
+role=$1
+version=$2
+want_sha=$3
+bin=/usr/local/bin/k3s
+upload=$bin.hk3s-upload
+config=/etc/rancher/k3s/config.yaml
+unit=k3s
+[ "$role" = agent ] && unit=k3s-agent
+
+result() { printf 'result %s %s\n' "$1" "$2"; }
+fail() {
+  printf 'error %s\n' "$1" >&2
+  exit 1
+}
+
+installed_version() {
+  if [ -x "$bin" ]; then "$bin" --version 2>/dev/null | awk 'NR == 1 {print $3}'; fi
+}
+
+# --- binary -----------------------------------------------------------------
+binary_changed=no
+if [ -f "$upload" ]; then
+  have=$(sha256sum "$upload" | cut -d' ' -f1)
+  if [ "$want_sha" != "-" ] && [ "$have" != "$want_sha" ]; then
+    rm -f "$upload"
+    fail "uploaded k3s binary has SHA-256 $have, expected $want_sha; check hk3s:cluster.k3s_sha256"
+  fi
+  chmod 0755 "$upload"
+  if [ ! -x "$bin" ] || [ "$(sha256sum "$bin" | cut -d' ' -f1)" != "$have" ]; then
+    mv -f "$upload" "$bin"
+    binary_changed=yes
+  else
+    rm -f "$upload"
+  fi
+elif [ "$(installed_version)" != "$version" ]; then
+  url_version=${version//+/%2B}
+  base="https://github.com/k3s-io/k3s/releases/download/$url_version"
+  tmp=$(mktemp)
+  trap 'rm -f "$tmp"' EXIT
+  curl -fsSL --retry 3 -o "$tmp" "$base/k3s" || fail "downloading k3s $version from $base failed; upload it instead (hk3s:cluster.k3s_binary)"
+  if [ "$want_sha" = "-" ]; then
+    want_sha=$(curl -fsSL --retry 3 "$base/sha256sum-amd64.txt" | awk '$2 == "k3s" {print $1}')
+  fi
+  have=$(sha256sum "$tmp" | cut -d' ' -f1)
+  [ "$have" = "$want_sha" ] || fail "downloaded k3s has SHA-256 $have, expected $want_sha"
+  install -m 0755 "$tmp" "$bin"
+  binary_changed=yes
+fi
+got=$(installed_version)
+[ "$got" = "$version" ] || fail "k3s on the host is $got, expected $version"
+ln -sf "$bin" /usr/local/bin/kubectl
+result binary "$([ "$binary_changed" = yes ] && echo installed || echo unchanged)"
+
+# --- config -----------------------------------------------------------------
+config_changed=no
+if [ -f "$config.hk3s-new" ]; then
+  if [ -f "$config" ] && cmp -s "$config.hk3s-new" "$config"; then
+    rm -f "$config.hk3s-new"
+  else
+    mv -f "$config.hk3s-new" "$config"
+    config_changed=yes
+  fi
+fi
+chmod 0600 "$config"
+result config "$([ "$config_changed" = yes ] && echo changed || echo unchanged)"
+
+# --- systemd unit -----------------------------------------------------------
+unit_file=/etc/systemd/system/$unit.service
+unit_text="[Unit]
+Description=Lightweight Kubernetes ($role), managed by hk3s
+Documentation=https://k3s.io
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=notify
+ExecStart=$bin $role
+KillMode=process
+Delegate=yes
+LimitNOFILE=1048576
+LimitNPROC=infinity
+LimitCORE=infinity
+TasksMax=infinity
+TimeoutStartSec=0
+Restart=always
+RestartSec=5s
+
+[Install]
+WantedBy=multi-user.target"
+unit_changed=no
+if [ ! -f "$unit_file" ] || [ "$(cat "$unit_file")" != "$unit_text" ]; then
+  printf '%s\n' "$unit_text" >"$unit_file"
+  systemctl daemon-reload
+  unit_changed=yes
+fi
+systemctl enable --quiet "$unit"
+
+# --- start ------------------------------------------------------------------
+# --no-block: the program watches readiness itself, with a deadline and a diagnosis.
+if ! systemctl is-active --quiet "$unit"; then
+  systemctl start --no-block "$unit"
+  result service started
+elif [ "$binary_changed$config_changed$unit_changed" != nonono ]; then
+  systemctl restart --no-block "$unit"
+  result service restarted
+else
+  result service running
+fi

@@ -1,0 +1,431 @@
+"""Join a worker: preflight, prepare, join under a taint, validate, release.
+
+Seed 000 "Join a worker", seed 003's ticket rules, seed 004's handshake and
+failure modes. Every step checks the real state first, so running the join
+again after an interruption continues where it stopped (one Node, no step
+done twice) and a rejoin of a registered node leaves its pods in place.
+
+Join tokens (seed 003): created on the server for this node at join time,
+ten-minute TTL, described by the node name, carried to the host over SSH into
+a root-only file, never printed and never returned; deleted, with the file, as
+soon as the node is registered. A token can only register the node it was
+made for: Node creation by a kubelet is admitted only for names holding a join
+permit (a ValidatingAdmissionPolicy the program installs), and the program
+grants the permit only while it joins that node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from host_scripts import script_path
+from node_operations.host_facts import HostFacts, gather_facts, interface_of
+from node_operations.k3s_install import K3sBinary, agent_config, install_k3s, parse_results
+from node_operations.preflight import PreflightRequirements, evaluate_preflight
+from remote_access.kube import ClusterApi, JoinToken, NodeStatus, Taint
+from remote_access.ssh import SshError, SshSession, SshTarget, open_session
+
+Progress = Callable[[str], None]
+
+TOKEN_FILE = "/etc/rancher/k3s/hk3s-join-token"
+TOKEN_TTL = "10m"
+WORKER_ROLE_LABEL = "node-role.kubernetes.io/worker"
+MANAGED_LABEL = "hk3s.dev/managed"
+REGISTER_DEADLINE_SECONDS = 120.0
+READY_DEADLINE_SECONDS = 120.0
+POLL_SECONDS = 2.0
+VALIDATE_DEADLINE_SECONDS = 120.0
+PERMITS_CONFIGMAP = "hk3s-join-permits"
+PERMIT_POLICY = "hk3s-node-join-permits"
+
+JOIN_PERMIT_POLICY = f"""\
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {PERMIT_POLICY}
+spec:
+  failurePolicy: Fail
+  paramKind:
+    apiVersion: v1
+    kind: ConfigMap
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [""]
+        apiVersions: ["v1"]
+        operations: ["CREATE"]
+        resources: ["nodes"]
+  validations:
+    - expression: >-
+        !('system:nodes' in request.userInfo.groups) ||
+        (has(params.data) && object.metadata.name in params.data)
+      messageExpression: >-
+        'node ' + object.metadata.name + ' holds no join permit: its join token was made for another node'
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {PERMIT_POLICY}
+spec:
+  policyName: {PERMIT_POLICY}
+  validationActions: [Deny]
+  paramRef:
+    name: {PERMITS_CONFIGMAP}
+    namespace: kube-system
+    parameterNotFoundAction: Deny
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {PERMITS_CONFIGMAP}
+  namespace: kube-system
+"""
+
+
+class JoinError(RuntimeError):
+    """The join stopped: which host, which check, what to do."""
+
+    def __init__(self, node: str, check: str, message: str) -> None:
+        self.node = node
+        self.check = check
+        super().__init__(f"{node}: join stopped at {check}: {message}")
+
+
+@dataclass(frozen=True)
+class JoinSpec:
+    """Everything the join of one worker needs."""
+
+    node: str
+    node_ip: str
+    external_ip: str
+    server_url: str  # https://<server address in the cluster's mode>:6443
+    ca_hash: str
+    binary: K3sBinary
+    pod_network: str
+    network_mode: str
+    validation_taint: str
+    labels: dict[str, str] = field(default_factory=dict)
+    recorded_nodes: tuple[str, ...] = ()  # the server and every worker of the stack
+    registry: str | None = None
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    """The worker after a successful join."""
+
+    name: str
+    addresses: list[str]
+    network_mode: str
+    k3s_version: str
+    state: str
+    checks: dict[str, str]
+
+
+# Agent log lines -> (check, what to do). First match wins; order matters.
+AGENT_LOG_DIAGNOSES: list[tuple[tuple[str, ...], str, str]] = [
+    (
+        ("token CA hash does not match",),
+        "ca-hash",
+        "the agent refuses the server's CA ({line}). The host holds a token or state from another cluster: "
+        "reset it (k3s-agent-uninstall.sh, or remove /var/lib/rancher/k3s/agent and /etc/rancher/k3s) and run "
+        "pulumi up again",
+    ),
+    (
+        ("holds no join permit",),
+        "token-node",
+        "the server refused to register this node ({line}): the token was made for another node name. "
+        "Run pulumi up again: the program makes a token for this node",
+    ),
+    (
+        ("401 Unauthorized", "Unauthorized"),
+        "token",
+        "the server rejected the join token ({line}): it expired (ten minutes), was already used and deleted, "
+        "or belongs to another cluster. Run pulumi up again: a new token is made for this node",
+    ),
+    (
+        ("connection refused", "no route to host", "i/o timeout", "network is unreachable", "no such host"),
+        "api-reachable",
+        "the node cannot reach the Kubernetes API ({line}): open 6443/tcp from this node to the server in the "
+        "cloud and host firewalls, and check its route to the server",
+    ),
+]
+
+
+def diagnose_agent_log(node: str, lines: Sequence[str]) -> JoinError | None:
+    """The most specific diagnosis the agent's log lines support, if any."""
+    for needles, check, advice in AGENT_LOG_DIAGNOSES:
+        for line in reversed(lines):
+            if any(needle in line for needle in needles):
+                return JoinError(node, check, advice.format(line=_log_message(line)))
+    return None
+
+
+def _log_message(line: str) -> str:
+    marker = 'msg="'
+    if marker in line:
+        return line.split(marker, 1)[1].rstrip('"').replace('\\"', '"')
+    return line.strip()
+
+
+async def _agent_log(worker: SshSession, since: str) -> list[str]:
+    result = await worker.run(
+        ["journalctl", "-u", "k3s-agent", "--no-pager", "-o", "cat", "--since", since], deadline=30, check=False
+    )
+    return result.stdout.splitlines()[-200:]
+
+
+async def _agent_since(worker: SshSession) -> str:
+    result = await worker.run(["date", "+%Y-%m-%d %H:%M:%S"], deadline=15)
+    return result.stdout.strip()
+
+
+class Joiner:
+    """One worker's join, over two pinned SSH sessions (worker and server)."""
+
+    def __init__(self, spec: JoinSpec, worker: SshSession, server: SshSession, progress: Progress) -> None:
+        self.spec = spec
+        self.worker = worker
+        self.cluster = ClusterApi(server)
+        self.progress = progress
+        self.checks: dict[str, str] = {}
+
+    # --- preflight ---------------------------------------------------------------
+    async def preflight(self) -> tuple[HostFacts, NodeStatus | None]:
+        self.progress("preflight")
+        facts, nodes = await asyncio.gather(gather_facts(self.worker), self.cluster.nodes())
+        existing = next((n for n in nodes if n.name == self.spec.node), None)
+        unrecorded = sorted(n.name for n in nodes if n.name not in self.spec.recorded_nodes)
+        if unrecorded:
+            raise JoinError(
+                self.spec.node,
+                "unrecorded-workers",
+                f"the cluster has worker(s) the program has not recorded: {', '.join(unrecorded)}. "
+                "Add each to hk3s:workers (kind: existing, with its address) to adopt it, then run pulumi up",
+            )
+        own_state = existing is not None or await self._joined_this_cluster_before()
+        problems = evaluate_preflight(
+            self.spec.node,
+            facts,
+            PreflightRequirements(pod_network=self.spec.pod_network, own_k3s_state_expected=own_state),
+        )
+        if problems:
+            raise JoinError(self.spec.node, "preflight", "; ".join(f"{p.check}: {p.message}" for p in problems))
+        if interface_of(facts, self.spec.node_ip) is None:
+            raise JoinError(
+                self.spec.node,
+                "preflight",
+                f"node IP {self.spec.node_ip} is on none of the host's interfaces "
+                f"({', '.join(facts.ipv4_addresses)}); check the worker's address settings",
+            )
+        self.checks["preflight"] = "passed"
+        return facts, existing
+
+    async def _joined_this_cluster_before(self) -> bool:
+        result = await self.worker.run(["cat", "/var/lib/hk3s/journal/join-ca"], deadline=15, check=False)
+        return result.exit_status == 0 and result.stdout.strip() == self.spec.ca_hash
+
+    # --- prepare -----------------------------------------------------------------
+    async def prepare(self) -> None:
+        self.progress("preparing the host")
+        await self.worker.run_script(
+            script_path("node_prepare.sh"),
+            [self.spec.pod_network],
+            deadline=600,
+            on_line=lambda line: self.progress(line.removeprefix("result ")) if line.startswith("result ") else None,
+        )
+        self.checks["prepare"] = "done"
+
+    # --- join --------------------------------------------------------------------
+    async def join(self, facts: HostFacts, existing: NodeStatus | None) -> NodeStatus:
+        spec = self.spec
+        rejoin = existing is not None
+        if rejoin:
+            # Rejoin: checks run cordoned; running pods stay where they are.
+            self.progress("already registered: cordoning for the checks (running pods stay)")
+            await self.cluster.cordon(spec.node, True)
+        await self.cluster.apply(JOIN_PERMIT_POLICY)
+        token: JoinToken | None = None
+        if not rejoin:
+            await self._delete_stale_tokens()
+            await self._grant_permit()
+            token = await self.cluster.create_join_token(spec.node, TOKEN_TTL)
+            self.progress(f"join token {token.token_id} created (valid {TOKEN_TTL}, for {spec.node} only)")
+        config = agent_config(
+            node=spec.node,
+            server_url=spec.server_url,
+            node_ip=spec.node_ip,
+            external_ip=spec.external_ip,
+            flannel_iface=interface_of(facts, spec.node_ip),
+            labels={**spec.labels, MANAGED_LABEL: "true"},
+            taints=[spec.validation_taint],
+            token_file=TOKEN_FILE,
+        )
+        since = await _agent_since(self.worker)
+        try:
+            if token is not None:
+                await self.worker.upload(token.value.encode() + b"\n", TOKEN_FILE, deadline=30, mode=0o600)
+            results = await install_k3s(self.worker, "agent", spec.binary, config, self.progress)
+            if token is not None and results.get("service") == "running":
+                # A new token with an unchanged config: the running agent must read it.
+                await self.worker.run(["systemctl", "restart", "--no-block", "k3s-agent"], deadline=30)
+            node = await self._wait_registered(since)
+        finally:
+            if token is not None:
+                await self._forget_token(token)
+        await self.worker.run(
+            [
+                "sh",
+                "-c",
+                'mkdir -p /var/lib/hk3s/journal && printf "%s\\n" "$1" > /var/lib/hk3s/journal/join-ca',
+                "-",
+                spec.ca_hash,
+            ],
+            deadline=15,
+        )
+        self.checks["registered"] = "yes"
+        return node
+
+    async def _delete_stale_tokens(self) -> None:
+        """Tokens an interrupted earlier join made for this node go first."""
+        for token_id, description in (await self.cluster.token_ids()).items():
+            if description == self.spec.node:
+                await self.cluster.delete_token(token_id)
+
+    async def _grant_permit(self) -> None:
+        patch = json.dumps({"data": {self.spec.node: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}})
+        await self.cluster.kubectl(
+            ["patch", "configmap", PERMITS_CONFIGMAP, "-n", "kube-system", "--type", "merge", "-p", patch]
+        )
+
+    async def _revoke_permit(self) -> None:
+        patch = json.dumps({"data": {self.spec.node: None}})
+        await self.cluster.kubectl(
+            ["patch", "configmap", PERMITS_CONFIGMAP, "-n", "kube-system", "--type", "merge", "-p", patch]
+        )
+
+    async def _forget_token(self, token: JoinToken) -> None:
+        """Delete the token everywhere it exists; a failure here must not hide the join's own error."""
+        with contextlib.suppress(SshError):
+            await self.cluster.delete_token(token.token_id)
+        with contextlib.suppress(SshError):
+            await self.worker.run(["rm", "-f", TOKEN_FILE], deadline=15)
+        with contextlib.suppress(SshError):
+            await self._revoke_permit()
+        self.progress(f"join token {token.token_id} deleted")
+
+    async def _wait_registered(self, since: str) -> NodeStatus:
+        deadline = time.monotonic() + REGISTER_DEADLINE_SECONDS
+        self.progress("waiting for the node to register")
+        while True:
+            node = await self.cluster.get_node(self.spec.node)
+            if node is not None:
+                return node
+            lines = await _agent_log(self.worker, since)
+            diagnosis = diagnose_agent_log(self.spec.node, lines)
+            # A CA mismatch or a refused node never heals by waiting (k3s would retry forever).
+            if diagnosis is not None and diagnosis.check in ("ca-hash", "token-node"):
+                raise diagnosis
+            if time.monotonic() > deadline:
+                if diagnosis is not None:
+                    raise diagnosis
+                tail = " | ".join(_log_message(line) for line in lines[-3:]) or "no agent log lines"
+                raise JoinError(
+                    self.spec.node,
+                    "register",
+                    f"the node did not register within {REGISTER_DEADLINE_SECONDS:.0f}s (agent log: {tail}); "
+                    "see journalctl -u k3s-agent on the host",
+                )
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def wait_ready(self) -> NodeStatus:
+        deadline = time.monotonic() + READY_DEADLINE_SECONDS
+        while True:
+            node = await self.cluster.get_node(self.spec.node)
+            if node is not None and node.ready:
+                self.checks["ready"] = "yes"
+                return node
+            if time.monotonic() > deadline:
+                reason = node.ready_reason if node is not None else "node gone"
+                raise JoinError(
+                    self.spec.node,
+                    "ready",
+                    f"the node registered but was not Ready within {READY_DEADLINE_SECONDS:.0f}s ({reason}): the "
+                    "kubelet is not healthy or the pod network ports are blocked; see journalctl -u k3s-agent and "
+                    "check 51820/udp or 8472/udp between the nodes",
+                )
+            await asyncio.sleep(POLL_SECONDS)
+
+    # --- validate while tainted ---------------------------------------------------------
+    async def validate(self, node: NodeStatus) -> None:
+        self.progress("validating while tainted")
+        server_host = self.spec.server_url.removeprefix("https://").split(":")[0]
+        result = await self.worker.run_script(
+            script_path("node_validate.sh"),
+            [server_host, self.spec.registry or "-"],
+            deadline=VALIDATE_DEADLINE_SECONDS,
+            check=False,
+        )
+        results = parse_results(result.stdout)
+        self.checks.update(results)
+        failed = {name: value for name, value in results.items() if value.startswith("failed")}
+        if result.exit_status != 0 or failed:
+            detail = "; ".join(f"{name}: {value}" for name, value in failed.items()) or result.stderr.strip()
+            raise JoinError(self.spec.node, "validation", detail)
+        # The API server reaching the kubelet: what logs and exec need.
+        try:
+            await self.cluster.kubectl(["get", "--raw", f"/api/v1/nodes/{self.spec.node}/proxy/healthz"])
+        except SshError as error:
+            raise JoinError(
+                self.spec.node,
+                "kubelet-reachable",
+                f"the API server cannot reach the kubelet on port 10250 ({error}); check the firewall rules "
+                "for 10250/tcp between the nodes",
+            ) from None
+        self.checks["kubelet-reachable"] = "ok"
+        if not node.container_runtime:
+            # Where no pods can run (no container runtime reported), there is no validation pod to start.
+            self.checks["validation-pod"] = "skipped: the node reports no container runtime"
+
+    # --- release ------------------------------------------------------------------
+    async def release(self, rejoin: bool) -> NodeStatus:
+        self.progress("releasing: removing the validation taint")
+        taint = Taint.parse(self.spec.validation_taint)
+        await self.cluster.remove_taint(self.spec.node, taint.key)
+        await self.cluster.set_labels(self.spec.node, {WORKER_ROLE_LABEL: "true"})
+        if rejoin:
+            await self.cluster.cordon(self.spec.node, False)
+        node = await self.cluster.get_node(self.spec.node)
+        assert node is not None
+        return node
+
+
+async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, progress: Progress) -> JoinResult:
+    """Preflight, prepare, join under the validation taint, validate, release."""
+    async with open_session(worker) as worker_session, open_session(server) as server_session:
+        joiner = Joiner(spec, worker_session, server_session, progress)
+        facts, existing = await joiner.preflight()
+        await joiner.prepare()
+        rejoin = existing is not None
+        await joiner.join(facts, existing)
+        node = await joiner.wait_ready()
+        await joiner.validate(node)
+        node = await joiner.release(rejoin)
+        progress("joined and released")
+        return JoinResult(
+            name=node.name,
+            addresses=sorted(set(node.addresses.get(kind, "") for kind in ("InternalIP", "ExternalIP")) - {""}),
+            network_mode=spec.network_mode,
+            k3s_version=node.kubelet_version,
+            state="ready" if node.ready else "not-ready",
+            checks=dict(joiner.checks),
+        )
+
+
+async def read_node(server: SshTarget, node: str) -> NodeStatus | None:
+    """The Node's status as the server sees it (for refresh)."""
+    async with open_session(server) as session:
+        return await ClusterApi(session).get_node(node)

@@ -1,0 +1,221 @@
+"""Install or adopt k3s on a host (server or agent): the binary, its config file
+and its systemd unit, written by the program; nothing fetched by a curl|sh
+installer. Shared by the server set-up and the join."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from host_scripts import script_path
+from node_operations.host_facts import gather_facts, interface_of
+from remote_access.ssh import SshError, SshSession, SshTarget, open_session
+
+K3S_BIN = "/usr/local/bin/k3s"
+CONFIG_PATH = "/etc/rancher/k3s/config.yaml"
+INSTALL_DEADLINE_SECONDS = 300.0
+SERVER_READY_DEADLINE_SECONDS = 180
+# Kubelet hardening passed on every node (CIS-style): no idle streaming sessions left open.
+KUBELET_HARDENING_ARGS = ("streaming-connection-idle-timeout=5m", "make-iptables-util-chains=true")
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class K3sBinary:
+    """Which k3s to install, and from where."""
+
+    version: str
+    local_path: Path | None = None  # air-gapped: upload this file
+    sha256: str | None = None
+
+    def local_sha256(self) -> str | None:
+        if self.local_path is None:
+            return self.sha256
+        digest = hashlib.sha256(self.local_path.expanduser().read_bytes()).hexdigest()
+        if self.sha256 and digest != self.sha256:
+            raise ValueError(
+                f"{self.local_path} has SHA-256 {digest}, but hk3s:cluster.k3s_sha256 says {self.sha256}; "
+                "fix the setting or the file"
+            )
+        return digest
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """How the k3s server is configured."""
+
+    node: str
+    node_ip: str
+    external_ip: str
+    pod_cidr: str
+    service_cidr: str
+    flannel_backend: str
+    binary: K3sBinary
+    tls_sans: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServerInstalled:
+    """The server as the rest of the cluster sees it. `kubeconfig` is secret."""
+
+    version: str
+    ca_hash: str
+    api_endpoint: str
+    kubeconfig: str
+
+
+def render_config(settings: Mapping[str, Any]) -> str:
+    """k3s config.yaml: keys are flag names; unset values are left out."""
+    cleaned = {key: value for key, value in settings.items() if value not in (None, [], "")}
+    return "# Written by hk3s; changes here are overwritten on the next pulumi up.\n" + yaml.safe_dump(
+        cleaned, sort_keys=True
+    )
+
+
+def server_config(spec: ServerSpec, flannel_iface: str | None) -> str:
+    return render_config(
+        {
+            "node-name": spec.node,
+            "node-ip": spec.node_ip,
+            "node-external-ip": spec.external_ip if spec.external_ip != spec.node_ip else None,
+            "flannel-iface": flannel_iface,
+            "flannel-backend": spec.flannel_backend,
+            "cluster-cidr": spec.pod_cidr,
+            "service-cidr": spec.service_cidr,
+            "tls-san": sorted({spec.node_ip, spec.external_ip, *spec.tls_sans}),
+            "write-kubeconfig-mode": "0600",
+            "kubelet-arg": list(KUBELET_HARDENING_ARGS),
+        }
+    )
+
+
+def agent_config(
+    *,
+    node: str,
+    server_url: str,
+    node_ip: str,
+    external_ip: str,
+    flannel_iface: str | None,
+    labels: Mapping[str, str],
+    taints: Sequence[str],
+    token_file: str | None,
+) -> str:
+    return render_config(
+        {
+            "server": server_url,
+            "token-file": token_file,
+            "node-name": node,
+            "node-ip": node_ip,
+            "node-external-ip": external_ip if external_ip != node_ip else None,
+            "flannel-iface": flannel_iface,
+            "node-label": [f"{key}={value}" for key, value in sorted(labels.items())],
+            "node-taint": list(taints),
+            "kubelet-arg": list(KUBELET_HARDENING_ARGS),
+        }
+    )
+
+
+def parse_results(output: str) -> dict[str, str]:
+    """`result <name> <value>` lines printed by host scripts."""
+    results: dict[str, str] = {}
+    for line in output.splitlines():
+        words = line.split(" ", 2)
+        if len(words) == 3 and words[0] == "result":
+            results[words[1]] = words[2]
+    return results
+
+
+async def remote_sha256(session: SshSession, path: str) -> str | None:
+    result = await session.run(
+        ["sh", "-c", f"sha256sum {shlex.quote(path)} 2>/dev/null | cut -d' ' -f1"], deadline=60, check=False
+    )
+    return result.stdout.strip() or None
+
+
+async def install_k3s(
+    session: SshSession,
+    role: Literal["server", "agent"],
+    binary: K3sBinary,
+    config_text: str,
+    progress: Progress,
+) -> dict[str, str]:
+    """Upload what is needed and run k3s_install.sh; returns its results."""
+    want_sha = binary.local_sha256()
+    await session.run(["mkdir", "-p", "/etc/rancher/k3s"], deadline=30)
+    if binary.local_path is not None and await remote_sha256(session, K3S_BIN) != want_sha:
+        progress(f"uploading k3s {binary.version} ({binary.local_path.stat().st_size // 1_000_000} MB)")
+        await session.upload(
+            binary.local_path.expanduser().read_bytes(),
+            f"{K3S_BIN}.hk3s-upload",
+            deadline=INSTALL_DEADLINE_SECONDS,
+            mode=0o755,
+        )
+    await session.upload(config_text.encode(), f"{CONFIG_PATH}.hk3s-new", deadline=60, mode=0o600)
+    result = await session.run_script(
+        script_path("k3s_install.sh"),
+        [role, binary.version, want_sha or "-"],
+        deadline=INSTALL_DEADLINE_SECONDS,
+        on_line=lambda line: progress(line.removeprefix("result ")) if line.startswith("result ") else None,
+    )
+    return parse_results(result.stdout)
+
+
+async def install_server(target: SshTarget, spec: ServerSpec, progress: Progress) -> ServerInstalled:
+    """Install or adopt the k3s server and wait until its API is ready."""
+    async with open_session(target) as session:
+        facts = await gather_facts(session)
+        flannel_iface = interface_of(facts, spec.node_ip)
+        if flannel_iface is None:
+            raise SshError(
+                spec.node,
+                f"no interface of the host carries the node IP {spec.node_ip} (it has "
+                f"{', '.join(facts.ipv4_addresses) or 'no IPv4 address'}); check the server's address settings",
+            )
+        await install_k3s(session, "server", spec.binary, server_config(spec, flannel_iface), progress)
+        progress("waiting for the Kubernetes API")
+        ready = await session.run_script(
+            script_path("k3s_server_ready.sh"),
+            [str(SERVER_READY_DEADLINE_SECONDS)],
+            deadline=SERVER_READY_DEADLINE_SECONDS + 30,
+        )
+        results = parse_results(ready.stdout)
+        kubeconfig = await session.run(["cat", "/etc/rancher/k3s/k3s.yaml"], deadline=30, what="reading the kubeconfig")
+    api_endpoint = f"https://{spec.external_ip}:6443"
+    return ServerInstalled(
+        version=results["version"],
+        ca_hash=results["ca_hash"],
+        api_endpoint=api_endpoint,
+        kubeconfig=kubeconfig.stdout.replace("https://127.0.0.1:6443", api_endpoint),
+    )
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """What a refresh reads back from the server."""
+
+    version: str
+    ca_hash: str
+
+
+async def read_server_state(target: SshTarget) -> ServerState | None:
+    """The running server's version and CA hash, or None when k3s is not active."""
+    async with open_session(target) as session:
+        active = await session.run(["systemctl", "is-active", "--quiet", "k3s"], deadline=30, check=False)
+        if active.exit_status != 0:
+            return None
+        ready = await session.run_script(script_path("k3s_server_ready.sh"), ["30"], deadline=60)
+        results = parse_results(ready.stdout)
+        return ServerState(version=results["version"], ca_hash=results["ca_hash"])
+
+
+async def stop_server(target: SshTarget) -> None:
+    """Stop and disable k3s on the server, keeping its data (nothing is wiped)."""
+    async with open_session(target) as session:
+        await session.run(["systemctl", "disable", "--now", "k3s"], deadline=120, check=False)
