@@ -12,7 +12,8 @@
 # Idempotent: a stamp next to the binary records a hash of the sources (go.mod,
 # go.sum, non-test *.go, this script) and the pinned versions; when it matches and
 # the binary still has the recorded checksum, nothing is rebuilt. The binary is
-# always smoke-checked (it must report the expected version).
+# always smoke-checked (it must report the expected version). A build first runs
+# go vet and the stand-in's Go unit tests.
 #
 # Usage: lab/build/k3s_standin.sh           build if needed, then verify
 #        lab/build/k3s_standin.sh --force   rebuild even when the stamp matches
@@ -114,6 +115,8 @@ build() {
   local t0
   t0=$(date +%s)
   TMPOUT=$(mktemp "$BIN/.k3s.XXXXXX")
+  log "go vet and unit tests ..."
+  (cd "$SRC" && go vet . && go test -count=1 .)
   log "go build k3s stand-in $K3S_VERSION ($GIT_COMMIT) ..."
   (cd "$SRC" && go build -trimpath \
     -ldflags "-s -w -X main.version=$K3S_VERSION -X main.gitCommit=$GIT_COMMIT" \

@@ -15,6 +15,7 @@ share one cluster: the last one stops the server.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import hashlib
 import http.client
@@ -247,8 +248,9 @@ def _notifications(sock: socket.socket) -> list[bytes]:
             return out
 
 
-def _kill_tree(proc: Proc) -> None:
-    kids = _children(proc.popen.pid)
+def _kill_tree(proc: Proc, known: dict[int, str] | None = None) -> None:
+    """Stop proc; then kill whatever of its children (now or `known` earlier) is left."""
+    kids = {**(known or {}), **_children(proc.popen.pid)}
     if proc.popen.poll() is None:
         proc.popen.send_signal(signal.SIGTERM)
         try:
@@ -256,9 +258,10 @@ def _kill_tree(proc: Proc) -> None:
         except subprocess.TimeoutExpired:
             proc.popen.kill()
             proc.popen.wait(10)
-    for pid in kids:
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
+    for pid, comm in kids.items():
+        with contextlib.suppress(OSError):
+            if _alive(pid) and Path(f"/proc/{pid}/comm").read_text().strip() == comm:
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
@@ -301,10 +304,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     try:
         server = c.server
         _wait_for("the server to be up", lambda: "k3s is up and running" in server.text(), 240, server)
+        c.state["server-children"] = _children(server.popen.pid)
         yield c
     finally:
         for p in reversed(c.procs):
-            _kill_tree(p)
+            _kill_tree(p, c.state.get("server-children") if p is c.server else None)
         for value in c.state.values():
             if isinstance(value, socket.socket):
                 value.close()
