@@ -22,6 +22,16 @@ mark_done() { printf '%s\n' "$2" >"$journal/prepare-$1"; }
 # shellcheck disable=SC1091
 . /etc/os-release
 
+# A module counts as present when loaded or built into the kernel: built-in ones
+# have no /sys/module entry unless they take parameters, so look at what they provide.
+module_present() {
+  case "$1" in
+    br_netfilter) [ -d /proc/sys/net/bridge ] ;;
+    overlay) grep -qw overlay /proc/filesystems ;;
+    *) [ -d "/sys/module/$1" ] ;;
+  esac
+}
+
 # --- kernel modules -----------------------------------------------------------
 modules=(overlay br_netfilter)
 [ "$pod_network" = wireguard ] && modules+=(wireguard)
@@ -30,7 +40,7 @@ if done_before modules "$key" && [ -f /etc/modules-load.d/hk3s.conf ]; then
   result modules skipped
 else
   for module in "${modules[@]}"; do
-    if [ ! -d "/sys/module/$module" ]; then
+    if ! module_present "$module"; then
       modprobe "$module" 2>/dev/null || fail "kernel module $module is neither loaded nor loadable; install it or use another kernel"
     fi
   done

@@ -58,7 +58,7 @@ class NodeStatus:
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> NodeStatus:
         metadata, spec, status = obj.get("metadata", {}), obj.get("spec", {}), obj.get("status", {})
-        ready = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), {})
+        ready: Mapping[str, Any] = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), {})
         return cls(
             name=metadata["name"],
             labels=dict(metadata.get("labels") or {}),
