@@ -58,37 +58,58 @@ func runAgentCommand(args []string) int {
 	return 0
 }
 
-// readToken returns --token, or the contents of --token-file.
-func readToken(o *options, flag, fileFlag string) (string, error) {
+// tokenFileWait is how long a missing --token-file is waited for, as k3s does
+// (it logs "Waiting for <file> to be available" every 2 s, then gives up).
+const tokenFileWait = 4 * time.Minute
+
+// readToken returns --token, or the contents of --token-file (waited for while it
+// does not exist, up to tokenFileWait, like k3s's util.ReadFile).
+func readToken(ctx context.Context, o *options, flag, fileFlag string) (string, error) {
 	if t := o.str(flag); t != "" {
 		return strings.TrimSpace(t), nil
 	}
-	if f := o.str(fileFlag); f != "" {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return "", fmt.Errorf("failed to read token file: %w", err)
-		}
-		return strings.TrimSpace(string(b)), nil
+	f := o.str(fileFlag)
+	if f == "" {
+		return "", nil
 	}
-	return "", nil
+	for start := time.Now(); time.Since(start) < tokenFileWait; {
+		b, err := os.ReadFile(f)
+		if err == nil {
+			return strings.TrimSpace(string(b)), nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return "", err
+		}
+		infof("Waiting for %s to be available\n", f)
+		if !sleepCtx(ctx, 2*time.Second) {
+			return "", ctx.Err()
+		}
+	}
+	return "", errors.New("Timeout while trying to read the file")
 }
 
 func runAgent(ctx context.Context, o *options) error {
-	serverURL := strings.TrimRight(o.str("server"), "/")
-	if serverURL == "" {
-		return errors.New("--server is required")
-	}
-	u, err := url.Parse(serverURL)
-	if err != nil || u.Scheme != "https" || u.Host == "" {
-		return fmt.Errorf("invalid --server %q: must be an https URL", serverURL)
-	}
-	token, err := readToken(o, "token", "token-file")
+	token, err := readToken(ctx, o, "token", "token-file")
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
 	spec, err := nodeOptions(o, "agent")
 	if err != nil {
 		return err
+	}
+	// As k3s: no token is needed when a kubelet client certificate is stored.
+	if _, err := tls.LoadX509KeyPair(filepath.Join(spec.dataDir, "client-kubelet.crt"), filepath.Join(spec.dataDir, "client-kubelet.key")); err != nil && token == "" {
+		return errors.New("--token is required")
+	}
+	serverURL := strings.TrimRight(o.str("server"), "/")
+	if serverURL == "" {
+		return errors.New("--server is required")
+	}
+	if u, err := url.Parse(serverURL); err != nil || u.Scheme != "https" || u.Host == "" {
+		return fmt.Errorf("invalid --server %q: must be an https URL", serverURL)
 	}
 	if err := os.MkdirAll(spec.dataDir, 0o700); err != nil {
 		return err
@@ -97,9 +118,6 @@ func runAgent(ctx context.Context, o *options) error {
 	o.reportIgnored()
 
 	storedCA, _ := os.ReadFile(filepath.Join(spec.dataDir, "server-ca.crt"))
-	if token == "" && len(storedCA) == 0 {
-		return errors.New("--token is required")
-	}
 	caBundle, ok := waitForCA(ctx, serverURL, token, storedCA)
 	if !ok {
 		return nil // stopped

@@ -171,7 +171,7 @@ func (s *server) run(parent context.Context) error {
 	if err := s.certificates(); err != nil {
 		return fmt.Errorf("certificates: %w", err)
 	}
-	serverToken, err := readToken(o, "token", "token-file")
+	serverToken, err := readToken(ctx, o, "token", "token-file")
 	if err != nil {
 		return err
 	}
@@ -180,7 +180,7 @@ func (s *server) run(parent context.Context) error {
 		return err
 	}
 	passwords := []string{password}
-	if at, err := readToken(o, "agent-token", "agent-token-file"); err != nil {
+	if at, err := readToken(ctx, o, "agent-token", "agent-token-file"); err != nil {
 		return err
 	} else if at != "" {
 		p := parseToken(at)

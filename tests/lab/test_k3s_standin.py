@@ -483,6 +483,31 @@ def test_deleted_token_is_unauthorized(cluster: Cluster) -> None:
     assert agent.stop() == 0
 
 
+def test_token_file_is_waited_for_even_after_joining(cluster: Cluster) -> None:
+    """As k3s: a missing --token-file is waited for (up to 4 minutes) before anything
+    else, even when the agent already holds its credentials."""
+    token_file = cluster.tmp / "worker-2-token"
+    args = cluster.agent_args("worker-2", "")
+    args[args.index("--token") : args.index("--token") + 2] = ["--token-file", str(token_file)]
+    agent = cluster.spawn("worker-2", *args)
+    waiting = f"Waiting for {token_file} to be available"
+    _wait_for("the agent to wait for its token file", lambda: agent.text().count(waiting) >= 2, 30, agent)
+    assert cluster.node("worker-2") is None
+    token = cluster.run(
+        "token", "create", "--data-dir", str(cluster.tmp / "server"), "--ttl", "10m", "--description", "worker-2"
+    ).stdout.strip()
+    token_file.write_text(token + "\n")
+    _wait_for("node worker-2 Ready", lambda: _ready(cluster.node("worker-2")) == "True", 120, agent)
+    assert agent.stop() == 0
+
+    # The file is gone now: a restart waits for it again instead of starting.
+    token_file.unlink()
+    again = cluster.spawn("worker-2-restart", *args)
+    _wait_for("the restarted agent to wait for its token file", lambda: again.text().count(waiting) >= 3, 30, again)
+    assert "Starting k3s agent" not in again.text(), again.tail()
+    assert again.stop() == 0
+
+
 def test_stopped_agent_goes_not_ready_and_restarts_without_its_token(cluster: Cluster) -> None:
     agent: Proc = cluster.state["worker-1"]
     assert _ready(cluster.node("worker-1")) == "True"
