@@ -25,7 +25,7 @@ step() {
   echo "== lab set-up: $name"
   "$@"
   local seconds
-  seconds=$(echo "$(date +%s.%N) - $started" | bc)
+  seconds=$(printf "%.3f" "$(echo "$(date +%s.%N) - $started" | bc)")
   printf '== lab set-up: %s done in %.1f s\n' "$name" "$seconds"
   timing_lines+=("\"$name\": $seconds")
 }
