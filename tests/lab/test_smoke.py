@@ -30,7 +30,7 @@ def _ready(node: dict | None) -> str | None:
     return next((c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready"), None)
 
 
-def _wait(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
+def _wait(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -65,6 +65,7 @@ def test_smoke(lab: Lab, tmp_path: Path) -> None:
     routed = lab.add_host(HostSpec("smoke-routed", private_default_route=True, extra_binds=bind))
     public_only = lab.add_host(HostSpec("smoke-public", private_nic=False, extra_binds=bind))
     lab.wait_ssh_ready([server, routed, public_only])
+    assert server.public_ip and routed.public_ip
 
     # Real SSH into each, pinned to the recorded host key.
     for host in (server, routed, public_only):
