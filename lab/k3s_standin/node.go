@@ -669,7 +669,7 @@ func (nr *nodeRunner) desiredStatus(_ *corev1.Node) corev1.NodeStatus {
 			BootID:                  readTrimmed("/proc/sys/kernel/random/boot_id"),
 			KernelVersion:           kernelVersion(),
 			OSImage:                 osImage(),
-			ContainerRuntimeVersion: "none://",
+			ContainerRuntimeVersion: "", // no container runtime: nothing to report
 			KubeletVersion:          version,
 			OperatingSystem:         runtime.GOOS,
 			Architecture:            runtime.GOARCH,

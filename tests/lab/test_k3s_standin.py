@@ -191,7 +191,8 @@ class Cluster:
         data.mkdir(exist_ok=True)
         config = data / "config.yaml"
         # Part of the settings come from the config file, as the product writes them.
-        config.write_text(f"node-ip: 127.0.0.1\nkubelet-arg:\n  - port={_free_port()}\n")
+        port = self.state[f"{name}-kubelet-port"] = _free_port()
+        config.write_text(f"node-ip: 127.0.0.1\nkubelet-arg:\n  - port={port}\n")
         return [
             "agent",
             "--config",
@@ -424,8 +425,11 @@ def test_agent_joins_with_the_bootstrap_token(cluster: Cluster) -> None:
 
     # The kubelet port answers /healthz over TLS.
     port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
-    assert port != 10250
+    assert port == cluster.state["worker-1-kubelet-port"] != 10250  # kubelet-arg from the config file
     assert _https_get(port, "/healthz") == (200, b"ok")
+    # (The API server's node proxy is not tried: it refuses loopback node addresses.)
+    # No container runtime, and it says so.
+    assert node["status"]["nodeInfo"].get("containerRuntimeVersion", "") == ""
 
     # The Lease in kube-node-lease is renewed.
     first = cluster.get("lease", "-n", "kube-node-lease", "worker-1")
