@@ -5,43 +5,63 @@
 // binary from the Go module proxy (lab/build/k3s_standin.sh) and the product installs
 // it exactly as it installs an air-gapped k3s binary: uploaded to the host, checked
 // against its SHA-256, configured through /etc/rancher/k3s/config.yaml and started by
-// a systemd unit the product writes (k3s.service / k3s-agent.service). It behaves
-// like k3s at the edges the product touches.
+// the systemd unit the product writes (k3s.service / k3s-agent.service, Type=notify).
+// It stands in for k3s at the edges the product touches; nothing in the product
+// needs to know it is not k3s.
 //
 // What it reproduces:
 //
 //   - The CLI: `k3s server`, `k3s agent`, `k3s token create|list|delete|generate`,
 //     `k3s kubectl ...` (also when called through a symlink named kubectl) and
 //     `k3s --version` ("k3s version v1.X.Y+k3s1 (<hash>)" and "go version ...").
-//     The config file (--config/-c, default /etc/rancher/k3s/config.yaml, plus
-//     config.yaml.d/*.yaml drop-ins; keys are flag names without dashes) is merged
-//     with command-line flags and K3S_* environment variables the way k3s does.
-//     Flags of real k3s that have no meaning here are accepted and reported once.
-//   - The server: a CA set under <data-dir>/server/tls (server CA, client CA,
-//     request-header CA, service-account key; kept across restarts), a real control
-//     plane (kine on SQLite, kube-apiserver on 127.0.0.1:6444 and
-//     kube-controller-manager, started from /opt/lab-kube/bin or $HK3S_LAB_KUBE_BIN),
+//     The config file (--config/-c or $K3S_CONFIG_FILE, default
+//     /etc/rancher/k3s/config.yaml, plus config.yaml.d/*.yaml drop-ins; keys are flag
+//     names without dashes) is merged with the command line as k3s does: the command
+//     line wins, list flags collect both, K3S_* variables fill what neither sets, and
+//     unknown keys are skipped with a warning. Flags of real k3s that mean nothing
+//     here are accepted and reported once. --token-file is waited for up to four
+//     minutes when missing, as k3s does.
+//   - The server: CAs under <data-dir>/server/tls (server CA, client CA,
+//     request-header CA, service-account key; created once, reused), a real control
+//     plane as child processes (kine on SQLite in <data-dir>/server/db,
+//     kube-apiserver on 127.0.0.1:6444, kube-controller-manager; binaries from
+//     /opt/lab-kube/bin or $HK3S_LAB_KUBE_BIN; their logs in <data-dir>/server/logs),
 //     the supervisor on :6443 that serves /cacerts and /ping itself and proxies the
-//     Kubernetes API, the admin kubeconfig /etc/rancher/k3s/k3s.yaml, the server
-//     token files, the RBAC bindings for kubelet TLS bootstrap, and the server's own
-//     Node (control-plane and master role labels) with Lease and Ready heartbeat.
-//     SIGTERM stops every child process.
-//   - The agent: the secure-token CA check (K10<sha256 of /cacerts>::id.secret;
-//     fetched without verification, retried forever on mismatch without sending
-//     credentials), the real kubelet TLS bootstrap with a bootstrap token (key, CSR
-//     for signer kubernetes.io/kube-apiserver-client-kubelet, approved and signed by
-//     the real controllers), credentials kept under <data-dir>/agent so a restart
-//     needs no token, the Node with the configured labels, taints, addresses and
-//     kubelet version, a Lease renewed every 10 s, Ready status, and a TLS /healthz
-//     on the kubelet port (10250) with a self-signed serving certificate.
-//     A stopped agent stops heartbeating, so its Node goes NotReady after the
-//     controller-manager's --node-monitor-grace-period ($HK3S_LAB_NODE_MONITOR_GRACE_PERIOD,
-//     default 20s in the lab).
+//     Kubernetes API (client certificates are passed on as front-proxy identity
+//     headers), a serving certificate naming every host address, --tls-san,
+//     --node-ip and --node-external-ip, the admin kubeconfig /etc/rancher/k3s/k3s.yaml
+//     (--write-kubeconfig, --write-kubeconfig-mode), <data-dir>/server/token and
+//     node-token, the RBAC bindings for kubelet TLS bootstrap, the server's own Node
+//     (labels node-role.kubernetes.io/control-plane and master) with its Lease and
+//     Ready heartbeat, READY=1 to systemd once up, and on SIGTERM a clean stop of
+//     every child. The controller-manager's --node-monitor-grace-period is
+//     $HK3S_LAB_NODE_MONITOR_GRACE_PERIOD (default 20s) so stopped nodes go NotReady
+//     quickly in the lab.
+//   - The agent: the secure-token CA check (K10<sha256 of the /cacerts bytes>::id.secret,
+//     fetched without verification; on a mismatch it logs "token CA hash does not
+//     match the Cluster CA certificate hash: <token> != <server>" and retries every
+//     5 s forever, sending no credentials), then the real kubelet TLS bootstrap with
+//     a bootstrap token (key, CertificateSigningRequest for signer
+//     kubernetes.io/kube-apiserver-client-kubelet, CN system:node:<name>, approved
+//     and signed by the real controllers; a rejected token is logged as
+//     "failed to get CA certs: ... 401 Unauthorized" and retried), or with the
+//     server token a certificate signed by the supervisor. The credentials are kept
+//     in <data-dir>/agent, so a restart needs no valid token. The Node gets the
+//     configured labels (the kubelet's restrictions on kubernetes.io labels apply),
+//     taints, InternalIP (--node-ip, else the --flannel-iface address, else the
+//     default route's) and ExternalIP, kubeletVersion = the k3s version, Ready
+//     status; its Lease in kube-node-lease is renewed every 10 s. The kubelet port
+//     (10250, or --kubelet-arg port=N) serves /healthz over TLS with a self-signed
+//     serving certificate. READY=1 goes to systemd once the Node is Ready; on
+//     SIGTERM it stops heartbeating and exits, so the Node goes NotReady after the
+//     grace period.
 //
-// What it does not reproduce: no containers (no containerd, no images), no CNI or
-// flannel, no kube-proxy, no CoreDNS/Traefik/local-path/metrics-server add-ons, no
-// scheduler, no real kubelet. Pods scheduled on its nodes never run. No embedded
-// etcd, no HA servers, no agent load balancer, no node-password secrets, no
+// What it does not reproduce: no containers (no containerd, no images; the Node
+// reports no container runtime), no CNI or flannel, no kube-proxy, no network
+// policy, no CoreDNS/Traefik/local-path/metrics-server/helm add-ons, no scheduler,
+// no real kubelet: pods scheduled on its nodes never run, and the kubelet port
+// answers /healthz only. No embedded etcd or external datastores, no HA servers,
+// no agent load balancer or websocket tunnel, no node-password secrets, no
 // certificate rotation, no secrets encryption, no etcd snapshots.
 package main
 
