@@ -1,29 +1,43 @@
 """HostFirewall: the node's own firewall (UFW, firewalld or nftables), built
 from node_operations.firewall_plan so it agrees with the cloud firewall.
 
-`check` validates the rule set now; applying it is issue #5's capability.
+`create` and `update` apply the node's rules in one atomic change (adopting
+what an interrupted run left); `read` reads the rules in force back, so
+`pulumi refresh` shows drift; `delete` takes away only the program's own
+table, rules or zones. Outputs: `backend` and `rule_count` (rules in the
+program's table, tagged UFW rules, or entries of its firewalld zones).
 """
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, UpdateResult
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
+from pulumi.runtime.rpc import UNKNOWN
 
+from node_operations.firewall_plan import PortRule
+from node_operations.host_firewall import (
+    AppliedFirewall,
+    NodeFirewallPlan,
+    apply_node_firewall,
+    read_node_firewall,
+    remove_node_firewall,
+)
 from providers.base import (
-    CapabilityMissingError,
     NodeProvider,
     check_connection_inputs,
     diff_inputs,
     pin_recorded_host_key,
+    progress,
+    run_operation,
+    ssh_target,
 )
 
-FIREWALL_CAPABILITY = (
-    "managing host firewalls (issue #5: network mode and firewalls); set hk3s:firewall.managed: false "
-    "to run the node's firewall yourself"
-)
+# Outputs the provider fills in; they are not inputs to compare.
+OUTPUT_KEYS = ("backend", "rule_count")
 
 
 def _rule_failures(rules: Any) -> list[CheckFailure]:
@@ -43,26 +57,106 @@ def _rule_failures(rules: Any) -> list[CheckFailure]:
     return failures
 
 
+def _is_known(value: Any) -> bool:
+    """False for values still unknown at preview (the engine's placeholders)."""
+    if isinstance(value, list):
+        return all(_is_known(item) for item in value)
+    if isinstance(value, dict):
+        return all(_is_known(item) for item in value.values())
+    return value != UNKNOWN
+
+
+def firewall_plan(props: Mapping[str, Any]) -> NodeFirewallPlan:
+    """The operations' plan from the resource's inputs."""
+    rules = tuple(
+        PortRule(
+            port=str(rule["port"]),
+            protocol=rule["protocol"],
+            sources=tuple(str(source) for source in rule.get("sources") or ()),
+            purpose=str(rule.get("purpose") or ""),
+        )
+        for rule in props.get("rules") or []
+    )
+    return NodeFirewallPlan(
+        node=str(props["node"]),
+        role="server" if props.get("role") == "server" else "worker",
+        rules=rules,
+        nodeports_open=bool(props.get("nodeports_open")),
+    )
+
+
+def _rule_dicts(rules: tuple[PortRule, ...] | list[PortRule]) -> list[dict[str, Any]]:
+    return [
+        {"port": rule.port, "protocol": rule.protocol, "sources": list(rule.sources), "purpose": rule.purpose}
+        for rule in rules
+    ]
+
+
+def _plan_failures(news: Mapping[str, Any]) -> list[CheckFailure]:
+    if news.get("role") not in ("server", "worker") and _is_known(news.get("role")):
+        return [CheckFailure("role", f"{news.get('role')!r} is not server or worker")]
+    if not all(_is_known(news.get(key)) for key in ("node", "role", "rules", "nodeports_open")):
+        return []
+    try:
+        plan = firewall_plan(news)
+        return [CheckFailure("rules", problem) for problem in plan.problems()]
+    except (KeyError, TypeError, ValueError) as error:
+        return [CheckFailure("rules", f"unreadable rule: {error}")]
+
+
+def _outputs(props: Mapping[str, Any], applied: AppliedFirewall) -> dict[str, Any]:
+    return {**props, "backend": applied.backend, "rule_count": applied.rule_count}
+
+
 class HostFirewallProvider(NodeProvider):
     """Dynamic provider of `HostFirewall`."""
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        failures = check_connection_inputs(news) + _rule_failures(news.get("rules"))
+        rule_failures = _rule_failures(news.get("rules"))
+        failures = check_connection_inputs(news) + rule_failures
+        if not rule_failures:
+            failures += _plan_failures(news)
         return CheckResult(pin_recorded_host_key(olds, dict(news)), failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # A changed peer set is one atomic update of the same firewall, never a replace
         # (a replace would open a window with no rules at all).
-        return diff_inputs(olds, news, replace_on=("node",), ignore=("recorded_host_key",))
+        return diff_inputs(olds, news, replace_on=("node",), ignore=("recorded_host_key", *OUTPUT_KEYS))
+
+    def _apply(self, props: dict[str, Any]) -> AppliedFirewall:
+        node = str(props["node"])
+        return run_operation(
+            apply_node_firewall(ssh_target(props), firewall_plan(props), progress=lambda line: progress(node, line))
+        )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        raise CapabilityMissingError(props["node"], "setting up the host firewall", FIREWALL_CAPABILITY)
+        progress(props["node"], f"setting up the host firewall on {props['address']}")
+        applied = self._apply(props)
+        # Deterministic id: a create retried after a crash adopts the same firewall.
+        return CreateResult(id_=f"{props['node']}-firewall", outs=_outputs(props, applied))
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        plan = firewall_plan(props)
+        observed = run_operation(read_node_firewall(ssh_target(props), plan.rules))
+        if not observed.present:
+            progress(props["node"], "refresh: none of the program's firewall rules are on the host")
+        outs = {
+            **props,
+            "rules": _rule_dicts(observed.rules),
+            "backend": observed.backend,
+            "rule_count": observed.rule_count,
+        }
+        return ReadResult(id_=id_, outs=outs)
 
     def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        raise CapabilityMissingError(news["node"], "updating the host firewall's peer rules", FIREWALL_CAPABILITY)
+        progress(news["node"], "updating the host firewall")
+        return UpdateResult(outs=_outputs(news, self._apply(news)))
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
-        raise CapabilityMissingError(props["node"], "removing the host firewall", FIREWALL_CAPABILITY)
+        node = str(props["node"])
+        progress(node, "removing the program's host firewall rules")
+        removed = run_operation(remove_node_firewall(ssh_target(props), progress=lambda line: progress(node, line)))
+        progress(node, f"host firewall removed ({', '.join(removed.backends) or 'nothing was left'})")
 
 
 class HostFirewall(Resource, module="hk3s", name="HostFirewall"):
