@@ -111,6 +111,8 @@ class JoinSpec:
     labels: dict[str, str] = field(default_factory=dict)
     recorded_nodes: tuple[str, ...] = ()  # the server and every worker of the stack
     registry: str | None = None
+    register_deadline: float = REGISTER_DEADLINE_SECONDS
+    ready_deadline: float = READY_DEADLINE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,7 @@ async def _agent_log(worker: SshSession, since: str) -> list[str]:
     return result.stdout.splitlines()[-200:]
 
 
-async def _agent_since(worker: SshSession) -> str:
+async def agent_since(worker: SshSession) -> str:
     result = await worker.run(["date", "+%Y-%m-%d %H:%M:%S"], deadline=15)
     return result.stdout.strip()
 
@@ -264,7 +266,7 @@ class Joiner:
             taints=[spec.validation_taint],
             token_file=TOKEN_FILE,
         )
-        since = await _agent_since(self.worker)
+        since = await agent_since(self.worker)
         try:
             if token is not None:
                 await self.worker.upload(token.value.encode() + b"\n", TOKEN_FILE, deadline=30, mode=0o600)
@@ -272,7 +274,7 @@ class Joiner:
             if token is not None and results.get("service") == "running":
                 # A new token with an unchanged config: the running agent must read it.
                 await self.worker.run(["systemctl", "restart", "--no-block", "k3s-agent"], deadline=30)
-            node = await self._wait_registered(since)
+            node = await self.wait_registered(since)
         finally:
             if token is not None:
                 await self._forget_token(token)
@@ -317,8 +319,9 @@ class Joiner:
             await self._revoke_permit()
         self.progress(f"join token {token.token_id} deleted")
 
-    async def _wait_registered(self, since: str) -> NodeStatus:
-        deadline = time.monotonic() + REGISTER_DEADLINE_SECONDS
+    async def wait_registered(self, since: str) -> NodeStatus:
+        """Wait for the Node, diagnosing from the agent's log what keeps it away."""
+        deadline = time.monotonic() + self.spec.register_deadline
         self.progress("waiting for the node to register")
         while True:
             node = await self.cluster.get_node(self.spec.node)
@@ -336,13 +339,13 @@ class Joiner:
                 raise JoinError(
                     self.spec.node,
                     "register",
-                    f"the node did not register within {REGISTER_DEADLINE_SECONDS:.0f}s (agent log: {tail}); "
+                    f"the node did not register within {self.spec.register_deadline:.0f}s (agent log: {tail}); "
                     "see journalctl -u k3s-agent on the host",
                 )
             await asyncio.sleep(POLL_SECONDS)
 
     async def wait_ready(self) -> NodeStatus:
-        deadline = time.monotonic() + READY_DEADLINE_SECONDS
+        deadline = time.monotonic() + self.spec.ready_deadline
         while True:
             node = await self.cluster.get_node(self.spec.node)
             if node is not None and node.ready:
@@ -353,7 +356,7 @@ class Joiner:
                 raise JoinError(
                     self.spec.node,
                     "ready",
-                    f"the node registered but was not Ready within {READY_DEADLINE_SECONDS:.0f}s ({reason}): the "
+                    f"the node registered but was not Ready within {self.spec.ready_deadline:.0f}s ({reason}): the "
                     "kubelet is not healthy or the pod network ports are blocked; see journalctl -u k3s-agent and "
                     "check 51820/udp or 8472/udp between the nodes",
                 )

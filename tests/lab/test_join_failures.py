@@ -1,0 +1,279 @@
+"""Each join failure mode of seed 004 and seed 003's table that can happen here,
+provoked for real on lab hosts against the k3s stand-in and a real API server.
+The join stops with the host, the failed check and the fix."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from lab.hosts import Host, Lab
+from node_operations.join import (
+    JOIN_PERMIT_POLICY,
+    PERMITS_CONFIGMAP,
+    Joiner,
+    JoinError,
+    JoinSpec,
+    agent_since,
+    join_worker,
+)
+from node_operations.k3s_install import (
+    K3sBinary,
+    ServerInstalled,
+    ServerSpec,
+    agent_config,
+    install_k3s,
+    install_server,
+)
+from remote_access.kube import ClusterApi
+from remote_access.ssh import SshTarget, open_session
+from tests.lab.lab_stack import BIN, k3s_version, lab_binaries_missing, server_spec, worker_spec
+
+pytestmark = pytest.mark.lab
+TAINT = "hk3s.dev/validating=true:NoSchedule"
+
+
+def target(lab: Lab, host: Host) -> SshTarget:
+    assert host.public_ip
+    return SshTarget(node=host.name, address=host.public_ip, private_key=lab.ssh_private_key_path.read_text())
+
+
+def binary() -> K3sBinary:
+    return K3sBinary(version=k3s_version(), local_path=BIN / "k3s", sha256=(BIN / "k3s.sha256").read_text().split()[0])
+
+
+def install(lab: Lab, host: Host) -> ServerInstalled:
+    assert host.public_ip
+    spec = ServerSpec(
+        node=host.name,
+        node_ip=host.public_ip,
+        external_ip=host.public_ip,
+        pod_cidr="10.42.0.0/16",
+        service_cidr="10.43.0.0/16",
+        flannel_backend="vxlan",
+        binary=binary(),
+    )
+    return asyncio.run(install_server(target(lab, host), spec, lambda _line: None))
+
+
+@dataclasses.dataclass
+class Cluster:
+    server: Host
+    installed: ServerInstalled
+    other_server: Host
+    other_installed: ServerInstalled
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab) -> Iterator[Cluster]:
+    missing = lab_binaries_missing()
+    if missing:
+        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+    server = lab.add_host(server_spec("jf-server"))
+    other = lab.add_host(server_spec("jf-other"))
+    lab.wait_ssh_ready([server, other])
+    yield Cluster(server, install(lab, server), other, install(lab, other))
+
+
+def kubectl_create(cluster: Cluster, manifest: str) -> None:
+    cluster.server.run(["sh", "-c", 'printf "%s" "$1" | /usr/local/bin/k3s kubectl create -f -', "-", manifest])
+
+
+def spec_for(cluster: Cluster, worker: Host, **overrides: Any) -> JoinSpec:
+    assert worker.public_ip and cluster.server.public_ip
+    values: dict[str, Any] = dict(
+        node=worker.name,
+        node_ip=worker.public_ip,
+        external_ip=worker.public_ip,
+        server_url=f"https://{cluster.server.public_ip}:6443",
+        ca_hash=cluster.installed.ca_hash,
+        binary=binary(),
+        pod_network="vxlan",
+        network_mode="public",
+        validation_taint=TAINT,
+        recorded_nodes=(cluster.server.name, worker.name),
+        register_deadline=30,
+        ready_deadline=15,
+    )
+    values.update(overrides)
+    return JoinSpec(**values)
+
+
+def fresh_worker(lab: Lab, name: str) -> Host:
+    host = lab.add_host(worker_spec(name))
+    lab.wait_ssh_ready([host])
+    return host
+
+
+def join(lab: Lab, cluster: Cluster, worker: Host, **overrides: Any) -> JoinError:
+    lines: list[str] = []
+    with pytest.raises(JoinError) as caught:
+        asyncio.run(
+            join_worker(
+                target(lab, worker), target(lab, cluster.server), spec_for(cluster, worker, **overrides), lines.append
+            )
+        )
+    return caught.value
+
+
+def test_ca_hash_mismatch_stops_the_join(lab: Lab, cluster: Cluster) -> None:
+    # The token comes from one cluster, the agent is sent to another server: seed 004's
+    # "couldn't validate the identity of the API Server".
+    worker = fresh_worker(lab, "jf-ca")
+    assert cluster.other_server.public_ip
+    error = join(lab, cluster, worker, server_url=f"https://{cluster.other_server.public_ip}:6443")
+    assert error.check == "ca-hash"
+    message = str(error)
+    assert message.startswith("jf-ca: join stopped at ca-hash")
+    assert cluster.installed.ca_hash in message and cluster.other_installed.ca_hash in message
+    assert "k3s-agent-uninstall.sh" in message
+    # No token is left behind, on the host or in the cluster.
+    assert worker.run(["test", "-e", "/etc/rancher/k3s/hk3s-join-token"], check=False).returncode != 0
+    tokens = cluster.server.run(
+        ["/usr/local/bin/k3s", "kubectl", "get", "secrets", "-n", "kube-system", "-o", "json"]
+    ).stdout
+    assert "bootstrap.kubernetes.io/token" not in tokens
+
+
+def test_api_unreachable_names_the_port(lab: Lab, cluster: Cluster) -> None:
+    worker = fresh_worker(lab, "jf-noapi")
+    assert cluster.server.public_ip
+    worker.run(["nft", "add table inet lab_block"])
+    worker.run(["nft", "add chain inet lab_block out { type filter hook output priority 0; }"])
+    worker.run(
+        ["nft", f"add rule inet lab_block out ip daddr {cluster.server.public_ip} tcp dport 6443 reject with tcp reset"]
+    )
+    error = join(lab, cluster, worker)
+    assert error.check == "api-reachable", str(error)
+    assert "open 6443/tcp" in str(error) and str(error).startswith("jf-noapi:")
+
+
+def _agent_with_token(lab: Lab, cluster: Cluster, worker: Host, token_value: str, node_name: str) -> JoinError:
+    """Start the agent on `worker` with a given token, then wait for its registration."""
+    assert worker.public_ip and cluster.server.public_ip
+
+    async def scenario() -> None:
+        async with open_session(target(lab, worker)) as session, open_session(target(lab, cluster.server)) as server:
+            since = await agent_since(session)
+            await session.run(["mkdir", "-p", "/etc/rancher/k3s"], deadline=15)
+            await session.upload(
+                token_value.encode() + b"\n", "/etc/rancher/k3s/hk3s-join-token", deadline=30, mode=0o600
+            )
+            config = agent_config(
+                node=node_name,
+                server_url=f"https://{cluster.server.public_ip}:6443",
+                node_ip=worker.public_ip or "",
+                external_ip=worker.public_ip or "",
+                flannel_iface="eth0",
+                labels={},
+                taints=[TAINT],
+                token_file="/etc/rancher/k3s/hk3s-join-token",
+            )
+            await install_k3s(session, "agent", binary(), config, lambda _line: None)
+            joiner = Joiner(spec_for(cluster, worker, node=node_name), session, server, lambda _line: None)
+            await joiner.wait_registered(since)
+
+    with pytest.raises(JoinError) as caught:
+        asyncio.run(scenario())
+    return caught.value
+
+
+def _make_token(cluster: Cluster, description: str) -> str:
+    return cluster.server.run(
+        ["/usr/local/bin/k3s", "token", "create", "--ttl", "10m", "--description", description]
+    ).stdout.strip()
+
+
+def test_deleted_token_is_diagnosed(lab: Lab, cluster: Cluster) -> None:
+    # Seed 003: "il ticket non è valido: è scaduto, era già usato". A used token is deleted.
+    worker = fresh_worker(lab, "jf-used")
+    token = _make_token(cluster, "jf-used")
+    token_id = token.split("::")[1].split(".")[0]
+    cluster.server.run(["/usr/local/bin/k3s", "token", "delete", token_id])
+    error = _agent_with_token(lab, cluster, worker, token, "jf-used")
+    assert error.check == "token", str(error)
+    assert "expired" in str(error) and "already used" in str(error)
+
+
+def test_token_made_for_another_node_cannot_register_it(lab: Lab, cluster: Cluster) -> None:
+    worker = fresh_worker(lab, "jf-intruder")
+
+    async def permit_only(name: str) -> None:
+        async with open_session(target(lab, cluster.server)) as server:
+            api = ClusterApi(server)
+            await api.apply(JOIN_PERMIT_POLICY)
+            patch = json.dumps({"data": {name: "now"}})
+            await api.kubectl(
+                ["patch", "configmap", PERMITS_CONFIGMAP, "-n", "kube-system", "--type", "merge", "-p", patch]
+            )
+
+    # The program is joining jf-rightful: the token and the permit are for it alone.
+    asyncio.run(permit_only("jf-rightful"))
+    token = _make_token(cluster, "jf-rightful")
+    error = _agent_with_token(lab, cluster, worker, token, "jf-intruder")
+    assert error.check == "token-node", str(error)
+    assert "made for another node" in str(error)
+    nodes = cluster.server.run(["/usr/local/bin/k3s", "kubectl", "get", "nodes", "-o", "name"]).stdout
+    assert "jf-intruder" not in nodes
+
+
+def test_kubelet_unreachable_fails_validation(lab: Lab, cluster: Cluster) -> None:
+    worker = fresh_worker(lab, "jf-nokubelet")
+    worker.run(["nft", "add table inet lab_block"])
+    worker.run(["nft", "add chain inet lab_block in { type filter hook input priority 0; }"])
+    worker.run(["nft", "add rule inet lab_block in tcp dport 10250 reject with tcp reset"])
+    error = join(lab, cluster, worker)
+    assert error.check == "kubelet-reachable", str(error)
+    assert "10250" in str(error)
+
+
+def test_registered_but_never_ready(lab: Lab, cluster: Cluster) -> None:
+    # A Node whose kubelet never reports: seed 004's "Waiting for a healthy kubelet".
+    manifest = json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "jf-ghost"}})
+    kubectl_create(cluster, manifest)
+
+    async def scenario() -> None:
+        async with open_session(target(lab, cluster.server)) as server:
+            joiner = Joiner(spec_for(cluster, cluster.server, node="jf-ghost"), server, server, lambda _line: None)
+            await joiner.wait_ready()
+
+    with pytest.raises(JoinError) as caught:
+        asyncio.run(scenario())
+    assert caught.value.check == "ready"
+    assert str(caught.value).startswith("jf-ghost: join stopped at ready: the node registered but was not Ready")
+
+
+def test_unrecorded_worker_is_refused(lab: Lab, cluster: Cluster) -> None:
+    # jf-ghost (above) or any node the stack does not list stops the next join.
+    manifest = json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "jf-stray"}})
+    kubectl_create(cluster, manifest)
+    worker = fresh_worker(lab, "jf-next")
+    error = join(lab, cluster, worker)
+    assert error.check == "unrecorded-workers"
+    assert "jf-stray" in str(error) and "hk3s:workers" in str(error)
+    cluster.server.run(
+        ["/usr/local/bin/k3s", "kubectl", "delete", "node", "jf-stray", "jf-ghost", "--ignore-not-found"]
+    )
+
+
+def test_foreign_kubernetes_state_is_refused(lab: Lab, cluster: Cluster) -> None:
+    worker = fresh_worker(lab, "jf-stale")
+    worker.run(["mkdir", "-p", "/var/lib/rancher/k3s/agent"])
+    cluster.server.run(
+        ["/usr/local/bin/k3s", "kubectl", "delete", "node", "jf-stray", "jf-ghost", "--ignore-not-found"]
+    )
+    error = join(lab, cluster, worker, recorded_nodes=_recorded(cluster, worker))
+    assert error.check == "preflight"
+    assert "/var/lib/rancher/k3s/agent" in str(error) and "CA hash mismatch" in str(error)
+    # Preflight changed nothing on the host: no k3s installed.
+    assert worker.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
+
+
+def _recorded(cluster: Cluster, worker: Host) -> tuple[str, ...]:
+    names = cluster.server.run(["/usr/local/bin/k3s", "kubectl", "get", "nodes", "-o", "name"]).stdout.split()
+    return tuple({name.removeprefix("node/") for name in names} | {worker.name})
