@@ -116,7 +116,7 @@ build() {
   t0=$(date +%s)
   TMPOUT=$(mktemp "$BIN/.k3s.XXXXXX")
   log "unit tests (go test also runs go vet's core checks) ..."
-  (cd "$SRC" && go test -count=1 .)
+  (cd "$SRC" && go test -trimpath -count=1 .)  # -trimpath: shares compiled deps with the build
   log "go build k3s stand-in $K3S_VERSION ($GIT_COMMIT) ..."
   (cd "$SRC" && go build -trimpath \
     -ldflags "-s -w -X main.version=$K3S_VERSION -X main.gitCommit=$GIT_COMMIT" \
