@@ -30,7 +30,9 @@ run_changes() {
   local count=0
   while IFS=$'\t' read -r op kind proto port source iface comment || [ -n "$op" ]; do
     [ -n "$op" ] || continue
+    # Routed rules are "ufw route [delete] allow ...", the others "ufw [delete] allow ...".
     argv=(ufw)
+    [ "$kind" = route_in ] && argv+=(route)
     case "$op" in
       add) ;;
       delete) argv+=(delete) ;;
@@ -38,8 +40,7 @@ run_changes() {
     esac
     case "$kind" in
       port) argv+=(allow proto "$proto" from "$source" to any port "$port") ;;
-      in) argv+=(allow in on "$iface") ;;
-      route_in) argv+=(route allow in on "$iface") ;;
+      in | route_in) argv+=(allow in on "$iface") ;;
       *) die "change line with unknown kind '$kind' in $file" ;;
     esac
     # UFW matches a deletion on the rule alone; a comment that differs would make it fail.

@@ -122,9 +122,11 @@ def port_text(first: int, last: int) -> str:
     return str(first) if first == last else f"{first}-{last}"
 
 
-def source_networks(sources: Iterable[str]) -> tuple[IPNetwork, ...]:
-    """Sources as collapsed networks, IPv4 first, sorted (the same list always
-    renders the same way, and overlapping entries cannot clash in a set)."""
+def source_networks(sources: Iterable[str], *, merge: bool = False) -> tuple[IPNetwork, ...]:
+    """Sources as networks, IPv4 first, sorted, without one inside another (an
+    interval set refuses overlapping elements). `merge` also joins neighbours
+    (10.0.0.2/32 + 10.0.0.3/32 = 10.0.0.2/31): one spelling per address set,
+    for comparing; rendering keeps the addresses as the plan gives them."""
     v4: list[ipaddress.IPv4Network] = []
     v6: list[ipaddress.IPv6Network] = []
     for source in sources:
@@ -133,7 +135,18 @@ def source_networks(sources: Iterable[str]) -> tuple[IPNetwork, ...]:
             v4.append(network)
         else:
             v6.append(network)
-    return (*ipaddress.collapse_addresses(v4), *ipaddress.collapse_addresses(v6))
+    if merge:
+        return (*ipaddress.collapse_addresses(v4), *ipaddress.collapse_addresses(v6))
+    return (*_outermost(v4), *_outermost(v6))
+
+
+def _outermost(networks: Sequence[Any]) -> list[Any]:
+    """Sorted, duplicates and networks inside another dropped."""
+    kept: list[Any] = []
+    for network in sorted(set(networks), key=lambda net: (net.network_address, net.prefixlen)):
+        if not kept or not network.subnet_of(kept[-1]):
+            kept.append(network)
+    return kept
 
 
 def every_source(networks: Iterable[IPNetwork]) -> bool:
@@ -144,7 +157,7 @@ def every_source(networks: Iterable[IPNetwork]) -> bool:
 
 def normalized_rule(rule: PortRule) -> tuple[str, str, tuple[str, ...]]:
     """What a rule enforces, spelt one way: (port, protocol, sources)."""
-    networks = source_networks(rule.sources)
+    networks = source_networks(rule.sources, merge=True)
     sources = (ANY_IPV4,) if every_source(networks) else tuple(str(network) for network in networks)
     return port_text(*port_range(rule.port)), rule.protocol, sources
 

@@ -1,0 +1,645 @@
+"""Host firewalls on real lab hosts: UFW, firewalld and plain nftables.
+
+A cluster of four nodes (a server with plain nftables, workers with UFW,
+firewalld and plain nftables) gets its firewall plan; then real packets
+decide: TCP connects and UDP datagrams (a listener inside each node records
+what arrives) from a peer, from a host that is not a peer and from the
+outside bridge (the root namespace). Before any firewall is applied every
+listener is shown to answer, so a closed port is the firewall's doing.
+
+firewalld needs nothing special at run time in a lab host: systemd-nspawn runs
+it with `--capability=all` (lab/hosts.py passes it), D-Bus is in the base, and
+its nftables backend works inside the host's network namespace. Building its
+base tree needs `libpam-systemd` next to it (FIREWALLD_PACKAGES).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pytest
+
+from lab.hosts import Host, HostSpec, Lab
+from node_operations.firewall_plan import PortRule, inbound_rules
+from node_operations.host_firewall import (
+    FirewallBackend,
+    NodeFirewallJob,
+    NodeFirewallPlan,
+    apply_firewalls,
+    apply_node_firewall,
+    check_operator_firewall,
+    read_node_firewall,
+)
+from providers.host_firewall import HostFirewallProvider
+from remote_access.ssh import SshTarget
+
+pytestmark = pytest.mark.lab
+
+TCP_PORTS = (22, 6443, 8888, 9100, 10250, 30080)
+UDP_PORTS = (8472, 30080, 51820)
+LISTENER_LOG = "/run/hk3s-test-listener.log"
+PROBE_TIMEOUT = 2.0
+UFW_PACKAGES = ("ufw",)
+# debootstrap does not resolve virtual packages: polkitd (firewalld needs it)
+# wants "logind", which libpam-systemd provides.
+FIREWALLD_PACKAGES = ("firewalld", "libpam-systemd")
+
+LISTENER = """
+import socket, sys, threading
+tcp = [int(p) for p in sys.argv[1].split(",") if p]
+udp = [int(p) for p in sys.argv[2].split(",") if p]
+log = open(sys.argv[3], "a", buffering=1)
+def serve_tcp(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port))
+    s.listen(128)
+    while True:
+        conn, _ = s.accept()
+        conn.close()
+def serve_udp(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("0.0.0.0", port))
+    while True:
+        data, addr = s.recvfrom(4096)
+        log.write(f"{port} {addr[0]} {data.decode(errors='replace').strip()}\\n")
+threads = [threading.Thread(target=serve_tcp, args=(p,)) for p in tcp]
+threads += [threading.Thread(target=serve_udp, args=(p,)) for p in udp]
+for t in threads:
+    t.start()
+"""
+
+UDP_SEND = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(2):
+    s.sendto(sys.argv[3].encode(), (sys.argv[1], int(sys.argv[2])))
+"""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def start_listener(host: Host) -> None:
+    """TCP listeners on every probed port but 22 (sshd has it), UDP listeners logging each datagram."""
+    (host.root / "root/listener.py").write_text(LISTENER)
+    host.run("systemctl stop hk3s-test-listener 2>/dev/null; rm -f " + LISTENER_LOG, check=False)
+    tcp = ",".join(str(port) for port in TCP_PORTS if port != 22)
+    udp = ",".join(str(port) for port in UDP_PORTS)
+    host.run(
+        [
+            "systemd-run",
+            "--unit=hk3s-test-listener",
+            "--collect",
+            "python3",
+            "/root/listener.py",
+            tcp,
+            udp,
+            LISTENER_LOG,
+        ]
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        listening = host.run(["ss", "-Htln"]).stdout
+        if all(f":{port} " in listening for port in TCP_PORTS):
+            return
+        time.sleep(0.1)
+    pytest.fail(f"{host.name}: the test listener did not come up")
+
+
+def tcp_open_from(source: Host | None, address: str, port: int) -> bool:
+    """A TCP connect from `source` (None: the root namespace, i.e. outside the lab)."""
+    if source is None:
+        try:
+            with socket.create_connection((address, port), timeout=PROBE_TIMEOUT):
+                return True
+        except OSError:
+            return False
+    argv = ["nc", "-z", "-w", str(int(PROBE_TIMEOUT)), address, str(port)]
+    return source.run(argv, check=False, timeout=30).returncode == 0
+
+
+def send_udp_from(source: Host | None, address: str, port: int, token: str) -> None:
+    if source is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for _ in range(2):
+                sock.sendto(token.encode(), (address, port))
+        return
+    source.run(["python3", "-c", UDP_SEND, address, str(port), token], timeout=30)
+
+
+@dataclass(frozen=True)
+class Probe:
+    source_name: str
+    target_name: str
+    address: str
+    protocol: Literal["tcp", "udp"]
+    port: int
+    source: Host | None = field(compare=False, hash=False)
+    target: Host = field(compare=False, hash=False)
+
+
+def make_probe(source: Host | None, target: Host, address: str, protocol: Literal["tcp", "udp"], port: int) -> Probe:
+    name = source.name if source else "outside"
+    return Probe(name, target.name, address, protocol, port, source, target)
+
+
+def run_probes(probes: Sequence[Probe]) -> dict[Probe, bool]:
+    """Which probes got through: TCP by connecting, UDP by the datagram showing in the target's listener log."""
+    results: dict[Probe, bool] = {}
+    tokens = {probe: uuid.uuid4().hex for probe in probes if probe.protocol == "udp"}
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        tcp = [probe for probe in probes if probe.protocol == "tcp"]
+        for item, is_open in zip(tcp, pool.map(lambda p: tcp_open_from(p.source, p.address, p.port), tcp), strict=True):
+            results[item] = is_open
+        list(
+            pool.map(lambda item: send_udp_from(item[0].source, item[0].address, item[0].port, item[1]), tokens.items())
+        )
+    time.sleep(1.0)
+    logs: dict[str, str] = {}
+    for item, token in tokens.items():
+        if item.target_name not in logs:
+            logs[item.target_name] = item.target.run(["cat", LISTENER_LOG], check=False).stdout
+        results[item] = any(
+            line.split()[:1] == [str(item.port)] and token in line for line in logs[item.target_name].splitlines()
+        )
+    return results
+
+
+def open_ports(results: dict[Probe, bool], source_name: str, target: Host, address: str) -> set[str]:
+    return {
+        f"{probe.port}/{probe.protocol}"
+        for probe, is_open in results.items()
+        if is_open
+        and probe.source_name == source_name
+        and probe.target_name == target.name
+        and probe.address == address
+    }
+
+
+def probes_for(source: Host | None, target: Host, address: str) -> list[Probe]:
+    return [make_probe(source, target, address, "tcp", port) for port in TCP_PORTS] + [
+        make_probe(source, target, address, "udp", port) for port in UDP_PORTS
+    ]
+
+
+def outs(result: Any) -> dict[str, Any]:
+    """A provider result's outputs (never None for these calls)."""
+    assert result.outs is not None
+    return dict(result.outs)
+
+
+def ssh_target(lab: Lab, host: Host) -> SshTarget:
+    return SshTarget(
+        node=host.name,
+        address=host.ssh_ip,
+        private_key=lab.ssh_private_key_path.read_text(),
+        recorded_host_key=host.ssh_host_public_key,
+    )
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+@dataclass
+class Cluster:
+    lab: Lab
+    server: Host
+    ufw: Host
+    firewalld: Host
+    nft: Host
+    outsider: Host  # on the same networks, never a peer
+    newcomer: Host  # joins the cluster later, then leaves
+    members: list[Host]
+
+    backends: dict[str, FirewallBackend]
+
+    def peers(self) -> dict[str, str]:
+        return {host.name: str(host.private_ip) for host in self.members}
+
+    def plan(self, host: Host) -> NodeFirewallPlan:
+        role: Literal["server", "worker"] = "server" if host is self.server else "worker"
+        rules = inbound_rules(
+            role=role,
+            node=host.name,
+            peers=self.peers(),
+            server=self.server.name,
+            pod_network="wireguard",
+            # The root namespace plays the operator's laptop.
+            operator_access=[f"{self.lab.public_gateway}/32"],
+        )
+        return NodeFirewallPlan(host.name, role, tuple(rules))
+
+    def jobs(self) -> list[NodeFirewallJob]:
+        return [NodeFirewallJob(ssh_target(self.lab, host), self.plan(host)) for host in self.members]
+
+    def props(self, host: Host) -> dict[str, Any]:
+        """A HostFirewall resource's inputs, as FirewallRules builds them."""
+        plan = self.plan(host)
+        return {
+            "node": host.name,
+            "address": host.ssh_ip,
+            "ssh_port": 22,
+            "ssh_user": "root",
+            "private_key": self.lab.ssh_private_key_path.read_text(),
+            "recorded_host_key": host.ssh_host_public_key,
+            "role": plan.role,
+            "rules": [
+                {"port": r.port, "protocol": r.protocol, "sources": list(r.sources), "purpose": r.purpose}
+                for r in plan.rules
+            ],
+            "nodeports_open": False,
+        }
+
+
+def apply_all(cluster: Cluster) -> dict[str, Any]:
+    result = asyncio.run(apply_firewalls(cluster.jobs()))
+    assert not result.failed, result.failed
+    return dict(result.applied)
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab) -> Iterator[Cluster]:
+    server = lab.add_host(HostSpec("fw-srv"))
+    ufw = lab.add_host(HostSpec("fw-ufw", extra_packages=UFW_PACKAGES))
+    firewalld = lab.add_host(HostSpec("fw-fwd", extra_packages=FIREWALLD_PACKAGES))
+    nft = lab.add_host(HostSpec("fw-nft"))
+    outsider = lab.add_host(HostSpec("fw-out"))
+    newcomer = lab.add_host(HostSpec("fw-new"))
+    hosts = [server, ufw, firewalld, nft, outsider, newcomer]
+    lab.wait_ssh_ready(hosts, timeout=180)
+    # firewalld starts at boot (its package enables it); wait until it runs.
+    firewalld.run("for i in $(seq 100); do firewall-cmd --state && exit 0; sleep 0.2; done; exit 1", timeout=60)
+    for host in hosts:
+        start_listener(host)
+    made = Cluster(
+        lab=lab,
+        server=server,
+        ufw=ufw,
+        firewalld=firewalld,
+        nft=nft,
+        outsider=outsider,
+        newcomer=newcomer,
+        members=[server, ufw, firewalld, nft],
+        backends={},
+    )
+    # Baseline: with no firewall of the program's, every listener answers from
+    # outside (firewalld's stock zone already filters: its listeners answer on loopback).
+    members = [server, ufw, nft]
+    baseline = run_probes([probe for host in members for probe in probes_for(None, host, str(host.public_ip))])
+    for host in members:
+        expected = {f"{port}/tcp" for port in TCP_PORTS} | {f"{port}/udp" for port in UDP_PORTS}
+        assert open_ports(baseline, "outside", host, str(host.public_ip)) == expected, host.name
+    loopback = run_probes(probes_for(firewalld, firewalld, "127.0.0.1"))
+    assert len(open_ports(loopback, firewalld.name, firewalld, "127.0.0.1")) == len(TCP_PORTS) + len(UDP_PORTS)
+
+    applied = apply_all(made)
+    made.backends = {name: outcome.backend for name, outcome in applied.items()}
+    yield made
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_each_node_gets_the_firewall_it_has(cluster: Cluster) -> None:
+    assert cluster.backends == {
+        "fw-srv": "nftables",
+        "fw-ufw": "ufw",
+        "fw-fwd": "firewalld",
+        "fw-nft": "nftables",
+    }
+    assert "Status: active" in cluster.ufw.run(["ufw", "status"]).stdout
+    assert cluster.firewalld.run(["firewall-cmd", "--get-default-zone"]).stdout.strip() == "hk3s"
+    assert cluster.nft.run(["systemctl", "is-enabled", "hk3s-host-firewall.service"]).stdout.strip() == "enabled"
+
+
+WORKER_FROM_SERVER = {"22/tcp", "9100/tcp", "10250/tcp", "51820/udp"}
+WORKER_FROM_WORKER = {"22/tcp", "10250/tcp", "51820/udp"}
+SERVER_FROM_WORKER = {"22/tcp", "6443/tcp", "10250/tcp", "51820/udp"}
+ONLY_SSH = {"22/tcp"}
+SERVER_FROM_OPERATOR = {"22/tcp", "6443/tcp"}
+
+
+def test_real_probes_find_exactly_the_planned_ports_open(cluster: Cluster) -> None:
+    """From a peer, a non-peer and the outside: exactly the plan's ports, to the
+    plan's sources. SSH is open to all on workers; 8888, NodePorts (30080) and
+    VXLAN (not this cluster's pod network) are closed to everyone."""
+    workers = [cluster.ufw, cluster.firewalld, cluster.nft]
+    expectations: list[tuple[Host | None, Host, str, set[str]]] = []
+    for worker in workers:
+        other_worker = next(w for w in workers if w is not worker)
+        private, public = str(worker.private_ip), str(worker.public_ip)
+        expectations += [
+            (cluster.server, worker, private, WORKER_FROM_SERVER),
+            (other_worker, worker, private, WORKER_FROM_WORKER),
+            (cluster.outsider, worker, private, ONLY_SSH),
+            (cluster.outsider, worker, public, ONLY_SSH),
+            # A peer's public address is not one of the cluster's (private mode) addresses.
+            (cluster.server, worker, public, ONLY_SSH),
+            (None, worker, public, ONLY_SSH),
+        ]
+    server_private, server_public = str(cluster.server.private_ip), str(cluster.server.public_ip)
+    expectations += [
+        (cluster.ufw, cluster.server, server_private, SERVER_FROM_WORKER),
+        (cluster.firewalld, cluster.server, server_private, SERVER_FROM_WORKER),
+        (cluster.outsider, cluster.server, server_private, ONLY_SSH),
+        (None, cluster.server, server_public, SERVER_FROM_OPERATOR),
+    ]
+    probes = [item for source, target, address, _ in expectations for item in probes_for(source, target, address)]
+    results = run_probes(probes)
+    wrong = []
+    for source, target, address, expected in expectations:
+        source_name = source.name if source else "outside"
+        found = open_ports(results, source_name, target, address)
+        if found != expected:
+            wrong.append(f"{source_name} -> {target.name} {address}: open {sorted(found)}, expected {sorted(expected)}")
+    assert not wrong, "\n".join(wrong)
+    # ICMP stays open (path-MTU discovery): the outsider's ping gets answers from every node.
+    for host in cluster.members:
+        ping = cluster.outsider.run(["ping", "-c", "1", "-W", "2", str(host.private_ip)], check=False)
+        assert ping.returncode == 0, f"{host.name} does not answer ping"
+
+
+def _table_state(cluster: Cluster) -> dict[str, str]:
+    return {
+        "fw-srv": cluster.server.run(["nft", "list", "table", "inet", "hk3s_node"]).stdout,
+        "fw-nft": cluster.nft.run(["nft", "list", "table", "inet", "hk3s_node"]).stdout,
+        "fw-ufw": cluster.ufw.run("cat /etc/ufw/user.rules /etc/ufw/user6.rules").stdout,
+        "fw-fwd": cluster.firewalld.run("firewall-cmd --list-all; firewall-cmd --info-ipset=hk3s-peers-v4-1").stdout,
+    }
+
+
+def test_reapplying_changes_nothing(cluster: Cluster) -> None:
+    before = _table_state(cluster)
+    counts_before = {
+        name: asyncio.run(read_node_firewall(ssh_target(cluster.lab, host))).rule_count
+        for name, host in ((h.name, h) for h in cluster.members)
+    }
+    applied = apply_all(cluster)
+    assert {name: outcome.changed for name, outcome in applied.items()} == dict.fromkeys(counts_before, False)
+    assert {name: outcome.rule_count for name, outcome in applied.items()} == counts_before
+    assert _table_state(cluster) == before
+
+
+def _address_everywhere(cluster: Cluster, address: str) -> dict[str, bool]:
+    """Whether each member's firewall (the newcomer's aside) admits `address`, read from the host."""
+    alone = re.compile(rf"(?<![0-9.]){re.escape(address)}(?![0-9.])")
+    found: dict[str, bool] = {}
+    for host in cluster.members:
+        if host is cluster.newcomer:
+            continue
+        if host is cluster.ufw:
+            found[host.name] = f" {address} in comment=" in host.run(["cat", "/etc/ufw/user.rules"]).stdout
+        elif host is cluster.firewalld:
+            entries = host.run(["firewall-cmd", "--info-ipset=hk3s-peers-v4-1"]).stdout
+            found[host.name] = bool(alone.search(entries))
+        else:
+            sets = host.run(["nft", "list", "set", "inet", "hk3s_node", "peers_v4_1"]).stdout
+            found[host.name] = bool(alone.search(sets))
+    return found
+
+
+def test_adding_a_node_updates_every_other_and_removing_it_takes_it_away(cluster: Cluster) -> None:
+    newcomer = cluster.newcomer
+    address = str(newcomer.private_ip)
+    kubelet = [make_probe(newcomer, host, str(host.private_ip), "tcp", 10250) for host in cluster.members]
+    pod = [make_probe(newcomer, host, str(host.private_ip), "udp", 51820) for host in cluster.members]
+    before = run_probes(kubelet + pod)
+    assert not any(before.values()), "the newcomer reaches a member before it is one"
+    assert not any(_address_everywhere(cluster, address).values())
+    counts = {name: outcome.rule_count for name, outcome in apply_all(cluster).items()}
+
+    cluster.members.append(newcomer)
+    try:
+        applied = apply_all(cluster)
+        assert _address_everywhere(cluster, address) == dict.fromkeys((h.name for h in cluster.members[:-1]), True)
+        # Named sets: nftables and firewalld keep their rule count; UFW adds one rule per port.
+        grown = {name: applied[name].rule_count - counts[name] for name in counts}
+        assert grown == {"fw-srv": 0, "fw-nft": 0, "fw-fwd": 0, "fw-ufw": 2}  # a worker: 51820, 10250 from fw-new
+        during = run_probes(kubelet + pod)
+        assert all(during.values()), [f"{p.target.name} {p.port}/{p.protocol}" for p, ok in during.items() if not ok]
+    finally:
+        cluster.members.remove(newcomer)
+        applied = apply_all(cluster)
+    assert {name: outcome.rule_count for name, outcome in applied.items()} == counts
+    assert not any(_address_everywhere(cluster, address).values())
+    after = run_probes(kubelet + pod)
+    assert not any(after.values()), [f"{p.target.name} {p.port}/{p.protocol}" for p, ok in after.items() if ok]
+
+
+def test_refresh_shows_drift_and_update_repairs_it(cluster: Cluster) -> None:
+    provider = HostFirewallProvider()
+    nft_props = cluster.props(cluster.nft)
+    clean = provider.read("fw-nft-firewall", nft_props)
+    assert outs(clean)["rules"] == nft_props["rules"]
+    count = outs(clean)["rule_count"]
+
+    # Someone opens 8888 by hand in the program's table.
+    cluster.nft.run(["nft", "add", "rule", "inet", "hk3s_node", "input", "tcp", "dport", "8888", "accept"])
+    assert tcp_open_from(cluster.outsider, str(cluster.nft.private_ip), 8888)
+    drifted = provider.read("fw-nft-firewall", nft_props)
+    assert outs(drifted)["rule_count"] == count + 1
+    extra = [rule for rule in outs(drifted)["rules"] if rule not in nft_props["rules"]]
+    assert extra == [{"port": "8888", "protocol": "tcp", "sources": ["0.0.0.0/0"], "purpose": "found on the host"}]
+    assert provider.diff("fw-nft-firewall", outs(drifted), nft_props).changes
+
+    updated = provider.update("fw-nft-firewall", outs(drifted), nft_props)
+    assert outs(updated)["rule_count"] == count
+    assert not tcp_open_from(cluster.outsider, str(cluster.nft.private_ip), 8888)
+
+    # UFW: a rule of the program's deleted by hand shows as missing, and comes back.
+    ufw_props = cluster.props(cluster.ufw)
+    server_ip = str(cluster.server.private_ip)
+    cluster.ufw.run(["ufw", "delete", "allow", "proto", "tcp", "from", server_ip, "to", "any", "port", "9100"])
+    assert not tcp_open_from(cluster.server, str(cluster.ufw.private_ip), 9100)
+    drifted = provider.read("fw-ufw-firewall", ufw_props)
+    assert not any(rule["port"] == "9100" for rule in outs(drifted)["rules"])
+    provider.update("fw-ufw-firewall", outs(drifted), ufw_props)
+    assert tcp_open_from(cluster.server, str(cluster.ufw.private_ip), 9100)
+    assert outs(provider.read("fw-ufw-firewall", ufw_props))["rules"] == ufw_props["rules"]
+
+
+def test_the_table_comes_back_after_a_reboot(cluster: Cluster) -> None:
+    cluster.nft.reboot(wait=True, timeout=180)
+    cluster.lab.wait_ssh_ready([cluster.nft], timeout=120)
+    start_listener(cluster.nft)
+    results = run_probes(probes_for(cluster.outsider, cluster.nft, str(cluster.nft.private_ip)))
+    assert open_ports(results, cluster.outsider.name, cluster.nft, str(cluster.nft.private_ip)) == ONLY_SSH
+    results = run_probes(probes_for(cluster.server, cluster.nft, str(cluster.nft.private_ip)))
+    assert open_ports(results, cluster.server.name, cluster.nft, str(cluster.nft.private_ip)) == WORKER_FROM_SERVER
+
+
+def test_nodeports_stay_closed_when_kube_proxy_would_forward_them(cluster: Cluster) -> None:
+    """kube-proxy DNATs a NodePort to a pod before the input chain sees it. A
+    pod (a network namespace inside the node) behind such a DNAT is reachable
+    without the program's table, and not with it."""
+    host = cluster.nft
+    host.run(
+        "set -e; ip netns add pod; ip link add veth-pod type veth peer name eth0 netns pod;"
+        " ip addr add 10.244.7.1/24 dev veth-pod; ip link set veth-pod up;"
+        " ip -n pod addr add 10.244.7.2/24 dev eth0; ip -n pod link set eth0 up; ip -n pod link set lo up;"
+        " ip -n pod route add default via 10.244.7.1;"
+        " nft add table ip kubeproxy;"
+        " nft add chain ip kubeproxy prerouting '{ type nat hook prerouting priority dstnat; }';"
+        " nft add rule ip kubeproxy prerouting tcp dport 30080 dnat to 10.244.7.2:8080;"
+        " systemd-run --unit=hk3s-test-pod --collect ip netns exec pod python3 /root/listener.py 8080 '' /dev/null"
+    )
+    # /proc/sys is read-only inside the container: forward from the machine's side of its namespace.
+    host.netns_run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+    try:
+        for _ in range(50):
+            if host.run(["ip", "netns", "exec", "pod", "ss", "-Htln"]).stdout.count(":8080 "):
+                break
+            time.sleep(0.1)
+        address = str(host.public_ip)
+        assert not tcp_open_from(None, address, 30080)
+        host.run(["nft", "delete", "table", "inet", "hk3s_node"])
+        assert tcp_open_from(None, address, 30080), "the stand-in for kube-proxy's DNAT does not work"
+    finally:
+        host.run(
+            "systemctl stop hk3s-test-pod; nft delete table ip kubeproxy; ip netns del pod",
+            check=False,
+        )
+        asyncio.run(apply_node_firewall(ssh_target(cluster.lab, host), cluster.plan(host)))
+    assert not tcp_open_from(None, str(host.public_ip), 30080)
+
+
+def test_delete_takes_away_only_the_programs_rules(cluster: Cluster) -> None:
+    provider = HostFirewallProvider()
+    # Rules and tables the program does not own.
+    cluster.ufw.run(["ufw", "allow", "proto", "tcp", "from", "any", "to", "any", "port", "8080"])
+    cluster.nft.run(["nft", "add", "table", "inet", "operator_table"])
+    try:
+        for host in cluster.members:
+            provider.delete(f"{host.name}-firewall", cluster.props(host))
+        ufw_rules = cluster.ufw.run("cat /etc/ufw/user.rules").stdout
+        assert "comment=" + b"hk3s".hex() not in ufw_rules
+        assert "allow tcp 8080 0.0.0.0/0 any 0.0.0.0/0 in" in ufw_rules
+        # The program enabled UFW, so it disables it again.
+        assert "Status: inactive" in cluster.ufw.run(["ufw", "status"]).stdout
+        assert cluster.firewalld.run(["firewall-cmd", "--get-default-zone"]).stdout.strip() == "public"
+        assert "hk3s" not in cluster.firewalld.run(["firewall-cmd", "--get-zones"]).stdout
+        assert cluster.firewalld.run(["firewall-cmd", "--get-ipsets"]).stdout.strip() == ""
+        tables = cluster.nft.run(["nft", "list", "tables"]).stdout
+        assert "hk3s_node" not in tables and "operator_table" in tables
+        assert cluster.nft.run(["systemctl", "is-enabled", "hk3s-host-firewall.service"], check=False).returncode != 0
+        for host in (cluster.nft, cluster.server, cluster.ufw):
+            results = run_probes(probes_for(None, host, str(host.public_ip)))
+            assert len(open_ports(results, "outside", host, str(host.public_ip))) == len(TCP_PORTS) + len(UDP_PORTS)
+        # Deleting again (a retried delete) finds nothing and succeeds.
+        provider.delete("fw-nft-firewall", cluster.props(cluster.nft))
+    finally:
+        cluster.nft.run(["nft", "delete", "table", "inet", "operator_table"], check=False)
+        cluster.ufw.run(["ufw", "delete", "allow", "proto", "tcp", "from", "any", "to", "any", "port", "8080"])
+
+
+def test_create_adopts_and_outputs_backend_and_rule_count(cluster: Cluster) -> None:
+    provider = HostFirewallProvider()
+    outcomes = {host.name: provider.create(cluster.props(host)) for host in cluster.members}
+    assert {name: result.id for name, result in outcomes.items()} == {name: f"{name}-firewall" for name in outcomes}
+    assert {name: outs(result)["backend"] for name, result in outcomes.items()} == cluster.backends
+    # A create retried after a crash adopts what is there: same count, nothing doubled.
+    again = provider.create(cluster.props(cluster.ufw))
+    assert outs(again)["rule_count"] == outs(outcomes["fw-ufw"])["rule_count"]
+
+
+# --------------------------------------------------------------------------- operator-run firewalls
+
+
+@pytest.fixture(scope="module")
+def operator_hosts(lab: Lab, cluster: Cluster) -> Iterator[dict[str, Host]]:
+    hosts = {
+        "ufw": lab.add_host(HostSpec("fw-op-ufw", extra_packages=UFW_PACKAGES)),
+        "firewalld": lab.add_host(HostSpec("fw-op-fwd", extra_packages=FIREWALLD_PACKAGES)),
+        "nft": lab.add_host(HostSpec("fw-op-nft")),
+    }
+    lab.wait_ssh_ready(list(hosts.values()), timeout=180)
+    hosts["firewalld"].run("for i in $(seq 100); do firewall-cmd --state && exit 0; sleep 0.2; done; exit 1")
+    for host in hosts.values():
+        start_listener(host)
+    yield hosts
+
+
+def _operator_rules(cluster: Cluster, host: Host) -> list[PortRule]:
+    peers = {**cluster.peers(), host.name: str(host.private_ip)}
+    return inbound_rules(
+        role="worker", node=host.name, peers=peers, server=cluster.server.name, pod_network="wireguard"
+    )
+
+
+def _missing(report: Any) -> set[tuple[str, str, tuple[str, ...]]]:
+    return {(rule.port, rule.protocol, tuple(rule.sources)) for rule in report.missing}
+
+
+def test_operator_ufw_stops_the_join_and_lists_the_missing_rules(
+    cluster: Cluster, operator_hosts: dict[str, Host]
+) -> None:
+    host = operator_hosts["ufw"]
+    target = ssh_target(cluster.lab, host)
+    required = _operator_rules(cluster, host)
+    server = f"{cluster.server.private_ip}/32"
+    workers = sorted(f"{h.private_ip}/32" for h in cluster.members if h is not cluster.server)
+
+    inactive = asyncio.run(check_operator_firewall(target, required))
+    assert not inactive.active and not inactive.stops_join
+
+    host.run("ufw allow 22/tcp && ufw allow proto tcp from " + str(cluster.server.private_ip) + " to any port 10250")
+    host.run(["ufw", "--force", "enable"])
+    report = asyncio.run(check_operator_firewall(target, required))
+    assert report.active and report.determined and report.stops_join
+    assert _missing(report) == {
+        ("51820", "udp", tuple(sorted([server, *workers]))),
+        ("10250", "tcp", tuple(workers)),
+        ("9100", "tcp", (server,)),
+    }
+    assert host.name in report.message() and "ufw allow proto udp from" in report.message()
+    # The report agrees with real packets: the server's kubelet probe passes, a worker's does not.
+    assert tcp_open_from(cluster.server, str(host.private_ip), 10250)
+    assert not tcp_open_from(cluster.nft, str(host.private_ip), 10250)
+
+    for command in report.suggested_commands():
+        host.run(command)
+    fixed = asyncio.run(check_operator_firewall(target, required))
+    assert fixed.active and fixed.determined and not fixed.stops_join and fixed.missing == ()
+    results = run_probes([make_probe(cluster.nft, host, str(host.private_ip), "udp", 51820)])
+    assert all(results.values())
+
+
+def test_operator_firewalld_and_nftables_are_checked_too(cluster: Cluster, operator_hosts: dict[str, Host]) -> None:
+    server = str(cluster.server.private_ip)
+    for kind in ("firewalld", "nft"):
+        host = operator_hosts[kind]
+        target = ssh_target(cluster.lab, host)
+        required = _operator_rules(cluster, host)
+        if kind == "firewalld":
+            # Stock public zone (ssh, dhcpv6-client) plus one rich rule of the operator's.
+            rich = f'rule family="ipv4" source address="{server}" port port="9100" protocol="tcp" accept'
+            host.run(["firewall-cmd", f"--add-rich-rule={rich}"])
+        else:
+            host.run(
+                "nft -f - <<'EOF'\n"
+                "table inet operator {\n"
+                "  chain input {\n"
+                "    type filter hook input priority 0; policy drop;\n"
+                "    ct state established,related accept\n"
+                '    iif "lo" accept\n'
+                "    tcp dport 22 accept\n"
+                f"    ip saddr {server} tcp dport 9100 accept\n"
+                "  }\n"
+                "}\n"
+                "EOF"
+            )
+        report = asyncio.run(check_operator_firewall(target, required))
+        assert report.active and report.stops_join and report.determined, report.message()
+        missing_ports = {(rule.port, rule.protocol) for rule in report.missing}
+        assert missing_ports == {("51820", "udp"), ("10250", "tcp")}, report.message()
+        assert tcp_open_from(cluster.server, str(host.private_ip), 9100)
+        assert not tcp_open_from(cluster.server, str(host.private_ip), 10250)
