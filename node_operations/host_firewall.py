@@ -1817,6 +1817,11 @@ def _nft_match(
         if key in ("iifname", "iif"):
             arrival = inspection.arrival_interface(probe.source)
             if arrival is None:
+                # Unknown, but a peer's packet never comes in on loopback or the pod fabric.
+                names = right["set"] if isinstance(right, dict) and "set" in right else [right]
+                inner = ("lo", *FABRIC_INTERFACES, *FABRIC_INTERFACE_PATTERNS)
+                if all(isinstance(name, str) and name in inner for name in names):
+                    return _nft_compare(op, False)
                 return None
             return _nft_compare(op, _nft_interface_has(right, arrival))
         if key == "pkttype":

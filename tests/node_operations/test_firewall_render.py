@@ -1,0 +1,370 @@
+"""The host firewall renderers and checkers, without lab hosts.
+
+The nftables file is checked by the kernel itself (`nft -c -f`), and loaded
+and read back, inside a throwaway network namespace, so nothing on this
+machine changes; the namespace is deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+
+import pytest
+
+from node_operations.firewall_plan import PortRule, inbound_rules
+from node_operations.host_firewall import (
+    SESSION_SSH_PURPOSE,
+    FirewallError,
+    NodeFirewallPlan,
+    UfwRule,
+    align_rules,
+    evaluate_operator_firewall,
+    existing_ufw_rules,
+    observe_nftables,
+    observe_ufw,
+    parse_inspection,
+    render_firewalld,
+    render_nftables,
+    render_ufw,
+    ufw_changes,
+)
+
+SERVER = "srv"
+
+
+def cluster_peers(workers: int) -> dict[str, str]:
+    peers = {SERVER: "10.0.0.2"}
+    peers.update({f"w{index}": f"10.0.{1 + index // 200}.{10 + index % 200}" for index in range(workers)})
+    return peers
+
+
+def plan_for(node: str, peers: dict[str, str], **options: object) -> NodeFirewallPlan:
+    role = "server" if node == SERVER else "worker"
+    nodeports_open = bool(options.pop("nodeports_open", False))
+    rules = inbound_rules(
+        role=role,  # type: ignore[arg-type]
+        node=node,
+        peers=peers,
+        server=SERVER,
+        pod_network="wireguard",
+        nodeports_open=nodeports_open,
+        **options,  # type: ignore[arg-type]
+    )
+    return NodeFirewallPlan(node, role, tuple(rules), nodeports_open)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- nftables in a namespace
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    if os.geteuid() != 0 or shutil.which("nft") is None or shutil.which("ip") is None:
+        pytest.skip("needs root, nft and ip (scripts/setup_system.sh --lab installs nftables)")
+    name = f"hk3s-fwtest-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=False)
+
+
+def nft(netns: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["ip", "netns", "exec", netns, "nft", *args], input=stdin, capture_output=True, text=True, check=False
+    )
+
+
+def ruleset_json(netns: str) -> list[dict[str, object]]:
+    listed = nft(netns, "-j", "list", "ruleset")
+    assert listed.returncode == 0, listed.stderr
+    return list(json.loads(listed.stdout)["nftables"])
+
+
+def inspection_of(ruleset: list[dict[str, object]], **facts: str) -> object:
+    lines = [f"fact {name} {value}" for name, value in facts.items()]
+    lines.append("data nft_json " + json.dumps({"nftables": ruleset}))
+    lines += ["fact nft installed", "fact complete yes"]
+    return parse_inspection("node", "\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("node", "options"),
+    [
+        ("w1", {}),
+        ("w1", {"nodeports_open": True}),
+        (SERVER, {"operator_access": ["203.0.113.0/24", "2001:db8::/48"]}),
+    ],
+    ids=["worker", "worker-nodeports-open", "server-with-ipv6-operators"],
+)
+def test_the_kernel_accepts_the_rendered_table(netns: str, node: str, options: dict[str, object]) -> None:
+    ruleset = render_nftables(plan_for(node, cluster_peers(5), **options))
+    checked = nft(netns, "-c", "-f", "-", stdin=ruleset.text)
+    assert checked.returncode == 0, checked.stderr
+    # Check mode changed nothing.
+    assert nft(netns, "list", "ruleset").stdout.strip() == ""
+
+
+def test_loading_twice_is_idempotent_and_a_removed_peer_is_really_gone(netns: str) -> None:
+    big = plan_for("w1", cluster_peers(5))
+    small = plan_for("w1", {name: address for name, address in cluster_peers(5).items() if name != "w3"})
+    for _ in range(2):
+        assert nft(netns, "-f", "-", stdin=render_nftables(big).text).returncode == 0
+    observed = observe_nftables(inspection_of(ruleset_json(netns)))  # type: ignore[arg-type]
+    assert observed.present and observed.rule_count == render_nftables(big).rule_count
+    assert align_rules(observed.rules, big.rules) == list(big.rules)
+
+    assert nft(netns, "-f", "-", stdin=render_nftables(small).text).returncode == 0
+    listed = nft(netns, "list", "table", "inet", "hk3s_node").stdout
+    # `flush table` alone would have kept w3's address in the set.
+    assert cluster_peers(5)["w3"] not in listed
+    observed = observe_nftables(inspection_of(ruleset_json(netns)))  # type: ignore[arg-type]
+    assert align_rules(observed.rules, small.rules) == list(small.rules)
+
+
+def test_another_table_survives_and_a_hand_made_rule_shows_as_drift(netns: str) -> None:
+    assert nft(netns, "add", "table", "inet", "operator").returncode == 0
+    plan = plan_for("w1", cluster_peers(3))
+    assert nft(netns, "-f", "-", stdin=render_nftables(plan).text).returncode == 0
+    assert "table inet operator" in nft(netns, "list", "tables").stdout
+    assert nft(netns, "add", "rule", "inet", "hk3s_node", "input", "tcp", "dport", "8888", "accept").returncode == 0
+    observed = observe_nftables(inspection_of(ruleset_json(netns)))  # type: ignore[arg-type]
+    aligned = align_rules(observed.rules, plan.rules)
+    assert aligned[: len(plan.rules)] == list(plan.rules)
+    assert aligned[len(plan.rules) :] == [PortRule("8888", "tcp", ("0.0.0.0/0",), "found on the host")]
+
+
+# --------------------------------------------------------------------------- nftables shape
+
+
+def test_the_table_has_the_recipes_shape() -> None:
+    text = render_nftables(plan_for("w1", cluster_peers(3))).text
+    lines = [line.strip() for line in text.splitlines()]
+    assert lines[lines.index("table inet hk3s_node {}") + 1] == "delete table inet hk3s_node"
+    body = lines[lines.index("type filter hook input priority filter; policy drop;") + 1 :]
+    assert body[:3] == ["ct state established,related accept", "ct state invalid drop", 'iif "lo" accept']
+    fabric = next(line for line in body if line.startswith("iifname"))
+    for interface in ("flannel.1", "flannel-wg", "cni0", "lxc*", "cilium_*"):
+        assert f'"{interface}"' in fabric
+    assert any("packet-too-big" in line for line in body) and any(line.startswith("icmp type") for line in body)
+    assert 'tcp dport 22 accept comment "SSH"' in lines
+    assert not any("8888" in line for line in lines)
+    assert 'fib daddr type local tcp dport 30000-32767 drop comment "NodePorts closed"' in lines
+
+
+def test_rule_count_does_not_grow_with_the_peers() -> None:
+    few = render_nftables(plan_for("w1", cluster_peers(3)))
+    many = render_nftables(plan_for("w1", cluster_peers(100)))
+    assert few.rule_count == many.rule_count
+    assert many.text.count("set peers_v4_") == 2  # the other nodes; the server (node metrics)
+    assert many.text.count("10.0.") > 100
+
+
+def test_nodeports_open_opens_them_to_everyone_and_drops_the_guard() -> None:
+    text = render_nftables(plan_for("w1", cluster_peers(3), nodeports_open=True)).text
+    assert "tcp dport 30000-32767 accept" in text and "udp dport 30000-32767 accept" in text
+    assert "chain nodeports" not in text
+
+
+# --------------------------------------------------------------------------- plan checks
+
+
+def test_plan_refuses_what_must_stay_closed() -> None:
+    base = plan_for("w1", cluster_peers(3))
+    cases = {
+        "8888/tcp must stay closed": PortRule("8000-9000", "tcp", ("10.0.0.2/32",), "wide"),
+        "opens NodePorts": PortRule("30080", "tcp", ("10.0.0.2/32",), "a NodePort"),
+        "only SSH may be open to every source": PortRule("10250", "tcp", ("0.0.0.0/0",), "kubelet"),
+        "no sources": PortRule("10250", "tcp", (), "kubelet"),
+        "quotes": PortRule("10250", "tcp", ("10.0.0.2/32",), 'say "hi"'),
+    }
+    for expected, rule in cases.items():
+        plan = NodeFirewallPlan(base.node, base.role, (*base.rules, rule))
+        problems = plan.problems()
+        assert any(expected in problem for problem in problems), (expected, problems)
+        with pytest.raises(FirewallError, match="w1: the firewall plan is refused"):
+            render_nftables(plan)
+    assert base.problems() == []
+    server = plan_for(SERVER, cluster_peers(3), operator_access=["0.0.0.0/0"])
+    assert server.problems() == []
+
+
+def test_the_session_port_stays_open() -> None:
+    plan = plan_for("w1", cluster_peers(3))
+    assert plan.with_session_port(22) == plan
+    moved = plan.with_session_port(2222)
+    assert moved.rules[0] == PortRule("2222", "tcp", ("0.0.0.0/0",), SESSION_SSH_PURPOSE)
+    assert 'tcp dport 2222 accept comment "SSH (the port hk3s logs in on)"' in render_nftables(moved).text
+
+
+# --------------------------------------------------------------------------- UFW
+
+
+def test_ufw_rules_and_changes() -> None:
+    plan = plan_for("w1", cluster_peers(3))
+    wanted = render_ufw(plan)
+    assert UfwRule("port", "tcp", "22", "any", "-", "hk3s: SSH") in wanted
+    assert UfwRule("port", "udp", "51820", "10.0.0.2", "-", "hk3s: pod network (WireGuard)") in wanted
+    assert all(rule.comment.startswith("hk3s") for rule in wanted)
+
+    fresh = ufw_changes([], wanted)
+    assert fresh.add[0].port == "22" and not fresh.delete
+    assert ufw_changes(wanted, wanted).empty
+
+    # A peer moves: the new address is added before the old one is deleted.
+    moved = plan_for("w1", {**cluster_peers(3), "w2": "10.0.9.9"})
+    changes = ufw_changes(wanted, render_ufw(moved))
+    lines = changes.file_text().splitlines()
+    assert [line.split("\t")[0] for line in lines] == ["add"] * len(changes.add) + ["delete"] * len(changes.delete)
+    assert {rule.source for rule in changes.add} == {"10.0.9.9"}
+    assert {rule.source for rule in changes.delete} == {cluster_peers(3)["w2"]}
+
+    # Another comment on the same rule (an operator's copy): re-added, so it becomes the program's.
+    relabelled = [UfwRule(r.kind, r.protocol, r.port, r.source, r.interface, "") for r in wanted]
+    assert len(ufw_changes(relabelled, wanted).add) == len(wanted)
+
+
+def test_ufw_tuples_read_back() -> None:
+    tagged = b"hk3s: kubelet".hex()
+    output = "\n".join(
+        [
+            "fact ufw installed",
+            "fact ufw_active yes",
+            "fact ufw_default_input DROP",
+            f"data ufw_v4 allow tcp 10250 0.0.0.0/0 any 10.0.0.2 in comment={tagged}",
+            f"data ufw_v4 allow tcp 10250 0.0.0.0/0 any 10.0.0.3 in comment={tagged}",
+            f"data ufw_v4 allow tcp 22 0.0.0.0/0 any 0.0.0.0/0 in comment={b'hk3s: SSH'.hex()}",
+            f"data ufw_v6 allow tcp 22 ::/0 any ::/0 in comment={b'hk3s: SSH'.hex()}",
+            "data ufw_v4 allow tcp 8080 0.0.0.0/0 any 0.0.0.0/0 in",
+            "fact complete yes",
+        ]
+    )
+    inspection = parse_inspection("w1", output + "\n")
+    assert inspection.backend() == "ufw"
+    observed = observe_ufw(inspection)
+    assert observed.rule_count == 4  # the operator's 8080 is not the program's
+    assert set(observed.rules) == {
+        PortRule("10250", "tcp", ("10.0.0.2/32", "10.0.0.3/32"), "kubelet"),
+        PortRule("22", "tcp", ("0.0.0.0/0",), "SSH"),
+    }
+    assert len(existing_ufw_rules(inspection)) == 3  # the v6 copy of SSH folds into the v4 one
+
+
+# --------------------------------------------------------------------------- firewalld
+
+
+def test_firewalld_zone_and_ipsets() -> None:
+    files = render_firewalld(plan_for(SERVER, cluster_peers(3), operator_access=["203.0.113.0/24"]))
+    zone = ET.fromstring(files["zones/hk3s.xml"])
+    assert [(port.get("port"), port.get("protocol")) for port in zone.findall("port")] == [("22", "tcp")]
+    used = {rule.find("source").get("ipset") for rule in zone.findall("rule")}  # type: ignore[union-attr]
+    assert used == {name[len("ipsets/") : -len(".xml")] for name in files if name.startswith("ipsets/")}
+    api_set = ET.fromstring(files["ipsets/hk3s-peers-v4-1.xml"])
+    assert "203.0.113.0/24" in [entry.text for entry in api_set.findall("entry")]
+    fabric = ET.fromstring(files["zones/hk3s-fabric.xml"])
+    assert fabric.get("target") == "ACCEPT"
+    assert {item.get("name") for item in fabric.findall("interface")} == {"cni0", "flannel.1", "flannel-wg"}
+
+
+# --------------------------------------------------------------------------- operator-run firewalls
+
+
+def required_for_worker() -> list[PortRule]:
+    """w1's rules: from the server 10.0.0.2 and the other worker w0, 10.0.1.10."""
+    return inbound_rules(role="worker", node="w1", peers=cluster_peers(2), server=SERVER, pod_network="wireguard")
+
+
+def test_operator_ufw_report() -> None:
+    rules = [
+        "allow tcp 22 0.0.0.0/0 any 0.0.0.0/0 in",
+        "deny tcp 10250 0.0.0.0/0 any 10.0.1.10 in",
+        "allow tcp 10250 0.0.0.0/0 any 10.0.0.0/16 in",
+        "allow udp 51820 0.0.0.0/0 any 10.0.0.2 in",
+    ]
+    output = "fact ufw installed\nfact ufw_active yes\nfact ufw_default_input DROP\n"
+    output += "".join(f"data ufw_v4 {rule}\n" for rule in rules) + "fact complete yes\n"
+    report = evaluate_operator_firewall(parse_inspection("w1", output), required_for_worker())
+    assert report.stops_join and report.determined
+    assert {(rule.port, rule.protocol, rule.sources) for rule in report.missing} == {
+        ("51820", "udp", ("10.0.1.10/32",)),
+        ("10250", "tcp", ("10.0.1.10/32",)),  # denied before the allow
+        ("9100", "tcp", ("10.0.0.2/32",)),
+    }
+    assert "ufw allow proto tcp from 10.0.1.10/32 to any port 10250" in report.message()
+
+    allowing = output.replace("ufw_default_input DROP", "ufw_default_input ACCEPT").replace(
+        "deny tcp 10250", "allow tcp 10250"
+    )
+    assert not evaluate_operator_firewall(parse_inspection("w1", allowing), required_for_worker()).stops_join
+    inactive = output.replace("ufw_active yes", "ufw_active no")
+    assert not evaluate_operator_firewall(parse_inspection("w1", inactive), required_for_worker()).active
+
+
+def test_operator_firewalld_report() -> None:
+    zones = [
+        "public (active)",
+        "  target: default",
+        "  interfaces: eth0",
+        "  sources: ",
+        "  services: ssh kubelet",
+        "  ports: 51820/udp",
+        "  rich rules: ",
+        '\trule family="ipv4" source address="10.0.0.2" port port="9100" protocol="tcp" accept',
+    ]
+    output = "fact firewalld installed\nfact firewalld_running yes\nfact firewalld_default_zone public\n"
+    output += "".join(f"data firewalld_zones {line}\n" for line in zones)
+    output += "data firewalld_service:ssh ssh\ndata firewalld_service:ssh   ports: 22/tcp\n"
+    output += "data firewalld_service:kubelet kubelet\ndata firewalld_service:kubelet   ports: 10250/tcp\n"
+    output += "fact address eth0 10.0.0.11/16\nfact complete yes\n"
+    report = evaluate_operator_firewall(parse_inspection("w1", output), required_for_worker())
+    assert report.firewall == "firewalld" and report.determined and not report.stops_join
+
+    without_kubelet = output.replace("services: ssh kubelet", "services: ssh")
+    report = evaluate_operator_firewall(parse_inspection("w1", without_kubelet), required_for_worker())
+    assert report.stops_join and [(rule.port, rule.protocol) for rule in report.missing] == [("10250", "tcp")]
+    assert "firewall-cmd --permanent" in report.message()
+
+
+def test_operator_nftables_report_from_a_real_ruleset(netns: str) -> None:
+    operator = (
+        "table inet filter {\n"
+        "  set cluster { type ipv4_addr; flags interval; elements = { 10.0.0.0/16 } }\n"
+        "  chain input {\n"
+        "    type filter hook input priority 0; policy drop;\n"
+        "    ct state established,related accept\n"
+        '    iifname "lo" accept\n'
+        "    tcp dport 22 accept\n"
+        "    ip saddr @cluster tcp dport { 10250, 9100 } accept\n"
+        "    jump extra\n"
+        "  }\n"
+        "  chain extra {\n"
+        "    meta l4proto udp th dport 51820 ip saddr 10.0.0.2 counter accept\n"
+        "  }\n"
+        "}\n"
+    )
+    assert nft(netns, "-f", "-", stdin=operator).returncode == 0
+    inspection = inspection_of(ruleset_json(netns))
+    report = evaluate_operator_firewall(inspection, required_for_worker())  # type: ignore[arg-type]
+    assert report.firewall == "nftables" and report.determined and report.stops_join
+    assert [(rule.port, rule.protocol, rule.sources) for rule in report.missing] == [
+        ("51820", "udp", ("10.0.1.10/32",))
+    ]
+
+    # A match the checker cannot read: it says so and asks for every rule.
+    assert nft(netns, "add", "rule", "inet", "filter", "input", "meta", "mark", "0x1", "drop").returncode == 0
+    unclear = evaluate_operator_firewall(inspection_of(ruleset_json(netns)), required_for_worker())  # type: ignore[arg-type]
+    assert not unclear.determined and unclear.stops_join
+    assert {rule.port for rule in unclear.missing} == {"51820", "10250", "9100"}
+    assert "could not be checked" in unclear.message() and "meta mark" in unclear.reason
+
+
+def test_no_firewall_does_not_stop_the_join() -> None:
+    report = evaluate_operator_firewall(
+        parse_inspection("w1", "fact nft installed\nfact complete yes\n"), required_for_worker()
+    )
+    assert not report.active and not report.stops_join
