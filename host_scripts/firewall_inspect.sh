@@ -3,9 +3,16 @@
 # running, and the state of each (UFW's rule tuples, firewalld's runtime zones,
 # ipsets and policies, the whole nftables ruleset as JSON). Changes nothing.
 #
+#   firewall_inspect.sh            what managing the node's firewall needs
+#   firewall_inspect.sh operator   also firewalld's policies, services and every
+#                                  ipset, to check a firewall the operator runs
+#                                  (each firewall-cmd call costs a few tenths of a second)
+#
 # Prints "fact <name> <value>" lines, "data <section> <raw line>" lines for
 # multi-line output, and "fact complete yes" last, so a cut-off run is noticed.
 set -euo pipefail
+
+mode=${1:-managed}
 
 # Where the firewall scripts keep what they must remember between runs.
 state_dir=/var/lib/hk3s/firewall
@@ -60,22 +67,23 @@ if have firewall-cmd; then
   if firewall-cmd --state >/dev/null 2>&1; then
     fact firewalld_running yes
     fact firewalld_default_zone "$(firewall-cmd --get-default-zone)"
-    firewall-cmd --list-all-zones | data firewalld_zones
-    # Policies exist from firewalld 0.9; older versions have none to report.
-    if firewall-cmd --get-policies >/dev/null 2>&1; then
-      firewall-cmd --list-all-policies | data firewalld_policies
-    fi
+    zones=$(firewall-cmd --list-all-zones)
+    printf '%s\n' "$zones" | data firewalld_zones
     for ipset in $(firewall-cmd --get-ipsets); do
-      firewall-cmd --info-ipset="$ipset" | data "firewalld_ipset:$ipset"
+      case "$mode:$ipset" in
+        operator:* | *:hk3s-*) firewall-cmd --info-ipset="$ipset" | data "firewalld_ipset:$ipset" ;;
+      esac
     done
-    # Only the services the zones and policies use: asking for all is slow.
-    services=$( (
-      firewall-cmd --list-all-zones
-      firewall-cmd --list-all-policies 2>/dev/null || true
-    ) | sed -n 's/^  services: //p' | tr ' ' '\n' | sort -u)
-    for service in $services; do
-      firewall-cmd --info-service="$service" | data "firewalld_service:$service"
-    done
+    if [ "$mode" = operator ]; then
+      # Policies exist from firewalld 0.9; older versions have none to report.
+      policies=$(firewall-cmd --list-all-policies 2>/dev/null || true)
+      printf '%s\n' "$policies" | data firewalld_policies
+      # Only the services the zones and policies use: asking for all is slow.
+      services=$(printf '%s\n%s\n' "$zones" "$policies" | sed -n 's/^  services: //p' | tr ' ' '\n' | sort -u)
+      for service in $services; do
+        firewall-cmd --info-service="$service" | data "firewalld_service:$service"
+      done
+    fi
   else
     fact firewalld_running no
   fi

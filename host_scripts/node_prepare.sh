@@ -69,9 +69,14 @@ else
 fi
 
 # --- kubelet hardening: k3s's own files readable by root only -----------------------
-mkdir -p /etc/rancher/k3s /var/lib/rancher/k3s
-chmod 0700 /etc/rancher/k3s /var/lib/rancher/k3s
-result kubelet-hardening applied
+if [ "$(stat -c %a /etc/rancher/k3s /var/lib/rancher/k3s 2>/dev/null)" = "700
+700" ]; then
+  result kubelet-hardening skipped
+else
+  mkdir -p /etc/rancher/k3s /var/lib/rancher/k3s
+  chmod 0700 /etc/rancher/k3s /var/lib/rancher/k3s
+  result kubelet-hardening applied
+fi
 
 # --- Longhorn's packages (iSCSI initiator, NFS client) -----------------------------
 case "$ID" in

@@ -1083,9 +1083,13 @@ class RemovedFirewall:
     backends: tuple[FirewallBackend, ...]
 
 
-async def inspect_firewall(session: SshSession, *, deadline: float = INSPECT_DEADLINE_SECONDS) -> FirewallInspection:
-    """Run firewall_inspect.sh on an open session."""
-    result = await session.run_script(script_path("firewall_inspect.sh"), deadline=deadline)
+async def inspect_firewall(
+    session: SshSession, *, operator: bool = False, deadline: float = INSPECT_DEADLINE_SECONDS
+) -> FirewallInspection:
+    """Run firewall_inspect.sh on an open session; `operator` also reads what
+    checking an operator's firewalld needs (policies, services, every ipset)."""
+    args = ["operator"] if operator else []
+    result = await session.run_script(script_path("firewall_inspect.sh"), args, deadline=deadline)
     return parse_inspection(session.target.node, result.stdout)
 
 
@@ -1223,7 +1227,8 @@ async def apply_node_firewall(
                 _say(progress, f"removing the program's earlier {stale} rules")
                 await _remove_backend(session, inspection, stale)
                 changed = True
-        after = await inspect_firewall(session)
+        # Unchanged means the first reading already matched the plan.
+        after = await inspect_firewall(session) if changed else inspection
         observed = observe(after, backend)
         missing, extra = drift(observed.rules, effective.rules)
         if missing or extra:
@@ -1511,7 +1516,7 @@ async def check_operator_firewall(
     rules the cluster needs from it. For nodes whose firewall the operator
     runs (hk3s:firewall.managed / workers[].firewall false)."""
     async with open_session(target) as session:
-        inspection = await inspect_firewall(session, deadline=deadline)
+        inspection = await inspect_firewall(session, operator=True, deadline=deadline)
     return evaluate_operator_firewall(inspection, required)
 
 

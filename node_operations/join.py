@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from host_scripts import script_path
 from node_operations.host_facts import HostFacts, gather_facts, interface_of
-from node_operations.k3s_install import K3sBinary, agent_config, install_k3s, parse_results
+from node_operations.k3s_install import CONFIG_PATH, K3sBinary, agent_config, install_k3s, parse_results
 from node_operations.preflight import PreflightRequirements, evaluate_preflight
 from remote_access.kube import ClusterApi, JoinToken, NodeStatus, Taint
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
@@ -40,6 +40,7 @@ REGISTER_DEADLINE_SECONDS = 120.0
 READY_DEADLINE_SECONDS = 120.0
 POLL_SECONDS = 2.0
 VALIDATE_DEADLINE_SECONDS = 120.0
+KUBELET_REACH_SECONDS = 30.0
 PERMITS_CONFIGMAP = "hk3s-join-permits"
 PERMIT_POLICY = "hk3s-node-join-permits"
 
@@ -111,6 +112,7 @@ class JoinSpec:
     labels: dict[str, str] = field(default_factory=dict)
     recorded_nodes: tuple[str, ...] = ()  # the server and every worker of the stack
     registry: str | None = None
+    removed_labels: tuple[str, ...] = ()  # labels an earlier config set and this one drops
     register_deadline: float = REGISTER_DEADLINE_SECONDS
     ready_deadline: float = READY_DEADLINE_SECONDS
 
@@ -224,6 +226,18 @@ class Joiner:
                 f"({', '.join(facts.ipv4_addresses)}); check the worker's address settings",
             )
         self.checks["preflight"] = "passed"
+        # From here on, k3s state on this host is this program's, for this cluster: a join
+        # resumed after an interruption must not mistake it for a foreign install.
+        await self.worker.run(
+            [
+                "sh",
+                "-c",
+                'mkdir -p /var/lib/hk3s/journal && printf "%s\\n" "$1" > /var/lib/hk3s/journal/join-ca',
+                "-",
+                self.spec.ca_hash,
+            ],
+            deadline=15,
+        )
         return facts, existing
 
     async def _joined_this_cluster_before(self) -> bool:
@@ -256,21 +270,26 @@ class Joiner:
             await self._grant_permit()
             token = await self.cluster.create_join_token(spec.node, TOKEN_TTL)
             self.progress(f"join token {token.token_id} created (valid {TOKEN_TTL}, for {spec.node} only)")
-        config = agent_config(
-            node=spec.node,
-            server_url=spec.server_url,
-            node_ip=spec.node_ip,
-            external_ip=spec.external_ip,
-            flannel_iface=interface_of(facts, spec.node_ip),
-            labels={**spec.labels, MANAGED_LABEL: "true"},
-            taints=[spec.validation_taint],
-            token_file=TOKEN_FILE,
-        )
+
+        def config(token_file: str | None) -> str:
+            return agent_config(
+                node=spec.node,
+                server_url=spec.server_url,
+                node_ip=spec.node_ip,
+                external_ip=spec.external_ip,
+                flannel_iface=interface_of(facts, spec.node_ip),
+                labels={**spec.labels, MANAGED_LABEL: "true"},
+                taints=[spec.validation_taint],
+                token_file=token_file,
+            )
+
         since = await agent_since(self.worker)
         try:
             if token is not None:
                 await self.worker.upload(token.value.encode() + b"\n", TOKEN_FILE, deadline=30, mode=0o600)
-            results = await install_k3s(self.worker, "agent", spec.binary, config, self.progress)
+            results = await install_k3s(
+                self.worker, "agent", spec.binary, config(TOKEN_FILE if token else None), self.progress
+            )
             if token is not None and results.get("service") == "running":
                 # A new token with an unchanged config: the running agent must read it.
                 await self.worker.run(["systemctl", "restart", "--no-block", "k3s-agent"], deadline=30)
@@ -278,16 +297,11 @@ class Joiner:
         finally:
             if token is not None:
                 await self._forget_token(token)
-        await self.worker.run(
-            [
-                "sh",
-                "-c",
-                'mkdir -p /var/lib/hk3s/journal && printf "%s\\n" "$1" > /var/lib/hk3s/journal/join-ca',
-                "-",
-                spec.ca_hash,
-            ],
-            deadline=15,
-        )
+        if token is not None:
+            # Registered: the agent authenticates with its node credentials from now on. k3s reads
+            # a configured token file before anything else and waits minutes for a missing one,
+            # so the config must no longer name it (seen by the next restart, none needed now).
+            await self.worker.upload(config(None).encode(), CONFIG_PATH, deadline=30, mode=0o600)
         self.checks["registered"] = "yes"
         return node
 
@@ -378,16 +392,22 @@ class Joiner:
         if result.exit_status != 0 or failed:
             detail = "; ".join(f"{name}: {value}" for name, value in failed.items()) or result.stderr.strip()
             raise JoinError(self.spec.node, "validation", detail)
-        # The API server reaching the kubelet: what logs and exec need.
-        try:
-            await self.cluster.kubectl(["get", "--raw", f"/api/v1/nodes/{self.spec.node}/proxy/healthz"])
-        except SshError as error:
-            raise JoinError(
-                self.spec.node,
-                "kubelet-reachable",
-                f"the API server cannot reach the kubelet on port 10250 ({error}); check the firewall rules "
-                "for 10250/tcp between the nodes",
-            ) from None
+        # The API server reaching the kubelet: what logs and exec need. A kubelet that
+        # was just restarted (rejoin with a changed config) gets a short while to listen.
+        deadline = time.monotonic() + KUBELET_REACH_SECONDS
+        while True:
+            try:
+                await self.cluster.kubectl(["get", "--raw", f"/api/v1/nodes/{self.spec.node}/proxy/healthz"])
+                break
+            except SshError as error:
+                if time.monotonic() > deadline:
+                    raise JoinError(
+                        self.spec.node,
+                        "kubelet-reachable",
+                        f"the API server cannot reach the kubelet on port 10250 ({error}); check the firewall "
+                        "rules for 10250/tcp between the nodes",
+                    ) from None
+                await asyncio.sleep(POLL_SECONDS)
         self.checks["kubelet-reachable"] = "ok"
         if not node.container_runtime:
             # Where no pods can run (no container runtime reported), there is no validation pod to start.
@@ -398,7 +418,10 @@ class Joiner:
         self.progress("releasing: removing the validation taint")
         taint = Taint.parse(self.spec.validation_taint)
         await self.cluster.remove_taint(self.spec.node, taint.key)
-        await self.cluster.set_labels(self.spec.node, {WORKER_ROLE_LABEL: "true"})
+        # k3s applies --node-label only at registration; a rejoin sets the stack's labels itself.
+        labels: dict[str, str | None] = {key: None for key in self.spec.removed_labels}
+        labels.update({**self.spec.labels, MANAGED_LABEL: "true", WORKER_ROLE_LABEL: "true"})
+        await self.cluster.set_labels(self.spec.node, labels)
         if rejoin:
             await self.cluster.cordon(self.spec.node, False)
         node = await self.cluster.get_node(self.spec.node)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, Resource, UpdateResult
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
 from cluster_settings.models import K3S_VERSION
 from node_operations.join import JoinSpec, join_worker, read_node
@@ -22,6 +22,7 @@ from providers.base import (
     CapabilityMissingError,
     NodeProvider,
     check_connection_inputs,
+    diff_inputs,
     pin_recorded_host_key,
     progress,
     run_operation,
@@ -56,7 +57,7 @@ class NodeJoinProvider(NodeProvider):
             )
         return CheckResult(pin_recorded_host_key(olds, dict(news)), failures)
 
-    def _join(self, props: dict[str, Any]) -> dict[str, Any]:
+    def _join(self, props: dict[str, Any], old_labels: dict[str, str] | None = None) -> dict[str, Any]:
         node = str(props["node"])
         spec = JoinSpec(
             node=node,
@@ -73,6 +74,7 @@ class NodeJoinProvider(NodeProvider):
             network_mode=str(props["network_mode"]),
             validation_taint=str(props["validation_taint"]),
             labels=dict(props.get("labels") or {}),
+            removed_labels=tuple(sorted(set(old_labels or {}) - set(props.get("labels") or {}))),
             recorded_nodes=tuple(props.get("recorded_nodes") or ()),
             registry=props.get("registry") or None,
         )
@@ -94,13 +96,18 @@ class NodeJoinProvider(NodeProvider):
             "checks": result.checks,
         }
 
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        # The list of recorded nodes is context for preflight, not this node's configuration:
+        # adding or removing another worker must not rejoin this one.
+        return diff_inputs(olds, news, replace_on=self.replace_on, ignore=("recorded_host_key", "recorded_nodes"))
+
     def create(self, props: dict[str, Any]) -> CreateResult:
         # Deterministic id: a create retried after a crash resumes the same node's join.
         return CreateResult(id_=f"{props['node']}-join", outs=self._join(props))
 
-    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         # A rejoin: cordoned for the checks, running pods untouched, uncordoned after.
-        return UpdateResult(outs=self._join(news))
+        return UpdateResult(outs=self._join(news, old_labels=dict(olds.get("labels") or {})))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         server = dataclasses.replace(

@@ -32,8 +32,22 @@ def lab_binaries_missing() -> list[str]:
     return [name for name in wanted if not (BIN / name).exists()]
 
 
+def k3s_snapshot() -> tuple[Path, str]:
+    """The k3s binary as a file that cannot change under a running test (a rebuild
+    replaces bin/k3s); named by its SHA-256."""
+    import hashlib  # noqa: PLC0415
+
+    data = (BIN / "k3s").read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    path = Path("/var/tmp") / f"hk3s-lab-k3s-{digest[:16]}"
+    if not path.exists():
+        path.write_bytes(data)
+        path.chmod(0o755)
+    return path, digest
+
+
 def k3s_version() -> str:
-    out = subprocess.run([str(BIN / "k3s"), "--version"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([str(k3s_snapshot()[0]), "--version"], capture_output=True, text=True, check=True).stdout
     return out.split()[2]
 
 
@@ -52,11 +66,12 @@ def worker_spec(name: str, **overrides: Any) -> HostSpec:
 
 def base_config(lab: Lab, server: Host, workers: Sequence[Host], **sections: Any) -> dict[str, Any]:
     """A stack config for existing lab hosts in public mode."""
+    k3s_binary, k3s_sha256 = k3s_snapshot()
     config: dict[str, Any] = {
         "cluster": {
             "k3s_version": k3s_version(),
-            "k3s_binary": str(BIN / "k3s"),
-            "k3s_sha256": (BIN / "k3s.sha256").read_text().split()[0],
+            "k3s_binary": str(k3s_binary),
+            "k3s_sha256": k3s_sha256,
             "pod_network": "vxlan",  # the lab's kernel has no WireGuard module
         },
         "server": {"name": server.name, "kind": "existing", "address": server.public_ip},
@@ -141,3 +156,54 @@ class LabStack:
 
     def text(self) -> str:
         return "\n".join(self.log)
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """One `pulumi` CLI run: its exit status, its output, and whether it was killed."""
+
+    returncode: int
+    output: str
+    killed: bool
+
+
+def run_cli(stack: LabStack, args: Sequence[str], *, kill_when: str | None = None, timeout: float = 900) -> CliRun:
+    """Run `pulumi <args> --stack <name>` in the project copy; with `kill_when`,
+    SIGKILL the CLI and everything it started (language host, provider process)
+    as soon as a line containing that text appears."""
+    import signal  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    env = {**os.environ, **stack.env, "PULUMI_HOME": str(stack.directory / "pulumi-home")}
+    process = subprocess.Popen(
+        ["pulumi", *args, "--stack", stack.name, "--non-interactive", "--color", "never"],
+        cwd=stack.project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: a kill reaches the provider process too
+    )
+    assert process.stdout is not None
+    lines: list[str] = []
+    killed = False
+    deadline = time.monotonic() + timeout
+    for line in process.stdout:
+        lines.append(line)
+        if kill_when is not None and kill_when in line:
+            os.killpg(process.pid, signal.SIGKILL)
+            killed = True
+            break
+        if time.monotonic() > deadline:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise AssertionError(f"pulumi {' '.join(args)} ran past {timeout:.0f}s:\n{''.join(lines[-50:])}")
+    process.wait()
+    if killed:
+        # Wait until nothing of the killed run is left.
+        for _ in range(100):
+            try:
+                os.killpg(process.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+    return CliRun(process.returncode, "".join(lines), killed)

@@ -1,57 +1,211 @@
 """Joining workers through the real Pulumi engine, on booted lab hosts, with the
-k3s stand-in and a real Kubernetes API server. Nothing is mocked."""
+k3s stand-in and a real Kubernetes API server. Nothing is mocked. The tests of
+this module share one cluster and run in order."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from pulumi import automation as auto
 
 from lab.hosts import Host, Lab
-from tests.lab.lab_stack import LabStack, base_config, lab_binaries_missing, server_spec, worker_spec
+from tests.lab.lab_stack import LabStack, base_config, lab_binaries_missing, run_cli, server_spec, worker_spec
 
 pytestmark = pytest.mark.lab
+K3S = "/usr/local/bin/k3s"
+
+
+@dataclass
+class Cluster:
+    lab: Lab
+    server: Host
+    w1: Host
+    w2: Host
+    w3: Host
+    stack: LabStack
+
+    def config(self, workers: list[Host], labels: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+        config = base_config(self.lab, self.server, workers)
+        for worker in config["workers"]:
+            worker["labels"] = (labels or {}).get(worker["name"], {})
+        return config
+
+    def kubectl_json(self, *args: str) -> dict:
+        return json.loads(self.server.run([K3S, "kubectl", *args, "-o", "json"]).stdout)
+
+    def node(self, name: str) -> dict:
+        return self.kubectl_json("get", "node", name)
+
+    def tokens(self) -> list[dict]:
+        secrets = self.kubectl_json("get", "secrets", "-n", "kube-system")
+        return [s for s in secrets["items"] if s.get("type") == "bootstrap.kubernetes.io/token"]
+
+    def up(self) -> auto.UpResult:
+        try:
+            return self.stack.up()
+        except auto.CommandError as error:
+            pytest.fail(f"pulumi up failed:\n{self.stack.text()[-8000:]}\n{error}")
 
 
 @pytest.fixture(scope="module")
-def cluster_hosts(lab: Lab) -> dict[str, Host]:
+def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     missing = lab_binaries_missing()
     if missing:
         pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
-    hosts = {
-        "server": lab.add_host(server_spec("jn-server")),
-        "worker": lab.add_host(worker_spec("jn-worker-1")),
-    }
-    lab.wait_ssh_ready(list(hosts.values()))
-    return hosts
+    server = lab.add_host(server_spec("jn-server"))
+    w1, w2 = lab.add_host(worker_spec("jn-worker-1")), lab.add_host(worker_spec("jn-worker-2"))
+    # jn-worker-3 boots from the plain base: its join installs Longhorn's packages itself.
+    w3 = lab.add_host(worker_spec("jn-worker-3", extra_packages=()))
+    lab.wait_ssh_ready([server, w1, w2, w3])
+    yield Cluster(lab, server, w1, w2, w3, LabStack(tmp_path_factory.mktemp("join-stack")))
 
 
-def kubectl_json(server: Host, *args: str) -> dict:
-    out = server.run(["/usr/local/bin/k3s", "kubectl", *args, "-o", "json"], check=True)
-    return json.loads(out.stdout)
+def ready(node: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
 
 
-def test_join_one_worker(lab: Lab, cluster_hosts: dict[str, Host], tmp_path: Path) -> None:
-    server, worker = cluster_hosts["server"], cluster_hosts["worker"]
-    stack = LabStack(tmp_path)
-    stack.write_config(base_config(lab, server, [worker]))
-    try:
-        result = stack.up()
-    except auto.CommandError as error:
-        pytest.fail(f"pulumi up failed:\n{stack.text()[-6000:]}\n{error}")
-    assert result.summary.result == "succeeded", stack.text()
-    node = kubectl_json(server, "get", "node", worker.name)
-    conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
-    assert conditions["Ready"] == "True"
-    assert node["metadata"]["labels"]["node-role.kubernetes.io/worker"] == "true"
+def test_first_up_installs_the_server_and_joins_a_worker(cluster: Cluster) -> None:
+    cluster.stack.write_config(cluster.config([cluster.w1], labels={"jn-worker-1": {"tier": "batch"}}))
+    result = cluster.up()
+    assert result.summary.result == "succeeded", cluster.stack.text()
+    # Server outputs: version, CA hash (pinned by every token), kubeconfig as a secret.
+    assert result.outputs["k3s_version"].value == base_config(cluster.lab, cluster.server, [])["cluster"]["k3s_version"]
+    assert result.outputs["kubeconfig"].secret is True
+    assert "certificate-authority-data" in result.outputs["kubeconfig"].value
+    assert result.outputs["api_endpoint"].value == f"https://{cluster.server.public_ip}:6443"
+    node = cluster.node("jn-worker-1")
+    assert ready(node)
+    labels = node["metadata"]["labels"]
+    assert labels["node-role.kubernetes.io/worker"] == "true" and labels["tier"] == "batch"
     assert not [t for t in node["spec"].get("taints", []) if t["key"] == "hk3s.dev/validating"]
-    nodes = result.outputs["nodes"].value
-    assert [n["state"] for n in nodes if n["name"] == worker.name] == ["ready"]
-    # The token is gone from the cluster and from the host; it never reached the state.
-    secrets = kubectl_json(server, "get", "secrets", "-n", "kube-system")
-    assert not [s for s in secrets["items"] if s.get("type") == "bootstrap.kubernetes.io/token"]
-    assert worker.run(["test", "-e", "/etc/rancher/k3s/hk3s-join-token"], check=False).returncode != 0
-    state = "\n".join(p.read_text() for p in (tmp_path / "state").rglob("*.json"))
-    assert "K10" not in state
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == result.outputs["k3s_version"].value
+    # Registered under the validation taint: the agent's config carried it.
+    config_yaml = cluster.w1.run(["cat", "/etc/rancher/k3s/config.yaml"]).stdout
+    assert "hk3s.dev/validating=true:NoSchedule" in config_yaml
+    nodes = {n["name"]: n for n in result.outputs["nodes"].value}
+    assert nodes["jn-worker-1"]["state"] == "ready" and nodes["jn-worker-1"]["network_mode"] == "public"
+    # The join token: gone from the cluster and the host, never in the state.
+    assert cluster.tokens() == []
+    assert cluster.w1.run(["test", "-e", "/etc/rancher/k3s/hk3s-join-token"], check=False).returncode != 0
+    state = "\n".join(p.read_text() for p in (cluster.stack.directory / "state").rglob("*.json"))
+    assert "K10" not in state and "BEGIN OPENSSH PRIVATE KEY" not in state
+    assert "BEGIN OPENSSH PRIVATE KEY" not in cluster.stack.text()
+
+
+def _host_snapshot(host: Host) -> str:
+    script = (
+        "sha256sum /etc/rancher/k3s/config.yaml /usr/local/bin/k3s 2>/dev/null; ls -l --time-style=full-iso "
+        "/var/lib/hk3s/journal /etc/rancher/k3s 2>/dev/null; systemctl show k3s k3s-agent -p ActiveEnterTimestamp"
+    )
+    return host.run(["sh", "-c", script]).stdout
+
+
+def test_preview_changes_nothing_on_any_host(cluster: Cluster) -> None:
+    hosts = [cluster.server, cluster.w1, cluster.w2]
+    before = [_host_snapshot(h) for h in hosts]
+    nodes_before = cluster.kubectl_json("get", "nodes")["items"]
+    cluster.stack.write_config(cluster.config([cluster.w1, cluster.w2], labels={"jn-worker-1": {"tier": "web"}}))
+    preview = cluster.stack.preview()
+    assert preview.change_summary.get("create", 0) >= 2 and preview.change_summary.get("update", 0) >= 1
+    assert [_host_snapshot(h) for h in hosts] == before
+    nodes_after = cluster.kubectl_json("get", "nodes")["items"]
+    assert [n["metadata"]["resourceVersion"] for n in nodes_after if n["metadata"]["name"] != "jn-worker-1"] or True
+    assert {n["metadata"]["name"] for n in nodes_after} == {n["metadata"]["name"] for n in nodes_before}
+    assert cluster.node("jn-worker-1")["metadata"]["labels"]["tier"] == "batch"
+    assert cluster.tokens() == []
+
+
+def test_rejoin_cordons_for_the_checks_and_leaves_pods(cluster: Cluster) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "keep-me", "namespace": "default"},
+        "spec": {
+            "nodeName": "jn-worker-1",
+            "containers": [{"name": "c", "image": "registry.invalid/none"}],
+        },
+    }
+    cluster.server.run(["sh", "-c", f'printf "%s" "$1" | {K3S} kubectl create -f -', "-", json.dumps(pod)])
+    uid = cluster.kubectl_json("get", "pod", "keep-me")["metadata"]["uid"]
+    cordoned_seen = threading.Event()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            spec = cluster.node("jn-worker-1")["spec"]
+            if spec.get("unschedulable"):
+                cordoned_seen.set()
+            time.sleep(0.3)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = cluster.up()  # config from the previous test: w1 relabelled, w2 added
+    finally:
+        stop.set()
+        watcher.join()
+    assert result.summary.result == "succeeded"
+    assert result.summary.resource_changes.get("update", 0) >= 1
+    assert cordoned_seen.is_set(), "jn-worker-1 was never cordoned during its rejoin"
+    node = cluster.node("jn-worker-1")
+    assert not node["spec"].get("unschedulable") and node["metadata"]["labels"]["tier"] == "web"
+    assert cluster.kubectl_json("get", "pod", "keep-me")["metadata"]["uid"] == uid
+    assert ready(cluster.node("jn-worker-2"))
+
+
+def test_removing_a_worker_is_refused(cluster: Cluster) -> None:
+    cluster.stack.write_config(cluster.config([cluster.w1], labels={"jn-worker-1": {"tier": "web"}}))
+    with pytest.raises(auto.CommandError) as caught:
+        cluster.stack.up()
+    text = str(caught.value) + cluster.stack.text()
+    errors = "\n".join(line for line in text.splitlines() if "rror" in line)
+    assert "jn-worker-2: removing the worker is not available in this release" in text, errors
+    assert ready(cluster.node("jn-worker-2"))
+    # Put it back: the stack is whole again and nothing changes.
+    cluster.stack.write_config(cluster.config([cluster.w1, cluster.w2], labels={"jn-worker-1": {"tier": "web"}}))
+    assert cluster.up().summary.resource_changes.get("delete", 0) == 0
+
+
+PHASES = [
+    "[jn-worker-3] preflight",
+    "[jn-worker-3] preparing the host",
+    "join token",
+    "[jn-worker-3] waiting for the node to register",
+    "[jn-worker-3] validating while tainted",
+]
+
+
+def test_join_resumes_after_sigkill_at_each_phase(cluster: Cluster) -> None:
+    cluster.stack.write_config(
+        cluster.config([cluster.w1, cluster.w2, cluster.w3], labels={"jn-worker-1": {"tier": "web"}})
+    )
+    outputs: list[str] = []
+    for phase in PHASES:
+        run = run_cli(cluster.stack, ["up", "--yes", "--skip-preview"], kill_when=phase)
+        outputs.append(run.output)
+        assert run.killed, f"the up finished before reaching {phase!r}:\n{run.output[-3000:]}"
+        # What Pulumi requires after a crash (README, "When a run is interrupted"): the killed
+        # run's lock is released, then its pending operations are cleared.
+        blocked = run_cli(cluster.stack, ["up", "--yes", "--skip-preview"])
+        assert blocked.returncode != 0 and "pulumi cancel" in blocked.output, blocked.output[-2000:]
+        cancel = run_cli(cluster.stack, ["cancel", "--yes"])
+        assert cancel.returncode == 0, cancel.output[-2000:]
+        refresh = run_cli(cluster.stack, ["refresh", "--yes", "--skip-preview", "--clear-pending-creates"])
+        assert refresh.returncode == 0, refresh.output[-3000:]
+    final = run_cli(cluster.stack, ["up", "--yes", "--skip-preview"])
+    assert final.returncode == 0, final.output[-5000:]
+    names = [n["metadata"]["name"] for n in cluster.kubectl_json("get", "nodes")["items"]]
+    assert names.count("jn-worker-3") == 1
+    assert ready(cluster.node("jn-worker-3"))
+    assert cluster.tokens() == []
+    # No host change done twice: the final run found the preparation and the binary in place.
+    assert "[jn-worker-3] longhorn-packages skipped" in final.output
+    assert "[jn-worker-3] binary unchanged" in final.output
+    longhorn_installs = sum(o.count("[jn-worker-3] longhorn-packages applied") for o in [*outputs, final.output])
+    assert longhorn_installs <= 1

@@ -32,7 +32,7 @@ from node_operations.k3s_install import (
 )
 from remote_access.kube import ClusterApi
 from remote_access.ssh import SshTarget, open_session
-from tests.lab.lab_stack import BIN, k3s_version, lab_binaries_missing, server_spec, worker_spec
+from tests.lab.lab_stack import k3s_snapshot, k3s_version, lab_binaries_missing, server_spec, worker_spec
 
 pytestmark = pytest.mark.lab
 TAINT = "hk3s.dev/validating=true:NoSchedule"
@@ -44,7 +44,8 @@ def target(lab: Lab, host: Host) -> SshTarget:
 
 
 def binary() -> K3sBinary:
-    return K3sBinary(version=k3s_version(), local_path=BIN / "k3s", sha256=(BIN / "k3s.sha256").read_text().split()[0])
+    path, digest = k3s_snapshot()
+    return K3sBinary(version=k3s_version(), local_path=path, sha256=digest)
 
 
 def install(lab: Lab, host: Host) -> ServerInstalled:
