@@ -66,6 +66,11 @@ def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clus
     yield Cluster(lab, server, w1, w2, w3, LabStack(tmp_path_factory.mktemp("join-stack")))
 
 
+def changes(summary: Any) -> dict[str, int]:
+    """An engine change summary keyed by plain operation names."""
+    return {str(getattr(op, "value", op)): count for op, count in (summary or {}).items()}
+
+
 def ready(node: dict) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
 
@@ -112,10 +117,10 @@ def test_preview_changes_nothing_on_any_host(cluster: Cluster) -> None:
     nodes_before = cluster.kubectl_json("get", "nodes")["items"]
     cluster.stack.write_config(cluster.config([cluster.w1, cluster.w2], labels={"jn-worker-1": {"tier": "web"}}))
     preview = cluster.stack.preview()
-    assert preview.change_summary.get("create", 0) >= 2 and preview.change_summary.get("update", 0) >= 1
+    summary = changes(preview.change_summary)
+    assert summary.get("create", 0) >= 2 and summary.get("update", 0) >= 1, summary
     assert [_host_snapshot(h) for h in hosts] == before
     nodes_after = cluster.kubectl_json("get", "nodes")["items"]
-    assert [n["metadata"]["resourceVersion"] for n in nodes_after if n["metadata"]["name"] != "jn-worker-1"] or True
     assert {n["metadata"]["name"] for n in nodes_after} == {n["metadata"]["name"] for n in nodes_before}
     assert cluster.node("jn-worker-1")["metadata"]["labels"]["tier"] == "batch"
     assert cluster.tokens() == []
@@ -151,7 +156,7 @@ def test_rejoin_cordons_for_the_checks_and_leaves_pods(cluster: Cluster) -> None
         stop.set()
         watcher.join()
     assert result.summary.result == "succeeded"
-    assert result.summary.resource_changes.get("update", 0) >= 1
+    assert changes(result.summary.resource_changes).get("update", 0) >= 1
     assert cordoned_seen.is_set(), "jn-worker-1 was never cordoned during its rejoin"
     node = cluster.node("jn-worker-1")
     assert not node["spec"].get("unschedulable") and node["metadata"]["labels"]["tier"] == "web"
@@ -169,7 +174,7 @@ def test_removing_a_worker_is_refused(cluster: Cluster) -> None:
     assert ready(cluster.node("jn-worker-2"))
     # Put it back: the stack is whole again and nothing changes.
     cluster.stack.write_config(cluster.config([cluster.w1, cluster.w2], labels={"jn-worker-1": {"tier": "web"}}))
-    assert cluster.up().summary.resource_changes.get("delete", 0) == 0
+    assert changes(cluster.up().summary.resource_changes).get("delete", 0) == 0
 
 
 PHASES = [
