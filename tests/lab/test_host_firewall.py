@@ -304,6 +304,15 @@ def cluster(lab: Lab) -> Iterator[Cluster]:
     applied = apply_all(made)
     made.backends = {name: outcome.backend for name, outcome in applied.items()}
     yield made
+    power_off(hosts)
+
+
+def power_off(hosts: Sequence[Host]) -> None:
+    """Stop the module's hosts for the rest of the session: each booted host's
+    systemd holds inotify instances, and the machine's per-user limit
+    (fs.inotify.max_user_instances, 128 by default) is shared by every lab."""
+    for host in hosts:
+        host.power_off()
 
 
 # --------------------------------------------------------------------------- tests
@@ -566,6 +575,7 @@ def operator_hosts(lab: Lab, cluster: Cluster) -> Iterator[dict[str, Host]]:
     for host in hosts.values():
         start_listener(host)
     yield hosts
+    power_off(list(hosts.values()))
 
 
 def _operator_rules(cluster: Cluster, host: Host) -> list[PortRule]:
