@@ -12,6 +12,7 @@ from cluster_settings.models import StackSettings
 from components.machine import provision_machine
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
+from components.provider_shards import OperationShards
 from providers.k3s_server import K3sServer
 
 FLANNEL_BACKEND = {"wireguard": "wireguard-native", "vxlan": "vxlan"}
@@ -27,6 +28,8 @@ class ClusterServerArgs:
     """The SSH key that logs in to every node."""
     private_network: PrivateNetwork | None
     """The Hetzner network to attach the server to, when the program creates one."""
+    shards: OperationShards
+    """The provider processes node operations run in."""
 
 
 class ClusterServer(pulumi.ComponentResource):
@@ -64,6 +67,7 @@ class ClusterServer(pulumi.ComponentResource):
             ssh_key_id=self.ssh_key_id,
             private_network=args.private_network,
             firewall_managed=settings.firewall.managed,
+            shards=args.shards,
         )
         self._k3s: K3sServer | None = None
 
@@ -94,7 +98,7 @@ class ClusterServer(pulumi.ComponentResource):
                 "approve_restart": settings.network.approve_server_restart,
                 "registry": cluster.registry,
             },
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.endpoint.probe, *after]),
+            opts=self.endpoint.options(self, [self.endpoint.probe, *after]),
         )
         self.version = self._k3s.version
         self.ca_hash = self._k3s.ca_hash

@@ -126,7 +126,7 @@ class FirewallRules(pulumi.ComponentResource):
                 "nodeports_open": settings.firewall.nodeports_open,
             }
             self.host_firewalls[node.name] = HostFirewall(
-                f"{node.name}-firewall", props, opts=pulumi.ResourceOptions(parent=self, depends_on=[node.probe])
+                f"{node.name}-firewall", props, opts=node.options(self, [node.probe])
             )
         self._waits.extend(self.host_firewalls.values())
         self.register_outputs(

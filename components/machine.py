@@ -12,6 +12,7 @@ import pulumi_hcloud as hcloud
 from cluster_settings.models import HostSettings, StackSettings
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
+from components.provider_shards import OperationShards
 from providers.host_probe import HostProbe
 
 
@@ -25,6 +26,7 @@ def provision_machine(
     ssh_key_id: pulumi.Output[str] | None,
     private_network: PrivateNetwork | None,
     firewall_managed: bool,
+    shards: OperationShards,
 ) -> NodeEndpoint:
     """Create (or adopt) the machine for `host` as children of `parent`."""
     child = pulumi.ResourceOptions(parent=parent)
@@ -58,6 +60,7 @@ def provision_machine(
         ssh_address = pulumi.Output.from_input(host.ssh_address or host.address)
         private_address = pulumi.Output.from_input(host.private_address)
         depends = []
+    operations = shards.for_node(host.name)
     probe = HostProbe(
         f"{host.name}-probe",
         node=host.name,
@@ -66,7 +69,7 @@ def provision_machine(
         ssh_user=credentials.user,
         private_key=credentials.private_key,
         recorded_host_key=credentials.recorded_host_keys.get(host.name),
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=depends),
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=depends, provider=operations),
     )
     return NodeEndpoint(
         name=host.name,
@@ -78,4 +81,5 @@ def provision_machine(
         hcloud_server_id=hcloud_server_id,
         firewall_managed=firewall_managed,
         probe=probe,
+        operations=operations,
     )

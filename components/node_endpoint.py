@@ -34,6 +34,14 @@ class NodeEndpoint:
     hcloud_server_id: pulumi.Output[str] | None
     firewall_managed: bool
     probe: HostProbe
+    operations: pulumi.ProviderResource
+    """The provider process this node's dynamic resources run in (components.provider_shards)."""
+
+    def options(
+        self, parent: pulumi.Resource, depends_on: list[pulumi.Resource] | None = None
+    ) -> pulumi.ResourceOptions:
+        """Options of a dynamic resource acting on this node."""
+        return pulumi.ResourceOptions(parent=parent, provider=self.operations, depends_on=depends_on or [])
 
     def cluster_address(self, mode: str) -> pulumi.Output[str]:
         """The address the other nodes use for this one: its private address in

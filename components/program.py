@@ -12,6 +12,7 @@ from components.cluster_server import ClusterServer, ClusterServerArgs
 from components.firewall_rules import FirewallRules, FirewallRulesArgs
 from components.node_endpoint import SshCredentials
 from components.private_network import PrivateNetwork, PrivateNetworkArgs
+from components.provider_shards import OperationShards
 from components.storage_copies import StorageCopies, StorageCopiesArgs
 from components.worker_node import WorkerNode, WorkerNodeArgs
 
@@ -53,8 +54,10 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
                 network_zone=NETWORK_ZONE_OF_LOCATION[settings.server.location or settings.cluster.location],
             ),
         )
+    shards = OperationShards()
     server = ClusterServer(
-        settings.server.name, ClusterServerArgs(settings=settings, credentials=credentials, private_network=network)
+        settings.server.name,
+        ClusterServerArgs(settings=settings, credentials=credentials, private_network=network, shards=shards),
     )
     workers = [
         WorkerNode(
@@ -65,6 +68,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
                 credentials=credentials,
                 ssh_key_id=server.ssh_key_id,
                 private_network=network,
+                shards=shards,
             ),
         )
         for worker in settings.workers

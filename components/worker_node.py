@@ -13,6 +13,7 @@ from components.cluster_server import ClusterServer
 from components.machine import provision_machine
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
+from components.provider_shards import OperationShards
 from node_operations.firewall_plan import KUBE_API_PORT, SSH_PORT
 from providers.connectivity_check import ConnectivityCheck
 from providers.disk_probe import DiskProbe
@@ -37,6 +38,8 @@ class WorkerNodeArgs:
     """The cluster's Hetzner SSH key, for a worker the program creates."""
     private_network: PrivateNetwork | None
     """The Hetzner network to attach a created worker to."""
+    shards: OperationShards
+    """The provider processes node operations run in."""
 
 
 class WorkerNode(pulumi.ComponentResource):
@@ -61,6 +64,7 @@ class WorkerNode(pulumi.ComponentResource):
             ssh_key_id=args.ssh_key_id,
             private_network=args.private_network,
             firewall_managed=args.settings.worker_firewall_managed(args.worker),
+            shards=args.shards,
         )
         self.join_resource: NodeJoin | None = None
 
@@ -81,7 +85,7 @@ class WorkerNode(pulumi.ComponentResource):
                         "target_address": self.endpoint.private_address,
                         "target_port": int(SSH_PORT),
                     },
-                    opts=pulumi.ResourceOptions(parent=self, depends_on=[*after]),
+                    opts=server_end.options(self, [*after]),
                 )
             )
             checks.append(
@@ -93,7 +97,7 @@ class WorkerNode(pulumi.ComponentResource):
                         "target_address": server_end.private_address,
                         "target_port": int(KUBE_API_PORT),
                     },
-                    opts=pulumi.ResourceOptions(parent=self, depends_on=[*after]),
+                    opts=self.endpoint.options(self, [*after]),
                 )
             )
         self.join_resource = NodeJoin(
@@ -119,13 +123,13 @@ class WorkerNode(pulumi.ComponentResource):
                 "registry": settings.cluster.registry,
                 "pod_network": settings.cluster.pod_network,
             },
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.endpoint.probe, server.k3s, *after, *checks]),
+            opts=self.endpoint.options(self, [self.endpoint.probe, server.k3s, *after, *checks]),
         )
         if worker.holds_copies:
             DiskProbe(
                 f"{worker.name}-disk",
                 {**connection, "disk_path": LONGHORN_DISK_PATH, "ignore_slow_disk": worker.ignore_slow_disk},
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.join_resource]),
+                opts=self.endpoint.options(self, [self.join_resource]),
             )
         fence = settings.fences.get(worker.name)
         if fence is not None:
@@ -138,7 +142,7 @@ class WorkerNode(pulumi.ComponentResource):
                     "hcloud_server_id": self.endpoint.hcloud_server_id,
                     "kubeconfig": server.kubeconfig,
                 },
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.join_resource]),
+                opts=self.endpoint.options(self, [self.join_resource]),
             )
         self.name = self.join_resource.name
         self.addresses = self.join_resource.addresses

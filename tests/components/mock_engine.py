@@ -42,6 +42,7 @@ class Registration:
     raw: Any
     inputs: dict[str, Any]
     additional_secret_outputs: list[str]
+    provider: str
 
     def is_secret(self, key: str) -> bool:
         value = self.raw.fields.get(key)
@@ -120,6 +121,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     raw=request.object,
                     inputs=rpc.deserialize_properties(request.object),
                     additional_secret_outputs=list(request.additionalSecretOutputs),
+                    provider=request.provider,
                 )
             )
         return response

@@ -190,7 +190,10 @@ def test_existing_hosts_only_need_no_hetzner(ssh_key_file: Path) -> None:
     )
     graph = _run(config)
     # Neither Hetzner nor Kubernetes plugins are needed for such a stack.
-    assert not [r for r in graph.registrations if r.type.startswith(("hcloud:", "kubernetes:", "pulumi:providers:"))]
+    assert not [r for r in graph.registrations if r.type.startswith(("hcloud:", "kubernetes:", "pulumi:providers:k"))]
+    assert {r.type for r in graph.registrations if r.type.startswith("pulumi:providers:")} == {
+        "pulumi:providers:pulumi-python"
+    }
     assert graph.by_name("metal-probe").inputs["address"] == METAL_ADDRESS
 
 
@@ -209,3 +212,21 @@ def test_one_copy_offer_has_one_storage_class(ssh_key_file: Path) -> None:
         "storageReservedPercentageForDefaultDisk": 30,
         "storageMinimalAvailablePercentage": 25,
     }
+
+
+def test_node_operations_are_sharded_over_provider_processes(graph: Recording) -> None:
+    """Each node's dynamic resources run in the provider process of its shard, so joins of
+    different nodes are not queued behind one process's 4 gRPC workers."""
+    from components.provider_shards import shard_of  # noqa: PLC0415
+
+    shard_urn = {int(r.name.rsplit("-", 1)[1]): r.urn for r in graph.of_type("pulumi:providers:pulumi-python")}
+    for node in ("srv", "w1", "w2", "metal"):
+        for reg in graph.registrations:
+            if (
+                "pulumi-python:dynamic" in reg.type
+                and reg.name.startswith(f"{node}-")
+                and "from-server" not in reg.name
+            ):
+                assert reg.provider.startswith(shard_urn[shard_of(node)] + "::"), (reg.name, reg.provider)
+    # The server-side connection check runs where the server's operations run.
+    assert graph.by_name("w1-from-server-ssh").provider.startswith(shard_urn[shard_of("srv")] + "::")

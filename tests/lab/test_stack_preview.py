@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from components.provider_shards import shard_of
+
 REPO = Path(__file__).resolve().parents[2]
 CACHE_BIN = Path(os.environ.get("HK3S_LAB_CACHE", "/var/cache/hk3s-lab")) / "bin"
 
@@ -84,7 +86,9 @@ def test_readme_command_reaches_preview(project_copy: Path, tmp_path: Path) -> N
         assert line in output, line
     # Stack, 5 components, and per node a probe and a host firewall; the server's k3s;
     # per worker two connection checks and a join; a disk probe for w1 (w2 holds no copies).
-    assert "20 to create" in output, output[-2000:]
+    # Plus one provider process per shard the three nodes fall in.
+    shards = len({shard_of(name) for name in ("srv", "w1", "w2")})
+    assert f"{20 + shards} to create" in output, output[-2000:]
     # The local backend the README names holds the stack.
     assert list((tmp_path / ".hk3s-state").rglob("local.json*")), "no stack state in ~/.hk3s-state"
     assert "BEGIN OPENSSH PRIVATE KEY" not in output
