@@ -873,6 +873,9 @@ class ObservedFirewall:
     present: bool
     rules: tuple[PortRule, ...]
     rule_count: int
+    # Differences that are not port rules (a hand-made rule in the table, UFW
+    # switched off, ...); filled in by `read_node_firewall`.
+    notes: tuple[str, ...] = ()
 
 
 def _merge_rules(rules: Iterable[PortRule]) -> tuple[PortRule, ...]:
@@ -948,7 +951,7 @@ def _nft_port_rule(rule: dict[str, Any], sets: Mapping[str, list[IPNetwork]]) ->
     return PortRule(
         port_text(*ports[0]),
         protocol,  # type: ignore[arg-type]
-        tuple(spelt) if spelt else ("0.0.0.0/32",),
+        tuple(spelt),
         str(rule.get("comment", "found on the host")),
     )
 
@@ -998,10 +1001,10 @@ def observe_firewalld(inspection: FirewallInspection) -> ObservedFirewall:
     for text in zone.rich_rules:
         match = _RICH_RULE.match(text)
         if match is None:
-            rules.append(PortRule("0", "tcp", ("0.0.0.0/32",), f"unrecognised rich rule: {text}"))
-            continue
+            continue  # not of the program's making: counted, and reported by structural_drift
+
         sources = state.ipsets.get(match["source"], ()) if match["kind"] == "ipset" else (match["source"],)
-        rules.append(PortRule(match["port"], match["protocol"], tuple(sources) or ("0.0.0.0/32",), ""))  # type: ignore[arg-type]
+        rules.append(PortRule(match["port"], match["protocol"], tuple(sources), ""))  # type: ignore[arg-type]
     fabric = state.zones.get(FIREWALLD_FABRIC_ZONE)
     count = len(zone.ports) + len(zone.rich_rules) + (len(fabric.interfaces) if fabric else 0)
     merged: dict[tuple[str, str], list[str]] = {}
@@ -1045,6 +1048,46 @@ def align_rules(observed: Sequence[PortRule], wanted: Sequence[PortRule]) -> lis
         port, protocol, sources = normalized_rule(rule)
         aligned.append(PortRule(port, protocol, sources, rule.purpose or "found on the host"))  # type: ignore[arg-type]
     return aligned
+
+
+def expected_rule_count(plan: NodeFirewallPlan, backend: FirewallBackend) -> int | None:
+    """How many rules the plan puts in the backend (None for UFW, whose IPv6
+    copies depend on its own IPV6 setting: its rules are compared one by one)."""
+    if backend == "nftables":
+        return render_nftables(plan).rule_count
+    if backend == "firewalld":
+        planned = planned_rules(plan)
+        return sum(1 if item.every_source else len(item.sets) for item in planned) + len(FABRIC_INTERFACES_EXACT)
+    return None
+
+
+def structural_drift(inspection: FirewallInspection, backend: FirewallBackend, plan: NodeFirewallPlan) -> list[str]:
+    """What differs from the plan besides the port rules, one line each."""
+    notes: list[str] = []
+    observed = observe(inspection, backend)
+    expected = expected_rule_count(plan, backend)
+    if expected is not None and observed.present and observed.rule_count != expected:
+        notes.append(f"the program's {backend} rules number {observed.rule_count}, the plan's {expected}")
+    state = inspection.firewalld
+    if backend == "firewalld" and state is not None and state.default_zone != FIREWALLD_ZONE:
+        notes.append(f"firewalld's default zone is {state.default_zone}, not {FIREWALLD_ZONE}")
+    if backend == "ufw":
+        if not inspection.ufw_active:
+            notes.append("UFW is not active")
+        if not _ufw_policy_denies(inspection):
+            notes.append(f"UFW's default incoming policy is {inspection.ufw_default_input}, not deny")
+        wanted = {rule.key for rule in render_ufw(plan) if rule.kind != "port"}
+        have = set()
+        for entry in inspection.ufw_tuples:
+            rule = entry.as_rule() if entry.tagged else None
+            if entry.tagged and (rule is None or (rule.kind != "port" and rule.key not in wanted)):
+                notes.append(
+                    f"UFW rule not of the plan: {entry.action} {entry.protocol} {entry.dport} from {entry.src}"
+                )
+            if rule is not None and rule.kind != "port":
+                have.add(rule.key)
+        notes += [f"UFW rule missing: {kind} on {interface}" for kind, _, _, _, interface in sorted(wanted - have)]
+    return notes
 
 
 def drift(observed: Sequence[PortRule], wanted: Sequence[PortRule]) -> tuple[list[PortRule], list[PortRule]]:
@@ -1108,7 +1151,7 @@ async def _apply_nftables(session: SshSession, plan: NodeFirewallPlan, inspectio
     if (
         observed.present
         and inspection.nft_persisted
-        and observed.rule_count == ruleset.rule_count
+        and not structural_drift(inspection, "nftables", plan)
         and align_rules(observed.rules, plan.rules) == list(plan.rules)
     ):
         return False
@@ -1145,8 +1188,7 @@ async def _apply_firewalld(session: SshSession, plan: NodeFirewallPlan, inspecti
     # Same files on disk but a runtime that drifted (a runtime-only firewall-cmd): reload anyway.
     in_force = (
         observed.present
-        and inspection.firewalld is not None
-        and inspection.firewalld.default_zone == FIREWALLD_ZONE
+        and not structural_drift(inspection, "firewalld", plan)
         and align_rules(observed.rules, plan.rules) == list(plan.rules)
     )
     await session.run(["rm", "-rf", REMOTE_FIREWALLD_STAGING], deadline=UPLOAD_DEADLINE_SECONDS)
@@ -1231,11 +1273,13 @@ async def apply_node_firewall(
         after = await inspect_firewall(session) if changed else inspection
         observed = observe(after, backend)
         missing, extra = drift(observed.rules, effective.rules)
-        if missing or extra:
+        others = structural_drift(after, backend, effective)
+        if missing or extra or others:
             raise FirewallError(
                 target.node,
                 f"after applying, the {backend} firewall differs from the plan "
-                f"(missing: {_describe_rules(missing) or 'none'}; unexpected: {_describe_rules(extra) or 'none'}); "
+                f"(missing: {_describe_rules(missing) or 'none'}; unexpected: {_describe_rules(extra) or 'none'}"
+                f"{''.join('; ' + note for note in others)}); "
                 "something else on the host changes the firewall: find it, then run `pulumi up` again",
             )
         if backend == "firewalld":
@@ -1258,16 +1302,20 @@ async def apply_node_firewall(
         )
 
 
-async def read_node_firewall(target: SshTarget, wanted: Sequence[PortRule] = ()) -> ObservedFirewall:
-    """The program's rules on the node as they are now, spelt like `wanted`
-    where they enforce the same (so only real drift shows). `present` is false
-    when nothing of the program's is on the node."""
+async def read_node_firewall(target: SshTarget, plan: NodeFirewallPlan | None = None) -> ObservedFirewall:
+    """The program's rules on the node as they are now, spelt like the plan's
+    where they enforce the same (so only real drift shows), with `notes` on
+    what else differs from the plan. `present` is false when nothing of the
+    program's is on the node."""
     async with open_session(target) as session:
         inspection = await inspect_firewall(session)
     held = managed_backends(inspection)
     backend = held[0] if held else inspection.backend()
     observed = observe(inspection, backend)
-    return replace(observed, rules=_reported_rules(observed, wanted, inspection.ssh_port))
+    if plan is None:
+        return observed
+    notes = structural_drift(inspection, backend, plan.with_session_port(inspection.ssh_port)) if held else []
+    return replace(observed, rules=_reported_rules(observed, plan.rules, inspection.ssh_port), notes=tuple(notes))
 
 
 def _reported_rules(

@@ -137,12 +137,15 @@ class HostFirewallProvider(NodeProvider):
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         plan = firewall_plan(props)
-        observed = run_operation(read_node_firewall(ssh_target(props), plan.rules))
+        observed = run_operation(read_node_firewall(ssh_target(props), plan))
         if not observed.present:
             progress(props["node"], "refresh: none of the program's firewall rules are on the host")
+        # What differs besides port rules shows as rules of its own, so the next
+        # `pulumi up` sees a change and applies the plan again.
+        notes = [{"port": "", "protocol": "", "sources": [], "purpose": note} for note in observed.notes]
         outs = {
             **props,
-            "rules": _rule_dicts(observed.rules),
+            "rules": _rule_dicts(observed.rules) + notes,
             "backend": observed.backend,
             "rule_count": observed.rule_count,
         }

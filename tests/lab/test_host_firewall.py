@@ -451,18 +451,30 @@ def test_refresh_shows_drift_and_update_repairs_it(cluster: Cluster) -> None:
     assert outs(clean)["rules"] == nft_props["rules"]
     count = outs(clean)["rule_count"]
 
-    # Someone opens 8888 by hand in the program's table.
+    # Someone opens 8888 by hand in the program's table, and lets everything in on eth0.
     cluster.nft.run(["nft", "add", "rule", "inet", "hk3s_node", "input", "tcp", "dport", "8888", "accept"])
+    cluster.nft.run(["nft", "add", "rule", "inet", "hk3s_node", "input", "iifname", "eth0", "accept"])
     assert tcp_open_from(cluster.outsider, str(cluster.nft.private_ip), 8888)
+    assert tcp_open_from(None, str(cluster.nft.public_ip), 10250)
     drifted = provider.read("fw-nft-firewall", nft_props)
-    assert outs(drifted)["rule_count"] == count + 1
+    assert outs(drifted)["rule_count"] == count + 2
     extra = [rule for rule in outs(drifted)["rules"] if rule not in nft_props["rules"]]
-    assert extra == [{"port": "8888", "protocol": "tcp", "sources": ["0.0.0.0/0"], "purpose": "found on the host"}]
+    assert extra == [
+        {"port": "8888", "protocol": "tcp", "sources": ["0.0.0.0/0"], "purpose": "found on the host"},
+        {
+            "port": "",
+            "protocol": "",
+            "sources": [],
+            "purpose": f"the program's nftables rules number {count + 2}, the plan's {count}",
+        },
+    ]
     assert provider.diff("fw-nft-firewall", outs(drifted), nft_props).changes
 
     updated = provider.update("fw-nft-firewall", outs(drifted), nft_props)
     assert outs(updated)["rule_count"] == count
     assert not tcp_open_from(cluster.outsider, str(cluster.nft.private_ip), 8888)
+    assert not tcp_open_from(None, str(cluster.nft.public_ip), 10250)
+    assert outs(provider.read("fw-nft-firewall", nft_props))["rules"] == nft_props["rules"]
 
     # UFW: a rule of the program's deleted by hand shows as missing, and comes back.
     ufw_props = cluster.props(cluster.ufw)
