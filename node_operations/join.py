@@ -431,6 +431,7 @@ class Joiner:
 
 async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, progress: Progress) -> JoinResult:
     """Preflight, prepare, join under the validation taint, validate, release."""
+    started = time.monotonic()
     async with open_session(worker) as worker_session, open_session(server) as server_session:
         joiner = Joiner(spec, worker_session, server_session, progress)
         facts, existing = await joiner.preflight()
@@ -440,6 +441,14 @@ async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, prog
         node = await joiner.wait_ready()
         await joiner.validate(node)
         node = await joiner.release(rejoin)
+        sessions = (worker_session, server_session)
+        # One machine-readable line for benchmarks: what the join cost in SSH terms.
+        commands = sum(s.commands for s in sessions)
+        remote = sum(s.remote_seconds for s in sessions)
+        progress(
+            f"join stats: ssh_connections={len(sessions)} commands={commands} "
+            f"remote_seconds={remote:.2f} total_seconds={time.monotonic() - started:.2f}"
+        )
         progress("joined and released")
         return JoinResult(
             name=node.name,

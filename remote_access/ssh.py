@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -107,6 +108,9 @@ class SshSession:
         self._connection = connection
         self.host_key = host_key
         self.newly_recorded = newly_recorded
+        # What this session cost: commands (and uploads) sent, and the time spent waiting on them.
+        self.commands = 0
+        self.remote_seconds = 0.0
 
     async def run(
         self,
@@ -158,6 +162,8 @@ class SshSession:
     async def upload(self, data: bytes, remote_path: str, *, deadline: float, mode: int = 0o644) -> None:
         """Write bytes to a file on the host atomically (temp file, then rename)."""
         temp_path = f"{remote_path}.hk3s-upload"
+        self.commands += 1
+        started = time.monotonic()
         try:
             async with asyncio.timeout(deadline):
                 async with self._connection.start_sftp_client() as sftp:
@@ -171,6 +177,8 @@ class SshSession:
             ) from None
         except (asyncssh.Error, OSError) as error:
             raise SshError(self.target.node, f"uploading {remote_path} failed: {error}") from None
+        finally:
+            self.remote_seconds += time.monotonic() - started
 
     async def _run_command(
         self,
@@ -185,6 +193,8 @@ class SshSession:
         stdout_lines: list[str] = []
         stderr_chunks: list[str] = []
         process: asyncssh.SSHClientProcess[str] | None = None
+        self.commands += 1
+        started = time.monotonic()
         try:
             async with asyncio.timeout(deadline):
                 process = await self._connection.create_process(command, encoding="utf-8", errors="replace")
@@ -216,6 +226,8 @@ class SshSession:
             ) from None
         except (asyncssh.Error, OSError) as error:
             raise SshError(self.target.node, f"{what}: connection failed: {error}") from None
+        finally:
+            self.remote_seconds += time.monotonic() - started
         result = CommandResult(
             exit_status=completed.exit_status if completed.exit_status is not None else -1,
             stdout="\n".join(stdout_lines) + ("\n" if stdout_lines else ""),
