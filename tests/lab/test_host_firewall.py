@@ -16,6 +16,7 @@ base tree needs `libpam-systemd` next to it (FIREWALLD_PACKAGES).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import re
 import socket
 import time
@@ -31,6 +32,7 @@ from lab.hosts import Host, HostSpec, Lab
 from node_operations.firewall_plan import PortRule, inbound_rules
 from node_operations.host_firewall import (
     FirewallBackend,
+    FirewallError,
     NodeFirewallJob,
     NodeFirewallPlan,
     apply_firewalls,
@@ -396,6 +398,22 @@ def test_reapplying_changes_nothing(cluster: Cluster) -> None:
     assert {name: outcome.changed for name, outcome in applied.items()} == dict.fromkeys(counts_before, False)
     assert {name: outcome.rule_count for name, outcome in applied.items()} == counts_before
     assert _table_state(cluster) == before
+
+
+def test_an_unreachable_node_fails_alone(cluster: Cluster) -> None:
+    """Every node is tried; the failure names its node and the others are applied."""
+    gone = SshTarget(
+        node="fw-gone",
+        address=str(ipaddress.ip_network(cluster.lab.public_net)[250]),  # nothing answers there
+        private_key=cluster.lab.ssh_private_key_path.read_text(),
+        connect_timeout=3,
+    )
+    jobs = [*cluster.jobs(), NodeFirewallJob(gone, cluster.plan(cluster.nft))]
+    result = asyncio.run(apply_firewalls(jobs))
+    assert set(result.applied) == {host.name for host in cluster.members}
+    assert list(result.failed) == ["fw-gone"] and result.failed["fw-gone"].startswith("fw-gone: ")
+    with pytest.raises(FirewallError, match=r"fw-gone: .*1 host firewall"):
+        result.raise_for_failures()
 
 
 def _address_everywhere(cluster: Cluster, address: str) -> dict[str, bool]:
