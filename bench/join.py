@@ -1,0 +1,133 @@
+"""What joining workers costs, on lab hosts with an injected round-trip time.
+
+    venv/bin/python bench/join.py --out results/join.json                 # 1, 4 and 12 workers, 50 ms
+    venv/bin/python bench/join.py --sizes 1,4 --rtt-ms 0 --out /tmp/j.json
+
+For each size N, a fresh lab: one server and N workers, each host delaying the
+packets it receives by the RTT (lab.hosts netem). `pulumi up` through the real
+CLI first installs the server alone, then a second `up` adds the N workers:
+its wall time is the join time. Every join prints one "join stats" line (SSH
+connections, commands, seconds waiting on the hosts, seconds in all); from
+those, per join:
+
+* round trips: commands sent (each at least one round trip);
+* host work: time waiting on commands minus one RTT per command;
+* program's own time: the join's total minus the host work (the RTTs, the
+  program's bookkeeping, its polling interval).
+
+Reported as ratios and counts; the acceptance is that 12 workers take less
+than twice as long as one (node operations are sharded over provider
+processes, see components/provider_shards.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lab.hosts import DEFAULT_CACHE_DIR, Lab
+from tests.lab.lab_stack import LabStack, base_config, lab_binaries_missing, server_spec, worker_spec
+
+STATS = re.compile(
+    r"\[(?P<node>[^\]]+)\] join stats: ssh_connections=(?P<connections>\d+) commands=(?P<commands>\d+) "
+    r"remote_seconds=(?P<remote>[\d.]+) total_seconds=(?P<total>[\d.]+)"
+)
+
+
+def run_size(workers: int, rtt_ms: int, scratch: Path) -> dict[str, Any]:
+    with Lab(DEFAULT_CACHE_DIR) as lab:
+        server = lab.add_host(server_spec(f"bn{workers}-server"))
+        hosts = [lab.add_host(worker_spec(f"bn{workers}-worker-{i + 1}")) for i in range(workers)]
+        lab.wait_ssh_ready([server, *hosts])
+        if rtt_ms:
+            for host in (server, *hosts):
+                host.netem(delay_ms=rtt_ms)
+        stack = LabStack(scratch / f"size-{workers}")
+        stack.write_config(base_config(lab, server, []))
+        started = time.monotonic()
+        stack.up()
+        server_seconds = time.monotonic() - started
+        stack.log.clear()
+        stack.write_config(base_config(lab, server, hosts))
+        started = time.monotonic()
+        result = stack.up()
+        join_seconds = time.monotonic() - started
+        assert result.summary.result == "succeeded"
+        # The engine prints each diagnostic line twice (live, then in its summary): one per node.
+        joins = list({m["node"]: m.groupdict() for m in STATS.finditer(stack.text())}.values())
+        assert len(joins) == workers, f"expected {workers} join stats lines, got {len(joins)}"
+        per_join: list[dict[str, Any]] = []
+        for join in joins:
+            commands, remote, total = int(join["commands"]), float(join["remote"]), float(join["total"])
+            host_work = max(remote - commands * rtt_ms / 1000, 0.0)
+            per_join.append(
+                {
+                    "node": join["node"],
+                    "ssh_connections": int(join["connections"]),
+                    "round_trips": commands,
+                    "seconds": total,
+                    "host_work_seconds": round(host_work, 2),
+                    "program_added_seconds": round(total - host_work, 2),
+                }
+            )
+        return {
+            "workers": workers,
+            "rtt_ms": rtt_ms,
+            "server_install_up_seconds": round(server_seconds, 1),
+            "join_up_seconds": round(join_seconds, 1),
+            "per_join_median": {
+                key: statistics.median(float(j[key]) for j in per_join)
+                for key in ("ssh_connections", "round_trips", "seconds", "host_work_seconds", "program_added_seconds")
+            },
+            "joins": per_join,
+        }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,4,12")
+    parser.add_argument("--rtt-ms", type=int, default=50)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    missing = lab_binaries_missing()
+    if missing:
+        print(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh", file=sys.stderr)
+        return 2
+    sizes = [int(size) for size in args.sizes.split(",")]
+    with tempfile.TemporaryDirectory(prefix="hk3s-bench-join-") as scratch:
+        results = [run_size(size, args.rtt_ms, Path(scratch)) for size in sizes]
+    base = results[0]["join_up_seconds"]
+    for result in results:
+        result["ratio_to_first"] = round(result["join_up_seconds"] / base, 2)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"RTT {args.rtt_ms} ms")
+    header = ("workers", "up s", "ratio", "ssh conn", "round trips", "join s", "host s", "added s")
+    print("".join(f"{name:>12}" for name in header))
+    for r in results:
+        m = r["per_join_median"]
+        row = (
+            r["workers"],
+            r["join_up_seconds"],
+            r["ratio_to_first"],
+            m["ssh_connections"],
+            m["round_trips"],
+            m["seconds"],
+            m["host_work_seconds"],
+            m["program_added_seconds"],
+        )
+        print("".join(f"{value:>12}" for value in row))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
