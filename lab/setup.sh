@@ -31,6 +31,11 @@ step() {
 }
 
 step "debian packages" bash scripts/setup_system.sh --lab
+# Every booted host's systemd takes inotify instances from one machine-wide budget
+# (default 128): about 15 hosts exhaust it. Raise it for the lab's host counts.
+if [ "$(sysctl -n fs.inotify.max_user_instances)" -lt 8192 ]; then
+  sysctl -q -w fs.inotify.max_user_instances=8192
+fi
 step "python environment" bash scripts/setup_python.sh requirements-dev.txt
 step "kubernetes control plane" bash lab/build/kube.sh
 step "pulumi cli" bash lab/build/pulumi.sh
