@@ -98,7 +98,13 @@ else
       ;;
     *) dnf install -y -q "${packages[@]}" >/dev/null || fail "installing ${packages[*]} failed" ;;
   esac
-  systemctl enable --now --quiet iscsid 2>/dev/null || systemctl enable --quiet iscsid.socket 2>/dev/null || true
+  # Enabled and started without waiting: its start can stall for systemd's whole start
+  # timeout on some hosts, and Longhorn only needs it running later, not now.
+  if systemctl enable --quiet iscsid 2>/dev/null; then
+    systemctl start --no-block iscsid
+  else
+    systemctl enable --quiet iscsid.socket 2>/dev/null || true
+  fi
   mark_done longhorn-packages "${packages[*]}"
   result longhorn-packages applied
 fi

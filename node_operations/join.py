@@ -432,6 +432,11 @@ class Joiner:
 async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, progress: Progress) -> JoinResult:
     """Preflight, prepare, join under the validation taint, validate, release."""
     started = time.monotonic()
+    report = progress
+
+    def progress(line: str) -> None:  # every line says how far into the join it is
+        report(f"{line} (at {time.monotonic() - started:.1f}s)")
+
     async with open_session(worker) as worker_session, open_session(server) as server_session:
         joiner = Joiner(spec, worker_session, server_session, progress)
         facts, existing = await joiner.preflight()
