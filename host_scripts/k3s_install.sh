@@ -3,7 +3,7 @@
 #   k3s_install.sh ROLE VERSION SHA256
 # ROLE is server or agent. SHA256 is the binary's checksum, or "-" to take it
 # from the release. Before this runs, the program may have uploaded
-#   /usr/local/bin/k3s.hk3s-upload          the binary (air-gapped install)
+#   /usr/local/bin/k3s.hk3s-upload.gz       the binary, gzipped (air-gapped install)
 #   /etc/rancher/k3s/config.yaml.hk3s-new   the wanted config
 # Prints "result <name> <value>" lines; each step is skipped when already done.
 set -euo pipefail
@@ -29,6 +29,9 @@ installed_version() {
 
 # --- binary -----------------------------------------------------------------
 binary_changed=no
+if [ -f "$upload.gz" ]; then
+  gunzip -f "$upload.gz"
+fi
 if [ -f "$upload" ]; then
   have=$(sha256sum "$upload" | cut -d' ' -f1)
   if [ "$want_sha" != "-" ] && [ "$have" != "$want_sha" ]; then

@@ -432,13 +432,12 @@ class Joiner:
 async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, progress: Progress) -> JoinResult:
     """Preflight, prepare, join under the validation taint, validate, release."""
     started = time.monotonic()
-    report = progress
 
-    def progress(line: str) -> None:  # every line says how far into the join it is
-        report(f"{line} (at {time.monotonic() - started:.1f}s)")
+    def timed(line: str) -> None:  # every line says how far into the join it is
+        progress(f"{line} (at {time.monotonic() - started:.1f}s)")
 
     async with open_session(worker) as worker_session, open_session(server) as server_session:
-        joiner = Joiner(spec, worker_session, server_session, progress)
+        joiner = Joiner(spec, worker_session, server_session, timed)
         facts, existing = await joiner.preflight()
         await joiner.prepare()
         rejoin = existing is not None
@@ -450,11 +449,11 @@ async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, prog
         # One machine-readable line for benchmarks: what the join cost in SSH terms.
         commands = sum(s.commands for s in sessions)
         remote = sum(s.remote_seconds for s in sessions)
-        progress(
+        timed(
             f"join stats: ssh_connections={len(sessions)} commands={commands} "
             f"remote_seconds={remote:.2f} total_seconds={time.monotonic() - started:.2f}"
         )
-        progress("joined and released")
+        timed("joined and released")
         return JoinResult(
             name=node.name,
             addresses=sorted(set(node.addresses.get(kind, "") for kind in ("InternalIP", "ExternalIP")) - {""}),

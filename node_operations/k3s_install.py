@@ -4,6 +4,7 @@ installer. Shared by the server set-up and the join."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -122,6 +123,17 @@ def agent_config(
     )
 
 
+# Gzipped binaries by SHA-256, kept for the provider process's lifetime: joining many
+# workers compresses the binary once and sends a third of its bytes to each host.
+_GZIPPED: dict[str, bytes] = {}
+
+
+def _gzipped(path: Path, sha256: str) -> bytes:
+    if sha256 not in _GZIPPED:
+        _GZIPPED[sha256] = gzip.compress(path.expanduser().read_bytes(), compresslevel=1)
+    return _GZIPPED[sha256]
+
+
 def parse_results(output: str) -> dict[str, str]:
     """`result <name> <value>` lines printed by host scripts."""
     results: dict[str, str] = {}
@@ -149,14 +161,10 @@ async def install_k3s(
     """Upload what is needed and run k3s_install.sh; returns its results."""
     want_sha = binary.local_sha256()
     await session.run(["mkdir", "-p", "/etc/rancher/k3s"], deadline=30)
-    if binary.local_path is not None and await remote_sha256(session, K3S_BIN) != want_sha:
-        progress(f"uploading k3s {binary.version} ({binary.local_path.stat().st_size // 1_000_000} MB)")
-        await session.upload(
-            binary.local_path.expanduser().read_bytes(),
-            f"{K3S_BIN}.hk3s-upload",
-            deadline=INSTALL_DEADLINE_SECONDS,
-            mode=0o755,
-        )
+    if binary.local_path is not None and want_sha is not None and await remote_sha256(session, K3S_BIN) != want_sha:
+        packed = _gzipped(binary.local_path, want_sha)
+        progress(f"uploading k3s {binary.version} ({len(packed) // 1_000_000} MB gzipped)")
+        await session.upload(packed, f"{K3S_BIN}.hk3s-upload.gz", deadline=INSTALL_DEADLINE_SECONDS, mode=0o644)
     await session.upload(config_text.encode(), f"{CONFIG_PATH}.hk3s-new", deadline=60, mode=0o600)
     result = await session.run_script(
         script_path("k3s_install.sh"),

@@ -56,4 +56,6 @@ if ! pulumi stack select "$stack" 2>/dev/null; then
   echo "Creating stack $stack in $PULUMI_BACKEND_URL" >&2
   pulumi stack init "$stack" --secrets-provider passphrase
 fi
-exec pulumi "$action" --stack "$stack" "$@"
+# The engine's default of 8 operations at once would queue the joins of a larger batch of
+# workers; node operations are spread over provider processes to run side by side.
+exec pulumi "$action" --stack "$stack" --parallel "${HK3S_PARALLEL:-32}" "$@"

@@ -25,6 +25,7 @@ KUBE_BIN_IN_HOST = "/opt/lab-kube/bin"
 # Longhorn's packages baked into the lab base so joins need not download them every time;
 # node_prepare.sh still checks them (one lab test joins a host without them).
 LONGHORN_PACKAGES = ("open-iscsi", "nfs-common")
+PARALLEL = 32
 
 
 def lab_binaries_missing() -> list[str]:
@@ -146,7 +147,8 @@ class LabStack:
             if on_output is not None:
                 on_output(line)
 
-        return self.stack().up(color="never", on_output=record)
+        # As scripts/stack.sh: more than the engine's default 8 operations at once.
+        return self.stack().up(color="never", on_output=record, parallel=PARALLEL)
 
     def preview(self) -> auto.PreviewResult:
         return self.stack().preview(color="never", on_output=self.log.append)
