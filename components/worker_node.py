@@ -74,7 +74,8 @@ class WorkerNode(pulumi.ComponentResource):
         mode = settings.network.mode
         connection = self.endpoint.connection_props(credentials)
         checks: list[pulumi.Resource] = []
-        if mode != "public":
+        # Until network-mode selection lands, auto means public (see NodeEndpoint.cluster_address).
+        if mode == "private":
             server_end = server.endpoint
             checks.append(
                 ConnectivityCheck(

@@ -24,6 +24,7 @@ def _config(key_file: Path, **overrides: Any) -> dict[str, Any]:
         "server": {"name": "srv"},
         "ssh": {"private_key_file": str(key_file)},
         "firewall": {"operator_access": [OPERATOR_NET]},
+        "network": {"mode": "private"},
         "storage": {"max_copies": 2},
         "workers": [
             {"name": "w1"},
@@ -136,12 +137,20 @@ def test_cloud_firewall_ports_and_sources(graph: Recording) -> None:
 
 
 def test_host_firewall_rules_exclude_self_and_keep_8888_closed(graph: Recording) -> None:
+    # Private mode: host firewalls admit the peers' private addresses.
     rules = _rules(graph.by_name("w2-firewall").inputs)
-    own = f"{fake_ipv4('w2')}/32"
+    own = f"{fake_ipv4('w2-private', '10.0.1')}/32"
     assert all(own not in sources for port, sources in rules.items() if port[0] != "22")
     assert ("8888", "tcp") not in rules
     assert not any(port.startswith("30000") for port, _ in rules)
-    assert rules[("9100", "tcp")] == {f"{fake_ipv4('srv')}/32"}
+    assert rules[("9100", "tcp")] == {f"{fake_ipv4('srv-private', '10.0.1')}/32"}
+    # The existing host has no private address: its public one stands in.
+    assert f"{METAL_ADDRESS}/32" in rules[("10250", "tcp")]
+
+
+def test_auto_mode_creates_no_connection_checks_yet(ssh_key_file: Path) -> None:
+    graph = _run(_config(ssh_key_file, network={"mode": "auto"}))
+    assert not graph.of_type("hk3s:ConnectivityCheck")
 
 
 def test_vxlan_and_nodeports_change_the_plan(ssh_key_file: Path) -> None:
