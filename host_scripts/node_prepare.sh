@@ -92,6 +92,8 @@ else
       export DEBIAN_FRONTEND=noninteractive
       installed=$(dpkg-query -W -f='${Status}\n' "${packages[@]}" 2>/dev/null | grep -c "ok installed" || true)
       if [ "$installed" != "${#packages[@]}" ]; then
+        # A host rebooted in the middle of an earlier run may have left dpkg half done.
+        dpkg --configure -a >/dev/null 2>&1 || true
         apt-get update -qq || fail "apt-get update failed; check the host's package sources"
         apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null || fail "installing ${packages[*]} failed"
       fi
