@@ -81,7 +81,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
     )
     server.install_k3s(after=firewall.in_place())
     for worker in workers:
-        worker.join(server, after=firewall.in_place())
+        worker.join(server, after=firewall.in_place(), peers=[other.endpoint for other in workers])
     storage = StorageCopies(
         "storage",
         StorageCopiesArgs(storage=settings.storage, kubeconfig=server.kubeconfig, after=[server.k3s]),

@@ -68,8 +68,9 @@ class WorkerNode(pulumi.ComponentResource):
         )
         self.join_resource: NodeJoin | None = None
 
-    def join(self, server: ClusterServer, after: Sequence[pulumi.Resource]) -> None:
-        """Join the worker to `server` once `after` (the firewalls) exist."""
+    def join(self, server: ClusterServer, after: Sequence[pulumi.Resource], peers: Sequence[NodeEndpoint] = ()) -> None:
+        """Join the worker to `server` once `after` (the firewalls) exist; `peers` are the
+        other workers, which the join must reach over SSH."""
         settings, worker, credentials = self._args.settings, self._args.worker, self._args.credentials
         mode = settings.network.mode
         connection = self.endpoint.connection_props(credentials)
@@ -116,6 +117,16 @@ class WorkerNode(pulumi.ComponentResource):
                 "k3s_binary": str(settings.cluster.k3s_binary) if settings.cluster.k3s_binary else None,
                 "k3s_sha256": settings.cluster.k3s_sha256,
                 "recorded_nodes": sorted([settings.server.name, *(w.name for w in settings.workers)]),
+                "peers": [
+                    {
+                        "node": peer.name,
+                        "address": peer.ssh_address,
+                        "ssh_port": peer.ssh_port,
+                        "host_key": peer.probe.host_key,
+                    }
+                    for peer in peers
+                    if peer.name != self.endpoint.name
+                ],
                 "network_mode": mode,
                 "node_ip": self.endpoint.cluster_address(mode),
                 "node_external_ip": self.endpoint.public_address,

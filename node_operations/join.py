@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +42,7 @@ READY_DEADLINE_SECONDS = 120.0
 POLL_SECONDS = 2.0
 VALIDATE_DEADLINE_SECONDS = 120.0
 KUBELET_REACH_SECONDS = 30.0
+PEER_CONNECT_SECONDS = 10.0
 PERMITS_CONFIGMAP = "hk3s-join-permits"
 PERMIT_POLICY = "hk3s-node-join-permits"
 
@@ -113,6 +115,9 @@ class JoinSpec:
     recorded_nodes: tuple[str, ...] = ()  # the server and every worker of the stack
     registry: str | None = None
     removed_labels: tuple[str, ...] = ()  # labels an earlier config set and this one drops
+    # Every other recorded node (not the server): the program must reach each over SSH,
+    # since a join changes their firewalls too (seed 000, "Before you start").
+    peers: tuple[SshTarget, ...] = ()
     register_deadline: float = REGISTER_DEADLINE_SECONDS
     ready_deadline: float = READY_DEADLINE_SECONDS
 
@@ -210,6 +215,7 @@ class Joiner:
                 f"the cluster has worker(s) the program has not recorded: {', '.join(unrecorded)}. "
                 "Add each to hk3s:workers (kind: existing, with its address) to adopt it, then run pulumi up",
             )
+        await self._check_peers()
         own_state = existing is not None or await self._joined_this_cluster_before()
         problems = evaluate_preflight(
             self.spec.node,
@@ -239,6 +245,29 @@ class Joiner:
             deadline=15,
         )
         return facts, existing
+
+    async def _check_peers(self) -> None:
+        """SSH access to every recorded node, checked in parallel; all failures named."""
+
+        async def reach(peer: SshTarget) -> str | None:
+            try:
+                async with open_session(dataclasses.replace(peer, connect_timeout=PEER_CONNECT_SECONDS)) as session:
+                    await session.run(["true"], deadline=PEER_CONNECT_SECONDS)
+                return None
+            except SshError as error:
+                return str(error)
+
+        failures = [failure for failure in await asyncio.gather(*(reach(p) for p in self.spec.peers)) if failure]
+        if failures:
+            raise JoinError(
+                self.spec.node,
+                "ssh-peers",
+                "the program cannot log in to every recorded node, and a join changes their firewalls: "
+                + "; ".join(failures)
+                + ". Bring them back, or remove or fence them in the stack, then run pulumi up",
+            )
+        if self.spec.peers:
+            self.checks["ssh-peers"] = f"{len(self.spec.peers)} reachable"
 
     async def _joined_this_cluster_before(self) -> bool:
         result = await self.worker.run(["cat", "/var/lib/hk3s/journal/join-ca"], deadline=15, check=False)

@@ -85,6 +85,19 @@ class NodeJoinProvider(NodeProvider):
             port=int(props.get("server_ssh_port") or 22),
             recorded_host_key=props.get("server_host_key") or None,
         )
+        spec = dataclasses.replace(
+            spec,
+            peers=tuple(
+                dataclasses.replace(
+                    ssh_target(props),
+                    node=str(peer["node"]),
+                    address=str(peer["address"]),
+                    port=int(peer.get("ssh_port") or 22),
+                    recorded_host_key=peer.get("host_key") or None,
+                )
+                for peer in props.get("peers") or []
+            ),
+        )
         result = run_operation(join_worker(ssh_target(props), server, spec, lambda line: progress(node, line)))
         return {
             **props,
@@ -99,7 +112,9 @@ class NodeJoinProvider(NodeProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # The list of recorded nodes is context for preflight, not this node's configuration:
         # adding or removing another worker must not rejoin this one.
-        return diff_inputs(olds, news, replace_on=self.replace_on, ignore=("recorded_host_key", "recorded_nodes"))
+        return diff_inputs(
+            olds, news, replace_on=self.replace_on, ignore=("recorded_host_key", "recorded_nodes", "peers")
+        )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         # Deterministic id: a create retried after a crash resumes the same node's join.

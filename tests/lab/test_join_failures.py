@@ -278,3 +278,16 @@ def test_foreign_kubernetes_state_is_refused(lab: Lab, cluster: Cluster) -> None
 def _recorded(cluster: Cluster, worker: Host) -> tuple[str, ...]:
     names = cluster.server.run(["/usr/local/bin/k3s", "kubectl", "get", "nodes", "-o", "name"]).stdout.split()
     return tuple({name.removeprefix("node/") for name in names} | {worker.name})
+
+
+def test_unreachable_recorded_node_stops_the_join(lab: Lab, cluster: Cluster) -> None:
+    # Seed 000: commands that update every node stop at a powered-off one.
+    down = fresh_worker(lab, "jf-down")
+    peer = target(lab, down)
+    down.power_off()
+    worker = fresh_worker(lab, "jf-blocked")
+    error = join(lab, cluster, worker, peers=(peer,), recorded_nodes=_recorded(cluster, worker))
+    assert error.check == "ssh-peers", str(error)
+    assert "jf-down" in str(error) and "fence" in str(error)
+    # Nothing was changed on the joining host.
+    assert worker.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
