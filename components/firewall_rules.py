@@ -71,6 +71,7 @@ class FirewallRules(pulumi.ComponentResource):
     """Cloud firewalls for the Hetzner servers and host firewalls on managed nodes."""
 
     host_firewalls: dict[str, HostFirewall]
+    node_rules: dict[str, pulumi.Output[list[dict[str, Any]]]]
     cloud_firewall_ids: dict[str, pulumi.Output[str]]
 
     def __init__(self, name: str, args: FirewallRulesArgs, opts: pulumi.ResourceOptions | None = None) -> None:
@@ -113,12 +114,16 @@ class FirewallRules(pulumi.ComponentResource):
                 self._waits.append(attachment)
 
         self.host_firewalls = {}
+        # Every node's inbound rules: applied where the program runs the firewall, checked
+        # by the join where the operator does.
+        self.node_rules = {
+            node.name: cluster_peers.apply(functools.partial(_host_rules, settings, node.role, node.name, server.name))
+            for node in args.nodes
+        }
         for node in args.nodes:
             if not node.firewall_managed:
                 continue
-            rules_data = cluster_peers.apply(
-                functools.partial(_host_rules, settings, node.role, node.name, server.name)
-            )
+            rules_data = self.node_rules[node.name]
             props: dict[str, Any] = {
                 **node.connection_props(args.credentials),
                 "role": node.role,

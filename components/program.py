@@ -81,7 +81,12 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
     )
     server.install_k3s(after=firewall.in_place())
     for worker in workers:
-        worker.join(server, after=firewall.in_place(), peers=[other.endpoint for other in workers])
+        worker.join(
+            server,
+            after=firewall.in_place(),
+            peers=[other.endpoint for other in workers],
+            firewall_rules=firewall.node_rules[worker.endpoint.name],
+        )
     storage = StorageCopies(
         "storage",
         StorageCopiesArgs(storage=settings.storage, kubeconfig=server.kubeconfig, after=[server.k3s]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 
@@ -68,7 +69,13 @@ class WorkerNode(pulumi.ComponentResource):
         )
         self.join_resource: NodeJoin | None = None
 
-    def join(self, server: ClusterServer, after: Sequence[pulumi.Resource], peers: Sequence[NodeEndpoint] = ()) -> None:
+    def join(
+        self,
+        server: ClusterServer,
+        after: Sequence[pulumi.Resource],
+        peers: Sequence[NodeEndpoint] = (),
+        firewall_rules: pulumi.Output[list[dict[str, Any]]] | None = None,
+    ) -> None:
         """Join the worker to `server` once `after` (the firewalls) exist; `peers` are the
         other workers, which the join must reach over SSH."""
         settings, worker, credentials = self._args.settings, self._args.worker, self._args.credentials
@@ -116,6 +123,8 @@ class WorkerNode(pulumi.ComponentResource):
                 "k3s_version": server.version,
                 "k3s_binary": str(settings.cluster.k3s_binary) if settings.cluster.k3s_binary else None,
                 "k3s_sha256": settings.cluster.k3s_sha256,
+                # Checked against the host's own firewall when the operator runs it.
+                "operator_firewall_rules": None if self.endpoint.firewall_managed else firewall_rules,
                 "recorded_nodes": sorted([settings.server.name, *(w.name for w in settings.workers)]),
                 "peers": [
                     {

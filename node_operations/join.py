@@ -25,7 +25,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from host_scripts import script_path
+from node_operations.firewall_plan import PortRule
 from node_operations.host_facts import HostFacts, gather_facts, interface_of
+from node_operations.host_firewall import evaluate_operator_firewall, inspect_firewall
 from node_operations.k3s_install import CONFIG_PATH, K3sBinary, agent_config, install_k3s, parse_results
 from node_operations.preflight import PreflightRequirements, evaluate_preflight
 from remote_access.kube import ClusterApi, JoinToken, NodeStatus, Taint
@@ -118,6 +120,8 @@ class JoinSpec:
     # Every other recorded node (not the server): the program must reach each over SSH,
     # since a join changes their firewalls too (seed 000, "Before you start").
     peers: tuple[SshTarget, ...] = ()
+    # The node's inbound rules when the operator runs its firewall (None: the program does).
+    operator_firewall_rules: tuple[PortRule, ...] | None = None
     register_deadline: float = REGISTER_DEADLINE_SECONDS
     ready_deadline: float = READY_DEADLINE_SECONDS
 
@@ -224,6 +228,8 @@ class Joiner:
         )
         if problems:
             raise JoinError(self.spec.node, "preflight", "; ".join(f"{p.check}: {p.message}" for p in problems))
+        if self.spec.operator_firewall_rules is not None:
+            await self._check_operator_firewall(self.spec.operator_firewall_rules)
         if interface_of(facts, self.spec.node_ip) is None:
             raise JoinError(
                 self.spec.node,
@@ -245,6 +251,14 @@ class Joiner:
             deadline=15,
         )
         return facts, existing
+
+    async def _check_operator_firewall(self, required: tuple[PortRule, ...]) -> None:
+        """A firewall the program does not manage must already allow the cluster's traffic
+        (seed 000: an unmanaged active firewall stops the join); list what to add."""
+        report = evaluate_operator_firewall(await inspect_firewall(self.worker, operator=True), required)
+        if report.stops_join:
+            raise JoinError(self.spec.node, "firewall", report.message())
+        self.checks["operator-firewall"] = f"{report.firewall}: nothing missing"
 
     async def _check_peers(self) -> None:
         """SSH access to every recorded node, checked in parallel; all failures named."""

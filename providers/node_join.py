@@ -16,6 +16,7 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
 from cluster_settings.models import K3S_VERSION
+from node_operations.firewall_plan import PortRule
 from node_operations.join import JoinSpec, join_worker, read_node
 from node_operations.k3s_install import K3sBinary
 from providers.base import (
@@ -85,8 +86,15 @@ class NodeJoinProvider(NodeProvider):
             port=int(props.get("server_ssh_port") or 22),
             recorded_host_key=props.get("server_host_key") or None,
         )
+        operator_rules = props.get("operator_firewall_rules")
         spec = dataclasses.replace(
             spec,
+            operator_firewall_rules=None
+            if operator_rules is None
+            else tuple(
+                PortRule(str(r["port"]), r["protocol"], tuple(r["sources"]), str(r.get("purpose", "")))
+                for r in operator_rules
+            ),
             peers=tuple(
                 dataclasses.replace(
                     ssh_target(props),
@@ -113,7 +121,10 @@ class NodeJoinProvider(NodeProvider):
         # The list of recorded nodes is context for preflight, not this node's configuration:
         # adding or removing another worker must not rejoin this one.
         return diff_inputs(
-            olds, news, replace_on=self.replace_on, ignore=("recorded_host_key", "recorded_nodes", "peers")
+            olds,
+            news,
+            replace_on=self.replace_on,
+            ignore=("recorded_host_key", "recorded_nodes", "peers", "operator_firewall_rules"),
         )
 
     def create(self, props: dict[str, Any]) -> CreateResult:

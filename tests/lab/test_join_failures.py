@@ -291,3 +291,29 @@ def test_unreachable_recorded_node_stops_the_join(lab: Lab, cluster: Cluster) ->
     assert "jf-down" in str(error) and "fence" in str(error)
     # Nothing was changed on the joining host.
     assert worker.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
+
+
+def test_unmanaged_active_firewall_stops_the_join_listing_rules(lab: Lab, cluster: Cluster) -> None:
+    # Seed 000: a firewall the program does not manage stops the join; the operator gets the rules to add.
+    from node_operations.firewall_plan import inbound_rules  # noqa: PLC0415
+
+    worker = fresh_worker(lab, "jf-opfw")
+    assert worker.public_ip and cluster.server.public_ip
+    worker.run(["nft", "add table inet operator"])
+    worker.run(["nft", "add chain inet operator input { type filter hook input priority 0; policy drop; }"])
+    worker.run(["nft", "add rule inet operator input ct state established,related accept"])
+    worker.run(["nft", "add rule inet operator input iif lo accept"])
+    worker.run(["nft", "add rule inet operator input tcp dport 22 accept"])
+    required = tuple(
+        inbound_rules(
+            role="worker",
+            node=worker.name,
+            peers={cluster.server.name: cluster.server.public_ip, worker.name: worker.public_ip},
+            server=cluster.server.name,
+            pod_network="vxlan",
+        )
+    )
+    error = join(lab, cluster, worker, operator_firewall_rules=required, recorded_nodes=_recorded(cluster, worker))
+    assert error.check == "firewall", str(error)
+    assert "10250" in str(error) and "8472" in str(error) and cluster.server.public_ip in str(error)
+    assert worker.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
