@@ -13,6 +13,7 @@ import sys
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
+import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ResourceProvider
 
 from cluster_settings.models import DNS_1123_LABEL
@@ -95,6 +96,15 @@ def diff_inputs(
     changed = sorted(key for key in keys if key in news and olds.get(key) != news.get(key))
     replaces = [key for key in changed if key in set(replace_on)]
     return DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=bool(replaces))
+
+
+def resource_inputs(props: Mapping[str, Any], outputs: Iterable[str], secrets: Iterable[str] = ()) -> dict[str, Any]:
+    """A node-facing resource's inputs: the private key (and `secrets`) wrapped as secrets,
+    and every output declared (as None) so it becomes an attribute of the resource."""
+    inputs: dict[str, Any] = {**props, **{name: None for name in outputs}}
+    for name in ("private_key", *secrets):
+        inputs[name] = pulumi.Output.secret(props[name])
+    return inputs
 
 
 class NodeProvider(ResourceProvider):

@@ -11,7 +11,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, UpdateResult
 
-from providers.base import CapabilityMissingError, NodeProvider, check_connection_inputs, diff_inputs
+from providers.base import CapabilityMissingError, NodeProvider, check_connection_inputs, diff_inputs, resource_inputs
 
 CHECK_CAPABILITY = "connection checks between nodes (issue #5: network mode and firewalls)"
 
@@ -57,5 +57,5 @@ class ConnectivityCheck(Resource, module="hk3s", name="ConnectivityCheck"):
     verified_at: pulumi.Output[str]
 
     def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        inputs = {**props, "private_key": pulumi.Output.secret(props["private_key"]), "verified_at": None}
+        inputs = resource_inputs(props, ["verified_at"])
         super().__init__(ConnectivityCheckProvider(), resource_name, inputs, opts)

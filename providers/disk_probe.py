@@ -12,7 +12,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, Resource, UpdateResult
 
-from providers.base import CapabilityMissingError, NodeProvider, check_connection_inputs
+from providers.base import CapabilityMissingError, NodeProvider, check_connection_inputs, resource_inputs
 
 PROBE_CAPABILITY = "the disk probe for volume copies; set holds_copies: false on the worker to join it without one"
 
@@ -45,10 +45,5 @@ class DiskProbe(Resource, module="hk3s", name="DiskProbe"):
     sync_p99_ms: pulumi.Output[float]
 
     def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        inputs = {
-            **props,
-            "private_key": pulumi.Output.secret(props["private_key"]),
-            "eligible": None,
-            "sync_p99_ms": None,
-        }
+        inputs = resource_inputs(props, ["eligible", "sync_p99_ms"])
         super().__init__(DiskProbeProvider(), resource_name, inputs, opts)

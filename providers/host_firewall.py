@@ -32,6 +32,7 @@ from providers.base import (
     diff_inputs,
     pin_recorded_host_key,
     progress,
+    resource_inputs,
     run_operation,
     ssh_target,
 )
@@ -169,10 +170,5 @@ class HostFirewall(Resource, module="hk3s", name="HostFirewall"):
     backend: pulumi.Output[str]
 
     def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        inputs = {
-            **props,
-            "private_key": pulumi.Output.secret(props["private_key"]),
-            "rule_count": None,
-            "backend": None,
-        }
+        inputs = resource_inputs(props, ["rule_count", "backend"])
         super().__init__(HostFirewallProvider(), resource_name, inputs, opts)

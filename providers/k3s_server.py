@@ -21,6 +21,7 @@ from providers.base import (
     check_connection_inputs,
     pin_recorded_host_key,
     progress,
+    resource_inputs,
     run_operation,
     ssh_target,
 )
@@ -132,13 +133,6 @@ class K3sServer(Resource, module="hk3s", name="K3sServer"):
     api_endpoint: pulumi.Output[str]
 
     def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        inputs = {
-            **props,
-            "private_key": pulumi.Output.secret(props["private_key"]),
-            "version": None,
-            "ca_hash": None,
-            "kubeconfig": None,
-            "api_endpoint": None,
-        }
+        inputs = resource_inputs(props, ["version", "ca_hash", "kubeconfig", "api_endpoint"])
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["kubeconfig"]))
         super().__init__(K3sServerProvider(), resource_name, inputs, opts)

@@ -12,7 +12,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, Resource, UpdateResult
 
-from providers.base import CapabilityMissingError, NodeProvider, check_connection_inputs
+from providers.base import CapabilityMissingError, NodeProvider, check_connection_inputs, resource_inputs
 
 FENCE_CAPABILITY = "fencing a worker"
 
@@ -46,11 +46,5 @@ class NodeFence(Resource, module="hk3s", name="NodeFence"):
     stopped_services: pulumi.Output[list[str]]
 
     def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        inputs = {
-            **props,
-            "private_key": pulumi.Output.secret(props["private_key"]),
-            "kubeconfig": pulumi.Output.secret(props["kubeconfig"]),
-            "recorded_at": None,
-            "stopped_services": None,
-        }
+        inputs = resource_inputs(props, ["recorded_at", "stopped_services"], secrets=["kubeconfig"])
         super().__init__(NodeFenceProvider(), resource_name, inputs, opts)

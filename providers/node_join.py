@@ -26,14 +26,33 @@ from providers.base import (
     diff_inputs,
     pin_recorded_host_key,
     progress,
+    resource_inputs,
     run_operation,
     ssh_target,
 )
+from remote_access.ssh import SshTarget
 
 REMOVE_CAPABILITY = (
     "removing a worker (drain, move copies, wipe, deregister); put the worker back in hk3s:workers to keep it"
 )
 NETWORK_MODES = ("auto", "private", "public")
+
+
+def _other_node(props: dict[str, Any], node: Any, address: Any, port: Any, host_key: Any) -> SshTarget:
+    """Another node's SSH target: same user and key as this node's, its own address and pinned key."""
+    return dataclasses.replace(
+        ssh_target(props),
+        node=str(node),
+        address=str(address),
+        port=int(port or 22),
+        recorded_host_key=host_key or None,
+    )
+
+
+def _server(props: dict[str, Any]) -> SshTarget:
+    return _other_node(
+        props, props["server_node"], props["server_address"], props.get("server_ssh_port"), props.get("server_host_key")
+    )
 
 
 class NodeJoinProvider(NodeProvider):
@@ -60,6 +79,7 @@ class NodeJoinProvider(NodeProvider):
 
     def _join(self, props: dict[str, Any], old_labels: dict[str, str] | None = None) -> dict[str, Any]:
         node = str(props["node"])
+        operator_rules = props.get("operator_firewall_rules")
         spec = JoinSpec(
             node=node,
             node_ip=str(props["node_ip"]),
@@ -78,34 +98,18 @@ class NodeJoinProvider(NodeProvider):
             removed_labels=tuple(sorted(set(old_labels or {}) - set(props.get("labels") or {}))),
             recorded_nodes=tuple(props.get("recorded_nodes") or ()),
             registry=props.get("registry") or None,
-        )
-        server = dataclasses.replace(
-            ssh_target(props),
-            node=str(props["server_node"]),
-            address=str(props["server_address"]),
-            port=int(props.get("server_ssh_port") or 22),
-            recorded_host_key=props.get("server_host_key") or None,
-        )
-        operator_rules = props.get("operator_firewall_rules")
-        spec = dataclasses.replace(
-            spec,
+            peers=tuple(
+                _other_node(props, peer["node"], peer["address"], peer.get("ssh_port"), peer.get("host_key"))
+                for peer in props.get("peers") or []
+            ),
             operator_firewall_rules=None
             if operator_rules is None
             else tuple(
                 PortRule(str(r["port"]), r["protocol"], tuple(r["sources"]), str(r.get("purpose", "")))
                 for r in operator_rules
             ),
-            peers=tuple(
-                dataclasses.replace(
-                    ssh_target(props),
-                    node=str(peer["node"]),
-                    address=str(peer["address"]),
-                    port=int(peer.get("ssh_port") or 22),
-                    recorded_host_key=peer.get("host_key") or None,
-                )
-                for peer in props.get("peers") or []
-            ),
         )
+        server = _server(props)
         result = run_operation(join_worker(ssh_target(props), server, spec, lambda line: progress(node, line)))
         return {
             **props,
@@ -136,14 +140,7 @@ class NodeJoinProvider(NodeProvider):
         return UpdateResult(outs=self._join(news, old_labels=dict(olds.get("labels") or {})))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        server = dataclasses.replace(
-            ssh_target(props),
-            node=str(props["server_node"]),
-            address=str(props["server_address"]),
-            port=int(props.get("server_ssh_port") or 22),
-            recorded_host_key=props.get("server_host_key") or None,
-        )
-        status = run_operation(read_node(server, str(props["node"])))
+        status = run_operation(read_node(_server(props), str(props["node"])))
         if status is None:
             return ReadResult(id_=id_, outs={**props, "state": "missing"})
         return ReadResult(
@@ -169,14 +166,7 @@ class NodeJoin(Resource, module="hk3s", name="NodeJoin"):
     state: pulumi.Output[str]
 
     def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        inputs = {
-            **props,
-            "private_key": pulumi.Output.secret(props["private_key"]),
-            "name": None,
-            "addresses": None,
-            "network_mode_in_use": None,
-            "k3s_version_in_use": None,
-            "state": None,
-            "checks": None,
-        }
+        inputs = resource_inputs(
+            props, ["name", "addresses", "network_mode_in_use", "k3s_version_in_use", "state", "checks"]
+        )
         super().__init__(NodeJoinProvider(), resource_name, inputs, opts)
