@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_hcloud as hcloud
@@ -14,6 +15,7 @@ from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
 from components.provider_shards import OperationShards
 from providers.k3s_server import K3sServer
+from providers.network_plan import NetworkPlan
 
 FLANNEL_BACKEND = {"wireguard": "wireguard-native", "vxlan": "vxlan"}
 
@@ -70,6 +72,7 @@ class ClusterServer(pulumi.ComponentResource):
             shards=args.shards,
         )
         self._k3s: K3sServer | None = None
+        self._network: NetworkPlan | None = None
 
     @property
     def k3s(self) -> K3sServer:
@@ -77,11 +80,53 @@ class ClusterServer(pulumi.ComponentResource):
             raise RuntimeError("install_k3s() has not been called")
         return self._k3s
 
+    @property
+    def network(self) -> NetworkPlan:
+        if self._network is None:
+            raise RuntimeError("plan_network() has not been called")
+        return self._network
+
+    def plan_network(self, workers: Sequence[NodeEndpoint]) -> NetworkPlan:
+        """Decide the network mode and every node's cluster address from the probes
+        of the server and `workers` (providers.network_plan)."""
+        settings = self._args.settings
+
+        def host(endpoint: NodeEndpoint) -> dict[str, Any]:
+            return {
+                "node": endpoint.name,
+                "ssh_address": endpoint.ssh_address,
+                "ssh_port": endpoint.ssh_port,
+                "host_key": endpoint.probe.host_key,
+                "public_address": endpoint.public_address,
+                "private_address": endpoint.private_address,
+                "ipv4_addresses": endpoint.probe.ipv4_addresses,
+                "ipv4_routes": endpoint.probe.ipv4_routes,
+            }
+
+        self._network = NetworkPlan(
+            "network-plan",
+            {
+                "mode_setting": settings.network.mode,
+                "private_network": settings.network.private_network,
+                "pod_cidr": settings.cluster.pod_cidr,
+                "service_cidr": settings.cluster.service_cidr,
+                "ssh_user": self._args.credentials.user,
+                "private_key": self._args.credentials.private_key,
+                "server": host(self.endpoint),
+                "workers": [host(worker) for worker in workers],
+            },
+            opts=self.endpoint.options(self, [self.endpoint.probe, *(worker.probe for worker in workers)]),
+        )
+        return self._network
+
+    def cluster_address(self, node: str) -> pulumi.Output[str]:
+        """The address the other nodes use for `node`, in the decided mode."""
+        return self.network.addresses.apply(lambda addresses: addresses[node])
+
     def install_k3s(self, after: Sequence[pulumi.Resource]) -> None:
         """Install or adopt k3s once the resources in `after` (the firewalls) exist."""
         settings = self._args.settings
         cluster = settings.cluster
-        mode = settings.network.mode
         self._k3s = K3sServer(
             f"{self.endpoint.name}-k3s",
             {
@@ -92,13 +137,13 @@ class ClusterServer(pulumi.ComponentResource):
                 "pod_cidr": cluster.pod_cidr,
                 "service_cidr": cluster.service_cidr,
                 "flannel_backend": FLANNEL_BACKEND[cluster.pod_network],
-                "node_ip": self.endpoint.cluster_address(mode),
+                "node_ip": self.cluster_address(self.endpoint.name),
                 "node_external_ip": self.endpoint.public_address,
-                "network_mode": mode,
+                "network_mode": self.network.mode,
                 "approve_restart": settings.network.approve_server_restart,
                 "registry": cluster.registry,
             },
-            opts=self.endpoint.options(self, [self.endpoint.probe, *after]),
+            opts=self.endpoint.options(self, [self.endpoint.probe, self.network, *after]),
         )
         self.version = self._k3s.version
         self.ca_hash = self._k3s.ca_hash

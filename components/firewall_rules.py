@@ -27,6 +27,8 @@ class FirewallRulesArgs:
     """The SSH key that logs in to every node."""
     nodes: Sequence[NodeEndpoint]
     """Every node of the cluster, server first."""
+    cluster_addresses: pulumi.Output[dict[str, str]]
+    """Every node's address in the cluster's network mode (the NetworkPlan's decision)."""
 
 
 def _rules_for(settings: StackSettings, role: Role, node: str, server: str, peers: dict[str, str]) -> list[PortRule]:
@@ -78,8 +80,8 @@ class FirewallRules(pulumi.ComponentResource):
         super().__init__("hk3s:index:FirewallRules", name, None, opts)
         settings = args.settings
         server = next(node for node in args.nodes if node.role == "server")
-        mode = settings.network.mode
-        cluster_peers = _peer_map(args.nodes, [node.cluster_address(mode) for node in args.nodes])
+        names = [node.name for node in args.nodes]
+        cluster_peers = args.cluster_addresses.apply(lambda addresses: {name: addresses[name] for name in names})
         # The cloud firewall sees public traffic only, so its sources are public addresses.
         public_peers = _peer_map(args.nodes, [node.public_address for node in args.nodes])
 

@@ -43,14 +43,6 @@ class NodeEndpoint:
         """Options of a dynamic resource acting on this node."""
         return pulumi.ResourceOptions(parent=parent, provider=self.operations, depends_on=depends_on or [])
 
-    def cluster_address(self, mode: str) -> pulumi.Output[str]:
-        """The address the other nodes use for this one: its private address in
-        private mode, its public one otherwise. (Resolving `auto` from the hosts'
-        routing tables is the network-mode capability; until then auto means public.)"""
-        if mode == "private":
-            return pulumi.Output.all(self.private_address, self.public_address).apply(lambda pair: pair[0] or pair[1])
-        return self.public_address
-
     def connection_props(self, credentials: SshCredentials) -> dict[str, Any]:
         """Inputs a node-facing dynamic resource needs to log in to this node,
         pinned to the host key the probe recorded (or the stack config gives)."""

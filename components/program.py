@@ -41,8 +41,8 @@ def read_credentials(settings: StackSettings) -> SshCredentials:
 
 
 def build_cluster(settings: StackSettings, credentials: SshCredentials) -> BuiltCluster:
-    """Machines first (so every address is known), then firewalls, then k3s on
-    the server, then the joins, then storage."""
+    """Machines first (so every address is known), then the network decision,
+    then firewalls, then k3s on the server, then the joins, then storage."""
     network = None
     if settings.hetzner_hosts() and settings.network.mode != "public":
         network = PrivateNetwork(
@@ -73,10 +73,14 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
         )
         for worker in settings.workers
     ]
+    network_plan = server.plan_network([worker.endpoint for worker in workers])
     firewall = FirewallRules(
         "firewall",
         FirewallRulesArgs(
-            settings=settings, credentials=credentials, nodes=[server.endpoint, *(w.endpoint for w in workers)]
+            settings=settings,
+            credentials=credentials,
+            nodes=[server.endpoint, *(w.endpoint for w in workers)],
+            cluster_addresses=network_plan.addresses,
         ),
     )
     server.install_k3s(after=firewall.in_place())

@@ -15,7 +15,7 @@ from components.machine import provision_machine
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
 from components.provider_shards import OperationShards
-from node_operations.firewall_plan import KUBE_API_PORT, SSH_PORT
+from node_operations.firewall_plan import KUBE_API_PORT
 from providers.connectivity_check import ConnectivityCheck
 from providers.disk_probe import DiskProbe
 from providers.node_fence import NodeFence
@@ -79,11 +79,15 @@ class WorkerNode(pulumi.ComponentResource):
         """Join the worker to `server` once `after` (the firewalls) exist; `peers` are the
         other workers, which the join must reach over SSH."""
         settings, worker, credentials = self._args.settings, self._args.worker, self._args.credentials
-        mode = settings.network.mode
         connection = self.endpoint.connection_props(credentials)
+        plan = server.network
+        own_address = server.cluster_address(worker.name)
+        server_address = server.cluster_address(server.endpoint.name)
         checks: list[pulumi.Resource] = []
-        # Until network-mode selection lands, auto means public (see NodeEndpoint.cluster_address).
-        if mode == "private":
+        # Before joining a private-mode cluster: the server reaches this host's SSH port and
+        # this host reaches the server's API over the private network (recorded as not
+        # needed when the plan decides public).
+        if settings.network.mode != "public":
             server_end = server.endpoint
             checks.append(
                 ConnectivityCheck(
@@ -91,10 +95,11 @@ class WorkerNode(pulumi.ComponentResource):
                     {
                         **server_end.connection_props(credentials),
                         "target_node": worker.name,
-                        "target_address": self.endpoint.private_address,
-                        "target_port": int(SSH_PORT),
+                        "target_address": own_address,
+                        "target_port": self.endpoint.ssh_port,
+                        "network_mode": plan.mode,
                     },
-                    opts=server_end.options(self, [*after]),
+                    opts=server_end.options(self, [plan, *after]),
                 )
             )
             checks.append(
@@ -103,10 +108,11 @@ class WorkerNode(pulumi.ComponentResource):
                     {
                         **connection,
                         "target_node": server_end.name,
-                        "target_address": server_end.private_address,
+                        "target_address": server_address,
                         "target_port": int(KUBE_API_PORT),
+                        "network_mode": plan.mode,
                     },
-                    opts=self.endpoint.options(self, [*after]),
+                    opts=self.endpoint.options(self, [plan, server.k3s, *after]),
                 )
             )
         self.join_resource = NodeJoin(
@@ -118,7 +124,7 @@ class WorkerNode(pulumi.ComponentResource):
                 "server_address": server.endpoint.ssh_address,
                 "server_ssh_port": server.endpoint.ssh_port,
                 "server_host_key": server.endpoint.probe.host_key,
-                "server_url": server.endpoint.cluster_address(mode).apply(lambda address: f"https://{address}:6443"),
+                "server_url": server_address.apply(lambda address: f"https://{address}:{KUBE_API_PORT}"),
                 "ca_hash": server.ca_hash,
                 "k3s_version": server.version,
                 "k3s_binary": str(settings.cluster.k3s_binary) if settings.cluster.k3s_binary else None,
@@ -136,15 +142,15 @@ class WorkerNode(pulumi.ComponentResource):
                     for peer in peers
                     if peer.name != self.endpoint.name
                 ],
-                "network_mode": mode,
-                "node_ip": self.endpoint.cluster_address(mode),
+                "network_mode": plan.mode,
+                "node_ip": own_address,
                 "node_external_ip": self.endpoint.public_address,
                 "labels": dict(worker.labels),
                 "validation_taint": VALIDATION_TAINT,
                 "registry": settings.cluster.registry,
                 "pod_network": settings.cluster.pod_network,
             },
-            opts=self.endpoint.options(self, [self.endpoint.probe, server.k3s, *after, *checks]),
+            opts=self.endpoint.options(self, [self.endpoint.probe, plan, server.k3s, *after, *checks]),
         )
         if worker.holds_copies:
             DiskProbe(

@@ -5,6 +5,7 @@ from providers.disk_probe import DiskProbe, DiskProbeProvider
 from providers.host_firewall import HostFirewall, HostFirewallProvider
 from providers.host_probe import HostProbe, HostProbeProvider
 from providers.k3s_server import K3sServer, K3sServerProvider
+from providers.network_plan import NetworkPlan, NetworkPlanProvider
 from providers.node_fence import NodeFence, NodeFenceProvider
 from providers.node_join import NodeJoin, NodeJoinProvider
 
@@ -15,6 +16,7 @@ ALL_PROVIDERS = (
     HostFirewallProvider,
     HostProbeProvider,
     K3sServerProvider,
+    NetworkPlanProvider,
     NodeFenceProvider,
     NodeJoinProvider,
 )
@@ -26,6 +28,7 @@ __all__ = [
     "HostFirewall",
     "HostProbe",
     "K3sServer",
+    "NetworkPlan",
     "NodeFence",
     "NodeJoin",
 ]

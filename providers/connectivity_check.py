@@ -1,7 +1,9 @@
 """ConnectivityCheck: a TCP connection from one node to another's port over the
 network the cluster's mode uses (server -> worker SSH, worker -> server 6443).
 
-Inputs are validated now; running the checks is issue #5's capability.
+Run before a worker joins a private-mode cluster: when a private route exists
+but a connection over it fails, the join stops naming the connection. In
+public mode the check records that it was not needed.
 """
 
 from __future__ import annotations
@@ -11,9 +13,42 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, UpdateResult
 
-from providers.base import CapabilityMissingError, NodeProvider, check_connection_inputs, diff_inputs, resource_inputs
+from node_operations.network_mode import check_connection
+from providers.base import (
+    NodeProvider,
+    check_connection_inputs,
+    diff_inputs,
+    progress,
+    resource_inputs,
+    run_operation,
+    ssh_target,
+)
+from remote_access.ssh import open_session
 
-CHECK_CAPABILITY = "connection checks between nodes (issue #5: network mode and firewalls)"
+
+class ConnectionFailedError(RuntimeError):
+    """A connection the private network must carry did not open."""
+
+
+async def _connect(props: dict[str, Any]) -> str | None:
+    async with open_session(ssh_target(props)) as session:
+        return await check_connection(session, str(props["target_address"]), int(props["target_port"]))
+
+
+def _run_check(props: dict[str, Any]) -> dict[str, Any]:
+    node, target = str(props["node"]), str(props["target_node"])
+    address, port = props["target_address"], int(props["target_port"])
+    if props.get("network_mode") != "private":
+        return {**props, "verified": f"not needed in {props.get('network_mode')} mode"}
+    why = run_operation(_connect(props))
+    if why is not None:
+        raise ConnectionFailedError(
+            f"{node}: the connection from {node} to {target} at {address}:{port} over the private network "
+            f"failed ({why}). Open port {port}/tcp on {target} for {node}'s private address, or set "
+            "hk3s:network.mode: public to join over public addresses. Nothing was joined"
+        )
+    progress(node, f"connected to {target} at {address}:{port} over the private network")
+    return {**props, "verified": f"{node} -> {address}:{port}"}
 
 
 class ConnectivityCheckProvider(NodeProvider):
@@ -31,20 +66,17 @@ class ConnectivityCheckProvider(NodeProvider):
         return diff_inputs(
             olds,
             news,
-            replace_on=("node", "address", "target_node", "target_address", "target_port"),
+            replace_on=("node", "address", "target_node", "target_address", "target_port", "network_mode"),
             ignore=("recorded_host_key",),
         )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        raise CapabilityMissingError(
-            props["node"],
-            f"checking the connection to {props.get('target_node')} at "
-            f"{props.get('target_address')}:{props.get('target_port')}",
-            CHECK_CAPABILITY,
+        return CreateResult(
+            id_=f"{props['node']}->{props['target_node']}:{int(props['target_port'])}", outs=_run_check(props)
         )
 
     def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        raise CapabilityMissingError(news["node"], "re-checking a connection", CHECK_CAPABILITY)
+        return UpdateResult(outs=_run_check(news))
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
         # A check leaves nothing behind on any host.
@@ -54,8 +86,8 @@ class ConnectivityCheckProvider(NodeProvider):
 class ConnectivityCheck(Resource, module="hk3s", name="ConnectivityCheck"):
     """A verified connection from one node to another's port."""
 
-    verified_at: pulumi.Output[str]
+    verified: pulumi.Output[str]
 
     def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        inputs = resource_inputs(props, ["verified_at"])
+        inputs = resource_inputs(props, ["verified"])
         super().__init__(ConnectivityCheckProvider(), resource_name, inputs, opts)

@@ -89,6 +89,20 @@ class ClusterMocks(pulumi.runtime.Mocks):
                 kubeconfig="apiVersion: v1\n# secret",
                 api_endpoint="https://10.0.1.2:6443",
             )
+        elif args.typ.endswith("hk3s:NetworkPlan"):
+            # Stands in for the routing-table decision (node_operations.network_mode, tested on
+            # its own and in the lab): private uses each node's private address where it has one.
+            mode = "public" if args.inputs["mode_setting"] != "private" else "private"
+            nodes = [args.inputs["server"], *args.inputs["workers"]]
+            outputs.update(
+                mode=mode,
+                addresses={
+                    node["node"]: (node.get("private_address") if mode == "private" else None)
+                    or node["public_address"]
+                    for node in nodes
+                },
+                paths={},
+            )
         elif args.typ.endswith("hk3s:NodeJoin"):
             outputs.update(
                 name=args.inputs["node"],

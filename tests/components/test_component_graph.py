@@ -148,9 +148,27 @@ def test_host_firewall_rules_exclude_self_and_keep_8888_closed(graph: Recording)
     assert f"{METAL_ADDRESS}/32" in rules[("10250", "tcp")]
 
 
-def test_auto_mode_creates_no_connection_checks_yet(ssh_key_file: Path) -> None:
+def test_auto_mode_checks_connections_in_the_mode_the_plan_decides(ssh_key_file: Path) -> None:
     graph = _run(_config(ssh_key_file, network={"mode": "auto"}))
-    assert not graph.of_type("hk3s:ConnectivityCheck")
+    plan = graph.by_name("network-plan")
+    assert plan.parent.endswith("ClusterServer::srv")
+    assert plan.inputs["mode_setting"] == "auto"
+    assert {w["node"] for w in plan.inputs["workers"]} == {"w1", "w2", "metal"}
+    # The decision reads every probe's addresses and routes.
+    for name in ("srv-probe", "w1-probe", "w2-probe", "metal-probe"):
+        assert graph.urn_of(name) in set(plan.dependencies), name
+    checks = {r.name: r for r in graph.of_type("hk3s:ConnectivityCheck")}
+    assert set(checks) == {f"{w}-{leg}" for w in ("w1", "w2", "metal") for leg in ("from-server-ssh", "to-server-api")}
+    # The mocked plan decides public for auto: the checks carry that and record "not needed".
+    assert {check.inputs["network_mode"] for check in checks.values()} == {"public"}
+    assert checks["w1-from-server-ssh"].inputs["node"] == "srv"
+    assert checks["w1-to-server-api"].inputs["target_port"] == 6443
+    # The server's k3s, the firewalls and the join use the plan's addresses.
+    for name in ("srv-k3s", "w1-join", "w1-to-server-api"):
+        assert graph.urn_of("network-plan") in set(graph.by_name(name).dependencies), name
+    join = graph.by_name("w1-join")
+    assert join.inputs["node_ip"] == fake_ipv4("w1") and join.inputs["network_mode"] == "public"
+    assert join.inputs["server_url"] == f"https://{fake_ipv4('srv')}:6443"
 
 
 def test_vxlan_and_nodeports_change_the_plan(ssh_key_file: Path) -> None:

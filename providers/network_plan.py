@@ -1,0 +1,175 @@
+"""NetworkPlan: the cluster's network mode and every node's cluster address.
+
+One per cluster, decided from the probes' addresses and routing tables
+(`node_operations.network_mode`). Its outputs are the record: once a decision
+had a worker in it, the mode is fixed, and a worker's private path is kept so it
+rejoins without the setting that first allowed it. Paths that need proof before
+use (a network that carries the default route, reused recorded addresses) are
+checked by connecting over them in both directions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, UpdateResult
+
+from node_operations.network_mode import (
+    HostNetwork,
+    NetworkDecision,
+    NetworkRefusedError,
+    NetworkSetting,
+    PrivatePath,
+    Recorded,
+    candidate_refusal,
+    check_connection,
+    decide,
+)
+from providers.base import progress, run_operation, ssh_target
+from remote_access.ssh import SshTarget, open_session
+
+NETWORK_MODES = ("auto", "private", "public")
+
+
+def _network(node: dict[str, Any]) -> HostNetwork:
+    return HostNetwork.from_facts(
+        str(node["node"]), node.get("ipv4_addresses") or [], node.get("ipv4_routes") or [], node.get("private_address")
+    )
+
+
+def _target(props: dict[str, Any], node: dict[str, Any]) -> SshTarget:
+    return ssh_target(
+        {
+            "node": node["node"],
+            "address": node["ssh_address"],
+            "ssh_port": node.get("ssh_port") or 22,
+            "ssh_user": props.get("ssh_user"),
+            "private_key": props["private_key"],
+            "recorded_host_key": node.get("host_key"),
+        }
+    )
+
+
+async def _verify(props: dict[str, Any], path: PrivatePath) -> str | None:
+    """Connect both ways over the path's addresses (SSH ports: k3s may not run yet).
+    None when both connect, else which connection failed and why."""
+    server = props["server"]
+    worker = next(node for node in props["workers"] if node["node"] == path.worker)
+    legs = (
+        (server, path.worker_address, int(worker.get("ssh_port") or 22), worker["node"]),
+        (worker, path.server_address, int(server.get("ssh_port") or 22), server["node"]),
+    )
+    for source, address, port, target_node in legs:
+        async with open_session(_target(props, source)) as session:
+            why = await check_connection(session, address, port)
+        if why is not None:
+            return f"the connection from {source['node']} to {target_node} at {address}:{port} failed ({why})"
+    return None
+
+
+def _recorded(olds: dict[str, Any] | None) -> Recorded:
+    if not olds:
+        return Recorded()
+    paths = {name: PrivatePath.from_dict(data) for name, data in (olds.get("paths") or {}).items()}
+    return Recorded(mode=olds.get("mode"), paths=paths)
+
+
+def _decide(props: dict[str, Any], olds: dict[str, Any] | None) -> dict[str, Any]:
+    setting = NetworkSetting(
+        mode=props["mode_setting"],
+        private_network=props.get("private_network"),
+        pod_cidr=str(props["pod_cidr"]),
+        service_cidr=str(props["service_cidr"]),
+    )
+    server = _network(props["server"])
+    workers = [(_network(node), str(node["public_address"])) for node in props["workers"]]
+    recorded = _recorded(olds)
+    server_name = str(props["server"]["node"])
+
+    def run(candidates_unusable: bool = False) -> NetworkDecision:
+        return decide(
+            setting,
+            server,
+            str(props["server"]["public_address"]),
+            workers,
+            recorded,
+            candidates_unusable=candidates_unusable,
+        )
+
+    try:
+        decision = run()
+        if decision.candidate is not None:
+            failed = run_operation(_verify(props, decision.candidate))
+            if failed is None:
+                raise candidate_refusal(decision.candidate)
+            progress(server_name, f"the default-route network {decision.candidate.network} is not usable: {failed}")
+            decision = run(candidates_unusable=True)
+        for path in decision.paths.values():
+            if path.kind == "recorded" and path.worker not in recorded.paths:
+                failed = run_operation(_verify(props, path))
+                if failed is not None:
+                    raise NetworkRefusedError(
+                        f"{path.worker}: the recorded private addresses route, but {failed}. Open the port, or set "
+                        "hk3s:network.mode: public to join over public addresses"
+                    )
+    except NetworkRefusedError as refused:
+        raise NetworkRefusedError(f"{server_name}: network mode: {refused}") from None
+    for note in decision.notes:
+        progress(server_name, note)
+    if decision.mode == "private":
+        networks = sorted({path.network for path in decision.paths.values()})
+        progress(server_name, f"network mode private over {', '.join(networks)}")
+    else:
+        progress(server_name, f"network mode {decision.mode}")
+    return {
+        **props,
+        "mode": decision.mode,
+        "addresses": decision.addresses,
+        "paths": {name: path.as_dict() for name, path in decision.paths.items()},
+    }
+
+
+class NetworkPlanProvider(pulumi.dynamic.ResourceProvider):
+    """Dynamic provider of `NetworkPlan`."""
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        failures = []
+        if news.get("mode_setting") not in NETWORK_MODES:
+            failures.append(
+                CheckFailure("mode_setting", f"hk3s:network.mode must be one of {', '.join(NETWORK_MODES)}")
+            )
+        return CheckResult(news, failures)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        keys = ("mode_setting", "private_network", "pod_cidr", "service_cidr", "server", "workers")
+        changed = [key for key in keys if olds.get(key) != news.get(key)]
+        return DiffResult(changes=bool(changed), replaces=[], delete_before_replace=False)
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        return CreateResult(id_="network-plan", outs=_decide(props, None))
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        return UpdateResult(outs=_decide(news, olds))
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        # A decision leaves nothing on any host.
+        return None
+
+
+class NetworkPlan(Resource, module="hk3s", name="NetworkPlan"):
+    """The recorded network decision: mode, per-node cluster addresses, private paths."""
+
+    mode: pulumi.Output[str]
+    addresses: pulumi.Output[dict[str, str]]
+    paths: pulumi.Output[dict[str, dict[str, str]]]
+
+    def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
+        inputs = {
+            **props,
+            "private_key": pulumi.Output.secret(props["private_key"]),
+            "mode": None,
+            "addresses": None,
+            "paths": None,
+        }
+        super().__init__(NetworkPlanProvider(), resource_name, inputs, opts)
