@@ -1,0 +1,53 @@
+"""Drive this program's stacks from other programs: a Python API on `pulumi.automation`.
+
+    from operator_api import ClusterStack
+
+    stack = ClusterStack("staging")
+    stack.add_worker("metal-2", address="198.51.100.21", holds_copies=False, on_output=print)
+    for node in stack.nodes():
+        print(node.name, node.role, node.state)
+
+See README, "Driving the cluster from other programs and the CLI".
+"""
+
+from .cluster_stack import REPO, ClusterStack, Preview, Recovery, RunResult
+from .errors import (
+    DuplicateWorkerError,
+    LockHolder,
+    RefusedError,
+    ResourceFailedError,
+    ResourceProblem,
+    RunFailedError,
+    SettingsRejectedError,
+    StackBusyError,
+    StackError,
+    UnknownWorkerError,
+)
+from .events import PlannedChange, RunRecord
+from .nodes import ClusterStatus, LastRun, Node
+from .stack_file import StackDocument, StackFile
+
+__all__ = [
+    "REPO",
+    "ClusterStack",
+    "ClusterStatus",
+    "DuplicateWorkerError",
+    "LastRun",
+    "LockHolder",
+    "Node",
+    "PlannedChange",
+    "Preview",
+    "Recovery",
+    "RefusedError",
+    "ResourceFailedError",
+    "ResourceProblem",
+    "RunFailedError",
+    "RunRecord",
+    "RunResult",
+    "SettingsRejectedError",
+    "StackBusyError",
+    "StackDocument",
+    "StackError",
+    "StackFile",
+    "UnknownWorkerError",
+]

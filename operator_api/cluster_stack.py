@@ -1,0 +1,506 @@
+"""`ClusterStack`: one environment's stack of this program, driven through `pulumi.automation`.
+
+Each change to the cluster is an edit of the stack file `Pulumi.<env>.yaml` followed by
+`up`, exactly what an operator does by hand, so the file stays the single source of truth
+that `pulumi preview`, CI and this API share.
+
+What happens to the stack file:
+
+* bad input (`SettingsRejectedError`): never written;
+* the stack is busy (`StackBusyError`): never written (or put back, when another run
+  took the lock in the instant between the check and the run);
+* the program refused (`RefusedError`: capability missing, preflight, settings only a machine
+  can check): put back byte for byte: the refused step changed nothing;
+* a resource failed part-way (`ResourceFailedError`) or the run was interrupted: kept, so the
+  next `up()` continues towards it.
+
+Before every run that takes the stack's lock, an interrupted earlier run is cleaned up
+(README, "When a run is interrupted"): a lock file of a file backend left by a process
+that no longer runs on this host is removed (a live one, or one from another host, makes
+the stack busy and is never touched), and pending operations are resolved with
+`refresh --clear-pending-creates`; the program's resources adopt what exists, so the run
+then continues where the interrupted one stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pulumi import automation as auto
+
+from .errors import LockHolder, RefusedError, StackBusyError, StackError
+from .events import EventCallback, PlannedChange, RunRecord
+from .locks import OperatorLock, backend_directory, read_pulumi_locks
+from .nodes import ClusterStatus, LastRun, Node
+from .stack_file import StackDocument, StackFile
+
+REPO = Path(__file__).resolve().parents[1]
+LAB_CACHE = Path(os.environ.get("HK3S_LAB_CACHE", "/var/cache/hk3s-lab"))
+OutputCallback = Callable[[str], None]
+# Resource types whose update or replacement restarts the Kubernetes API.
+API_RESTART_TYPES = ("K3sServer",)
+_LOCK_LINE = re.compile(r"created by (?P<user>[^@\s]+)@(?P<host>\S+) \(pid (?P<pid>\d+)\) at (?P<since>\S+)")
+_OUTPUT_TAIL = 400
+
+
+@dataclass(frozen=True)
+class Preview:
+    """The planned change of every resource, and the engine's summary."""
+
+    steps: list[PlannedChange]
+    summary: dict[str, int]
+
+    @property
+    def changes(self) -> list[PlannedChange]:
+        """The steps that change something (not `same`)."""
+        return [step for step in self.steps if step.changes]
+
+    @property
+    def restarts_api(self) -> bool:
+        """The server's k3s is updated or replaced: the Kubernetes API goes down for a while."""
+        return any(step.type.endswith(API_RESTART_TYPES) and step.op != "create" for step in self.changes)
+
+    @property
+    def deletes(self) -> list[PlannedChange]:
+        return [step for step in self.changes if step.op in ("delete", "replace")]
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What was cleaned up after an interrupted run before this one started."""
+
+    stale_locks: list[LockHolder] = field(default_factory=list)
+    cleared_pending: list[str] = field(default_factory=list)
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.stale_locks or self.cleared_pending)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A finished `up` or `refresh`."""
+
+    command: str
+    summary: dict[str, int]
+    changes: list[PlannedChange]
+    recovery: Recovery
+
+
+class ClusterStack:
+    """The stack of one environment (`Pulumi.<env>.yaml`) of this project.
+
+    `project_dir` is this repository by default (a copy works too, as the lab tests use).
+    `env_vars` add to the environment of every Pulumi command; `PULUMI_BACKEND_URL` defaults,
+    as in scripts/stack.sh, to `file://$HOME/.hk3s-state`, and `PULUMI_CONFIG_PASSPHRASE` (or
+    `_FILE`) must be set. `pulumi_command_root` picks a Pulumi CLI (`<root>/bin/pulumi`);
+    without it the one on PATH, else the lab's, is used.
+    """
+
+    def __init__(
+        self,
+        env: str = "dev",
+        *,
+        project_dir: Path | str = REPO,
+        env_vars: Mapping[str, str] | None = None,
+        pulumi_command_root: Path | str | None = None,
+        pulumi_home: Path | str | None = None,
+        parallel: int = 32,
+    ) -> None:
+        self.env = env
+        self.project_dir = Path(project_dir).resolve()
+        self.parallel = parallel
+        self.pulumi_home = str(pulumi_home) if pulumi_home is not None else None
+        self.file = StackFile(self.project_dir / f"Pulumi.{env}.yaml")
+        self.env_vars = self._environment(dict(env_vars or {}), pulumi_command_root)
+        self.backend_url = self.env_vars["PULUMI_BACKEND_URL"]
+        self.project = str(yaml.safe_load((self.project_dir / "Pulumi.yaml").read_text())["name"])
+        self._command_root = str(pulumi_command_root) if pulumi_command_root is not None else None
+        self._workspace: auto.LocalWorkspace | None = None
+
+    # --- setup ---------------------------------------------------------------------------
+    def _environment(self, given: dict[str, str], root: Path | str | None) -> dict[str, str]:
+        env: dict[str, str] = {"PULUMI_SKIP_UPDATE_CHECK": "true"}
+        venv_python = self.project_dir / "venv" / "bin" / "python"
+        # Older language hosts (the lab's) run the program with this interpreter.
+        env["PULUMI_PYTHON_CMD"] = str(venv_python if venv_python.exists() else Path(sys.executable))
+        env.update(given)
+        if not env.get("PULUMI_BACKEND_URL"):
+            env["PULUMI_BACKEND_URL"] = os.environ.get("PULUMI_BACKEND_URL") or (Path.home() / ".hk3s-state").as_uri()
+        path = env.get("PATH") or os.environ.get("PATH", "")
+        if root is not None:
+            path = f"{Path(root) / 'bin'}{os.pathsep}{path}"
+        elif shutil.which("pulumi", path=path) is None and (LAB_CACHE / "bin" / "pulumi").exists():
+            path = f"{LAB_CACHE / 'bin'}{os.pathsep}{path}"
+        env["PATH"] = path
+        return env
+
+    def _command(self) -> auto.PulumiCommand:
+        root = self._command_root
+        if root is None:
+            found = shutil.which("pulumi", path=self.env_vars["PATH"])
+            if found is None:
+                raise StackError(
+                    "The Pulumi CLI is not installed: see https://www.pulumi.com/docs/install/ (README, Prerequisites)"
+                )
+            root = str(Path(found).resolve().parent.parent)
+        return auto.PulumiCommand(root=root)
+
+    def _check_passphrase(self) -> None:
+        merged = {**os.environ, **self.env_vars}
+        if not merged.get("PULUMI_CONFIG_PASSPHRASE") and not merged.get("PULUMI_CONFIG_PASSPHRASE_FILE"):
+            raise StackError(
+                "PULUMI_CONFIG_PASSPHRASE is not set: choose a passphrase that encrypts this stack's secrets, "
+                "export it (or PULUMI_CONFIG_PASSPHRASE_FILE) and run again"
+            )
+
+    def _stack(self) -> auto.Stack:
+        """Select the stack, creating it (passphrase secrets) on first use."""
+        if not self.file.exists():
+            raise StackError(
+                f"{self.file.path.name} does not exist: copy Pulumi.dev.yaml to it and edit it (README, Configuration)"
+            )
+        self._check_passphrase()
+        backend = backend_directory(self.backend_url)
+        if backend is not None:
+            backend.mkdir(parents=True, exist_ok=True)
+        if self._workspace is None:
+            self._workspace = auto.LocalWorkspace(
+                work_dir=str(self.project_dir),
+                pulumi_home=self.pulumi_home,
+                env_vars=self.env_vars,
+                secrets_provider="passphrase",
+                pulumi_command=self._command(),
+            )
+        return auto.Stack.create_or_select(self.env, self._workspace)
+
+    # --- reading -----------------------------------------------------------------------
+    def settings_document(self) -> StackDocument:
+        """The stack file as it is now."""
+        return self.file.document()
+
+    def nodes(self) -> list[Node]:
+        """Every node the last `up` recorded in the stack's `nodes` output (empty before the first)."""
+        outputs = self._stack().outputs()
+        value = outputs["nodes"].value if "nodes" in outputs else []
+        return [Node.from_output(item) for item in value or []]
+
+    def kubeconfig(self) -> str | None:
+        """The cluster's kubeconfig (a Pulumi secret: keep it out of logs)."""
+        outputs = self._stack().outputs()
+        return str(outputs["kubeconfig"].value) if "kubeconfig" in outputs else None
+
+    def status(self) -> ClusterStatus:
+        """Endpoint, version, nodes, the last run, pending operations and current lock holders.
+        Carries no secret."""
+        stack = self._stack()
+        outputs = stack.outputs()
+
+        def output(key: str) -> Any:
+            return outputs[key].value if key in outputs and not outputs[key].secret else None
+
+        info = stack.info(show_secrets=False)
+        last = None
+        if info is not None:
+            last = LastRun(
+                kind=str(info.kind),
+                result=str(info.result),
+                started=info.start_time.isoformat(),
+                ended=info.end_time.isoformat() if info.end_time else None,
+                resource_changes={str(k): int(v) for k, v in (info.resource_changes or {}).items()},
+            )
+        backend = backend_directory(self.backend_url)
+        locks = read_pulumi_locks(backend, self.project, self.env) if backend else []
+        return ClusterStatus(
+            stack=self.env,
+            api_endpoint=output("api_endpoint"),
+            k3s_version=output("k3s_version"),
+            storage_classes=list(output("storage_classes") or []),
+            nodes=[Node.from_output(item) for item in output("nodes") or []],
+            last_run=last,
+            pending_operations=self.pending_operations(stack),
+            locked_by=[f"{lock.holder} ({lock.state})" for lock in locks],
+        )
+
+    def pending_operations(self, stack: auto.Stack | None = None) -> list[str]:
+        """`<op> <urn>` for each operation an interrupted run started and never saw finish."""
+        deployment = (stack or self._stack()).export_stack().deployment or {}
+        return [
+            f"{item.get('type', '?')} {item.get('resource', {}).get('urn', '?')}"
+            for item in deployment.get("pending_operations") or []
+        ]
+
+    # --- runs ---------------------------------------------------------------------------
+    def preview(
+        self,
+        *,
+        proposed: StackDocument | None = None,
+        on_event: EventCallback | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> Preview:
+        """What `up` would change, per resource. With `proposed`, for that config instead of
+        the stack file's (the file is not touched)."""
+        stack = self._stack()
+        record = RunRecord()
+        with self._proposed_file(proposed) as config_file:
+            self._run(
+                "preview",
+                record,
+                on_output,
+                lambda output: stack.preview(
+                    color="never",
+                    on_output=output,
+                    on_error=output,
+                    on_event=self._events(record, on_event),
+                    config_file=config_file,
+                    parallel=self.parallel,
+                ),
+            )
+        return Preview(steps=list(record.steps.values()), summary=record.summary)
+
+    def up(self, *, on_event: EventCallback | None = None, on_output: OutputCallback | None = None) -> RunResult:
+        """Bring the cluster to the stack file, recovering from an interrupted run first."""
+        with self._exclusive("up", on_output) as recovery:
+            return self._up(recovery, on_event, on_output)
+
+    def refresh(self, *, on_event: EventCallback | None = None, on_output: OutputCallback | None = None) -> RunResult:
+        """Read every resource back from its host and record drift in the state."""
+        with self._exclusive("refresh", on_output) as recovery:
+            stack = self._stack()
+            record = RunRecord()
+            self._run(
+                "refresh",
+                record,
+                on_output,
+                lambda output: stack.refresh(
+                    color="never",
+                    on_output=output,
+                    on_error=output,
+                    on_event=self._events(record, on_event),
+                    parallel=self.parallel,
+                    clear_pending_creates=bool(recovery.cleared_pending) or None,
+                ),
+            )
+            return RunResult("refresh", record.summary, record.changes, recovery)
+
+    # --- changes ------------------------------------------------------------------------
+    def add_worker(
+        self,
+        name: str,
+        *,
+        kind: Literal["existing", "hetzner"] = "existing",
+        address: str | None = None,
+        ssh_port: int = 22,
+        ssh_address: str | None = None,
+        private_address: str | None = None,
+        holds_copies: bool = True,
+        labels: Mapping[str, str] | None = None,
+        server_type: str | None = None,
+        location: str | None = None,
+        on_event: EventCallback | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> RunResult:
+        """Add a worker to `hk3s:workers` and join it (`up`)."""
+        entry: dict[str, Any] = {"name": name, "kind": kind}
+        optional = {
+            "address": address,
+            "ssh_address": ssh_address,
+            "private_address": private_address,
+            "server_type": server_type,
+            "location": location,
+        }
+        entry.update({key: value for key, value in optional.items() if value is not None})
+        if ssh_port != 22:
+            entry["ssh_port"] = ssh_port
+        if not holds_copies:
+            entry["holds_copies"] = False
+        if labels:
+            entry["labels"] = dict(labels)
+        return self.change(
+            f"adding worker {name}", lambda doc: doc.add_worker(entry), on_event=on_event, on_output=on_output
+        )
+
+    def remove_worker(
+        self, name: str, *, on_event: EventCallback | None = None, on_output: OutputCallback | None = None
+    ) -> RunResult:
+        """Drop a worker from `hk3s:workers` (and its fence) and run `up`."""
+        return self.change(
+            f"removing worker {name}", lambda doc: doc.remove_worker(name), on_event=on_event, on_output=on_output
+        )
+
+    def fence(
+        self,
+        name: str,
+        *,
+        powered_off: bool = False,
+        accept_stale_data: bool = False,
+        on_event: EventCallback | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> RunResult:
+        """Record `hk3s:fences.<name>` and run `up`."""
+        return self.change(
+            f"fencing {name}",
+            lambda doc: doc.set_fence(name, powered_off=powered_off, accept_stale_data=accept_stale_data),
+            on_event=on_event,
+            on_output=on_output,
+        )
+
+    def unfence(
+        self, name: str, *, on_event: EventCallback | None = None, on_output: OutputCallback | None = None
+    ) -> RunResult:
+        """Lift `hk3s:fences.<name>` and run `up`."""
+        return self.change(
+            f"unfencing {name}", lambda doc: doc.remove_fence(name), on_event=on_event, on_output=on_output
+        )
+
+    def propose(self, edit: Callable[[StackDocument], None], action: str = "the change") -> StackDocument:
+        """The stack file with `edit` applied and validated, not written (for a preview)."""
+        document = self.file.document()
+        edit(document)
+        document.validate(action)
+        return document
+
+    def change(
+        self,
+        action: str,
+        edit: Callable[[StackDocument], None],
+        *,
+        on_event: EventCallback | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> RunResult:
+        """Edit the stack file, validate the whole config, write it and run `up` (see the module
+        docstring for what happens to the file when the run does not succeed)."""
+        self.propose(edit, action)  # bad input fails here, before any lock, stack or file is touched
+        with self._exclusive(action, on_output) as recovery:
+            before = self.file.read_bytes()  # after stack creation, which may add an encryption salt
+            document = self.propose(edit, action)  # again under the lock: the file may have moved on
+            self.file.write_document(document)
+            try:
+                return self._up(recovery, on_event, on_output)
+            except RefusedError as error:
+                self.file.write_bytes(before)
+                error.config_restored = True
+                raise
+            except StackBusyError:
+                self.file.write_bytes(before)
+                raise
+
+    # --- internals ----------------------------------------------------------------------
+    def _up(self, recovery: Recovery, on_event: EventCallback | None, on_output: OutputCallback | None) -> RunResult:
+        stack = self._stack()
+        record = RunRecord()
+        self._run(
+            "up",
+            record,
+            on_output,
+            lambda output: stack.up(
+                color="never",
+                on_output=output,
+                on_error=output,
+                on_event=self._events(record, on_event),
+                parallel=self.parallel,
+            ),
+        )
+        return RunResult("up", record.summary, record.changes, recovery)
+
+    @staticmethod
+    def _events(record: RunRecord, on_event: EventCallback | None) -> EventCallback:
+        def handle(event: auto.events.EngineEvent) -> None:
+            record.handle(event)
+            if on_event is not None:
+                on_event(event)
+
+        return handle
+
+    def _run(
+        self,
+        command: str,
+        record: RunRecord,
+        on_output: OutputCallback | None,
+        call: Callable[[OutputCallback], object],
+    ) -> None:
+        tail: deque[str] = deque(maxlen=_OUTPUT_TAIL)
+
+        def output(line: str) -> None:
+            tail.append(line)
+            if on_output is not None:
+                on_output(line)
+
+        try:
+            call(output)
+        except auto.ConcurrentUpdateError as error:
+            raise StackBusyError(self.env, _holders_from_message(str(error)), "held by a Pulumi run") from None
+        except auto.CommandError as error:
+            text = "\n".join(tail) or str(error)
+            raise record.to_error(command, text) from None
+
+    @contextlib.contextmanager
+    def _proposed_file(self, proposed: StackDocument | None) -> Iterator[str | None]:
+        if proposed is None:
+            yield None
+            return
+        handle, path = tempfile.mkstemp(prefix=f".Pulumi.{self.env}.proposed.", suffix=".yaml", dir=self.project_dir)
+        try:
+            with os.fdopen(handle, "w") as out:
+                out.write(proposed.render())
+            yield path
+        finally:
+            Path(path).unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _exclusive(self, action: str, on_output: OutputCallback | None) -> Iterator[Recovery]:
+        """Hold the stack for one change; clean up after an interrupted run first."""
+        backend = backend_directory(self.backend_url)
+        operator_lock = OperatorLock(backend, self.project, self.env) if backend else None
+        with operator_lock.hold(action) if operator_lock else contextlib.nullcontext():
+            stale: list[LockHolder] = []
+            if backend is not None:
+                locks = read_pulumi_locks(backend, self.project, self.env)
+                busy = [lock.holder for lock in locks if lock.state != "stale"]
+                if busy:
+                    raise StackBusyError(self.env, busy, "held by a Pulumi run")
+                for lock in locks:
+                    lock.path.unlink(missing_ok=True)
+                    stale.append(lock.holder)
+                    _say(on_output, f"removed the lock of an interrupted run: {lock.holder} is no longer running")
+            stack = self._stack()
+            pending = self.pending_operations(stack)
+            if pending:
+                _say(on_output, f"clearing {len(pending)} pending operation(s) of an interrupted run (refresh)")
+                record = RunRecord()
+                self._run(
+                    "refresh",
+                    record,
+                    on_output,
+                    lambda output: stack.refresh(
+                        color="never",
+                        on_output=output,
+                        on_error=output,
+                        clear_pending_creates=True,
+                        parallel=self.parallel,
+                    ),
+                )
+            yield Recovery(stale_locks=stale, cleared_pending=pending)
+
+
+def _say(on_output: OutputCallback | None, message: str) -> None:
+    if on_output is not None:
+        on_output(f"hk3s: {message}")
+
+
+def _holders_from_message(text: str) -> list[LockHolder]:
+    return [
+        LockHolder(user=m["user"], hostname=m["host"], pid=int(m["pid"]), since=m["since"])
+        for m in _LOCK_LINE.finditer(text)
+    ]

@@ -1,0 +1,135 @@
+"""Typed errors of the operator API. Every one says what happened and what to do next.
+
+The split a caller acts on:
+
+* `SettingsRejectedError`, `RefusedError`: the program refused before changing anything
+  (bad input, a capability this release does not have, a failed preflight).
+  Fix the input or wait for the capability; nothing needs repairing.
+* `ResourceFailedError`: something broke part-way; the stack config keeps the desired
+  state so `up()` continues once the cause is fixed.
+* `StackBusyError`: another run holds the stack's lock; try again when it ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cluster_settings import SettingProblem
+
+
+class StackError(Exception):
+    """Base of every error the operator API raises."""
+
+
+class SettingsRejectedError(StackError):
+    """The requested config is invalid; the stack file was left byte-identical.
+
+    `problems` lists each setting (`key`, e.g. ``hk3s:workers[3].address``) and its fix.
+    """
+
+    def __init__(self, problems: Sequence[SettingProblem], *, action: str = "the change") -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {problem}" for problem in self.problems)
+        super().__init__(f"{action} was refused; the stack config is unchanged:\n{lines}")
+
+    @property
+    def keys(self) -> list[str]:
+        """The config keys named by the problems."""
+        return [problem.key for problem in self.problems]
+
+
+class UnknownWorkerError(SettingsRejectedError):
+    """The named worker is not in `hk3s:workers`."""
+
+
+class DuplicateWorkerError(SettingsRejectedError):
+    """A worker (or the server) of that name already exists."""
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds a stack's lock, as the backend recorded it."""
+
+    user: str
+    hostname: str
+    pid: int | None
+    since: str
+    path: str = ""
+
+    def __str__(self) -> str:
+        pid = f" (pid {self.pid})" if self.pid is not None else ""
+        since = f" since {self.since}" if self.since else ""
+        return f"{self.user}@{self.hostname}{pid}{since}"
+
+
+class StackBusyError(StackError):
+    """Another run holds the stack's lock. Nothing was changed; try again when it ends."""
+
+    def __init__(self, stack: str, holders: Sequence[LockHolder], detail: str = "") -> None:
+        self.stack = stack
+        self.holders = list(holders)
+        who = ", ".join(str(holder) for holder in self.holders) or "another run"
+        message = f"stack {stack} is busy: locked by {who}. Wait for that run to end and try again"
+        if detail:
+            message += f" ({detail})"
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class ResourceProblem:
+    """An error the engine reported for one resource: its URN, type, name and the provider's message."""
+
+    urn: str
+    type: str
+    name: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.type}): {self.message}"
+
+
+class RunFailedError(StackError):
+    """A Pulumi run ended in error. `problems` holds what each failing resource reported;
+    `output` is the tail of the engine's output."""
+
+    def __init__(
+        self,
+        summary: str,
+        problems: Sequence[ResourceProblem] = (),
+        *,
+        output: str = "",
+        config_restored: bool = False,
+    ) -> None:
+        self.problems = list(problems)
+        self.output = output
+        self.config_restored = config_restored
+        lines = "\n".join(f"  - {problem}" for problem in self.problems)
+        super().__init__(summary + (f":\n{lines}" if lines else ""))
+
+    @property
+    def resource(self) -> ResourceProblem | None:
+        """The first failing resource, if the engine named one."""
+        return self.problems[0] if self.problems else None
+
+
+class RefusedError(RunFailedError):
+    """The program refused a step before changing anything on the host: a capability
+    this release does not have, a failed preflight, or config only a machine can check."""
+
+    def __init__(
+        self,
+        summary: str,
+        problems: Sequence[ResourceProblem] = (),
+        *,
+        reason: str,
+        output: str = "",
+        config_restored: bool = False,
+    ) -> None:
+        self.reason = reason
+        super().__init__(summary, problems, output=output, config_restored=config_restored)
+
+
+class ResourceFailedError(RunFailedError):
+    """A resource operation broke part-way. The stack config keeps the desired state:
+    fix the cause the message names and run `up()` again; it continues where it stopped."""

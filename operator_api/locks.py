@@ -1,0 +1,144 @@
+"""Who holds a stack: the Pulumi lock files of a local (file://) backend, and the
+operator lock this API takes around a whole change (config edit and run).
+
+The file backend writes one JSON file per running update under
+``<backend>/.pulumi/locks/<org>/<project>/<stack>/`` with the CLI's pid and host.
+A run killed with SIGKILL leaves its file behind, and every later run refuses
+until it is gone. A lock is *stale* only when it was written on this host by a
+process that no longer runs; a live process or another host means the stack is
+busy, and this API never removes such a lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import getpass
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import unquote
+
+from .errors import LockHolder, StackBusyError
+
+LockState = Literal["live", "stale", "foreign"]
+
+
+def backend_directory(backend_url: str) -> Path | None:
+    """The directory of a `file://` backend URL (`file:///abs`, `file://~/dir`); None for any other backend."""
+    if not backend_url.startswith("file://"):
+        return None
+    return Path(unquote(backend_url.removeprefix("file://").partition("?")[0])).expanduser()
+
+
+def pulumi_lock_files(backend: Path, project: str, stack: str) -> list[Path]:
+    """Lock files of one stack (project-scoped layout and the older unscoped one)."""
+    locks = backend / ".pulumi" / "locks"
+    found = [*locks.glob(f"*/{project}/{stack}/*.json"), *locks.glob(f"{stack}/*.json")]
+    return sorted(path for path in found if path.is_file())
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    comm = Path(f"/proc/{pid}/comm")
+    if comm.parent.exists():
+        # A recycled pid that now belongs to something else is not the run that locked.
+        try:
+            return "pulumi" in comm.read_text()
+        except OSError:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class PulumiLock:
+    """One lock file and what it says."""
+
+    path: Path
+    holder: LockHolder
+
+    @property
+    def state(self) -> LockState:
+        if self.holder.hostname != socket.gethostname():
+            return "foreign"
+        if self.holder.pid is not None and _process_alive(self.holder.pid):
+            return "live"
+        return "stale"
+
+
+def read_pulumi_locks(backend: Path, project: str, stack: str) -> list[PulumiLock]:
+    locks = []
+    for path in pulumi_lock_files(backend, project, stack):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            # Unreadable: treat as held by someone unknown rather than delete it.
+            data = {"hostname": "unknown host"}
+        holder = LockHolder(
+            user=str(data.get("username", "?")),
+            hostname=str(data.get("hostname", "?")),
+            pid=int(data["pid"]) if isinstance(data.get("pid"), int) else None,
+            since=str(data.get("timestamp", "")),
+            path=str(path),
+        )
+        locks.append(PulumiLock(path, holder))
+    return locks
+
+
+class OperatorLock:
+    """An exclusive `flock` per stack for callers of this API, held across the config
+    edit and the run. The kernel drops it when the holder dies, so it never goes stale."""
+
+    def __init__(self, backend: Path, project: str, stack: str) -> None:
+        self.path = backend / ".hk3s-operator" / project / f"{stack}.lock"
+        self.stack = stack
+
+    @contextlib.contextmanager
+    def hold(self, action: str) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StackBusyError(self.stack, [self._holder(fd)], "another operator call is running") from None
+            record = {
+                "pid": os.getpid(),
+                "username": getpass.getuser(),
+                "hostname": socket.gethostname(),
+                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "action": action,
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(record).encode(), 0)
+            try:
+                yield
+            finally:
+                os.ftruncate(fd, 0)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _holder(fd: int) -> LockHolder:
+        try:
+            data = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except ValueError:
+            data = {}
+        action = f", {data['action']}" if data.get("action") else ""
+        return LockHolder(
+            user=str(data.get("username", "?")),
+            hostname=str(data.get("hostname", "?")),
+            pid=data.get("pid") if isinstance(data.get("pid"), int) else None,
+            since=str(data.get("timestamp", "")) + action,
+        )

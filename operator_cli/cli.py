@@ -1,0 +1,368 @@
+"""The operator CLI: `scripts/hk3s [--stack ENV] [--json] COMMAND`.
+
+Commands: `node add|list|fence|unfence|remove`, `status`, `preview`, `up`. Tables for people by
+default, `--json` for programs (on stdout; progress and messages go to stderr).
+
+Exit codes: 0 done; 1 failed part-way (fix the cause and run again: it continues);
+2 usage; 3 refused, nothing changed (bad input, a capability this release lacks, a failed
+preflight, or a confirmation not given); 4 the stack is busy with another run.
+
+Actions that restart the Kubernetes API or release data (`node remove`, `node fence
+--accept-stale-data`, an `up` whose plan restarts the server or deletes resources) need
+`--yes`; without it the command shows the plan and asks, or refuses when stdin is not a
+terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TextIO
+
+from pulumi.automation import events as auto_events
+
+from operator_api import (
+    REPO,
+    ClusterStack,
+    Node,
+    PlannedChange,
+    Preview,
+    RefusedError,
+    ResourceFailedError,
+    RunFailedError,
+    RunResult,
+    SettingsRejectedError,
+    StackBusyError,
+    StackDocument,
+    StackError,
+)
+from operator_api.events import PROGRESS_LINE, UNCHANGED_OPS
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_REFUSED = 3
+EXIT_BUSY = 4
+
+
+class ConfirmationMissingError(Exception):
+    """The action needs --yes (or a 'y' on the terminal) and did not get it."""
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not key=value")
+    return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--stack", default=argparse.SUPPRESS, help="environment: Pulumi.<ENV>.yaml (default dev)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+
+    parser = argparse.ArgumentParser(
+        prog="hk3s",
+        description="Operate the k3s cluster of one stack (Pulumi.<env>.yaml).",
+        epilog="Exit codes: 0 done, 1 failed, 2 usage, 3 refused (nothing changed), 4 stack busy.",
+    )
+    parser.add_argument("--stack", default="dev", help="environment: Pulumi.<ENV>.yaml (default dev)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    parser.add_argument("--project-dir", type=Path, default=REPO, help=argparse.SUPPRESS)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    node = commands.add_parser("node", help="add, list, fence, unfence or remove workers")
+    node_commands = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
+    add = node_commands.add_parser("add", parents=[common], help="add an existing host as a worker and join it")
+    add.add_argument("name")
+    add.add_argument("--address", required=True, help="the host's public IPv4 address")
+    add.add_argument("--ssh-port", type=int, default=22)
+    add.add_argument("--ssh-address", help="where SSH reaches the host, if not at --address")
+    add.add_argument("--private-address", help="the host's address on the private network")
+    add.add_argument("--no-copies", action="store_true", help="the worker holds no volume copies")
+    add.add_argument("--label", type=_label, action="append", default=[], metavar="KEY=VALUE")
+    node_commands.add_parser("list", parents=[common], help="every node, from the stack outputs")
+    fence = node_commands.add_parser("fence", parents=[common], help="fence a dead worker")
+    fence.add_argument("name")
+    fence.add_argument("--powered-off", action="store_true", help="the host is off and stays off")
+    fence.add_argument("--accept-stale-data", action="store_true", help="let services start from older copies")
+    fence.add_argument("--yes", action="store_true", help="no question (needed with --accept-stale-data)")
+    unfence = node_commands.add_parser("unfence", parents=[common], help="lift a worker's fence")
+    unfence.add_argument("name")
+    remove = node_commands.add_parser("remove", parents=[common], help="remove a worker (releases its data)")
+    remove.add_argument("name")
+    remove.add_argument("--yes", action="store_true", help="no question")
+
+    commands.add_parser("status", parents=[common], help="endpoint, version, nodes, last run, locks")
+    commands.add_parser("preview", parents=[common], help="what up would change, per resource")
+    up = commands.add_parser("up", parents=[common], help="bring the cluster to the stack file")
+    up.add_argument("--yes", action="store_true", help="no question when the plan restarts the API or deletes")
+    return parser
+
+
+class Console:
+    """Where results, progress and questions go."""
+
+    def __init__(self, *, as_json: bool, out: TextIO, err: TextIO, stdin: TextIO) -> None:
+        self.as_json = as_json
+        self.out = out
+        self.err = err
+        self.stdin = stdin
+        self._seen: set[str] = set()
+
+    def say(self, message: str) -> None:
+        print(message, file=self.err, flush=True)
+
+    def output_line(self, line: str) -> None:
+        """Engine output: show node progress lines (`[node] message`) and this API's notes as they come."""
+        text = line.rstrip()
+        match = PROGRESS_LINE.search(text)
+        if match:
+            shown = f"  [{match['node']}] {match['message']}"
+        elif text.startswith("hk3s: "):
+            shown = text
+        else:
+            return
+        if shown not in self._seen:
+            self._seen.add(shown)
+            self.say(shown)
+
+    def event(self, event: auto_events.EngineEvent) -> None:
+        """Each resource step as it starts and each failure."""
+        if event.resource_pre_event is not None:
+            metadata = event.resource_pre_event.metadata
+            op = str(getattr(metadata.op, "value", metadata.op))
+            if op not in UNCHANGED_OPS:
+                self.say(f"{op:>8} {_short_type(metadata.type)} {metadata.urn.split('::')[-1]}")
+        if event.res_op_failed_event is not None:
+            metadata = event.res_op_failed_event.metadata
+            self.say(f"  failed {_short_type(metadata.type)} {metadata.urn.split('::')[-1]}")
+
+    def confirm(self, question: str, *, yes: bool) -> None:
+        if yes:
+            return
+        if not self.stdin.isatty():
+            raise ConfirmationMissingError(f"{question}: stdin is not a terminal, so nothing was done; pass --yes")
+        self.err.write(f"{question} [y/N] ")
+        self.err.flush()
+        if self.stdin.readline().strip().lower() not in ("y", "yes"):
+            raise ConfirmationMissingError("not confirmed; nothing was changed")
+
+    def result(self, data: Any, human: str) -> None:
+        if self.as_json:
+            print(json.dumps(data, indent=2, sort_keys=False), file=self.out)
+        else:
+            print(human, file=self.out)
+
+
+def _short_type(type_: str) -> str:
+    return type_.rsplit(":", 1)[-1]
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)]
+    lines = [
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)) for row in [headers, *rows]
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def nodes_table(nodes: Sequence[Node]) -> str:
+    if not nodes:
+        return "No nodes yet: the stack has not been deployed (run up)."
+    rows = [
+        [
+            node.name,
+            node.role,
+            node.state,
+            node.address or "-",
+            node.ssh_address or "-",
+            node.private_address or "-",
+            node.network_mode or "-",
+            "yes" if node.holds_copies else "no",
+            "yes" if node.fenced else "no",
+            node.k3s_version or "-",
+        ]
+        for node in nodes
+    ]
+    headers = ["NAME", "ROLE", "STATE", "ADDRESS", "SSH", "PRIVATE", "NETWORK", "COPIES", "FENCED", "K3S"]
+    return table(headers, rows)
+
+
+def changes_table(changes: Sequence[PlannedChange]) -> str:
+    if not changes:
+        return "No changes."
+    return table(["OP", "TYPE", "NAME"], [[c.op, _short_type(c.type), c.name] for c in changes])
+
+
+def preview_text(preview: Preview) -> str:
+    counts = ", ".join(f"{op} {count}" for op, count in sorted(preview.summary.items()))
+    return changes_table(preview.changes) + (f"\n\nSummary: {counts}" if counts else "")
+
+
+def preview_data(preview: Preview) -> dict[str, Any]:
+    return {
+        "changes": [asdict(change) for change in preview.changes],
+        "summary": preview.summary,
+        "restarts_api": preview.restarts_api,
+    }
+
+
+def run_data(result: RunResult) -> dict[str, Any]:
+    return {
+        "command": result.command,
+        "result": "succeeded",
+        "summary": result.summary,
+        "changes": [asdict(change) for change in result.changes],
+        "recovery": asdict(result.recovery),
+    }
+
+
+def run_text(result: RunResult) -> str:
+    counts = ", ".join(f"{op} {count}" for op, count in sorted(result.summary.items())) or "nothing to report"
+    notes = ""
+    if result.recovery.needed:
+        notes = (
+            f"\nRecovered from an interrupted run: {len(result.recovery.stale_locks)} stale lock(s) removed, "
+            f"{len(result.recovery.cleared_pending)} pending operation(s) cleared."
+        )
+    return f"{result.command} succeeded: {counts}{notes}"
+
+
+def status_text(stack: ClusterStack) -> tuple[dict[str, Any], str]:
+    status = stack.status()
+    last = status.last_run
+    lines = [
+        f"Stack:        {status.stack}",
+        f"API endpoint: {status.api_endpoint or '-'}",
+        f"k3s version:  {status.k3s_version or '-'}",
+        f"Storage:      {', '.join(status.storage_classes) or '-'}",
+        f"Last run:     {f'{last.kind} {last.result} at {last.ended or last.started}' if last else 'never'}",
+        f"Pending ops:  {len(status.pending_operations)}",
+        f"Locked by:    {', '.join(status.locked_by) or 'nobody'}",
+        "",
+        nodes_table(status.nodes),
+    ]
+    return status.to_dict(), "\n".join(lines)
+
+
+def _confirm_plan(console: Console, stack: ClusterStack, proposed: StackDocument, question: str, yes: bool) -> None:
+    if yes:
+        return
+    console.say("The plan:")
+    console.say(preview_text(stack.preview(proposed=proposed)))
+    console.confirm(question, yes=yes)
+
+
+def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack) -> int:
+    runs: dict[str, Callable[[], RunResult]] = {}
+    if args.command == "status":
+        data, human = status_text(stack)
+        console.result(data, human)
+        return EXIT_OK
+    if args.command == "preview":
+        preview = stack.preview(on_output=console.output_line)
+        console.result(preview_data(preview), preview_text(preview))
+        return EXIT_OK
+    if args.command == "up":
+        if not args.yes:
+            preview = stack.preview(on_output=console.output_line)
+            if preview.restarts_api or preview.deletes:
+                what = "restarts the Kubernetes API" if preview.restarts_api else "deletes resources"
+                console.say("The plan:")
+                console.say(preview_text(preview))
+                console.confirm(f"This up {what}. Go ahead?", yes=False)
+        runs["up"] = lambda: stack.up(on_event=console.event, on_output=console.output_line)
+    elif args.command == "node":
+        if args.node_command == "list":
+            nodes = stack.nodes()
+            console.result([node.to_dict() for node in nodes], nodes_table(nodes))
+            return EXIT_OK
+        name = args.name
+        if args.node_command == "add":
+            runs["up"] = lambda: stack.add_worker(
+                name,
+                address=args.address,
+                ssh_port=args.ssh_port,
+                ssh_address=args.ssh_address,
+                private_address=args.private_address,
+                holds_copies=not args.no_copies,
+                labels=dict(args.label),
+                on_event=console.event,
+                on_output=console.output_line,
+            )
+        elif args.node_command == "remove":
+            proposed = stack.propose(lambda doc: doc.remove_worker(name), f"removing worker {name}")
+            _confirm_plan(console, stack, proposed, f"Remove {name} and release its data?", args.yes)
+            runs["up"] = lambda: stack.remove_worker(name, on_event=console.event, on_output=console.output_line)
+        elif args.node_command == "fence":
+            if args.accept_stale_data:
+
+                def edit(doc: StackDocument) -> None:
+                    doc.set_fence(name, powered_off=args.powered_off, accept_stale_data=True)
+
+                proposed = stack.propose(edit, f"fencing {name}")
+                question = f"Fence {name} and let services start from copies that may be stale?"
+                _confirm_plan(console, stack, proposed, question, args.yes)
+            runs["up"] = lambda: stack.fence(
+                name,
+                powered_off=args.powered_off,
+                accept_stale_data=args.accept_stale_data,
+                on_event=console.event,
+                on_output=console.output_line,
+            )
+        elif args.node_command == "unfence":
+            runs["up"] = lambda: stack.unfence(name, on_event=console.event, on_output=console.output_line)
+    result = runs["up"]()
+    console.result(run_data(result), run_text(result))
+    return EXIT_OK
+
+
+def _error_data(error: Exception) -> dict[str, Any]:
+    data: dict[str, Any] = {"error": type(error).__name__, "message": str(error)}
+    if isinstance(error, SettingsRejectedError):
+        data["problems"] = [{"key": p.key, "message": p.message} for p in error.problems]
+    if isinstance(error, RunFailedError):
+        data["problems"] = [asdict(p) for p in error.problems]
+        data["config_restored"] = error.config_restored
+    if isinstance(error, RefusedError):
+        data["reason"] = error.reason
+    if isinstance(error, StackBusyError):
+        data["holders"] = [asdict(h) for h in error.holders]
+    return data
+
+
+def main(argv: Sequence[str] | None = None, *, stdin: TextIO | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = Console(as_json=args.json, out=sys.stdout, err=sys.stderr, stdin=stdin or sys.stdin)
+    try:
+        stack = ClusterStack(
+            args.stack, project_dir=args.project_dir, parallel=int(os.environ.get("HK3S_PARALLEL", "32"))
+        )
+        return run_command(args, console, stack)
+    except ConfirmationMissingError as error:
+        return _fail(console, error, EXIT_REFUSED)
+    except (SettingsRejectedError, RefusedError) as error:
+        return _fail(console, error, EXIT_REFUSED)
+    except StackBusyError as error:
+        return _fail(console, error, EXIT_BUSY)
+    except ResourceFailedError as error:
+        return _fail(console, error, EXIT_FAILED, "Fix the cause above and run the same command again: it continues.")
+    except StackError as error:
+        return _fail(console, error, EXIT_FAILED)
+    except KeyboardInterrupt:
+        console.say("interrupted; the next run recovers the stack and continues")
+        return 130
+
+
+def _fail(console: Console, error: Exception, code: int, hint: str = "") -> int:
+    if console.as_json:
+        print(json.dumps({**_error_data(error), "exit_code": code}, indent=2), file=console.out)
+    console.say(f"hk3s: {error}" + (f"\n{hint}" if hint else ""))
+    return code

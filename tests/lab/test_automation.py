@@ -1,0 +1,333 @@
+"""The operator API and CLI through the real Pulumi CLI on booted lab hosts: workers added
+with the API and with `scripts/hk3s`, `node list --json` against `nodes()`, a run killed
+with SIGKILL and resumed by one API call, two callers on one stack, bad input, a refused
+removal. Nothing is mocked. The tests share one cluster and run in order.
+
+With HK3S_CLI_TRANSCRIPT=<file>, the CLI's output is written there (the README quotes it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from pulumi.automation import events as auto_events
+
+from lab.hosts import Host, Lab
+from operator_api import (
+    ClusterStack,
+    DuplicateWorkerError,
+    RefusedError,
+    RunResult,
+    SettingsRejectedError,
+    StackBusyError,
+    UnknownWorkerError,
+)
+from operator_api.locks import backend_directory, pulumi_lock_files
+from tests.lab.lab_stack import CACHE, LabStack, base_config, lab_binaries_missing, server_spec, worker_spec
+
+pytestmark = pytest.mark.lab
+K3S = "/usr/local/bin/k3s"
+
+
+@dataclass(frozen=True)
+class CliRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    killed: bool = False
+
+
+@dataclass
+class Cluster:
+    lab: Lab
+    server: Host
+    workers: list[Host]
+    stack: LabStack
+    transcript: list[str] = field(default_factory=list)
+
+    def api(self) -> ClusterStack:
+        """A fresh API object on the project copy, as another service would make one."""
+        return ClusterStack(
+            self.stack.name,
+            project_dir=self.stack.project,
+            env_vars=self.stack.env,
+            pulumi_command_root=CACHE,
+            pulumi_home=self.stack.directory / "pulumi-home",
+        )
+
+    @property
+    def stack_file(self) -> Path:
+        return self.stack.project / f"Pulumi.{self.stack.name}.yaml"
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, **self.stack.env, "PULUMI_HOME": str(self.stack.directory / "pulumi-home")}
+
+    def hk3s(self, *args: str, kill_when: str | None = None, timeout: float = 600) -> CliRun:
+        """`scripts/hk3s --stack lab ARGS` in the project copy, stdin not a terminal; with
+        `kill_when`, SIGKILL it and everything it started when a line containing that text appears."""
+        argv = [str(self.stack.project / "scripts" / "hk3s"), "--stack", self.stack.name, *args]
+        process = subprocess.Popen(
+            argv,
+            cwd=self.stack.project,
+            env=self.env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own process group: the kill reaches the engine and providers
+        )
+        assert process.stdout is not None and process.stderr is not None
+        out: list[str] = []
+        threading.Thread(target=lambda: out.extend(process.stdout), daemon=True).start()  # type: ignore[arg-type]
+        err: list[str] = []
+        killed = False
+        deadline = time.monotonic() + timeout
+        for line in process.stderr:
+            err.append(line)
+            if kill_when is not None and kill_when in line:
+                os.killpg(process.pid, signal.SIGKILL)
+                killed = True
+                break
+            if time.monotonic() > deadline:
+                os.killpg(process.pid, signal.SIGKILL)
+                raise AssertionError(f"hk3s {' '.join(args)} ran past {timeout:.0f}s:\n{''.join(err[-50:])}")
+        process.wait()
+        if killed:
+            for _ in range(100):  # until nothing of the killed run is left
+                try:
+                    os.killpg(process.pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+        time.sleep(0.2)
+        return CliRun(process.returncode, "".join(out), "".join(err), killed)
+
+    def record(self, title: str, run: CliRun) -> None:
+        self.transcript.append(f"$ scripts/hk3s --stack {self.stack.name} {title}\n{run.stdout}")
+
+    def kubectl_json(self, *args: str) -> dict:
+        return json.loads(self.server.run([K3S, "kubectl", *args, "-o", "json"]).stdout)
+
+    def node_names(self) -> list[str]:
+        return [n["metadata"]["name"] for n in self.kubectl_json("get", "nodes")["items"]]
+
+    def ready(self, name: str) -> bool:
+        node = self.kubectl_json("get", "node", name)
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+
+    def lock_files(self) -> list[Path]:
+        backend = backend_directory(self.stack.env["PULUMI_BACKEND_URL"])
+        assert backend is not None
+        return pulumi_lock_files(backend, "hk3s", self.stack.name)
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    missing = lab_binaries_missing()
+    if missing:
+        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+    server = lab.add_host(server_spec("au-server"))
+    workers = [lab.add_host(worker_spec(f"au-worker-{i}")) for i in (1, 2, 3)]
+    lab.wait_ssh_ready([server, *workers])
+    stack = LabStack(tmp_path_factory.mktemp("automation-stack"))
+    # The server only: every worker is added through the API or the CLI.
+    stack.write_config(base_config(lab, server, []))
+    the_cluster = Cluster(lab, server, workers, stack)
+    yield the_cluster
+    transcript = os.environ.get("HK3S_CLI_TRANSCRIPT")
+    if transcript:
+        Path(transcript).write_text("\n".join(the_cluster.transcript))
+
+
+def test_api_adds_a_worker_and_nodes_shows_it(cluster: Cluster) -> None:
+    w1 = cluster.workers[0]
+    events: list[auto_events.EngineEvent] = []
+    lines: list[str] = []
+    result = cluster.api().add_worker(
+        w1.name,
+        address=w1.public_ip,
+        holds_copies=False,
+        labels={"tier": "web"},
+        on_event=events.append,
+        on_output=lines.append,
+    )
+    assert isinstance(result, RunResult) and result.summary.get("create", 0) >= 2, result.summary
+    # The caller saw the engine's events and the join's progress as they came.
+    created = {e.resource_pre_event.metadata.urn.split("::")[-1] for e in events if e.resource_pre_event}
+    assert any(name.startswith(w1.name) for name in created), created
+    assert any(f"[{w1.name}] preflight" in line for line in lines), lines[-40:]
+    nodes = {node.name: node for node in cluster.api().nodes()}
+    assert set(nodes) == {cluster.server.name, w1.name}
+    worker = nodes[w1.name]
+    assert (worker.role, worker.state, worker.address, worker.network_mode) == (
+        "worker",
+        "ready",
+        w1.public_ip,
+        "public",
+    )
+    assert worker.ssh_address == w1.public_ip and worker.holds_copies is False and worker.fenced is False
+    assert worker.k3s_version == base_config(cluster.lab, cluster.server, [])["cluster"]["k3s_version"]
+    assert nodes[cluster.server.name].role == "server"
+    assert cluster.ready(w1.name)
+    # The stack file now lists the worker, written with the settings' keys.
+    assert f"name: {w1.name}" in cluster.stack_file.read_text()
+
+
+def test_cli_adds_a_worker_and_node_list_json_matches_the_api(cluster: Cluster) -> None:
+    w2 = cluster.workers[1]
+    run = cluster.hk3s("node", "add", w2.name, "--address", str(w2.public_ip), "--no-copies", "--label", "tier=batch")
+    assert run.returncode == 0, run.stderr[-4000:]
+    # Live progress per node, as the join goes.
+    assert f"[{w2.name}] preflight" in run.stderr and f"[{w2.name}] preparing the host" in run.stderr, run.stderr
+    assert "up succeeded" in run.stdout
+    cluster.record(f"node add {w2.name} --address {w2.public_ip} --no-copies --label tier=batch", run)
+    listed = cluster.hk3s("node", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    api_nodes = cluster.api().nodes()
+    assert json.loads(listed.stdout) == [node.to_dict() for node in api_nodes]
+    assert {n.name: n.state for n in api_nodes}[w2.name] == "ready"
+    assert cluster.ready(w2.name)
+    assert cluster.kubectl_json("get", "node", w2.name)["metadata"]["labels"]["tier"] == "batch"
+    table = cluster.hk3s("node", "list")
+    assert table.returncode == 0 and w2.name in table.stdout and "ready" in table.stdout
+    cluster.record("node list", table)
+    status = cluster.hk3s("status")
+    assert status.returncode == 0, status.stderr
+    assert f"https://{cluster.server.public_ip}:6443" in status.stdout
+    assert "certificate-authority-data" not in status.stdout + status.stderr  # the kubeconfig stays secret
+    cluster.record("status", status)
+    status_json = json.loads(cluster.hk3s("status", "--json").stdout)
+    assert "kubeconfig" not in json.dumps(status_json) and status_json["pending_operations"] == []
+
+
+def test_bad_input_names_the_setting_and_leaves_the_file_as_it_was(cluster: Cluster) -> None:
+    before = cluster.stack_file.read_bytes()
+    api = cluster.api()
+    with pytest.raises(SettingsRejectedError) as bad_address:
+        api.add_worker("au-worker-9", address="198.51.100.300", holds_copies=False)
+    assert bad_address.value.keys == ["hk3s:workers[2].address"], bad_address.value
+    assert "not an IPv4 address" in str(bad_address.value)
+    with pytest.raises(DuplicateWorkerError) as duplicate:
+        api.add_worker(cluster.workers[0].name, address=cluster.workers[2].public_ip, holds_copies=False)
+    assert duplicate.value.keys == ["hk3s:workers[0].name"]
+    with pytest.raises(UnknownWorkerError) as unknown:
+        api.fence("au-worker-9", powered_off=True)
+    assert unknown.value.keys == ["hk3s:fences.au-worker-9"]
+    # The CLI says the same with exit code 3 (refused) and a JSON error for programs.
+    run = cluster.hk3s("--json", "node", "add", "au-worker-9", "--address", "198.51.100.300", "--no-copies")
+    assert run.returncode == 3, run.stderr
+    error = json.loads(run.stdout)
+    assert error["error"] == "SettingsRejectedError" and error["problems"][0]["key"] == "hk3s:workers[2].address"
+    # Removing without --yes while stdin is no terminal: refused, nothing done.
+    unconfirmed = cluster.hk3s("node", "remove", cluster.workers[1].name)
+    assert unconfirmed.returncode == 3 and "pass --yes" in unconfirmed.stderr, unconfirmed.stderr
+    assert cluster.stack_file.read_bytes() == before
+
+
+def test_a_run_killed_mid_join_is_resumed_by_one_api_call(cluster: Cluster) -> None:
+    w3 = cluster.workers[2]
+    killed = cluster.hk3s(
+        "node",
+        "add",
+        w3.name,
+        "--address",
+        str(w3.public_ip),
+        "--no-copies",
+        kill_when=f"[{w3.name}] preparing the host",
+    )
+    assert killed.killed, f"the run finished before the join was prepared:\n{killed.stderr[-3000:]}"
+    # What a crash leaves: the killed CLI's lock and the join it never saw finish.
+    assert cluster.lock_files(), "the killed run left no lock"
+    api = cluster.api()
+    assert any("NodeJoin" in op and w3.name in op for op in api.pending_operations()), api.pending_operations()
+    lines: list[str] = []
+    result = api.up(on_output=lines.append)
+    assert result.recovery.stale_locks and result.recovery.cleared_pending, result.recovery
+    assert any("removed the lock of an interrupted run" in line for line in lines)
+    assert cluster.lock_files() == []
+    assert api.pending_operations() == []
+    assert cluster.node_names().count(w3.name) == 1
+    assert cluster.ready(w3.name)
+    assert {n.name: n.state for n in api.nodes()}[w3.name] == "ready"
+
+
+def test_two_api_callers_one_runs_the_other_is_told_the_stack_is_busy(cluster: Cluster) -> None:
+    barrier = threading.Barrier(2)
+    results: list[object] = []
+
+    def call() -> None:
+        api = cluster.api()
+        barrier.wait()
+        try:
+            results.append(api.up())
+        except StackBusyError as error:
+            results.append(error)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    busy = [r for r in results if isinstance(r, StackBusyError)]
+    done = [r for r in results if isinstance(r, RunResult)]
+    assert len(busy) == 1 and len(done) == 1, results
+    assert "is busy" in str(busy[0]) and str(os.getpid()) in str(busy[0])
+    api = cluster.api()
+    assert api.pending_operations() == [] and cluster.lock_files() == []
+    assert api.preview().changes == []
+
+
+def test_a_pulumi_run_in_progress_makes_the_api_report_busy(cluster: Cluster) -> None:
+    """Someone runs `pulumi up` at a terminal; the API sees its lock, names it, and edits nothing."""
+    before = cluster.stack_file.read_bytes()
+    process = subprocess.Popen(
+        ["pulumi", "up", "--yes", "--skip-preview", "--stack", cluster.stack.name, "--non-interactive"],
+        cwd=cluster.stack.project,
+        env=cluster.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not cluster.lock_files() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.02)
+        assert cluster.lock_files(), "pulumi up never took the lock"
+        with pytest.raises(StackBusyError) as busy:
+            cluster.api().add_worker("au-worker-9", address="198.51.100.99", holds_copies=False)
+        assert "is busy" in str(busy.value) and busy.value.holders[0].pid == process.pid, busy.value
+    finally:
+        output, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, output[-3000:]
+    assert cluster.stack_file.read_bytes() == before
+    api = cluster.api()
+    assert api.pending_operations() == [] and api.preview().changes == []
+
+
+def test_removing_a_worker_is_refused_and_the_file_restored(cluster: Cluster) -> None:
+    w2 = cluster.workers[1]
+    before = cluster.stack_file.read_bytes()
+    with pytest.raises(RefusedError) as refused:
+        cluster.api().remove_worker(w2.name)
+    error = refused.value
+    assert error.reason == "capability-missing" and error.config_restored, error
+    assert error.resource is not None and error.resource.name.startswith(w2.name), error.problems
+    assert "removing the worker is not available in this release" in error.resource.message
+    assert cluster.stack_file.read_bytes() == before
+    assert cluster.ready(w2.name)
+    assert w2.name in {n.name for n in cluster.api().nodes()}
+    # The CLI reports the same refusal with exit code 3.
+    run = cluster.hk3s("node", "remove", w2.name, "--yes")
+    assert run.returncode == 3 and "not available in this release" in run.stderr, run.stderr[-3000:]
+    assert cluster.stack_file.read_bytes() == before
+    # Whatever else moved during the refused runs comes back with the next up: no delete.
+    assert cluster.api().up().summary.get("delete", 0) == 0
