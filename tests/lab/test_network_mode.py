@@ -1,0 +1,189 @@
+"""Network mode through the real Pulumi engine on booted lab hosts (seed 000,
+"Private network or public addresses"): the lab's private bridge is the shared
+private network, its public bridge the Internet. Nothing is mocked: the
+decision reads the hosts' real routing tables, the connection checks open real
+TCP connections, and the k3s stand-in registers the nodes at the addresses the
+program chose."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from pulumi import automation as auto
+
+from lab.hosts import Host, Lab
+from tests.lab.lab_stack import LabStack, base_config, lab_binaries_missing, server_spec, worker_spec
+
+pytestmark = pytest.mark.lab
+K3S = "/usr/local/bin/k3s"
+
+
+@dataclass
+class Stack:
+    lab: Lab
+    server: Host
+    stack: LabStack
+
+    def config(self, workers: list[Host], **network: Any) -> dict[str, Any]:
+        return base_config(self.lab, self.server, workers, network={"mode": "auto", **network})
+
+    def up(self) -> auto.UpResult:
+        try:
+            return self.stack.up()
+        except auto.CommandError as error:
+            pytest.fail(f"pulumi up failed:\n{self.stack.text()[-8000:]}\n{error}")
+
+    def up_fails(self) -> str:
+        before = len(self.stack.log)
+        with pytest.raises(auto.CommandError) as failure:
+            self.stack.up()
+        return "\n".join(self.stack.log[before:]) + str(failure.value)
+
+    def node_names(self) -> set[str]:
+        listed = json.loads(self.server.run([K3S, "kubectl", "get", "nodes", "-o", "json"]).stdout)
+        return {item["metadata"]["name"] for item in listed["items"]}
+
+    def internal_ip(self, name: str) -> str:
+        node = json.loads(self.server.run([K3S, "kubectl", "get", "node", name, "-o", "json"]).stdout)
+        return next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+
+    def outputs_nodes(self) -> dict[str, dict[str, Any]]:
+        outputs = self.stack.stack().outputs()
+        return {node["name"]: node for node in outputs["nodes"].value}
+
+
+def _stack(lab: Lab, tmp: pytest.TempPathFactory, name: str, **server: Any) -> Stack:
+    missing = lab_binaries_missing()
+    if missing:
+        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+    host = lab.add_host(server_spec(name, **server))
+    lab.wait_ssh_ready([host])
+    return Stack(lab, host, LabStack(tmp.mktemp(name)))
+
+
+@pytest.fixture(scope="module")
+def private(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    yield _stack(lab, tmp_path_factory, "nm-server")
+
+
+def test_shared_private_network_is_chosen_and_used(lab: Lab, private: Stack) -> None:
+    worker = lab.add_host(worker_spec("nm-worker-1"))
+    lab.wait_ssh_ready([worker])
+    assert worker.private_ip and private.server.private_ip
+    private.stack.write_config(private.config([worker]))
+    result = private.up()
+    nodes = {node["name"]: node for node in result.outputs["nodes"].value}
+    assert nodes["nm-worker-1"]["network_mode"] == "private"
+    # The cluster talks over the private network: the node's InternalIP, the agent's
+    # server URL and its flannel interface are the private ones.
+    assert private.internal_ip("nm-worker-1") == worker.private_ip
+    assert private.internal_ip("nm-server") == private.server.private_ip
+    config_yaml = worker.run(["cat", "/etc/rancher/k3s/config.yaml"]).stdout
+    assert f"https://{private.server.private_ip}:6443" in config_yaml and "enp7s0" in config_yaml
+    # Both connection checks ran over the private network before the join.
+    text = private.stack.text()
+    assert f"connected to nm-worker-1 at {worker.private_ip}:22 over the private network" in text
+    assert f"connected to nm-server at {private.server.private_ip}:6443 over the private network" in text
+    assert "network mode private over" in text
+
+
+def test_a_later_change_of_mode_is_refused(private: Stack) -> None:
+    current = yaml_config(private)
+    current["network"] = {**current["network"], "mode": "public"}
+    private.stack.write_config(current)
+    try:
+        message = private.up_fails()
+        assert "first join fixed it to private" in message and "Set hk3s:network.mode back to private" in message
+        assert private.outputs_nodes()["nm-worker-1"]["network_mode"] == "private"
+    finally:
+        current["network"]["mode"] = "auto"
+        private.stack.write_config(current)
+
+
+def test_failed_connection_check_stops_the_join_naming_it(lab: Lab, private: Stack) -> None:
+    worker = lab.add_host(worker_spec("nm-worker-2"))
+    lab.wait_ssh_ready([worker])
+    assert worker.private_ip
+    # The private route exists, but SSH over the private NIC is dropped.
+    worker.run(["nft", "add table inet block"])
+    worker.run(["nft", "add chain inet block input { type filter hook input priority -10; policy accept; }"])
+    worker.run(["nft", "add rule inet block input iifname enp7s0 tcp dport 22 drop"])
+    current = yaml_config(private)
+    current["workers"].append(base_config(private.lab, private.server, [worker])["workers"][0])
+    private.stack.write_config(current)
+    message = private.up_fails()
+    assert (
+        f"the connection from nm-server to nm-worker-2 at {worker.private_ip}:22 over the private network failed"
+        in message
+    ), message[-4000:]
+    assert "hk3s:network.mode: public" in message
+    assert "nm-worker-2" not in private.node_names()
+    assert worker.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
+    # Opened again, the next run joins it over the private network.
+    worker.run(["nft", "delete table inet block"])
+    private.up()
+    assert private.internal_ip("nm-worker-2") == worker.private_ip
+
+
+def yaml_config(stack: Stack) -> dict[str, Any]:
+    import yaml  # noqa: PLC0415
+
+    document = yaml.safe_load((stack.stack.project / f"Pulumi.{stack.stack.name}.yaml").read_text())
+    return {key.removeprefix("hk3s:"): value for key, value in document["config"].items()}
+
+
+def test_no_shared_private_network_means_public(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> None:
+    stack = _stack(lab, tmp_path_factory, "nm-pub-server")
+    worker = lab.add_host(worker_spec("nm-pub-worker", private_nic=False))
+    lab.wait_ssh_ready([worker])
+    stack.stack.write_config(stack.config([worker]))
+    result = stack.up()
+    nodes = {node["name"]: node for node in result.outputs["nodes"].value}
+    assert nodes["nm-pub-worker"]["network_mode"] == "public"
+    assert stack.internal_ip("nm-pub-worker") == worker.public_ip
+    assert stack.internal_ip("nm-pub-server") == stack.server.public_ip
+    assert "nm-pub-worker has no private path to the server nm-pub-server" in stack.stack.text()
+
+
+def test_default_route_network_stops_with_the_setting_then_is_used(
+    lab: Lab, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    stack = _stack(lab, tmp_path_factory, "nm-dr-server")
+    worker = lab.add_host(worker_spec("nm-dr-worker", private_default_route=True))
+    lab.wait_ssh_ready([worker])
+    stack.stack.write_config(stack.config([worker]))
+    message = stack.up_fails()
+    private_net = str(lab.private_net)
+    assert f"private_network: {private_net}" in message and "carries their default route" in message, message[-4000:]
+    assert "Nothing was joined" in message
+    assert worker.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
+    # With the setting, the worker joins over that network.
+    stack.stack.write_config(stack.config([worker], private_network=private_net))
+    stack.up()
+    assert stack.internal_ip("nm-dr-worker") == worker.private_ip
+    # Recorded: without the setting it keeps its private path; only the decision's inputs change.
+    stack.stack.write_config(stack.config([worker]))
+    result = stack.up()
+    changes = {str(getattr(op, "value", op)): count for op, count in (result.summary.resource_changes or {}).items()}
+    assert changes.get("update", 0) <= 1 and not {"create", "replace", "delete"} & set(changes), changes
+    assert stack.internal_ip("nm-dr-worker") == worker.private_ip
+
+
+def test_private_network_overlapping_the_pod_network_is_refused(
+    lab: Lab, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    stack = _stack(lab, tmp_path_factory, "nm-ov-server", private_cidr="10.42.0.0/16")
+    worker = lab.add_host(worker_spec("nm-ov-worker", private_cidr="10.42.0.0/16"))
+    lab.wait_ssh_ready([worker])
+    stack.stack.write_config(stack.config([worker]))
+    message = stack.up_fails()
+    assert "10.42.0.0/16 overlaps the cluster's pod cidr 10.42.0.0/16 (hk3s:cluster.pod_cidr)" in message, message[
+        -4000:
+    ]
+    # Refused before k3s was touched anywhere.
+    for host in (stack.server, worker):
+        assert host.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
