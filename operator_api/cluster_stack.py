@@ -10,7 +10,8 @@ What happens to the stack file:
 * the stack is busy (`StackBusyError`): never written (or put back, when another run
   took the lock in the instant between the check and the run);
 * the program refused (`RefusedError`: capability missing, preflight, settings only a machine
-  can check): put back byte for byte: the refused step changed nothing;
+  can check): put back byte for byte, and one more `up` returns the stack (other resources
+  the refused run already moved, and the stack outputs) to it;
 * a resource failed part-way (`ResourceFailedError`) or the run was interrupted: kept, so the
   next `up()` continues towards it.
 
@@ -366,6 +367,8 @@ class ClusterStack:
 
     def propose(self, edit: Callable[[StackDocument], None], action: str = "the change") -> StackDocument:
         """The stack file with `edit` applied and validated, not written (for a preview)."""
+        if not self.file.exists():
+            raise StackError(f"{self.file.path.name} does not exist: copy Pulumi.dev.yaml to it and edit it (README)")
         document = self.file.document()
         edit(document)
         document.validate(action)
@@ -391,7 +394,15 @@ class ClusterStack:
             except RefusedError as error:
                 self.file.write_bytes(before)
                 error.config_restored = True
-                raise
+                # The refused run may have moved other resources and the stack outputs already
+                # (the outputs are written even by a failed run): return them to the restored file.
+                _say(on_output, "the change was refused; the stack file is put back and the stack returned to it")
+                try:
+                    self._up(Recovery(), None, on_output)
+                    error.stack_restored = True
+                except StackError as restore_error:
+                    error.restore_error = restore_error
+                raise error from None
             except StackBusyError:
                 self.file.write_bytes(before)
                 raise

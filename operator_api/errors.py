@@ -104,8 +104,23 @@ class RunFailedError(StackError):
         self.problems = list(problems)
         self.output = output
         self.config_restored = config_restored
+        # After a refused change: whether the follow-up `up` returned the stack to the restored file.
+        self.stack_restored = False
+        self.restore_error: StackError | None = None
         lines = "\n".join(f"  - {problem}" for problem in self.problems)
         super().__init__(summary + (f":\n{lines}" if lines else ""))
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.config_restored and self.restore_error is not None:
+            return (
+                f"{text}\nThe stack file was put back, but returning the stack to it failed: "
+                f"{self.restore_error}\nRun up once that is fixed."
+            )
+        if self.config_restored:
+            restored = " and the stack returned to it" if self.stack_restored else ""
+            return f"{text}\nThe stack file was put back as it was{restored}."
+        return text
 
     @property
     def resource(self) -> ResourceProblem | None:

@@ -254,8 +254,12 @@ def status_text(stack: ClusterStack) -> tuple[dict[str, Any], str]:
 def _confirm_plan(console: Console, stack: ClusterStack, proposed: StackDocument, question: str, yes: bool) -> None:
     if yes:
         return
+    try:
+        plan = preview_text(stack.preview(proposed=proposed))
+    except RunFailedError as error:
+        plan = f"(the plan could not be previewed: {error})"
     console.say("The plan:")
-    console.say(preview_text(stack.preview(proposed=proposed)))
+    console.say(plan)
     console.confirm(question, yes=yes)
 
 

@@ -53,6 +53,7 @@ class Cluster:
     workers: list[Host]
     stack: LabStack
     transcript: list[str] = field(default_factory=list)
+    events: list[dict[str, str | None]] = field(default_factory=list)
 
     def api(self) -> ClusterStack:
         """A fresh API object on the project copy, as another service would make one."""
@@ -146,6 +147,7 @@ def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clus
     transcript = os.environ.get("HK3S_CLI_TRANSCRIPT")
     if transcript:
         Path(transcript).write_text("\n".join(the_cluster.transcript))
+        Path(transcript + ".events.json").write_text(json.dumps(the_cluster.events, indent=2))
 
 
 def test_api_adds_a_worker_and_nodes_shows_it(cluster: Cluster) -> None:
@@ -316,10 +318,15 @@ def test_a_pulumi_run_in_progress_makes_the_api_report_busy(cluster: Cluster) ->
 def test_removing_a_worker_is_refused_and_the_file_restored(cluster: Cluster) -> None:
     w2 = cluster.workers[1]
     before = cluster.stack_file.read_bytes()
+    events: list[auto_events.EngineEvent] = []
     with pytest.raises(RefusedError) as refused:
-        cluster.api().remove_worker(w2.name)
+        cluster.api().remove_worker(w2.name, on_event=events.append)
     error = refused.value
-    assert error.reason == "capability-missing" and error.config_restored, error
+    assert error.reason == "capability-missing" and error.config_restored and error.stack_restored, error
+    diagnostics = [e.diagnostic_event for e in events if e.diagnostic_event and e.diagnostic_event.severity == "error"]
+    cluster.events.extend({"urn": d.urn, "message": d.message, "severity": d.severity} for d in diagnostics)
+    failed = [e.res_op_failed_event.metadata for e in events if e.res_op_failed_event]
+    cluster.events.extend({"failed_urn": m.urn, "type": m.type, "op": str(m.op)} for m in failed)
     assert error.resource is not None and error.resource.name.startswith(w2.name), error.problems
     assert "removing the worker is not available in this release" in error.resource.message
     assert cluster.stack_file.read_bytes() == before
@@ -331,3 +338,15 @@ def test_removing_a_worker_is_refused_and_the_file_restored(cluster: Cluster) ->
     assert cluster.stack_file.read_bytes() == before
     # Whatever else moved during the refused runs comes back with the next up: no delete.
     assert cluster.api().up().summary.get("delete", 0) == 0
+
+
+def test_the_ci_commands_preview_then_up(cluster: Cluster) -> None:
+    """The commands examples/ci/github-actions-deploy.yml runs, as it runs them."""
+    preview = cluster.hk3s("preview")
+    assert preview.returncode == 0, preview.stderr[-3000:]
+    assert preview.stdout.startswith("No changes."), preview.stdout
+    cluster.record("preview", preview)
+    up = cluster.hk3s("up", "--yes")
+    assert up.returncode == 0 and "up succeeded" in up.stdout, up.stderr[-3000:]
+    cluster.record("up --yes", up)
+    assert cluster.api().pending_operations() == []

@@ -1,0 +1,225 @@
+"""The operator CLI's arguments, output and exit codes. Every case here ends before a Pulumi
+command would run (bad input, a busy stack, a refused confirmation), so the real CLI code
+runs end to end; the lab tests (tests/lab/test_automation.py) cover the runs themselves."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from operator_api import Node
+from operator_cli.cli import (
+    EXIT_BUSY,
+    EXIT_REFUSED,
+    ConfirmationMissingError,
+    Console,
+    build_parser,
+    main,
+    nodes_table,
+)
+from tests.operator_api.test_locks import write_lock
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cli_env(monkeypatch: pytest.MonkeyPatch, backend: Path) -> None:
+    monkeypatch.setenv("PULUMI_BACKEND_URL", backend.as_uri())
+    monkeypatch.setenv("PULUMI_CONFIG_PASSPHRASE", "unit-test")
+
+
+def run(project: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["--project-dir", str(project), *args], stdin=io.StringIO(""))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_arguments_parse_as_documented() -> None:
+    parser = build_parser()
+    argv = "--stack staging node add metal-2 --address 198.51.100.21 --ssh-port 2222 --no-copies"
+    args = parser.parse_args([*argv.split(), "--label", "tier=batch", "--label", "zone=a"])
+    assert (args.stack, args.command, args.node_command, args.name) == ("staging", "node", "add", "metal-2")
+    assert (args.address, args.ssh_port, args.no_copies, args.label) == (
+        "198.51.100.21",
+        2222,
+        True,
+        [("tier", "batch"), ("zone", "a")],
+    )
+    # --stack and --json also work after the command, as CI writes them.
+    late = parser.parse_args(["node", "list", "--stack", "staging", "--json"])
+    assert late.stack == "staging" and late.json is True
+    assert parser.parse_args(["up"]).stack == "dev" and parser.parse_args(["up"]).yes is False
+    fence = parser.parse_args(["node", "fence", "w", "--powered-off", "--accept-stale-data", "--yes"])
+    assert (fence.powered_off, fence.accept_stale_data, fence.yes) == (True, True, True)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["node", "add", "w"], ["node", "add", "w", "--address", "1.2.3.4", "--label", "novalue"], ["bogus"], []],
+)
+def test_usage_errors_exit_2(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args(argv)
+    assert caught.value.code == 2
+
+
+def test_bad_input_exits_3_with_the_setting_named(
+    project: Path, cli_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = (project / "Pulumi.dev.yaml").read_bytes()
+    code, out, err = run(project, capsys, "node", "add", "metal-2", "--address", "198.51.100.300")
+    assert code == EXIT_REFUSED and out == ""
+    assert "hk3s:workers[3].address" in err and "not an IPv4 address" in err
+    code, out, _ = run(project, capsys, "--json", "node", "add", "dev-worker-1", "--address", "198.51.100.21")
+    data = json.loads(out)
+    assert code == EXIT_REFUSED and data["error"] == "DuplicateWorkerError" and data["exit_code"] == 3
+    assert data["problems"] == [
+        {
+            "key": "hk3s:workers[0].name",
+            "message": "'dev-worker-1' is already a node of this stack; choose another worker name",
+        }
+    ]
+    code, out, _ = run(project, capsys, "--json", "node", "fence", "nobody")
+    assert code == EXIT_REFUSED and json.loads(out)["problems"][0]["key"] == "hk3s:fences.nobody"
+    assert (project / "Pulumi.dev.yaml").read_bytes() == before
+
+
+@pytest.fixture
+def running_pulumi(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    binary = tmp_path / "bin" / "pulumi"
+    binary.parent.mkdir()
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", binary)
+    process = subprocess.Popen([str(binary), "300"])
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_busy_stack_exits_4_naming_the_holder(
+    project: Path,
+    backend: Path,
+    cli_env: None,
+    capsys: pytest.CaptureFixture[str],
+    running_pulumi: subprocess.Popen[bytes],
+) -> None:
+    write_lock(backend, "dev", running_pulumi.pid)
+    code, out, err = run(project, capsys, "--json", "up", "--yes")
+    data = json.loads(out)
+    assert code == EXIT_BUSY and data["error"] == "StackBusyError"
+    assert data["holders"][0]["pid"] == running_pulumi.pid and data["holders"][0]["hostname"] == socket.gethostname()
+    assert "is busy" in err
+
+
+def test_confirmation_needs_yes_or_a_terminal() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = io.StringIO()
+    piped = Console(as_json=False, out=io.StringIO(), err=err, stdin=io.StringIO("y\n"))
+    with pytest.raises(ConfirmationMissingError, match="pass --yes"):
+        piped.confirm("Remove w?", yes=False)
+    piped.confirm("Remove w?", yes=True)  # --yes: no question
+    Console(as_json=False, out=io.StringIO(), err=err, stdin=Terminal("y\n")).confirm("Remove w?", yes=False)
+    assert "Remove w? [y/N]" in err.getvalue()
+    with pytest.raises(ConfirmationMissingError, match="not confirmed"):
+        Console(as_json=False, out=io.StringIO(), err=err, stdin=Terminal("n\n")).confirm("Remove w?", yes=False)
+
+
+def test_progress_shows_each_node_line_once() -> None:
+    err = io.StringIO()
+    console = Console(as_json=False, out=io.StringIO(), err=err, stdin=io.StringIO())
+    for line in [
+        "    pulumi-python:dynamic/hk3s:NodeJoin (w1-join):",
+        "      [w1] preflight (at 0.4s)",
+        "      [w1] preflight (at 0.4s)",
+        "@ updating....",
+        "      [w2] preparing the host (at 1.2s)",
+        "hk3s: removed the lock of an interrupted run: ops@host (pid 7) is no longer running",
+    ]:
+        console.output_line(line)
+    assert err.getvalue().splitlines() == [
+        "  [w1] preflight (at 0.4s)",
+        "  [w2] preparing the host (at 1.2s)",
+        "hk3s: removed the lock of an interrupted run: ops@host (pid 7) is no longer running",
+    ]
+
+
+def test_node_table_and_json_come_from_the_same_nodes() -> None:
+    output = [
+        {
+            "name": "s",
+            "role": "server",
+            "address": "198.51.100.2",
+            "private_address": None,
+            "ssh_address": "198.51.100.2",
+        }
+        | {"holds_copies": True, "state": "server"},
+        {
+            "name": "w1",
+            "role": "worker",
+            "address": "198.51.100.3",
+            "private_address": None,
+            "ssh_address": "198.51.100.3",
+        }
+        | {"network_mode": "public", "k3s_version": "v1.31.4+k3s1", "holds_copies": False, "fenced": False}
+        | {"state": "ready"},
+    ]
+    nodes = [Node.from_output(item) for item in output]
+    assert nodes[1].to_dict() == {
+        "name": "w1",
+        "role": "worker",
+        "state": "ready",
+        "address": "198.51.100.3",
+        "private_address": None,
+        "ssh_address": "198.51.100.3",
+        "network_mode": "public",
+        "k3s_version": "v1.31.4+k3s1",
+        "holds_copies": False,
+        "fenced": False,
+    }
+    lines = nodes_table(nodes).splitlines()
+    assert lines[0].split() == [
+        "NAME",
+        "ROLE",
+        "STATE",
+        "ADDRESS",
+        "SSH",
+        "PRIVATE",
+        "NETWORK",
+        "COPIES",
+        "FENCED",
+        "K3S",
+    ]
+    assert lines[2].split() == [
+        "w1",
+        "worker",
+        "ready",
+        "198.51.100.3",
+        "198.51.100.3",
+        "-",
+        "public",
+        "no",
+        "no",
+        "v1.31.4+k3s1",
+    ]
+
+
+def test_the_wrapper_script_runs_the_cli(tmp_path: Path) -> None:
+    """scripts/hk3s as CI calls it; --help needs no stack, so it ends before Pulumi runs."""
+    if shutil.which("pulumi") is None and not Path("/var/cache/hk3s-lab/bin/pulumi").exists():
+        pytest.skip("no Pulumi CLI here (the wrapper refuses without one)")
+    result = subprocess.run([str(REPO / "scripts" / "hk3s"), "--help"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "Exit codes: 0 done, 1 failed, 2 usage, 3 refused" in result.stdout
+    bad = subprocess.run([str(REPO / "scripts" / "hk3s"), "bogus"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2

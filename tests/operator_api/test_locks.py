@@ -1,0 +1,121 @@
+"""Who holds a stack: Pulumi lock files of a file backend judged live, stale or foreign, and
+the API's own per-stack lock. The lock holders here are real processes (a copy of `sleep`
+named `pulumi`, a process that has exited); no Pulumi CLI runs: every case is decided
+before the API would start one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from operator_api import ClusterStack, StackBusyError
+from operator_api.locks import OperatorLock, backend_directory, pulumi_lock_files, read_pulumi_locks
+
+
+def write_lock(backend: Path, stack: str, pid: int, hostname: str | None = None, name: str = "a1b2") -> Path:
+    path = backend / ".pulumi" / "locks" / "organization" / "hk3s" / stack / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "pid": pid,
+        "username": "ops",
+        "hostname": hostname or socket.gethostname(),
+        "timestamp": "2026-01-01T00:00:00Z",
+    }
+    path.write_text(json.dumps(record))
+    return path
+
+
+@pytest.fixture
+def running_pulumi(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A live process whose name is `pulumi`, as a running CLI's is."""
+    binary = tmp_path / "bin" / "pulumi"
+    binary.parent.mkdir()
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", binary)
+    process = subprocess.Popen([str(binary), "300"])
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_backend_directory_reads_file_urls(tmp_path: Path) -> None:
+    assert backend_directory(tmp_path.as_uri()) == tmp_path
+    assert backend_directory("file://~/.hk3s-state") == Path.home() / ".hk3s-state"
+    assert backend_directory("s3://bucket/state") is None
+
+
+def test_lock_states(backend: Path, running_pulumi: subprocess.Popen[bytes]) -> None:
+    write_lock(backend, "dev", running_pulumi.pid, name="live")
+    write_lock(backend, "dev", dead_pid(), name="stale")
+    write_lock(backend, "dev", 1, hostname="ci-runner-7", name="foreign")
+    write_lock(backend, "staging", running_pulumi.pid, name="other-stack")
+    states = {lock.path.stem: lock.state for lock in read_pulumi_locks(backend, "hk3s", "dev")}
+    assert states == {"live": "live", "stale": "stale", "foreign": "foreign"}
+
+
+def test_a_recycled_pid_is_not_a_live_run(backend: Path) -> None:
+    # Our own pid is alive but is python, not the pulumi CLI that wrote the lock.
+    import os  # noqa: PLC0415
+
+    write_lock(backend, "dev", os.getpid())
+    assert [lock.state for lock in read_pulumi_locks(backend, "hk3s", "dev")] == ["stale"]
+
+
+def test_a_live_pulumi_lock_makes_the_stack_busy_and_is_kept(
+    api: ClusterStack, project: Path, backend: Path, running_pulumi: subprocess.Popen[bytes]
+) -> None:
+    lock = write_lock(backend, "dev", running_pulumi.pid)
+    before = (project / "Pulumi.dev.yaml").read_bytes()
+    with pytest.raises(StackBusyError) as caught:
+        api.add_worker("dev-metal-2", address="198.51.100.21", holds_copies=False)
+    message = str(caught.value)
+    assert "stack dev is busy" in message and f"ops@{socket.gethostname()} (pid {running_pulumi.pid})" in message
+    assert caught.value.holders[0].pid == running_pulumi.pid
+    assert lock.exists(), "a live run's lock must never be removed"
+    assert (project / "Pulumi.dev.yaml").read_bytes() == before
+
+
+def test_a_lock_from_another_host_makes_the_stack_busy(api: ClusterStack, backend: Path) -> None:
+    lock = write_lock(backend, "dev", 4242, hostname="ci-runner-7")
+    with pytest.raises(StackBusyError, match=r"ops@ci-runner-7 \(pid 4242\)"):
+        api.up()
+    assert lock.exists()
+
+
+def test_the_operator_lock_admits_one_caller(backend: Path) -> None:
+    lock = OperatorLock(backend, "hk3s", "dev")
+    entered = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with lock.hold("up"):
+            entered.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert entered.wait(10)
+        with pytest.raises(StackBusyError) as caught, OperatorLock(backend, "hk3s", "dev").hold("adding worker x"):
+            pass
+        assert "another operator call is running" in str(caught.value) and ", up" in str(caught.value)
+    finally:
+        release.set()
+        holder.join()
+    with OperatorLock(backend, "hk3s", "dev").hold("up"):  # free again once released
+        pass
+    assert pulumi_lock_files(backend, "hk3s", "dev") == []  # kept apart from Pulumi's own locks
