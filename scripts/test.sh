@@ -13,11 +13,11 @@ start=$(date +%s)
 bash lab/setup.sh
 
 echo "== static checks"
-python_paths=(__main__.py cluster_settings components providers node_operations remote_access host_scripts lab bench tests)
+python_paths=(__main__.py cluster_settings components providers node_operations remote_access host_scripts operator_api operator_cli lab bench tests)
 venv/bin/ruff check "${python_paths[@]}"
 venv/bin/ruff format --check "${python_paths[@]}"
 venv/bin/mypy "${python_paths[@]}"
-shellcheck host_scripts/*.sh scripts/*.sh lab/*.sh lab/build/*.sh .ci/run
+shellcheck host_scripts/*.sh scripts/*.sh scripts/hk3s lab/*.sh lab/build/*.sh .ci/run
 
 echo "== tests"
 # Here the lab is set up, so a lab test that skips is a failure, not a pass.
