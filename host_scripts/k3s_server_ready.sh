@@ -1,17 +1,44 @@
 #!/usr/bin/env bash
 # Waits until the k3s server's API is ready, then prints its version and the
 # hash agents pin: SHA-256 of the bytes /cacerts serves.
-#   k3s_server_ready.sh DEADLINE_SECONDS
+#   k3s_server_ready.sh DEADLINE_SECONDS [NODE NODE_IP]
+# With NODE and NODE_IP (the recovery checks after a change of the server's
+# configuration), also waits until the server's Node reports NODE_IP as its
+# InternalIP. A k3s that restarts three times without becoming ready fails at
+# once instead of at the deadline.
 set -euo pipefail
 
 deadline=$1
+node=${2:-}
+node_ip=${3:-}
 bin=/usr/local/bin/k3s
 end=$((SECONDS + deadline))
-until "$bin" kubectl get --raw /readyz >/dev/null 2>&1; do
+restarts() { systemctl show -p NRestarts --value k3s 2>/dev/null || echo 0; }
+first_restarts=$(restarts)
+
+give_up() {
+  printf 'error %s; last log lines:\n' "$1" >&2
+  journalctl -u k3s --no-pager -n 15 -o cat >&2 || true
+  exit 1
+}
+
+ready() {
+  "$bin" kubectl get --raw /readyz >/dev/null 2>&1 || return 1
+  [ -z "$node" ] && return 0
+  have=$("$bin" kubectl get node "$node" -o 'jsonpath={.status.addresses[?(@.type=="InternalIP")].address}' 2>/dev/null) || return 1
+  [ "$have" = "$node_ip" ]
+}
+
+until ready; do
   if [ "$SECONDS" -ge "$end" ]; then
-    printf 'error the k3s API did not become ready within %ss; last log lines:\n' "$deadline" >&2
-    journalctl -u k3s --no-pager -n 15 -o cat >&2 || true
-    exit 1
+    if [ -n "$node" ]; then
+      give_up "the k3s API and node $node at $node_ip did not become ready within ${deadline}s"
+    fi
+    give_up "the k3s API did not become ready within ${deadline}s"
+  fi
+  now_restarts=$(restarts)
+  if [ $((now_restarts - first_restarts)) -ge 3 ]; then
+    give_up "k3s restarted $((now_restarts - first_restarts)) times without becoming ready"
   fi
   sleep 1
 done

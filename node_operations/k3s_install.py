@@ -186,14 +186,26 @@ async def install_server(target: SshTarget, spec: ServerSpec, progress: Progress
                 f"no interface of the host carries the node IP {spec.node_ip} (it has "
                 f"{', '.join(facts.ipv4_addresses) or 'no IPv4 address'}); check the server's address settings",
             )
-        await install_k3s(session, "server", spec.binary, server_config(spec, flannel_iface), progress)
+        running = await session.run(["systemctl", "is-active", "--quiet", "k3s"], deadline=30, check=False)
+        previous = None
+        if running.exit_status == 0:
+            kept = await session.run(["cat", CONFIG_PATH], deadline=30, check=False)
+            previous = kept.stdout if kept.exit_status == 0 else None
+        installed = await install_k3s(session, "server", spec.binary, server_config(spec, flannel_iface), progress)
         progress("waiting for the Kubernetes API")
-        ready = await session.run_script(
-            script_path("k3s_server_ready.sh"),
-            [str(SERVER_READY_DEADLINE_SECONDS)],
-            deadline=SERVER_READY_DEADLINE_SECONDS + 30,
-        )
-        results = parse_results(ready.stdout)
+        try:
+            results = await _wait_ready(session, spec)
+        except SshError as failure:
+            if previous is None or installed.get("config") != "changed":
+                raise
+            await _restore(session, spec, previous, progress)
+            why = str(failure).removeprefix(f"{spec.node}: ")
+            raise SshError(
+                spec.node,
+                f"the recovery checks failed after the server's configuration changed ({why}); the "
+                "previous configuration was restored and k3s is running with it again. Find the cause in the log "
+                "lines above, then run again",
+            ) from None
         kubeconfig = await session.run(["cat", "/etc/rancher/k3s/k3s.yaml"], deadline=30, what="reading the kubeconfig")
     api_endpoint = f"https://{spec.external_ip}:6443"
     return ServerInstalled(
@@ -202,6 +214,30 @@ async def install_server(target: SshTarget, spec: ServerSpec, progress: Progress
         api_endpoint=api_endpoint,
         kubeconfig=kubeconfig.stdout.replace("https://127.0.0.1:6443", api_endpoint),
     )
+
+
+async def _wait_ready(session: SshSession, spec: ServerSpec, deadline: int = SERVER_READY_DEADLINE_SECONDS) -> dict:
+    """The recovery checks: the API answers and the server's node has its node IP."""
+    ready = await session.run_script(
+        script_path("k3s_server_ready.sh"),
+        [str(deadline), spec.node, spec.node_ip],
+        deadline=deadline + 30,
+    )
+    return parse_results(ready.stdout)
+
+
+async def _restore(session: SshSession, spec: ServerSpec, previous: str, progress: Progress) -> None:
+    """Put the previous configuration back, restart k3s with it and wait for the API."""
+    progress("recovery checks failed: restoring the previous configuration and restarting k3s")
+    await session.upload(previous.encode(), CONFIG_PATH, deadline=60, mode=0o600)
+    await session.run(["systemctl", "reset-failed", "k3s"], deadline=30, check=False)
+    await session.run(["systemctl", "restart", "k3s"], deadline=120)
+    await session.run_script(
+        script_path("k3s_server_ready.sh"),
+        [str(SERVER_READY_DEADLINE_SECONDS)],
+        deadline=SERVER_READY_DEADLINE_SECONDS + 30,
+    )
+    progress("k3s is running with the previous configuration")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ResourceProvider
+from pulumi.output import Unknown
+from pulumi.runtime.rpc import UNKNOWN
 
 from cluster_settings.models import DNS_1123_LABEL
 from remote_access.ssh import SshTarget
@@ -34,6 +36,16 @@ class CapabilityMissingError(RuntimeError):
             "Nothing was changed on the host; `pulumi preview` shows the plan, `pulumi up` cannot "
             "complete this step until the capability lands."
         )
+
+
+def is_known(value: Any) -> bool:
+    """False for a value the engine does not know yet (at preview), however the SDK
+    hands it over: the wire's placeholder string or an `Unknown` object."""
+    if isinstance(value, list):
+        return all(is_known(item) for item in value)
+    if isinstance(value, dict):
+        return all(is_known(item) for item in value.values())
+    return value != UNKNOWN and not isinstance(value, Unknown)
 
 
 def progress(node: str, message: str) -> None:

@@ -16,7 +16,6 @@ from typing import Any
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
-from pulumi.runtime.rpc import UNKNOWN
 
 from node_operations.firewall_plan import PortRule
 from node_operations.host_firewall import (
@@ -30,6 +29,7 @@ from providers.base import (
     NodeProvider,
     check_connection_inputs,
     diff_inputs,
+    is_known,
     pin_recorded_host_key,
     progress,
     resource_inputs,
@@ -56,15 +56,6 @@ def _rule_failures(rules: Any) -> list[CheckFailure]:
             except ValueError:
                 failures.append(CheckFailure(f"rules[{index}].sources", f"{source!r} is not an IPv4 network"))
     return failures
-
-
-def _is_known(value: Any) -> bool:
-    """False for values still unknown at preview (the engine's placeholders)."""
-    if isinstance(value, list):
-        return all(_is_known(item) for item in value)
-    if isinstance(value, dict):
-        return all(_is_known(item) for item in value.values())
-    return value != UNKNOWN
 
 
 def firewall_plan(props: Mapping[str, Any]) -> NodeFirewallPlan:
@@ -94,9 +85,9 @@ def _rule_dicts(rules: tuple[PortRule, ...] | list[PortRule]) -> list[dict[str, 
 
 
 def _plan_failures(news: Mapping[str, Any]) -> list[CheckFailure]:
-    if news.get("role") not in ("server", "worker") and _is_known(news.get("role")):
+    if news.get("role") not in ("server", "worker") and is_known(news.get("role")):
         return [CheckFailure("role", f"{news.get('role')!r} is not server or worker")]
-    if not all(_is_known(news.get(key)) for key in ("node", "role", "rules", "nodeports_open")):
+    if not all(is_known(news.get(key)) for key in ("node", "role", "rules", "nodeports_open")):
         return []
     try:
         plan = firewall_plan(news)

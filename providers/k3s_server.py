@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, Resource, UpdateResult
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
 from cluster_settings.models import K3S_VERSION
 from node_operations.k3s_install import K3sBinary, ServerSpec, install_server, read_server_state, stop_server
 from providers.base import (
     NodeProvider,
     check_connection_inputs,
+    is_known,
     pin_recorded_host_key,
     progress,
     resource_inputs,
@@ -66,7 +67,12 @@ class K3sServerProvider(NodeProvider):
                     "k3s cannot be downgraded in place",
                 )
             )
-        restarting = [key for key in RESTARTING_INPUTS if olds.get(key) and key in news and olds[key] != news[key]]
+        # Compared only once known: at preview an address the network plan is still deciding is unknown.
+        restarting = [
+            key
+            for key in RESTARTING_INPUTS
+            if olds.get(key) and key in news and is_known(news[key]) and olds[key] != news[key]
+        ]
         if restarting and news.get("approve_restart") is False:
             failures.append(
                 CheckFailure(
@@ -76,6 +82,24 @@ class K3sServerProvider(NodeProvider):
                 )
             )
         return CheckResult(pin_recorded_host_key(olds, dict(news)), failures)
+
+    def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        """Also says, in preview, when applying the change restarts k3s (the API goes down)."""
+        result = super().diff(id_, olds, news)
+        node = str(news.get("node"))
+        restarting = [key for key in RESTARTING_INPUTS if olds.get(key) and is_known(news.get(key))]
+        restarting = [key for key in restarting if olds[key] != news.get(key)]
+        undecided = [key for key in RESTARTING_INPUTS if olds.get(key) and not is_known(news.get(key))]
+        if restarting:
+            changes = ", ".join(f"{key} {olds[key]} -> {news.get(key)}" for key in restarting)
+            progress(node, f"plan: {changes} restarts k3s on the server; the Kubernetes API will be down for 10-30 s")
+        elif undecided:
+            progress(
+                node,
+                f"plan: {', '.join(undecided)} follow the network decision made during the run; if they change, "
+                "k3s restarts on the server (the API is down for 10-30 s; needs hk3s:network.approve_server_restart)",
+            )
+        return result
 
     def _install(self, props: dict[str, Any]) -> dict[str, Any]:
         node = str(props["node"])

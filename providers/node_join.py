@@ -24,6 +24,7 @@ from providers.base import (
     NodeProvider,
     check_connection_inputs,
     diff_inputs,
+    is_known,
     pin_recorded_host_key,
     progress,
     resource_inputs,
@@ -63,7 +64,7 @@ class NodeJoinProvider(NodeProvider):
         version = news.get("k3s_version")
         if isinstance(version, str) and not K3S_VERSION.match(version):
             failures.append(CheckFailure("k3s_version", f"{version!r} is not a k3s release"))
-        mode = news.get("network_mode")
+        mode = news.get("network_mode") if is_known(news.get("network_mode")) else None
         if isinstance(mode, str) and mode not in NETWORK_MODES:
             failures.append(CheckFailure("network_mode", f"{mode!r} is not one of {', '.join(NETWORK_MODES)}"))
         old_mode = olds.get("network_mode_in_use")

@@ -187,3 +187,63 @@ def test_private_network_overlapping_the_pod_network_is_refused(
     # Refused before k3s was touched anywhere.
     for host in (stack.server, worker):
         assert host.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
+
+
+def _k3s_main_pid(host: Host) -> str:
+    return host.run(["systemctl", "show", "-p", "MainPID", "--value", "k3s"]).stdout.strip()
+
+
+def _node_ip_in_config(host: Host) -> str:
+    import yaml  # noqa: PLC0415
+
+    return str(yaml.safe_load(host.run(["cat", "/etc/rancher/k3s/config.yaml"]).stdout)["node-ip"])
+
+
+def test_moving_the_server_into_private_mode_needs_approval_and_rolls_back(
+    lab: Lab, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The server is installed before any worker (mode still open: public address). The
+    first join decides private, which moves the server: refused without approval; with
+    approval, a failed recovery restores the previous configuration; then it moves."""
+    stack = _stack(lab, tmp_path_factory, "nm-mv-server")
+    server = stack.server
+    assert server.public_ip and server.private_ip
+    stack.stack.write_config(stack.config([]))
+    first = stack.up()
+    assert first.summary.result == "succeeded"
+    assert _node_ip_in_config(server) == server.public_ip
+    worker = lab.add_host(worker_spec("nm-mv-worker"))
+    lab.wait_ssh_ready([worker])
+    stack.stack.write_config(stack.config([worker]))
+    stack.stack.preview()
+    assert "k3s restarts on the server (the API is down for 10-30 s" in stack.stack.text()
+    pid = _k3s_main_pid(server)
+
+    message = stack.up_fails()
+    assert "restarts k3s on the server" in message and "approve_server_restart: true" in message, message[-4000:]
+    assert _k3s_main_pid(server) == pid and _node_ip_in_config(server) == server.public_ip
+    assert "nm-mv-worker" not in stack.node_names()
+
+    # A fault that stops k3s from starting with the new address: the recovery checks fail.
+    dropin = "/etc/systemd/system/k3s.service.d"
+    server.run(["mkdir", "-p", dropin])
+    server.run(
+        [
+            "sh",
+            "-c",
+            f'printf \'[Service]\\nExecStartPre=/bin/sh -c "! grep -qx \\\\"node-ip: {server.private_ip}\\\\" '
+            f"/etc/rancher/k3s/config.yaml\"\\n' > {dropin}/fault.conf && systemctl daemon-reload",
+        ]
+    )
+    stack.stack.write_config(stack.config([worker], approve_server_restart=True))
+    message = stack.up_fails()
+    assert "previous configuration was restored" in message, message[-4000:]
+    assert _node_ip_in_config(server) == server.public_ip
+    server.run([K3S, "kubectl", "get", "--raw", "/readyz"])
+    assert "nm-mv-worker" not in stack.node_names()
+
+    server.run(["sh", "-c", f"rm -f {dropin}/fault.conf && systemctl daemon-reload"])
+    stack.up()
+    assert _node_ip_in_config(server) == server.private_ip
+    assert stack.internal_ip("nm-mv-server") == server.private_ip
+    assert stack.internal_ip("nm-mv-worker") == worker.private_ip
