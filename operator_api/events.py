@@ -42,7 +42,7 @@ def parse_urn(urn: str) -> tuple[str, str]:
 
 def provider_message(text: str) -> tuple[str, str]:
     """(exception type, message) from what the engine reported for a resource."""
-    lines = text.strip().splitlines()
+    lines = [line.removeprefix("error: ") for line in text.strip().splitlines()]
     for index in range(len(lines) - 1, -1, -1):
         match = _EXCEPTION_LINE.match(lines[index])
         if match:
