@@ -23,7 +23,7 @@ _REPLACE_STEPS = {"replace", "create-replacement", "delete-replaced", "discard-r
 UNCHANGED_OPS = {"same", "read", "refresh"}
 # `[node] message`: the progress lines node operations print.
 PROGRESS_LINE = re.compile(r"\[(?P<node>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\] (?P<message>\S.*)")
-_EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)): ?(?P<message>.*)$")
+_EXCEPTION_LINE = re.compile(r"^(?P<type>(?:[A-Za-z_][\w.]*)?(Error|Exception|Exit|Interrupt)): ?(?P<message>.*)$")
 # Substrings that mark a refusal: the program stopped before changing the host.
 _REFUSALS = (
     ("capability-missing", "is not available in this release"),
