@@ -131,14 +131,20 @@ class OperatorLock:
 
     @staticmethod
     def _holder(fd: int) -> LockHolder:
-        try:
-            data = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        except ValueError:
-            data = {}
+        data: dict[str, object] = {}
+        for _ in range(40):  # the holder writes its record just after it takes the lock
+            try:
+                data = json.loads(os.pread(fd, 4096, 0) or b"{}")
+            except ValueError:
+                data = {}
+            if data.get("pid"):
+                break
+            time.sleep(0.05)
         action = f", {data['action']}" if data.get("action") else ""
+        pid = data.get("pid")
         return LockHolder(
             user=str(data.get("username", "?")),
             hostname=str(data.get("hostname", "?")),
-            pid=data.get("pid") if isinstance(data.get("pid"), int) else None,
+            pid=pid if isinstance(pid, int) else None,
             since=str(data.get("timestamp", "")) + action,
         )

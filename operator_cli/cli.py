@@ -275,12 +275,17 @@ def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack)
         return EXIT_OK
     if args.command == "up":
         if not args.yes:
-            preview = stack.preview(on_output=console.output_line)
-            if preview.restarts_api or preview.deletes:
-                what = "restarts the Kubernetes API" if preview.restarts_api else "deletes resources"
-                console.say("The plan:")
-                console.say(preview_text(preview))
-                console.confirm(f"This up {what}. Go ahead?", yes=False)
+            try:
+                preview = stack.preview(on_output=console.output_line)
+            except RunFailedError as error:
+                console.say(f"The plan could not be previewed: {error}")
+                console.confirm("Run up without knowing whether it restarts the API or deletes?", yes=False)
+            else:
+                if preview.restarts_api or preview.deletes:
+                    what = "restarts the Kubernetes API" if preview.restarts_api else "deletes resources"
+                    console.say("The plan:")
+                    console.say(preview_text(preview))
+                    console.confirm(f"This up {what}. Go ahead?", yes=False)
         runs["up"] = lambda: stack.up(on_event=console.event, on_output=console.output_line)
     elif args.command == "node":
         if args.node_command == "list":

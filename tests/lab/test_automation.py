@@ -113,7 +113,8 @@ class Cluster:
         return CliRun(process.returncode, "".join(out), "".join(err), killed)
 
     def record(self, title: str, run: CliRun) -> None:
-        self.transcript.append(f"$ scripts/hk3s --stack {self.stack.name} {title}\n{run.stdout}")
+        progress = "".join(line for line in run.stderr.splitlines(keepends=True) if not line.startswith("Installing"))
+        self.transcript.append(f"$ scripts/hk3s --stack {self.stack.name} {title}\n{progress}{run.stdout}")
 
     def kubectl_json(self, *args: str) -> dict:
         return json.loads(self.server.run([K3S, "kubectl", *args, "-o", "json"]).stdout)
