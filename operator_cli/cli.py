@@ -137,7 +137,7 @@ class Console:
         if event.resource_pre_event is not None:
             metadata = event.resource_pre_event.metadata
             op = str(getattr(metadata.op, "value", metadata.op))
-            if op not in UNCHANGED_OPS:
+            if op not in UNCHANGED_OPS and not metadata.type.startswith("pulumi:providers:"):
                 self.say(f"{op:>8} {_short_type(metadata.type)} {metadata.urn.split('::')[-1]}")
         if event.res_op_failed_event is not None:
             metadata = event.res_op_failed_event.metadata

@@ -341,6 +341,24 @@ def test_removing_a_worker_is_refused_and_the_file_restored(cluster: Cluster) ->
     assert cluster.api().up().summary.get("delete", 0) == 0
 
 
+def test_fencing_is_refused_until_the_capability_lands(cluster: Cluster) -> None:
+    w1 = cluster.workers[0]
+    before = cluster.stack_file.read_bytes()
+    # Releasing data needs --yes: without a terminal the CLI shows the plan and stops.
+    unconfirmed = cluster.hk3s("node", "fence", w1.name, "--powered-off", "--accept-stale-data")
+    assert unconfirmed.returncode == 3 and "pass --yes" in unconfirmed.stderr, unconfirmed.stderr[-3000:]
+    assert "The plan:" in unconfirmed.stderr and f"{w1.name}-fence" in unconfirmed.stderr, unconfirmed.stderr[-3000:]
+    with pytest.raises(RefusedError) as refused:
+        cluster.api().fence(w1.name, powered_off=True)
+    error = refused.value
+    assert error.reason == "capability-missing" and error.config_restored and error.stack_restored, error
+    assert error.resource is not None and error.resource.name == f"{w1.name}-fence"
+    assert "fencing the worker is not available in this release" in error.resource.message
+    assert cluster.stack_file.read_bytes() == before
+    assert {n.name: n.fenced for n in cluster.api().nodes()}[w1.name] is False
+    assert cluster.ready(w1.name)
+
+
 def test_the_ci_commands_preview_then_up(cluster: Cluster) -> None:
     """The commands examples/ci/github-actions-deploy.yml runs, as it runs them."""
     preview = cluster.hk3s("preview")
