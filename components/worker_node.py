@@ -124,6 +124,7 @@ class WorkerNode(pulumi.ComponentResource):
                 "server_address": server.endpoint.ssh_address,
                 "server_ssh_port": server.endpoint.ssh_port,
                 "server_host_key": server.endpoint.probe.host_key,
+                "server_firewall_managed": server.endpoint.firewall_managed,
                 "server_url": server_address.apply(lambda address: f"https://{address}:{KUBE_API_PORT}"),
                 "ca_hash": server.ca_hash,
                 "k3s_version": server.version,
@@ -138,6 +139,7 @@ class WorkerNode(pulumi.ComponentResource):
                         "address": peer.ssh_address,
                         "ssh_port": peer.ssh_port,
                         "host_key": peer.probe.host_key,
+                        "firewall_managed": peer.firewall_managed,
                     }
                     for peer in peers
                     if peer.name != self.endpoint.name

@@ -120,6 +120,9 @@ class JoinSpec:
     # Every other recorded node (not the server): the program must reach each over SSH,
     # since a join changes their firewalls too (seed 000, "Before you start").
     peers: tuple[SshTarget, ...] = ()
+    # The server and the peers whose firewall the operator runs: an active UFW there stops
+    # the join even with the ports open, since the new node's peer rules cannot be added.
+    unmanaged_firewall_nodes: tuple[str, ...] = ()
     # The node's inbound rules when the operator runs its firewall (None: the program does).
     operator_firewall_rules: tuple[PortRule, ...] | None = None
     register_deadline: float = REGISTER_DEADLINE_SECONDS
@@ -196,12 +199,20 @@ async def agent_since(worker: SshSession) -> str:
     return result.stdout.strip()
 
 
+async def _ufw_active(session: SshSession) -> bool:
+    result = await session.run(
+        ["sh", "-c", "command -v ufw >/dev/null 2>&1 && ufw status 2>/dev/null | head -n 1"], deadline=30, check=False
+    )
+    return result.stdout.strip() == "Status: active"
+
+
 class Joiner:
     """One worker's join, over two pinned SSH sessions (worker and server)."""
 
     def __init__(self, spec: JoinSpec, worker: SshSession, server: SshSession, progress: Progress) -> None:
         self.spec = spec
         self.worker = worker
+        self.server = server
         self.cluster = ClusterApi(server)
         self.progress = progress
         self.checks: dict[str, str] = {}
@@ -263,10 +274,17 @@ class Joiner:
     async def _check_peers(self) -> None:
         """SSH access to every recorded node, checked in parallel; all failures named."""
 
+        ufw_nodes: list[str] = []
+
+        async def check_ufw(session: SshSession) -> None:
+            if session.target.node in self.spec.unmanaged_firewall_nodes and await _ufw_active(session):
+                ufw_nodes.append(session.target.node)
+
         async def reach(peer: SshTarget) -> str | None:
             try:
                 async with open_session(dataclasses.replace(peer, connect_timeout=PEER_CONNECT_SECONDS)) as session:
                     await session.run(["true"], deadline=PEER_CONNECT_SECONDS)
+                    await check_ufw(session)
                 return None
             except SshError as error:
                 return str(error)
@@ -279,6 +297,16 @@ class Joiner:
                 "the program cannot log in to every recorded node, and a join changes their firewalls: "
                 + "; ".join(failures)
                 + ". Bring them back, or remove or fence them in the stack, then run pulumi up",
+            )
+        await check_ufw(self.server)
+        if ufw_nodes:
+            raise JoinError(
+                self.spec.node,
+                "firewall",
+                f"UFW is active on {', '.join(sorted(ufw_nodes))}, and the program does not manage it there "
+                f"(hk3s:firewall.managed or the worker's firewall setting), so {self.spec.node}'s peer rules cannot "
+                "be added, even if the ports are open today. Let the program manage that firewall (set it to true), "
+                "or disable UFW there and run the rules yourself with another firewall",
             )
         if self.spec.peers:
             self.checks["ssh-peers"] = f"{len(self.spec.peers)} reachable"

@@ -181,6 +181,9 @@ class NetworkDecision:
     paths: dict[str, PrivatePath]
     notes: list[str]
     candidate: PrivatePath | None = None  # a default-route network to check and print
+    behind_nat: list[str] = field(default_factory=list)
+    """Public mode: workers whose public address is on none of their interfaces (NAT):
+    the caller checks that the server can connect to them there."""
 
 
 def _overlap(network: IPv4Network, setting: NetworkSetting) -> str | None:
@@ -273,8 +276,9 @@ def decide(
     if not workers:
         return NetworkDecision("pending", public_addresses, {}, ["no worker yet: the first join decides the mode"])
     wanted = fixed_mode or setting.mode
+    natted = [net.node for net, public in workers if net.interface_of(IPv4Address(public)) is None]
     if wanted == "public":
-        return NetworkDecision("public", public_addresses, {}, [])
+        return NetworkDecision("public", public_addresses, {}, [], behind_nat=natted)
 
     paths: dict[str, PrivatePath] = {}
     missing: list[str] = []
@@ -315,7 +319,7 @@ def decide(
                 + ("or remove it from hk3s:workers" if fixed_mode else "or set hk3s:network.mode: public")
             )
         notes = [f"public mode: {_no_path(server, net)}" for net, _ in workers if net.node in missing]
-        return NetworkDecision("public", public_addresses, {}, notes)
+        return NetworkDecision("public", public_addresses, {}, notes, behind_nat=natted)
 
     addresses = {server.node: next(iter(paths.values())).server_address}
     server_addresses = {path.server_address for path in paths.values()}
@@ -326,6 +330,17 @@ def decide(
         )
     addresses.update({name: path.worker_address for name, path in paths.items()})
     return NetworkDecision("private", addresses, paths, [])
+
+
+def behind_nat_refusal(worker: HostNetwork, public: str, server: str, port: int, why: str) -> NetworkRefusedError:
+    """A worker whose public address is not its own and that the server cannot connect to."""
+    return NetworkRefusedError(
+        f"{worker.node}: its address {public} is on none of its interfaces ({worker.describe()}) and the server "
+        f"{server} cannot connect to it at {public}:{port} ({why}): {worker.node} is behind NAT. Nodes connect to "
+        f"each other in public mode, so it cannot join that way. Give {worker.node} a private network it shares "
+        "with the server (hk3s:network.mode auto or private then uses it), or set its address to one the other "
+        "nodes can reach. Nothing was joined"
+    )
 
 
 def candidate_refusal(candidate: PrivatePath) -> NetworkRefusedError:

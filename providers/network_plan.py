@@ -22,6 +22,7 @@ from node_operations.network_mode import (
     NetworkSetting,
     PrivatePath,
     Recorded,
+    behind_nat_refusal,
     candidate_refusal,
     check_connection,
     decide,
@@ -51,6 +52,11 @@ def _target(props: dict[str, Any], node: dict[str, Any]) -> SshTarget:
     )
 
 
+async def _connect_from(props: dict[str, Any], source: dict[str, Any], address: str, port: int) -> str | None:
+    async with open_session(_target(props, source)) as session:
+        return await check_connection(session, address, port)
+
+
 async def _verify(props: dict[str, Any], path: PrivatePath) -> str | None:
     """Connect both ways over the path's addresses (SSH ports: k3s may not run yet).
     None when both connect, else which connection failed and why."""
@@ -61,8 +67,7 @@ async def _verify(props: dict[str, Any], path: PrivatePath) -> str | None:
         (worker, path.server_address, int(server.get("ssh_port") or 22), server["node"]),
     )
     for source, address, port, target_node in legs:
-        async with open_session(_target(props, source)) as session:
-            why = await check_connection(session, address, port)
+        why = await _connect_from(props, source, address, port)
         if why is not None:
             return f"the connection from {source['node']} to {target_node} at {address}:{port} failed ({why})"
     return None
@@ -105,6 +110,13 @@ def _decide(props: dict[str, Any], olds: dict[str, Any] | None) -> dict[str, Any
                 raise candidate_refusal(decision.candidate)
             progress(server_name, f"the default-route network {decision.candidate.network} is not usable: {failed}")
             decision = run(candidates_unusable=True)
+        for worker_net, public in workers:
+            if worker_net.node in decision.behind_nat:
+                worker = next(node for node in props["workers"] if node["node"] == worker_net.node)
+                port = int(worker.get("ssh_port") or 22)
+                why = run_operation(_connect_from(props, props["server"], public, port))
+                if why is not None:
+                    raise behind_nat_refusal(worker_net, public, server_name, port, why)
         for path in decision.paths.values():
             if path.kind == "recorded" and path.worker not in recorded.paths:
                 failed = run_operation(_verify(props, path))

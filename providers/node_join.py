@@ -103,6 +103,10 @@ class NodeJoinProvider(NodeProvider):
                 _other_node(props, peer["node"], peer["address"], peer.get("ssh_port"), peer.get("host_key"))
                 for peer in props.get("peers") or []
             ),
+            unmanaged_firewall_nodes=tuple(
+                [str(peer["node"]) for peer in props.get("peers") or [] if peer.get("firewall_managed") is False]
+                + ([str(props["server_node"])] if props.get("server_firewall_managed") is False else [])
+            ),
             operator_firewall_rules=None
             if operator_rules is None
             else tuple(
@@ -129,7 +133,13 @@ class NodeJoinProvider(NodeProvider):
             olds,
             news,
             replace_on=self.replace_on,
-            ignore=("recorded_host_key", "recorded_nodes", "peers", "operator_firewall_rules"),
+            ignore=(
+                "recorded_host_key",
+                "recorded_nodes",
+                "peers",
+                "operator_firewall_rules",
+                "server_firewall_managed",
+            ),
         )
 
     def create(self, props: dict[str, Any]) -> CreateResult:

@@ -100,6 +100,9 @@ class LabStack:
     directory: Path
     name: str = "lab"
     log: list[str] = field(default_factory=list)
+    netns: str | None = None
+    """Run the CLI (and so the program and its providers) inside this network namespace,
+    as an operator sitting on that network would."""
 
     def __post_init__(self) -> None:
         project = self.directory / "project"
@@ -132,12 +135,22 @@ class LabStack:
         document = {"config": {f"hk3s:{key}": value for key, value in config.items()}}
         (self.project / f"Pulumi.{self.name}.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
 
+    def _cli_root(self) -> Path:
+        if self.netns is None:
+            return CACHE
+        root = self.directory / "pulumi-in-netns"
+        (root / "bin").mkdir(parents=True, exist_ok=True)
+        wrapper = root / "bin" / "pulumi"
+        wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {self.netns} {BIN / "pulumi"} "$@"\n')
+        wrapper.chmod(0o755)
+        return root
+
     def stack(self) -> auto.Stack:
         workspace = auto.LocalWorkspace(
             work_dir=str(self.project),
             pulumi_home=str(self.directory / "pulumi-home"),
             env_vars=self.env,
-            pulumi_command=auto.PulumiCommand(root=str(CACHE)),
+            pulumi_command=auto.PulumiCommand(root=str(self._cli_root())),
         )
         return auto.Stack.create_or_select(self.name, workspace)
 

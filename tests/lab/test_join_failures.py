@@ -32,7 +32,14 @@ from node_operations.k3s_install import (
 )
 from remote_access.kube import ClusterApi
 from remote_access.ssh import SshTarget, open_session
-from tests.lab.lab_stack import k3s_snapshot, k3s_version, lab_binaries_missing, server_spec, worker_spec
+from tests.lab.lab_stack import (
+    LONGHORN_PACKAGES,
+    k3s_snapshot,
+    k3s_version,
+    lab_binaries_missing,
+    server_spec,
+    worker_spec,
+)
 
 pytestmark = pytest.mark.lab
 TAINT = "hk3s.dev/validating=true:NoSchedule"
@@ -317,3 +324,31 @@ def test_unmanaged_active_firewall_stops_the_join_listing_rules(lab: Lab, cluste
     assert error.check == "firewall", str(error)
     assert "10250" in str(error) and "8472" in str(error) and cluster.server.public_ip in str(error)
     assert worker.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
+
+
+def test_unmanaged_ufw_on_a_peer_stops_the_join_even_with_ports_open(lab: Lab, cluster: Cluster) -> None:
+    # Seed 000: a UFW the program does not manage on an existing node stops the join, even
+    # with the ports open, because the new node's peer rules cannot be added there.
+    peer_host = lab.add_host(worker_spec("jf-ufw-peer", extra_packages=(*LONGHORN_PACKAGES, "ufw")))
+    lab.wait_ssh_ready([peer_host])
+    peer_host.run(["ufw", "default", "allow", "incoming"])
+    peer_host.run(["ufw", "--force", "enable"])
+    assert peer_host.run(["ufw", "status"]).stdout.startswith("Status: active")
+    worker = fresh_worker(lab, "jf-ufw-new")
+    peer = target(lab, peer_host)
+    recorded = (*_recorded(cluster, worker), peer_host.name)
+    error = join(
+        lab, cluster, worker, peers=(peer,), unmanaged_firewall_nodes=(peer_host.name,), recorded_nodes=recorded
+    )
+    assert error.check == "firewall", str(error)
+    assert "UFW is active on jf-ufw-peer" in str(error) and "even if the ports are open" in str(error)
+    assert worker.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
+    # The same UFW run by the program (not in the unmanaged list) passes this check.
+    lines: list[str] = []
+    joiner_spec = spec_for(cluster, worker, peers=(peer,), recorded_nodes=recorded)
+
+    async def preflight_only() -> None:
+        async with open_session(target(lab, worker)) as w, open_session(target(lab, cluster.server)) as s:
+            await Joiner(joiner_spec, w, s, lines.append).preflight()
+
+    asyncio.run(preflight_only())

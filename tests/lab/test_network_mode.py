@@ -247,3 +247,39 @@ def test_moving_the_server_into_private_mode_needs_approval_and_rolls_back(
     assert _node_ip_in_config(server) == server.private_ip
     assert stack.internal_ip("nm-mv-server") == server.private_ip
     assert stack.internal_ip("nm-mv-worker") == worker.private_ip
+
+
+def test_host_behind_nat_joins_only_over_the_private_network(
+    lab: Lab, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A worker behind a NAT router: it can connect out, nothing can connect in. The
+    program runs on the NAT's LAN (inside the router's namespace), as an operator there
+    would, so it reaches the worker by SSH while the server cannot."""
+    stack = _stack(lab, tmp_path_factory, "nm-nat-server")
+    worker = lab.add_host(worker_spec("nm-nat-worker", behind_nat=True))
+    lab.wait_ssh_ready([worker])
+    assert worker.router_netns and worker.public_ip is None and worker.private_ip
+    stack.stack.netns = worker.router_netns
+
+    def config(**network: Any) -> dict[str, Any]:
+        values = stack.config([worker], **network)
+        # Its public face is the NAT's address; the program reaches it on the LAN.
+        values["workers"][0].update(address=worker.egress_ip, ssh_address=worker.ssh_ip)
+        return values
+
+    stack.stack.write_config(config(mode="public"))
+    message = stack.up_fails()
+    assert (
+        f"nm-nat-worker: its address {worker.egress_ip} is on none of its interfaces" in message
+        and f"the server nm-nat-server cannot connect to it at {worker.egress_ip}:22" in message
+        and "is behind NAT" in message
+    ), message[-4000:]
+    for host in (stack.server, worker):
+        assert host.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
+
+    # With the private network it shares with the server, auto joins it there.
+    stack.stack.write_config(config())
+    result = stack.up()
+    nodes = {node["name"]: node for node in result.outputs["nodes"].value}
+    assert nodes["nm-nat-worker"]["network_mode"] == "private"
+    assert stack.internal_ip("nm-nat-worker") == worker.private_ip

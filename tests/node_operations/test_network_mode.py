@@ -103,6 +103,10 @@ def test_behind_nat_a_private_lan_address_is_not_a_shared_network() -> None:
     )
     decision = decide(AUTO, server, "198.51.100.2", [(natted, "203.0.113.40")], Recorded())
     assert decision.mode == "public" and decision.addresses["nat"] == "203.0.113.40"
+    # Its public address is not its own: the server must prove it can connect to it there.
+    assert decision.behind_nat == ["nat"]
+    own = lan("w", "198.51.100.3", None)
+    assert decide(AUTO, server, "198.51.100.2", [(own, "198.51.100.3")], Recorded()).behind_nat == []
 
 
 def test_default_route_network_is_a_candidate_to_check_and_print() -> None:
