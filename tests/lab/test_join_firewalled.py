@@ -43,3 +43,35 @@ def test_join_with_managed_host_firewalls(lab: Lab, tmp_path: Path) -> None:
     ]
     assert server.run([*probe, worker.public_ip or ""], check=False).returncode == 0
     assert outsider.run([*probe, worker.public_ip or ""], check=False).returncode != 0
+
+
+def test_private_mode_firewalls_admit_the_peers_private_addresses_only(lab: Lab, tmp_path: Path) -> None:
+    missing = lab_binaries_missing()
+    if missing:
+        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+    server = lab.add_host(server_spec("fwp-server"))
+    worker = lab.add_host(worker_spec("fwp-worker"))
+    outsider = lab.add_host(worker_spec("fwp-outsider"))  # on the private network, not in the cluster
+    lab.wait_ssh_ready([server, worker, outsider])
+    assert server.private_ip and worker.private_ip and worker.public_ip
+    stack = LabStack(tmp_path)
+    stack.write_config(base_config(lab, server, [worker], firewall={"managed": True}, network={"mode": "auto"}))
+    try:
+        result = stack.up()
+    except auto.CommandError as error:
+        pytest.fail(f"pulumi up failed:\n{stack.text()[-6000:]}\n{error}")
+    nodes = {node["name"]: node for node in result.outputs["nodes"].value}
+    assert nodes["fwp-worker"]["network_mode"] == "private" and nodes["fwp-worker"]["state"] == "ready"
+    probe = [
+        "python3",
+        "-c",
+        "import socket,sys; s=socket.socket(); s.settimeout(3); sys.exit(s.connect_ex((sys.argv[1], 10250)))",
+    ]
+    # The kubelet answers the server over the private network only: its public address is
+    # not a peer in private mode, and neither is a private host outside the cluster.
+    assert server.run([*probe, worker.private_ip], check=False).returncode == 0
+    assert server.run([*probe, worker.public_ip], check=False).returncode != 0
+    assert outsider.run([*probe, worker.private_ip], check=False).returncode != 0
+    # The API admits the worker's private address.
+    api = [*probe[:2], probe[2].replace("10250", "6443"), server.private_ip]
+    assert worker.run(api, check=False).returncode == 0
