@@ -283,3 +283,35 @@ def test_host_behind_nat_joins_only_over_the_private_network(
     nodes = {node["name"]: node for node in result.outputs["nodes"].value}
     assert nodes["nm-nat-worker"]["network_mode"] == "private"
     assert stack.internal_ip("nm-nat-worker") == worker.private_ip
+
+
+def test_recorded_private_addresses_are_reused_when_routes_reach_them(
+    lab: Lab, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The hosts' private NICs sit in different subnets (no shared network found), but each
+    holds a recorded private address on another interface and routes the other's through
+    its private NIC: that path is checked (routing, both connections, overlap) and used."""
+    stack = _stack(lab, tmp_path_factory, "nm-rec-server", private_cidr="10.50.1.0/24")
+    worker = lab.add_host(worker_spec("nm-rec-worker", private_cidr="10.50.2.0/24"))
+    lab.wait_ssh_ready([worker])
+    server = stack.server
+    assert server.private_ip and worker.private_ip
+    recorded = {server.name: "172.30.1.2", worker.name: "172.30.2.3"}
+    for host, peer in ((server, worker), (worker, server)):
+        # A routed address on an interface of its own (the lab kernel has no dummy driver: a veth pair).
+        host.run(["ip", "link", "add", "hk3s-rec", "type", "veth", "peer", "name", "hk3s-rec-end"])
+        host.run(["ip", "link", "set", "hk3s-rec-end", "up"])
+        host.run(["ip", "link", "set", "hk3s-rec", "up"])
+        host.run(["ip", "addr", "add", f"{recorded[host.name]}/32", "dev", "hk3s-rec"])
+        via = ["via", peer.private_ip or "", "dev", "enp7s0", "onlink", "src", recorded[host.name]]
+        host.run(["ip", "route", "add", f"{recorded[peer.name]}/32", *via])
+    config = stack.config([worker])
+    config["server"]["private_address"] = recorded[server.name]
+    config["workers"][0]["private_address"] = recorded[worker.name]
+    stack.stack.write_config(config)
+    result = stack.up()
+    nodes = {node["name"]: node for node in result.outputs["nodes"].value}
+    assert nodes["nm-rec-worker"]["network_mode"] == "private"
+    assert stack.internal_ip("nm-rec-worker") == recorded[worker.name]
+    assert stack.internal_ip("nm-rec-server") == recorded[server.name]
+    assert "network mode private over 172.30.1.2/32" in stack.stack.text()
