@@ -168,6 +168,17 @@ class ClusterStack:
 
     def _stack(self) -> auto.Stack:
         """Select the stack, creating it (passphrase secrets) on first use."""
+        return self._workspace_stack(create=True)
+
+    def _existing_stack(self) -> auto.Stack | None:
+        """Select the stack if it exists; reading never creates it (which would write an
+        encryption salt into the stack file)."""
+        try:
+            return self._workspace_stack(create=False)
+        except auto.StackNotFoundError:
+            return None
+
+    def _workspace_stack(self, *, create: bool) -> auto.Stack:
         if not self.file.exists():
             raise StackError(
                 f"{self.file.path.name} does not exist: copy Pulumi.dev.yaml to it and edit it (README, Configuration)"
@@ -184,7 +195,9 @@ class ClusterStack:
                 secrets_provider="passphrase",
                 pulumi_command=self._command(),
             )
-        return auto.Stack.create_or_select(self.env, self._workspace)
+        if create:
+            return auto.Stack.create_or_select(self.env, self._workspace)
+        return auto.Stack.select(self.env, self._workspace)
 
     # --- reading -----------------------------------------------------------------------
     def settings_document(self) -> StackDocument:
@@ -193,25 +206,27 @@ class ClusterStack:
 
     def nodes(self) -> list[Node]:
         """Every node the last `up` recorded in the stack's `nodes` output (empty before the first)."""
-        outputs = self._stack().outputs()
+        stack = self._existing_stack()
+        outputs = stack.outputs() if stack is not None else {}
         value = outputs["nodes"].value if "nodes" in outputs else []
         return [Node.from_output(item) for item in value or []]
 
     def kubeconfig(self) -> str | None:
         """The cluster's kubeconfig (a Pulumi secret: keep it out of logs)."""
-        outputs = self._stack().outputs()
+        stack = self._existing_stack()
+        outputs = stack.outputs() if stack is not None else {}
         return str(outputs["kubeconfig"].value) if "kubeconfig" in outputs else None
 
     def status(self) -> ClusterStatus:
         """Endpoint, version, nodes, the last run, pending operations and current lock holders.
         Carries no secret."""
-        stack = self._stack()
-        outputs = stack.outputs()
+        stack = self._existing_stack()
+        outputs = stack.outputs() if stack is not None else {}
 
         def output(key: str) -> Any:
             return outputs[key].value if key in outputs and not outputs[key].secret else None
 
-        info = stack.info(show_secrets=False)
+        info = stack.info(show_secrets=False) if stack is not None else None
         last = None
         if info is not None:
             last = LastRun(
@@ -230,7 +245,7 @@ class ClusterStack:
             storage_classes=list(output("storage_classes") or []),
             nodes=[Node.from_output(item) for item in output("nodes") or []],
             last_run=last,
-            pending_operations=self.pending_operations(stack),
+            pending_operations=self.pending_operations(stack) if stack is not None else [],
             locked_by=[f"{lock.holder} ({lock.state})" for lock in locks],
         )
 
@@ -290,7 +305,6 @@ class ClusterStack:
                     on_error=output,
                     on_event=self._events(record, on_event),
                     parallel=self.parallel,
-                    clear_pending_creates=bool(recovery.cleared_pending) or None,
                 ),
             )
             return RunResult("refresh", record.summary, record.changes, recovery)

@@ -236,6 +236,28 @@ def test_bad_input_names_the_setting_and_leaves_the_file_as_it_was(cluster: Clus
     assert cluster.stack_file.read_bytes() == before
 
 
+def test_reading_a_stack_never_deployed_creates_nothing(cluster: Cluster) -> None:
+    other = cluster.stack.project / "Pulumi.other.yaml"
+    other.write_bytes(cluster.stack_file.read_bytes())
+    api = ClusterStack(
+        "other",
+        project_dir=cluster.stack.project,
+        env_vars=cluster.stack.env,
+        pulumi_command_root=CACHE,
+        pulumi_home=cluster.stack.directory / "pulumi-home",
+    )
+    try:
+        before = other.read_bytes()
+        assert api.nodes() == []
+        status = api.status()
+        assert (status.nodes, status.last_run, status.api_endpoint) == ([], None, None)
+        listed = cluster.hk3s("--stack", "other", "node", "list", "--json")
+        assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+        assert other.read_bytes() == before  # no stack was created: no encryption salt written
+    finally:
+        other.unlink()
+
+
 def test_a_run_killed_mid_join_is_resumed_by_one_api_call(cluster: Cluster) -> None:
     w3 = cluster.workers[2]
     killed = cluster.hk3s(
