@@ -5,13 +5,22 @@ check (agent to API, API server to kubelet) through them."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from pulumi import automation as auto
 
-from lab.hosts import Lab
-from tests.lab.lab_stack import LabStack, base_config, lab_binaries_missing, server_spec, worker_spec
+from lab.hosts import Host, Lab
+from tests.lab.lab_stack import (
+    LONGHORN_PACKAGES,
+    LabStack,
+    base_config,
+    lab_binaries_missing,
+    server_spec,
+    worker_spec,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -75,3 +84,71 @@ def test_private_mode_firewalls_admit_the_peers_private_addresses_only(lab: Lab,
     # The API admits the worker's private address.
     api = [*probe[:2], probe[2].replace("10250", "6443"), server.private_ip]
     assert worker.run(api, check=False).returncode == 0
+
+
+PROBE = """
+import errno, socket, sys
+for port in sys.argv[2:]:
+    s = socket.socket()
+    s.settimeout(2)
+    code = s.connect_ex((sys.argv[1], int(port)))
+    # Connected or refused by the host itself: the firewall let it through.
+    print(port, "open" if code in (0, errno.ECONNREFUSED) else "closed")
+"""
+TCP_PORTS = ("22", "6443", "8888", "9100", "10250")
+
+
+def _probe(source: Host | None, address: str) -> dict[str, str]:
+    """What each TCP port of `address` looks like from `source` (None: the outside bridge,
+    i.e. this machine's root namespace)."""
+    if source is None:
+        out = subprocess.run(
+            [sys.executable, "-c", PROBE, address, *TCP_PORTS], capture_output=True, text=True, check=True
+        ).stdout
+    else:
+        out = source.run(["python3", "-c", PROBE, address, *TCP_PORTS], timeout=60).stdout
+    return dict(line.split() for line in out.splitlines())
+
+
+def test_after_joins_ufw_firewalld_and_nftables_nodes_open_exactly_the_planned_ports(lab: Lab, tmp_path: Path) -> None:
+    missing = lab_binaries_missing()
+    if missing:
+        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+    server = lab.add_host(server_spec("fwj-server"))
+    ufw = lab.add_host(worker_spec("fwj-ufw", extra_packages=(*LONGHORN_PACKAGES, "ufw")))
+    firewalld = lab.add_host(worker_spec("fwj-fwd", extra_packages=(*LONGHORN_PACKAGES, "firewalld", "libpam-systemd")))
+    nft = lab.add_host(worker_spec("fwj-nft"))
+    outsider = lab.add_host(worker_spec("fwj-outsider"))
+    lab.wait_ssh_ready([server, ufw, firewalld, nft, outsider], timeout=180)
+    firewalld.run("for i in $(seq 100); do firewall-cmd --state && exit 0; sleep 0.2; done; exit 1", timeout=60)
+    workers = [ufw, firewalld, nft]
+    stack = LabStack(tmp_path)
+    stack.write_config(base_config(lab, server, workers, firewall={"managed": True}))
+    try:
+        stack.up()
+    except auto.CommandError as error:
+        pytest.fail(f"pulumi up failed:\n{stack.text()[-6000:]}\n{error}")
+    assert "Status: active" in ufw.run(["ufw", "status"]).stdout
+    assert "hk3s" in firewalld.run(["firewall-cmd", "--get-active-zones"]).stdout
+    assert "table inet hk3s_node" in nft.run(["nft", "list", "tables"]).stdout
+
+    def expect(node: Host, source: Host | None) -> dict[str, str]:
+        peer = source is not None and source is not outsider
+        is_server = node is server
+        return {
+            "22": "open",
+            "6443": "open" if is_server and peer else "closed",
+            "8888": "closed",
+            "9100": "open" if not is_server and source is server else "closed",
+            "10250": "open" if peer else "closed",
+        }
+
+    seen, wanted = {}, {}
+    for node in [server, *workers]:
+        for source in [server, nft if node is not nft else ufw, outsider, None]:
+            if source is node:
+                continue
+            key = f"{node.name} from {source.name if source else 'outside'}"
+            seen[key] = _probe(source, node.public_ip or "")
+            wanted[key] = expect(node, source)
+    assert seen == wanted
