@@ -69,6 +69,8 @@ def provision_machine(
         ssh_user=credentials.user,
         private_key=credentials.private_key,
         recorded_host_key=credentials.recorded_host_keys.get(host.name),
+        # A Hetzner network's address: the facts wait for it, so the network decision sees it.
+        expected_address=private_address if host.kind == "hetzner" else None,
         opts=pulumi.ResourceOptions(parent=parent, depends_on=depends, provider=operations),
     )
     return NodeEndpoint(

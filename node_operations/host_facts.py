@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass, field
 
 from host_scripts import script_path
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
 HOST_FACTS_DEADLINE_SECONDS = 30.0
+# A Hetzner network attached to a running server shows up on the host a little later.
+EXPECTED_ADDRESS_WAIT_SECONDS = 120.0
+EXPECTED_ADDRESS_POLL_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -96,11 +101,27 @@ def interface_of(facts: HostFacts, address: str) -> str | None:
     return None
 
 
-async def read_host_facts(target: SshTarget) -> ObservedHost:
-    """Log in (pinning the host key), run host_facts.sh, parse its output."""
+async def read_host_facts(
+    target: SshTarget, expected_address: str | None = None, wait_seconds: float = EXPECTED_ADDRESS_WAIT_SECONDS
+) -> ObservedHost:
+    """Log in (pinning the host key), run host_facts.sh, parse its output. With
+    `expected_address` (a Hetzner network's address, configured on the host some
+    seconds after it is attached), read again until the address is on an interface."""
     async with open_session(target) as session:
+        facts = await gather_facts(session)
+        deadline = time.monotonic() + wait_seconds
+        while expected_address and interface_of(facts, expected_address) is None:
+            if time.monotonic() > deadline:
+                raise SshError(
+                    target.node,
+                    f"the private network address {expected_address} is not on any interface after "
+                    f"{wait_seconds:.0f} s (the host has {', '.join(facts.ipv4_addresses) or 'no IPv4 address'}); "
+                    "check that the image configures the attached network's interface (hc-utils or cloud-init)",
+                )
+            await asyncio.sleep(EXPECTED_ADDRESS_POLL_SECONDS)
+            facts = await gather_facts(session)
         return ObservedHost(
-            facts=await gather_facts(session),
+            facts=facts,
             host_key=session.host_key,
             host_key_newly_recorded=session.newly_recorded,
         )

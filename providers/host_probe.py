@@ -43,7 +43,7 @@ class HostProbeProvider(NodeProvider):
         return CheckResult(pin_recorded_host_key(olds, dict(news)), check_connection_inputs(news))
 
     def _observe(self, props: dict[str, Any]) -> ObservedHost:
-        observed = run_operation(read_host_facts(ssh_target(props)))
+        observed = run_operation(read_host_facts(ssh_target(props), props.get("expected_address") or None))
         if observed.host_key_newly_recorded:
             progress(
                 props["node"],
@@ -95,6 +95,7 @@ class HostProbe(Resource, module="hk3s", name="HostProbe"):
         ssh_port: pulumi.Input[int] = 22,
         ssh_user: pulumi.Input[str] = "root",
         recorded_host_key: pulumi.Input[str | None] = None,
+        expected_address: pulumi.Input[str | None] = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         props: dict[str, Any] = {
@@ -104,6 +105,7 @@ class HostProbe(Resource, module="hk3s", name="HostProbe"):
             "ssh_port": ssh_port,
             "ssh_user": ssh_user,
             "recorded_host_key": recorded_host_key,
+            "expected_address": expected_address,
             **{name: None for name in (*FACT_OUTPUTS, "default_route_interface", "host_key")},
         }
         super().__init__(HostProbeProvider(), resource_name, props, opts)

@@ -257,3 +257,11 @@ def test_node_operations_are_sharded_over_provider_processes(graph: Recording) -
                 assert reg.provider.startswith(shard_urn[shard_of(node)] + "::"), (reg.name, reg.provider)
     # The server-side connection check runs where the server's operations run.
     assert graph.by_name("w1-from-server-ssh").provider.startswith(shard_urn[shard_of("srv")] + "::")
+
+
+def test_hetzner_probes_wait_for_their_network_address(graph: Recording) -> None:
+    # A created server's probe waits until the attached network's address is on the host,
+    # so the network decision sees it; an existing host's probe waits for nothing.
+    assert graph.by_name("w1-probe").inputs["expected_address"] == fake_ipv4("w1-private", "10.0.1")
+    assert graph.urn_of("w1-private") in set(graph.by_name("w1-probe").dependencies)
+    assert graph.by_name("metal-probe").inputs.get("expected_address") is None
