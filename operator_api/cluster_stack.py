@@ -293,21 +293,7 @@ class ClusterStack:
     def refresh(self, *, on_event: EventCallback | None = None, on_output: OutputCallback | None = None) -> RunResult:
         """Read every resource back from its host and record drift in the state."""
         with self._exclusive("refresh", on_output) as recovery:
-            stack = self._stack()
-            record = RunRecord()
-            self._run(
-                "refresh",
-                record,
-                on_output,
-                lambda output: stack.refresh(
-                    color="never",
-                    on_output=output,
-                    on_error=output,
-                    on_event=self._events(record, on_event),
-                    parallel=self.parallel,
-                ),
-            )
-            return RunResult("refresh", record.summary, record.changes, recovery)
+            return self._engine_run("refresh", recovery, on_event, on_output)
 
     # --- changes ------------------------------------------------------------------------
     def add_worker(
@@ -423,13 +409,23 @@ class ClusterStack:
 
     # --- internals ----------------------------------------------------------------------
     def _up(self, recovery: Recovery, on_event: EventCallback | None, on_output: OutputCallback | None) -> RunResult:
+        return self._engine_run("up", recovery, on_event, on_output)
+
+    def _engine_run(
+        self,
+        kind: Literal["up", "refresh"],
+        recovery: Recovery,
+        on_event: EventCallback | None,
+        on_output: OutputCallback | None,
+    ) -> RunResult:
         stack = self._stack()
         record = RunRecord()
+        command = stack.up if kind == "up" else stack.refresh
         self._run(
-            "up",
+            kind,
             record,
             on_output,
-            lambda output: stack.up(
+            lambda output: command(
                 color="never",
                 on_output=output,
                 on_error=output,
@@ -437,7 +433,7 @@ class ClusterStack:
                 parallel=self.parallel,
             ),
         )
-        return RunResult("up", record.summary, record.changes, recovery)
+        return RunResult(kind, record.summary, record.changes, recovery)
 
     @staticmethod
     def _events(record: RunRecord, on_event: EventCallback | None) -> EventCallback:

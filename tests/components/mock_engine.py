@@ -97,8 +97,7 @@ class ClusterMocks(pulumi.runtime.Mocks):
             outputs.update(
                 mode=mode,
                 addresses={
-                    node["node"]: (node.get("private_address") if mode == "private" else None)
-                    or node["public_address"]
+                    node["node"]: (node.get("private_address") if mode == "private" else None) or node["public_address"]
                     for node in nodes
                 },
                 paths={},

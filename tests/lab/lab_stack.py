@@ -175,35 +175,57 @@ class LabStack:
 
 @dataclass(frozen=True)
 class CliRun:
-    """One `pulumi` CLI run: its exit status, its output, and whether it was killed."""
+    """One command run: its exit status, its output (stderr on its own when asked for),
+    and whether it was killed."""
 
     returncode: int
     output: str
     killed: bool
+    stderr: str = ""
+
+    @property
+    def stdout(self) -> str:
+        return self.output
 
 
-def run_cli(stack: LabStack, args: Sequence[str], *, kill_when: str | None = None, timeout: float = 900) -> CliRun:
-    """Run `pulumi <args> --stack <name>` in the project copy; with `kill_when`,
-    SIGKILL the CLI and everything it started (language host, provider process)
-    as soon as a line containing that text appears."""
+def run_killable(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    kill_when: str | None = None,
+    timeout: float = 900,
+    split_stderr: bool = False,
+) -> CliRun:
+    """Run `argv` in its own process group, stdin not a terminal; with `kill_when`, SIGKILL
+    it and everything it started (language host, provider processes) as soon as a line
+    containing that text appears (on stderr with `split_stderr`, else on the merged output)."""
     import signal  # noqa: PLC0415
+    import threading  # noqa: PLC0415
     import time  # noqa: PLC0415
 
-    env = {**os.environ, **stack.env, "PULUMI_HOME": str(stack.directory / "pulumi-home")}
     process = subprocess.Popen(
-        ["pulumi", *args, "--stack", stack.name, "--non-interactive", "--color", "never"],
-        cwd=stack.project,
+        list(argv),
+        cwd=cwd,
         env=env,
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.PIPE if split_stderr else subprocess.STDOUT,
         text=True,
-        start_new_session=True,  # its own process group: a kill reaches the provider process too
+        start_new_session=True,  # its own process group: a kill reaches the provider processes too
     )
     assert process.stdout is not None
+    out: list[str] = []
+    watched = process.stdout
+    if split_stderr:
+        assert process.stderr is not None
+        stdout = process.stdout
+        threading.Thread(target=lambda: out.extend(stdout), daemon=True).start()
+        watched = process.stderr
     lines: list[str] = []
     killed = False
     deadline = time.monotonic() + timeout
-    for line in process.stdout:
+    for line in watched:
         lines.append(line)
         if kill_when is not None and kill_when in line:
             os.killpg(process.pid, signal.SIGKILL)
@@ -211,7 +233,7 @@ def run_cli(stack: LabStack, args: Sequence[str], *, kill_when: str | None = Non
             break
         if time.monotonic() > deadline:
             os.killpg(process.pid, signal.SIGKILL)
-            raise AssertionError(f"pulumi {' '.join(args)} ran past {timeout:.0f}s:\n{''.join(lines[-50:])}")
+            raise AssertionError(f"{' '.join(argv)} ran past {timeout:.0f}s:\n{''.join(lines[-50:])}")
     process.wait()
     if killed:
         # Wait until nothing of the killed run is left.
@@ -221,4 +243,14 @@ def run_cli(stack: LabStack, args: Sequence[str], *, kill_when: str | None = Non
             except ProcessLookupError:
                 break
             time.sleep(0.1)
+    if split_stderr:
+        time.sleep(0.2)  # the reader thread drains what stdout still holds
+        return CliRun(process.returncode, "".join(out), killed, "".join(lines))
     return CliRun(process.returncode, "".join(lines), killed)
+
+
+def run_cli(stack: LabStack, args: Sequence[str], *, kill_when: str | None = None, timeout: float = 900) -> CliRun:
+    """Run `pulumi <args> --stack <name>` in the project copy (see `run_killable`)."""
+    env = {**os.environ, **stack.env, "PULUMI_HOME": str(stack.directory / "pulumi-home")}
+    argv = ["pulumi", *args, "--stack", stack.name, "--non-interactive", "--color", "never"]
+    return run_killable(argv, cwd=stack.project, env=env, kill_when=kill_when, timeout=timeout)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -32,18 +31,19 @@ from operator_api import (
     UnknownWorkerError,
 )
 from operator_api.locks import backend_directory, pulumi_lock_files
-from tests.lab.lab_stack import CACHE, LabStack, base_config, lab_binaries_missing, server_spec, worker_spec
+from tests.lab.lab_stack import (
+    CACHE,
+    CliRun,
+    LabStack,
+    base_config,
+    lab_binaries_missing,
+    run_killable,
+    server_spec,
+    worker_spec,
+)
 
 pytestmark = pytest.mark.lab
 K3S = "/usr/local/bin/k3s"
-
-
-@dataclass(frozen=True)
-class CliRun:
-    returncode: int
-    stdout: str
-    stderr: str
-    killed: bool = False
 
 
 @dataclass
@@ -76,41 +76,9 @@ class Cluster:
         """`scripts/hk3s --stack lab ARGS` in the project copy, stdin not a terminal; with
         `kill_when`, SIGKILL it and everything it started when a line containing that text appears."""
         argv = [str(self.stack.project / "scripts" / "hk3s"), "--stack", self.stack.name, *args]
-        process = subprocess.Popen(
-            argv,
-            cwd=self.stack.project,
-            env=self.env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,  # its own process group: the kill reaches the engine and providers
+        return run_killable(
+            argv, cwd=self.stack.project, env=self.env(), kill_when=kill_when, timeout=timeout, split_stderr=True
         )
-        assert process.stdout is not None and process.stderr is not None
-        out: list[str] = []
-        threading.Thread(target=lambda: out.extend(process.stdout), daemon=True).start()  # type: ignore[arg-type]
-        err: list[str] = []
-        killed = False
-        deadline = time.monotonic() + timeout
-        for line in process.stderr:
-            err.append(line)
-            if kill_when is not None and kill_when in line:
-                os.killpg(process.pid, signal.SIGKILL)
-                killed = True
-                break
-            if time.monotonic() > deadline:
-                os.killpg(process.pid, signal.SIGKILL)
-                raise AssertionError(f"hk3s {' '.join(args)} ran past {timeout:.0f}s:\n{''.join(err[-50:])}")
-        process.wait()
-        if killed:
-            for _ in range(100):  # until nothing of the killed run is left
-                try:
-                    os.killpg(process.pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.1)
-        time.sleep(0.2)
-        return CliRun(process.returncode, "".join(out), "".join(err), killed)
 
     def record(self, title: str, run: CliRun) -> None:
         progress = "".join(line for line in run.stderr.splitlines(keepends=True) if not line.startswith("Installing"))
