@@ -78,9 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     node = commands.add_parser("node", help="add, list, fence, unfence or remove workers")
     node_commands = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
-    add = node_commands.add_parser("add", parents=[common], help="add an existing host as a worker and join it")
+    add = node_commands.add_parser(
+        "add", parents=[common], help="add a worker (an existing host, or a Hetzner server to create) and join it"
+    )
     add.add_argument("name")
-    add.add_argument("--address", required=True, help="the host's public IPv4 address")
+    add.add_argument("--address", help="an existing host's public IPv4 address")
+    add.add_argument("--hetzner", action="store_true", help="create a Hetzner Cloud server for the worker")
+    add.add_argument("--server-type", help="with --hetzner: the server type (default hk3s:cluster.server_type)")
+    add.add_argument("--location", help="with --hetzner: the location (default hk3s:cluster.location)")
     add.add_argument("--ssh-port", type=int, default=22)
     add.add_argument("--ssh-address", help="where SSH reaches the host, if not at --address")
     add.add_argument("--private-address", help="the host's address on the private network")
@@ -296,6 +301,9 @@ def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack)
         if args.node_command == "add":
             runs["up"] = lambda: stack.add_worker(
                 name,
+                kind="hetzner" if args.hetzner else "existing",
+                server_type=args.server_type,
+                location=args.location,
                 address=args.address,
                 ssh_port=args.ssh_port,
                 ssh_address=args.ssh_address,
@@ -346,9 +354,17 @@ def _error_data(error: Exception) -> dict[str, Any]:
     return data
 
 
-def main(argv: Sequence[str] | None = None, *, stdin: TextIO | None = None) -> int:
+def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line, with the rules argparse cannot say (usage errors exit 2)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "node_command", None) == "add" and bool(args.address) == bool(args.hetzner):
+        parser.error("node add: give --address (an existing host) or --hetzner (a server the program creates)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None, *, stdin: TextIO | None = None) -> int:
+    args = parse_arguments(argv)
     console = Console(as_json=args.json, out=sys.stdout, err=sys.stderr, stdin=stdin or sys.stdin)
     try:
         stack = ClusterStack(

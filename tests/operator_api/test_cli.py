@@ -23,6 +23,7 @@ from operator_cli.cli import (
     build_parser,
     main,
     nodes_table,
+    parse_arguments,
 )
 from tests.operator_api.test_locks import write_lock
 
@@ -56,17 +57,25 @@ def test_arguments_parse_as_documented() -> None:
     late = parser.parse_args(["node", "list", "--stack", "staging", "--json"])
     assert late.stack == "staging" and late.json is True
     assert parser.parse_args(["up"]).stack == "dev" and parser.parse_args(["up"]).yes is False
+    cloud = parse_arguments(["node", "add", "cloud-3", "--hetzner", "--server-type", "cx22", "--location", "hel1"])
+    assert (cloud.hetzner, cloud.server_type, cloud.location, cloud.address) == (True, "cx22", "hel1", None)
     fence = parser.parse_args(["node", "fence", "w", "--powered-off", "--accept-stale-data", "--yes"])
     assert (fence.powered_off, fence.accept_stale_data, fence.yes) == (True, True, True)
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["node", "add", "w"], ["node", "add", "w", "--address", "1.2.3.4", "--label", "novalue"], ["bogus"], []],
+    [
+        ["node", "add", "w"],
+        ["node", "add", "w", "--address", "1.2.3.4", "--hetzner"],
+        ["node", "add", "w", "--address", "1.2.3.4", "--label", "novalue"],
+        ["bogus"],
+        [],
+    ],
 )
 def test_usage_errors_exit_2(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as caught:
-        build_parser().parse_args(argv)
+        parse_arguments(argv)
     assert caught.value.code == 2
 
 
@@ -86,6 +95,11 @@ def test_bad_input_exits_3_with_the_setting_named(
             "message": "'dev-worker-1' is already a node of this stack; choose another worker name",
         }
     ]
+    # A Hetzner worker: its settings reach the same validation (here a location that does not exist).
+    code, out, err = run(
+        project, capsys, "node", "add", "cloud-3", "--hetzner", "--server-type", "cx22", "--location", "mars"
+    )
+    assert code == EXIT_REFUSED and "hk3s:workers[3].location" in err and "not a Hetzner Cloud location" in err
     code, out, _ = run(project, capsys, "--json", "node", "fence", "nobody")
     assert code == EXIT_REFUSED and json.loads(out)["problems"][0]["key"] == "hk3s:fences.nobody"
     assert (project / "Pulumi.dev.yaml").read_bytes() == before
