@@ -4,6 +4,8 @@ key points at a real file, so validation passes on the untouched config."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,3 +42,17 @@ def api(project: Path, backend: Path) -> ClusterStack:
         project_dir=project,
         env_vars={"PULUMI_BACKEND_URL": backend.as_uri(), "PULUMI_CONFIG_PASSPHRASE": "unit-test"},
     )
+
+
+@pytest.fixture
+def running_pulumi(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A live process whose name is `pulumi`, as a running CLI's is."""
+    binary = tmp_path / "bin" / "pulumi"
+    binary.parent.mkdir()
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", binary)
+    process = subprocess.Popen([str(binary), "300"])
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()

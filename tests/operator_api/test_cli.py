@@ -9,7 +9,6 @@ import json
 import shutil
 import socket
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -103,19 +102,6 @@ def test_bad_input_exits_3_with_the_setting_named(
     code, out, _ = run(project, capsys, "--json", "node", "fence", "nobody")
     assert code == EXIT_REFUSED and json.loads(out)["problems"][0]["key"] == "hk3s:fences.nobody"
     assert (project / "Pulumi.dev.yaml").read_bytes() == before
-
-
-@pytest.fixture
-def running_pulumi(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    binary = tmp_path / "bin" / "pulumi"
-    binary.parent.mkdir()
-    shutil.copy(shutil.which("sleep") or "/bin/sleep", binary)
-    process = subprocess.Popen([str(binary), "300"])
-    try:
-        yield process
-    finally:
-        process.kill()
-        process.wait()
 
 
 def test_a_busy_stack_exits_4_naming_the_holder(

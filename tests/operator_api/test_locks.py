@@ -6,11 +6,9 @@ before the API would start one."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,20 +28,6 @@ def write_lock(backend: Path, stack: str, pid: int, hostname: str | None = None,
     }
     path.write_text(json.dumps(record))
     return path
-
-
-@pytest.fixture
-def running_pulumi(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A live process whose name is `pulumi`, as a running CLI's is."""
-    binary = tmp_path / "bin" / "pulumi"
-    binary.parent.mkdir()
-    shutil.copy(shutil.which("sleep") or "/bin/sleep", binary)
-    process = subprocess.Popen([str(binary), "300"])
-    try:
-        yield process
-    finally:
-        process.kill()
-        process.wait()
 
 
 def dead_pid() -> int:
