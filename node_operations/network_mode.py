@@ -283,6 +283,7 @@ def decide(
     paths: dict[str, PrivatePath] = {}
     missing: list[str] = []
     candidate: PrivatePath | None = None
+    default_route_networks: dict[str, str] = {}
     for worker, _public in workers:
         previous = recorded.paths.get(worker.node)
         if previous is not None and worker.interface_of(IPv4Address(previous.worker_address)) is not None:
@@ -293,8 +294,9 @@ def decide(
         if found is None:
             found = _recorded_path(server, worker, explicit)
         if found is None:
-            if default_route is not None and candidate is None:
-                candidate = default_route
+            if default_route is not None:
+                default_route_networks[worker.node] = default_route.network
+                candidate = candidate or default_route
             missing.append(worker.node)
             continue
         problem = _overlap(IPv4Network(found.network), setting)
@@ -312,9 +314,15 @@ def decide(
             return NetworkDecision("private", {}, paths, [], candidate=candidate)
         if wanted == "private":
             reason = "the cluster's first join fixed private mode" if fixed_mode else "hk3s:network.mode is private"
+            shared = "".join(
+                f"; {name} shares {network} with the server, but it carries the default route: set "
+                f"hk3s:network.private_network: {network} to use it"
+                for name, network in sorted(default_route_networks.items())
+            )
             raise NetworkRefusedError(
                 f"{reason}, but "
                 + "; ".join(_no_path(server, net) for net, _ in workers if net.node in missing)
+                + shared
                 + ". Attach the host to the server's private network (or record its private_address), "
                 + ("or remove it from hk3s:workers" if fixed_mode else "or set hk3s:network.mode: public")
             )

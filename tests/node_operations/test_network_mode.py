@@ -121,6 +121,14 @@ def test_default_route_network_is_a_candidate_to_check_and_print() -> None:
     assert fallback.mode == "public"
 
 
+def test_a_later_default_route_worker_is_told_the_setting() -> None:
+    # The mode is fixed private; a new worker shares only a default-route network with the server.
+    server = lan("srv", "198.51.100.2", "10.0.0.2")
+    worker = lan("w2", "198.51.100.4", "10.0.0.4", default_private=True)
+    with pytest.raises(NetworkRefusedError, match=r"w2 shares 10\.0\.0\.0/16 .*private_network: 10\.0\.0\.0/16"):
+        decide(AUTO, server, "198.51.100.2", [(worker, "198.51.100.4")], Recorded("private", {}))
+
+
 def test_explicit_private_network_uses_the_default_route_network() -> None:
     server = lan("srv", "198.51.100.2", "10.0.0.2")
     worker = lan("w1", "198.51.100.3", "10.0.0.3", default_private=True)
