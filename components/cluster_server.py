@@ -123,6 +123,13 @@ class ClusterServer(pulumi.ComponentResource):
         """The address the other nodes use for `node`, in the decided mode."""
         return self.network.addresses.apply(lambda addresses: addresses[node])
 
+    def node_ip(self, node: str) -> pulumi.Output[str]:
+        """The address `node`'s k3s binds to: its cluster address, or behind a 1:1 NAT the
+        host's own address (the cluster address is then its external IP)."""
+        return pulumi.Output.all(self.network.node_ips, self.network.addresses).apply(
+            lambda maps: (maps[0] or maps[1])[node]
+        )
+
     def install_k3s(self, after: Sequence[pulumi.Resource]) -> None:
         """Install or adopt k3s once the resources in `after` (the firewalls) exist."""
         settings = self._args.settings
@@ -137,7 +144,8 @@ class ClusterServer(pulumi.ComponentResource):
                 "pod_cidr": cluster.pod_cidr,
                 "service_cidr": cluster.service_cidr,
                 "flannel_backend": FLANNEL_BACKEND[cluster.pod_network],
-                "node_ip": self.cluster_address(self.endpoint.name),
+                "flannel_external_ip": self.network.nat_nodes.apply(lambda nodes: True if nodes else None),
+                "node_ip": self.node_ip(self.endpoint.name),
                 "node_external_ip": self.endpoint.public_address,
                 "network_mode": self.network.mode,
                 "approve_restart": settings.network.approve_server_restart,

@@ -145,7 +145,7 @@ class WorkerNode(pulumi.ComponentResource):
                     if peer.name != self.endpoint.name
                 ],
                 "network_mode": plan.mode,
-                "node_ip": own_address,
+                "node_ip": server.node_ip(worker.name),
                 "node_external_ip": self.endpoint.public_address,
                 "labels": dict(worker.labels),
                 "validation_taint": VALIDATION_TAINT,

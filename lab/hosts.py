@@ -442,6 +442,9 @@ class HostSpec:
       public NIC keeps its address but has no default route.
     * ``behind_nat``: ``eth0`` sits behind a small NAT router: the host can
       connect out, nothing on the public bridge can connect in.
+    * ``nat_inbound``: with ``behind_nat``, the router forwards every connection
+      to its public address to the host (a cloud's 1:1 NAT: the host's public
+      address is on none of its interfaces, yet others reach it there).
     * ``private_cidr``: the private NIC's network, if not the lab's (e.g. to
       overlap k3s's pod network 10.42.0.0/16).
     * ``extra_binds``: ``(machine path, container path)`` read-only binds;
@@ -454,6 +457,7 @@ class HostSpec:
     private_nic: bool = True
     private_default_route: bool = False
     behind_nat: bool = False
+    nat_inbound: bool = False
     private_cidr: str | None = None
     extra_binds: tuple[tuple[Path, str], ...] | list[tuple[Path, str]] = ()
     extra_binds_rw: tuple[tuple[Path, str], ...] | list[tuple[Path, str]] = ()
@@ -467,6 +471,8 @@ class HostSpec:
             raise ValueError(f"host name {self.name!r}: use 1-32 of a-z, 0-9 and '-' (a hostname label)")
         if self.private_default_route and not self.private_nic:
             raise ValueError(f"host {self.name}: private_default_route needs private_nic")
+        if self.nat_inbound and not self.behind_nat:
+            raise ValueError(f"host {self.name}: nat_inbound needs behind_nat")
         if self.private_cidr is not None and not self.private_nic:
             raise ValueError(f"host {self.name}: private_cidr needs private_nic")
         if self.private_cidr is not None:
@@ -1448,18 +1454,28 @@ class Lab:
             _ip("addr", "add", f"{lan_gateway}/24", "dev", "lan0", netns=router)
             _ip("link", "set", "lan0", "up", netns=router)
             _sysctl("net.ipv4.ip_forward", "1", netns=router)
+            inbound = (
+                f"""  chain prerouting {{
+    type nat hook prerouting priority dstnat; policy accept;
+    iifname "wan0" dnat to {host.nat_inner_ip}
+  }}
+"""
+                if spec.nat_inbound
+                else ""
+            )
             _nft(
-                """table ip lab_nat_router {
-  chain postrouting {
+                f"""table ip lab_nat_router {{
+{inbound}  chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
     oifname "wan0" masquerade
-  }
-  chain forward {
+  }}
+  chain forward {{
     type filter hook forward priority filter; policy drop;
     iifname "lan0" accept
     ct state established,related accept
-  }
-}
+    ct status dnat accept
+  }}
+}}
 """,
                 netns=router,
             )

@@ -60,6 +60,8 @@ class ServerSpec:
     flannel_backend: str
     binary: K3sBinary
     tls_sans: tuple[str, ...] = ()
+    # Public mode with a node behind a 1:1 NAT: flannel sends to the nodes' external addresses.
+    flannel_external_ip: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ def server_config(spec: ServerSpec, flannel_iface: str | None) -> str:
             "node-external-ip": spec.external_ip if spec.external_ip != spec.node_ip else None,
             "flannel-iface": flannel_iface,
             "flannel-backend": spec.flannel_backend,
+            "flannel-external-ip": True if spec.flannel_external_ip else None,
             "cluster-cidr": spec.pod_cidr,
             "service-cidr": spec.service_cidr,
             "tls-san": sorted({spec.node_ip, spec.external_ip, *spec.tls_sans}),

@@ -351,6 +351,21 @@ def behind_nat_refusal(worker: HostNetwork, public: str, server: str, port: int,
     )
 
 
+def local_node_ips(addresses: Mapping[str, str], hosts: Mapping[str, HostNetwork]) -> dict[str, str]:
+    """The address each node's k3s binds to (its node IP): its cluster address when the
+    host holds it, else (a public address behind a 1:1 NAT) the address of the interface
+    its default route leaves by; the cluster address is then its external IP."""
+    local: dict[str, str] = {}
+    for node, address in addresses.items():
+        host = hosts.get(node)
+        if host is None or host.interface_of(IPv4Address(address)) is not None:
+            local[node] = address
+            continue
+        outgoing = next((cidr for iface, cidr in host.addresses if iface in host.default_interfaces), None)
+        local[node] = str(outgoing.ip) if outgoing is not None else address
+    return local
+
+
 def candidate_refusal(candidate: PrivatePath) -> NetworkRefusedError:
     """The first join found only a network that carries the default route, and it passed
     the checks: stop before the host joins and print the setting to add."""

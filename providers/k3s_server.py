@@ -28,7 +28,7 @@ from providers.base import (
 )
 
 # Changing these on a running server restarts k3s: the API is down for 10-30 s.
-RESTARTING_INPUTS = ("node_ip", "node_external_ip", "flannel_backend")
+RESTARTING_INPUTS = ("node_ip", "node_external_ip", "flannel_backend", "flannel_external_ip")
 IMMUTABLE_CLUSTER_INPUTS = {
     "pod_cidr": "hk3s:cluster.pod_cidr",
     "service_cidr": "hk3s:cluster.service_cidr",
@@ -110,6 +110,7 @@ class K3sServerProvider(NodeProvider):
             pod_cidr=str(props["pod_cidr"]),
             service_cidr=str(props["service_cidr"]),
             flannel_backend=str(props["flannel_backend"]),
+            flannel_external_ip=bool(props.get("flannel_external_ip")),
             binary=K3sBinary(
                 version=str(props["k3s_version"]),
                 local_path=Path(props["k3s_binary"]) if props.get("k3s_binary") else None,

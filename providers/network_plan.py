@@ -26,6 +26,7 @@ from node_operations.network_mode import (
     candidate_refusal,
     check_connection,
     decide,
+    local_node_ips,
 )
 from providers.base import progress, run_operation, ssh_target
 from remote_access.ssh import SshTarget, open_session
@@ -134,10 +135,15 @@ def _decide(props: dict[str, Any], olds: dict[str, Any] | None) -> dict[str, Any
         progress(server_name, f"network mode private over {', '.join(networks)}")
     else:
         progress(server_name, f"network mode {decision.mode}")
+    hosts = {net.node: net for net in [server, *(net for net, _ in workers)]}
+    node_ips = local_node_ips(decision.addresses, hosts)
     return {
         **props,
         "mode": decision.mode,
         "addresses": decision.addresses,
+        "node_ips": node_ips,
+        # Nodes others reach only at an address a NAT holds: flannel must use external addresses.
+        "nat_nodes": sorted(node for node, ip in node_ips.items() if ip != decision.addresses[node]),
         "paths": {name: path.as_dict() for name, path in decision.paths.items()},
     }
 
@@ -174,6 +180,8 @@ class NetworkPlan(Resource, module="hk3s", name="NetworkPlan"):
 
     mode: pulumi.Output[str]
     addresses: pulumi.Output[dict[str, str]]
+    node_ips: pulumi.Output[dict[str, str]]
+    nat_nodes: pulumi.Output[list[str]]
     paths: pulumi.Output[dict[str, dict[str, str]]]
 
     def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
@@ -182,6 +190,8 @@ class NetworkPlan(Resource, module="hk3s", name="NetworkPlan"):
             "private_key": pulumi.Output.secret(props["private_key"]),
             "mode": None,
             "addresses": None,
+            "node_ips": None,
+            "nat_nodes": None,
             "paths": None,
         }
         super().__init__(NetworkPlanProvider(), resource_name, inputs, opts)

@@ -487,7 +487,7 @@ func serverFlags() []*flagDef {
 		str("cluster-domain", nil, "cluster.local", nil, "(networking) Cluster Domain"),
 		ignoredStr("flannel-backend"),
 		ignoredBool("flannel-ipv6-masq"),
-		ignoredBool("flannel-external-ip"),
+		boolean("flannel-external-ip", nil, "(networking) Use node external IP addresses for Flannel traffic (here: the API server reaches kubelets at their external addresses)"),
 		ignoredStr("egress-selector-mode"),
 		ignoredStr("servicelb-namespace"),
 		str("agent-token", nil, "", []string{"K3S_AGENT_TOKEN"}, "(cluster) Shared secret used to join agents to the cluster, but not servers"),

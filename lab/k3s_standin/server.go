@@ -557,7 +557,7 @@ func (s *server) startAPIServer() (*child, error) {
 		"--storage-backend=etcd3",
 		"--kubelet-client-certificate=" + t("client-kube-apiserver.crt"),
 		"--kubelet-client-key=" + t("client-kube-apiserver.key"),
-		"--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
+		"--kubelet-preferred-address-types=" + kubeletAddressTypes(s.o.boolean("flannel-external-ip")),
 		"--profiling=false",
 		"--proxy-client-cert-file=" + t("client-auth-proxy.crt"),
 		"--proxy-client-key-file=" + t("client-auth-proxy.key"),
@@ -797,4 +797,15 @@ func sdNotify(state string) {
 	if _, err := conn.Write([]byte(state)); err != nil {
 		warnf("sd_notify: %v", err)
 	}
+}
+
+// kubeletAddressTypes: real k3s reaches kubelets through each agent's tunnel, whatever
+// the node's addresses. The stand-in has no tunnel and dials the node directly, so when
+// nodes are reachable only at their external addresses (--flannel-external-ip: some sit
+// behind a 1:1 NAT) it prefers those.
+func kubeletAddressTypes(externalFirst bool) string {
+	if externalFirst {
+		return "ExternalIP,InternalIP,Hostname"
+	}
+	return "InternalIP,ExternalIP,Hostname"
 }

@@ -96,12 +96,14 @@ class ClusterMocks(pulumi.runtime.Mocks):
             nodes = [args.inputs["server"], *args.inputs["workers"]]
             outputs.update(
                 mode=mode,
+                nat_nodes=[],
                 addresses={
                     node["node"]: (node.get("private_address") if mode == "private" else None) or node["public_address"]
                     for node in nodes
                 },
                 paths={},
             )
+            outputs["node_ips"] = outputs["addresses"]
         elif args.typ.endswith("hk3s:NodeJoin"):
             outputs.update(
                 name=args.inputs["node"],

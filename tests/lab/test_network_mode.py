@@ -315,3 +315,26 @@ def test_recorded_private_addresses_are_reused_when_routes_reach_them(
     assert stack.internal_ip("nm-rec-worker") == recorded[worker.name]
     assert stack.internal_ip("nm-rec-server") == recorded[server.name]
     assert "network mode private over 172.30.1.2/32" in stack.stack.text()
+
+
+def test_host_behind_a_one_to_one_nat_joins_in_public_mode(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A cloud's 1:1 NAT: the worker's public address is on none of its interfaces, but
+    connections to it are forwarded. It joins in public mode with k3s bound to its own
+    address, the public one as its external IP, and flannel on external addresses."""
+    stack = _stack(lab, tmp_path_factory, "nm-1to1-server")
+    worker = lab.add_host(worker_spec("nm-1to1-worker", behind_nat=True, nat_inbound=True, private_nic=False))
+    lab.wait_ssh_ready([worker])
+    assert worker.nat_inner_ip and worker.public_ip is None
+    values = stack.config([worker])
+    values["workers"][0]["address"] = worker.egress_ip
+    stack.stack.write_config(values)
+    result = stack.up()
+    nodes = {node["name"]: node for node in result.outputs["nodes"].value}
+    assert nodes["nm-1to1-worker"]["network_mode"] == "public" and nodes["nm-1to1-worker"]["state"] == "ready"
+    node = json.loads(stack.server.run([K3S, "kubectl", "get", "node", "nm-1to1-worker", "-o", "json"]).stdout)
+    addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
+    assert addresses["InternalIP"] == worker.nat_inner_ip and addresses["ExternalIP"] == worker.egress_ip
+    server_config = stack.server.run(["cat", "/etc/rancher/k3s/config.yaml"]).stdout
+    assert "flannel-external-ip: true" in server_config
+    agent_config = worker.run(["cat", "/etc/rancher/k3s/config.yaml"]).stdout
+    assert f"node-ip: {worker.nat_inner_ip}" in agent_config and f"node-external-ip: {worker.egress_ip}" in agent_config
