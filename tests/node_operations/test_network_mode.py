@@ -18,6 +18,7 @@ from node_operations.network_mode import (
     Recorded,
     candidate_refusal,
     decide,
+    local_node_ips,
     parse_route,
 )
 
@@ -204,3 +205,12 @@ def test_mode_is_fixed_after_the_first_join() -> None:
 def test_no_worker_leaves_the_mode_pending() -> None:
     decision = decide(AUTO, hetzner("srv", "198.51.100.2", "10.0.1.2"), "198.51.100.2", [], Recorded())
     assert decision.mode == "pending" and decision.addresses == {"srv": "198.51.100.2"}
+
+
+def test_behind_a_one_to_one_nat_k3s_binds_the_hosts_own_address() -> None:
+    natted = HostNetwork.from_facts(
+        "nat", ["eth0 100.64.3.2/24"], ["default via 100.64.3.1 dev eth0", "100.64.3.0/24 dev eth0 scope link"]
+    )
+    own = lan("w", "198.51.100.3", "10.0.0.3")
+    addresses = {"nat": "203.0.113.40", "w": "198.51.100.3"}
+    assert local_node_ips(addresses, {"nat": natted, "w": own}) == {"nat": "100.64.3.2", "w": "198.51.100.3"}
