@@ -7,6 +7,7 @@ any kubeconfig has left the server, and is pinned by the server's host key.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,8 @@ from remote_access.ssh import RemoteCommandError, SshSession
 
 K3S = "/usr/local/bin/k3s"
 KUBECTL_DEADLINE_SECONDS = 30.0
+FIELD_MANAGER = "hk3s"
+APPLY_ATTEMPTS = 3
 TOKEN_PATTERN = re.compile(r"^K10[0-9a-f]{64}::([a-z0-9]{6})\.([a-z0-9]{16})$")
 
 
@@ -131,7 +134,19 @@ class ClusterApi:
         await self.kubectl(["cordon" if cordoned else "uncordon", name])
 
     async def apply(self, manifest: str) -> None:
-        await self.kubectl(["apply", "-f", "-"], stdin=manifest)
+        """Create or update the manifest's objects. Server-side apply, because joins run side
+        by side: client-side apply reads then creates, and two joins creating the same object
+        at once fail with AlreadyExists. A conflict left over is retried."""
+        args = ["apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", "-"]
+        for attempt in range(APPLY_ATTEMPTS):
+            try:
+                await self.kubectl(args, stdin=manifest)
+                return
+            except RemoteCommandError as error:
+                retried = any(word in str(error) for word in ("AlreadyExists", "Conflict"))
+                if attempt + 1 == APPLY_ATTEMPTS or not retried:
+                    raise
+                await asyncio.sleep(0.2 * (attempt + 1))
 
     async def create_join_token(self, node: str, ttl: str = "10m") -> JoinToken:
         """`k3s token create` for one node: short-lived, described by the node's name."""

@@ -352,3 +352,24 @@ def test_unmanaged_ufw_on_a_peer_stops_the_join_even_with_ports_open(lab: Lab, c
             await Joiner(joiner_spec, w, s, lines.append).preflight()
 
     asyncio.run(preflight_only())
+
+
+def test_objects_applied_by_joins_side_by_side_are_created_once(lab: Lab, cluster: Cluster) -> None:
+    # Joins run in parallel and each applies the join-permit objects; the first two
+    # creating them at the same moment must not fail with AlreadyExists.
+    manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: hk3s-apply-race\n  namespace: kube-system\n"
+
+    async def apply_side_by_side() -> None:
+        async with open_session(target(lab, cluster.server)) as session:
+            api = ClusterApi(session)
+            await asyncio.gather(*(api.apply(manifest) for _ in range(8)))
+
+    try:
+        asyncio.run(apply_side_by_side())
+        listed = cluster.server.run(["/usr/local/bin/k3s", "kubectl", "get", "configmap", "-n", "kube-system"])
+        assert "hk3s-apply-race" in listed.stdout
+    finally:
+        cluster.server.run(
+            ["/usr/local/bin/k3s", "kubectl", "delete", "configmap", "-n", "kube-system", "hk3s-apply-race"],
+            check=False,
+        )
