@@ -33,6 +33,25 @@ def lab_binaries_missing() -> list[str]:
     return [name for name in wanted if not (BIN / name).exists()]
 
 
+def skip_without_lab_binaries() -> None:
+    """Skip (a failure under HK3S_LAB_REQUIRED) when lab/setup.sh has not built the binaries."""
+    import pytest  # noqa: PLC0415
+
+    missing = lab_binaries_missing()
+    if missing:
+        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+
+
+def up_or_fail(stack: LabStack) -> auto.UpResult:
+    """`up`, or fail the test with the run's last output."""
+    import pytest  # noqa: PLC0415
+
+    try:
+        return stack.up()
+    except auto.CommandError as error:
+        pytest.fail(f"pulumi up failed:\n{stack.text()[-6000:]}\n{error}")
+
+
 def k3s_snapshot() -> tuple[Path, str]:
     """The k3s binary as a file that cannot change under a running test (a rebuild
     replaces bin/k3s); named by its SHA-256."""

@@ -10,15 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from pulumi import automation as auto
 
 from lab.hosts import Host, Lab
 from tests.lab.lab_stack import (
     LONGHORN_PACKAGES,
     LabStack,
     base_config,
-    lab_binaries_missing,
     server_spec,
+    skip_without_lab_binaries,
+    up_or_fail,
     worker_spec,
 )
 
@@ -26,19 +26,14 @@ pytestmark = pytest.mark.lab
 
 
 def test_join_with_managed_host_firewalls(lab: Lab, tmp_path: Path) -> None:
-    missing = lab_binaries_missing()
-    if missing:
-        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+    skip_without_lab_binaries()
     server = lab.add_host(server_spec("fw-server"))
     worker = lab.add_host(worker_spec("fw-worker-1"))
     outsider = lab.add_host(worker_spec("fw-outsider"))
     lab.wait_ssh_ready([server, worker, outsider])
     stack = LabStack(tmp_path)
     stack.write_config(base_config(lab, server, [worker], firewall={"managed": True}))
-    try:
-        result = stack.up()
-    except auto.CommandError as error:
-        pytest.fail(f"pulumi up failed:\n{stack.text()[-6000:]}\n{error}")
+    result = up_or_fail(stack)
     assert result.summary.result == "succeeded"
     node = json.loads(server.run(["/usr/local/bin/k3s", "kubectl", "get", "node", worker.name, "-o", "json"]).stdout)
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
@@ -55,9 +50,7 @@ def test_join_with_managed_host_firewalls(lab: Lab, tmp_path: Path) -> None:
 
 
 def test_private_mode_firewalls_admit_the_peers_private_addresses_only(lab: Lab, tmp_path: Path) -> None:
-    missing = lab_binaries_missing()
-    if missing:
-        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+    skip_without_lab_binaries()
     server = lab.add_host(server_spec("fwp-server"))
     worker = lab.add_host(worker_spec("fwp-worker"))
     outsider = lab.add_host(worker_spec("fwp-outsider"))  # on the private network, not in the cluster
@@ -65,10 +58,7 @@ def test_private_mode_firewalls_admit_the_peers_private_addresses_only(lab: Lab,
     assert server.private_ip and worker.private_ip and worker.public_ip
     stack = LabStack(tmp_path)
     stack.write_config(base_config(lab, server, [worker], firewall={"managed": True}, network={"mode": "auto"}))
-    try:
-        result = stack.up()
-    except auto.CommandError as error:
-        pytest.fail(f"pulumi up failed:\n{stack.text()[-6000:]}\n{error}")
+    result = up_or_fail(stack)
     nodes = {node["name"]: node for node in result.outputs["nodes"].value}
     assert nodes["fwp-worker"]["network_mode"] == "private" and nodes["fwp-worker"]["state"] == "ready"
     probe = [
@@ -111,9 +101,7 @@ def _probe(source: Host | None, address: str) -> dict[str, str]:
 
 
 def test_after_joins_ufw_firewalld_and_nftables_nodes_open_exactly_the_planned_ports(lab: Lab, tmp_path: Path) -> None:
-    missing = lab_binaries_missing()
-    if missing:
-        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+    skip_without_lab_binaries()
     server = lab.add_host(server_spec("fwj-server"))
     ufw = lab.add_host(worker_spec("fwj-ufw", extra_packages=(*LONGHORN_PACKAGES, "ufw")))
     firewalld = lab.add_host(worker_spec("fwj-fwd", extra_packages=(*LONGHORN_PACKAGES, "firewalld", "libpam-systemd")))
@@ -124,10 +112,7 @@ def test_after_joins_ufw_firewalld_and_nftables_nodes_open_exactly_the_planned_p
     workers = [ufw, firewalld, nft]
     stack = LabStack(tmp_path)
     stack.write_config(base_config(lab, server, workers, firewall={"managed": True}))
-    try:
-        stack.up()
-    except auto.CommandError as error:
-        pytest.fail(f"pulumi up failed:\n{stack.text()[-6000:]}\n{error}")
+    up_or_fail(stack)
     assert "Status: active" in ufw.run(["ufw", "status"]).stdout
     assert "hk3s" in firewalld.run(["firewall-cmd", "--get-active-zones"]).stdout
     assert "table inet hk3s_node" in nft.run(["nft", "list", "tables"]).stdout
