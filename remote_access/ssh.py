@@ -4,6 +4,11 @@
   the key is reported back so the caller records it; a host whose key differs
   from the recorded one is refused, with both fingerprints and how to accept it.
 - Every call has a deadline; nothing waits forever on a stuck host.
+- Connection set-up survives a host shedding load: a connection dropped before
+  authentication (sshd's MaxStartups) is retried with backoff within the
+  connect deadline; nothing that may have run a command is ever retried. At
+  most HANDSHAKES_PER_HOST handshakes are in flight to one host across every
+  process of the run, and first contact with a host costs one connection.
 - Scripts are files run with `bash -s` and their arguments quoted; values that
   must not show in the host's process list (tokens) go in as environment
   variables on the script's stdin, never on a command line.
@@ -14,7 +19,11 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
+import random
 import shlex
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -250,6 +259,171 @@ async def _presented_host_key(target: SshTarget) -> str:
     return key.export_public_key("openssh").decode().strip()
 
 
+def is_transient_drop(error: BaseException) -> bool:
+    """True for a connection the host dropped before authentication finished.
+
+    That is how sshd sheds load: past `MaxStartups` it closes new connections
+    at once (the client sees the connection lost or reset before the banner or
+    during key exchange). Nothing ran on the host yet, so trying again is safe.
+    Everything else is an answer, not load: a refused key, a changed host key, a
+    closed port or an unreachable host say the same thing on every try.
+    """
+    if isinstance(error, (asyncssh.PermissionDenied, asyncssh.HostKeyNotVerifiable, asyncssh.KeyExchangeFailed)):
+        return False
+    if isinstance(error, (asyncssh.ConnectionLost, asyncio.IncompleteReadError)):
+        return True
+    return isinstance(error, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError))
+
+
+# At most this many SSH handshakes (TCP connect to authenticated) in flight to one host,
+# across every process of this program on this machine: OpenSSH starts dropping
+# unauthenticated connections beyond 10 by default (MaxStartups 10:30:100).
+HANDSHAKES_PER_HOST = 4
+RETRY_FIRST_SECONDS = 0.25
+RETRY_MAX_SECONDS = 4.0
+SLOT_WAIT_SECONDS = 300.0
+SLOT_POLL_SECONDS = 0.05
+
+
+def handshake_slot_dir() -> Path:
+    """Where the per-host handshake slots live: one lock file per slot, shared by every
+    provider process of a run (they are separate processes on the same machine)."""
+    configured = os.environ.get("HK3S_SSH_SLOT_DIR")
+    path = Path(configured) if configured else Path(tempfile.gettempdir()) / f"hk3s-ssh-slots-{os.getuid()}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+@asynccontextmanager
+async def handshake_slot(target: SshTarget) -> AsyncIterator[int]:
+    """Hold one of the host's HANDSHAKES_PER_HOST slots while a connection is set up.
+
+    A slot is an exclusive `flock` on a file named after the host: the kernel
+    arbitrates it between threads and processes alike, and releases it when its
+    holder exits, even by SIGKILL, so a killed run leaves no slot taken.
+    """
+    safe_host = "".join(c if c.isalnum() or c in ".-" else "_" for c in target.address)
+    directory = handshake_slot_dir()
+    waited_until = time.monotonic() + SLOT_WAIT_SECONDS
+    while True:
+        for index in range(HANDSHAKES_PER_HOST):
+            handle = os.open(directory / f"{safe_host}_{target.port}.{index}", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(handle)
+                continue
+            try:
+                yield index
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                os.close(handle)
+            return
+        if time.monotonic() > waited_until:
+            raise SshDeadlineError(
+                target.node,
+                f"{HANDSHAKES_PER_HOST} SSH connections to {target.address}:{target.port} stayed in set-up for "
+                f"{SLOT_WAIT_SECONDS:.0f}s; the host is not finishing logins, check its sshd",
+            )
+        await asyncio.sleep(SLOT_POLL_SECONDS * (1 + random.random()))
+
+
+def _backoff(attempt: int) -> float:
+    """Exponential backoff with full jitter, so the dropped clients do not come back together."""
+    return random.uniform(0, min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2**attempt))
+
+
+@dataclass
+class ConnectStats:
+    """What setting up connections cost in this process (for benchmarks and tests)."""
+
+    connections: int = 0
+    drops_retried: int = 0
+
+
+CONNECT_STATS = ConnectStats()
+
+
+async def _connect_once(
+    target: SshTarget, client_key: asyncssh.SSHKey, recorded: str | None
+) -> tuple[asyncssh.SSHClientConnection, str]:
+    """One connection attempt. A recorded key pins the connection to it; without one,
+    the key the host presents is accepted and read off this same connection (one
+    connection on first contact, not a key scan and then a login)."""
+    options: dict[str, object] = {}
+    if recorded is not None:
+        options["known_hosts"] = asyncssh.import_known_hosts(f"* {recorded}\n")
+        options["server_host_key_algs"] = _algorithms_for(recorded.split()[0])
+    else:
+        options["known_hosts"] = None
+    CONNECT_STATS.connections += 1
+    connection = await asyncssh.connect(
+        target.address,
+        target.port,
+        username=target.user,
+        client_keys=[client_key],
+        agent_path=None,
+        config=[],
+        **options,
+    )
+    if recorded is not None:
+        return connection, recorded
+    presented = connection.get_server_host_key()
+    if presented is None:
+        connection.close()
+        raise SshError(target.node, f"{target.address}:{target.port} presented no host key")
+    return connection, presented.export_public_key("openssh").decode().strip()
+
+
+async def connect_pinned(
+    target: SshTarget, client_key: asyncssh.SSHKey, recorded: str | None
+) -> tuple[asyncssh.SSHClientConnection, str]:
+    """Set up a connection, retrying drops before authentication within the connect deadline.
+
+    Only the set-up is retried: no command has run on a connection that never
+    authenticated. Time spent waiting for a handshake slot does not count against
+    the deadline, which bounds the host's own slowness.
+    """
+    budget = target.connect_timeout
+    drops = 0
+    attempt = 0
+    last_drop = ""
+    while True:
+        async with handshake_slot(target):
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout(budget):
+                    return await _connect_once(target, client_key, recorded)
+            except TimeoutError:
+                if drops:
+                    raise _dropped_error(target, drops, last_drop) from None
+                raise
+            except (asyncssh.Error, OSError, asyncio.IncompleteReadError) as error:
+                if not is_transient_drop(error):
+                    raise
+                drops += 1
+                CONNECT_STATS.drops_retried += 1
+                last_drop = str(error) or type(error).__name__
+            finally:
+                budget -= time.monotonic() - started
+        pause = _backoff(attempt)
+        attempt += 1
+        if budget - pause <= 0:
+            raise _dropped_error(target, drops, last_drop)
+        await asyncio.sleep(pause)
+        budget -= pause
+
+
+def _dropped_error(target: SshTarget, drops: int, last: str) -> SshError:
+    return SshError(
+        target.node,
+        f"cannot connect to {target.address}:{target.port}: its sshd dropped {drops} connection attempt(s) before "
+        f"authentication within {target.connect_timeout:.0f}s ({last}), which is how sshd sheds load past its "
+        "MaxStartups limit (default 10:30:100). Run pulumi up again, or raise MaxStartups in the host's "
+        "sshd_config",
+    )
+
+
 @asynccontextmanager
 async def open_session(target: SshTarget) -> AsyncIterator[SshSession]:
     """Connect with the host key pinned (or recorded on first use)."""
@@ -263,25 +437,7 @@ async def open_session(target: SshTarget) -> AsyncIterator[SshSession]:
         ) from None
     recorded = target.recorded_host_key.strip() if target.recorded_host_key else None
     try:
-        async with asyncio.timeout(target.connect_timeout):
-            if recorded is None:
-                # First use: take the key the host presents, then pin the session to it.
-                presented = await _presented_host_key(target)
-                known = presented
-            else:
-                known = recorded
-            known_hosts = asyncssh.import_known_hosts(f"* {known}\n")
-            algorithm = known.split()[0]
-            connection = await asyncssh.connect(
-                target.address,
-                target.port,
-                username=target.user,
-                client_keys=[client_key],
-                known_hosts=known_hosts,
-                server_host_key_algs=_algorithms_for(algorithm),
-                agent_path=None,
-                config=[],
-            )
+        connection, known = await connect_pinned(target, client_key, recorded)
     except asyncssh.HostKeyNotVerifiable:
         presented = await _presented_host_key(target)
         raise HostKeyChangedError(target.node, target.address, recorded or "", presented) from None
@@ -297,7 +453,7 @@ async def open_session(target: SshTarget) -> AsyncIterator[SshSession]:
             f"{target.user}@{target.address} refused the key of hk3s:ssh.private_key_file; "
             "add its public key to the user's authorized_keys",
         ) from None
-    except (asyncssh.Error, OSError) as error:
+    except (asyncssh.Error, OSError, asyncio.IncompleteReadError) as error:
         raise SshError(target.node, f"cannot connect to {target.address}:{target.port}: {error}") from None
     try:
         yield SshSession(target, connection, known, newly_recorded=recorded is None)

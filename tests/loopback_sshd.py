@@ -32,6 +32,8 @@ class LoopbackSshd:
     directory: Path
     port: int = field(default_factory=_free_port)
     process: subprocess.Popen[bytes] | None = None
+    extra_config: tuple[str, ...] = ()
+    """sshd_config lines added to the test server's own (e.g. `MaxStartups 2:100:2`)."""
 
     @property
     def client_key_path(self) -> Path:
@@ -70,6 +72,7 @@ class LoopbackSshd:
                     "UsePAM no",
                     f"PidFile {self.directory / 'sshd.pid'}",
                     "Subsystem sftp internal-sftp",
+                    *self.extra_config,
                     "",
                 ]
             )
