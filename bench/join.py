@@ -18,6 +18,11 @@ those, per join:
 Reported as ratios and counts; the acceptance is that 12 workers take less
 than twice as long as one (node operations are sharded over provider
 processes, see components/provider_shards.py).
+
+The hosts' sshd keeps its default MaxStartups (10:30:100, as Hetzner's images)
+and logs at VERBOSE, so the bench also reports, from the hosts' own sshd logs,
+the most SSH handshakes in flight to one host, the connections each host
+accepted and the connections it dropped past MaxStartups during the joins.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lab.hosts import DEFAULT_CACHE_DIR, Lab
+from lab.sshd_log import handshake_load
 from tests.lab.lab_stack import LabStack, base_config, lab_binaries_missing, server_spec, worker_spec
 
 STATS = re.compile(
@@ -48,6 +54,8 @@ def run_size(workers: int, rtt_ms: int, scratch: Path) -> dict[str, Any]:
         server = lab.add_host(server_spec(f"bn{workers}-server"))
         hosts = [lab.add_host(worker_spec(f"bn{workers}-worker-{i + 1}")) for i in range(workers)]
         lab.wait_ssh_ready([server, *hosts])
+        for host in (server, *hosts):
+            host.set_sshd_options(["LogLevel VERBOSE"])
         if rtt_ms:
             for host in (server, *hosts):
                 host.netem(delay_ms=rtt_ms)
@@ -59,8 +67,10 @@ def run_size(workers: int, rtt_ms: int, scratch: Path) -> dict[str, Any]:
         stack.log.clear()
         stack.write_config(base_config(lab, server, hosts))
         started = time.monotonic()
+        since = time.time() - 1
         result = stack.up()
         join_seconds = time.monotonic() - started
+        loads = {host.name: handshake_load(host.sshd_log(since)) for host in (server, *hosts)}
         assert result.summary.result == "succeeded"
         # The engine prints each diagnostic line twice (live, then in its summary): one per node.
         joins = list({m["node"]: m.groupdict() for m in STATS.finditer(stack.text())}.values())
@@ -88,6 +98,11 @@ def run_size(workers: int, rtt_ms: int, scratch: Path) -> dict[str, Any]:
                 key: statistics.median(float(j[key]) for j in per_join)
                 for key in ("ssh_connections", "round_trips", "seconds", "host_work_seconds", "program_added_seconds")
             },
+            "sshd": {
+                "most_handshakes_in_flight_to_one_host": max(load.most_in_flight for load in loads.values()),
+                "connections_accepted": {name: load.accepted for name, load in loads.items()},
+                "connections_dropped": sum(load.dropped for load in loads.values()),
+            },
             "joins": per_join,
         }
 
@@ -111,7 +126,18 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"RTT {args.rtt_ms} ms")
-    header = ("workers", "up s", "ratio", "ssh conn", "round trips", "join s", "host s", "added s")
+    header = (
+        "workers",
+        "up s",
+        "ratio",
+        "ssh conn",
+        "round trips",
+        "join s",
+        "host s",
+        "added s",
+        "in flight",
+        "dropped",
+    )
     print("".join(f"{name:>12}" for name in header))
     for r in results:
         m = r["per_join_median"]
@@ -124,6 +150,8 @@ def main() -> int:
             m["seconds"],
             m["host_work_seconds"],
             m["program_added_seconds"],
+            r["sshd"]["most_handshakes_in_flight_to_one_host"],
+            r["sshd"]["connections_dropped"],
         )
         print("".join(f"{value:>12}" for value in row))
     return 0

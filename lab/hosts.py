@@ -899,6 +899,27 @@ class Host:
                 time.sleep(0.1)
         return self.ssh_host_key_fingerprint
 
+    def set_sshd_options(self, lines: Sequence[str]) -> None:
+        """Put `lines` in an sshd drop-in read before every other (sshd keeps the first value
+        it reads), e.g. ``MaxStartups 2:100:2``, and restart sshd with them."""
+        conf = self.root / "etc/ssh/sshd_config.d/05-hk3s-lab-test.conf"
+        conf.write_text("".join(f"{line}\n" for line in lines))
+        self.run(["sshd", "-t"], timeout=30)
+        self.run(["systemctl", "restart", "ssh.service"], timeout=30)
+        probe = "import socket; socket.create_connection(('127.0.0.1', 22), 1).close()"
+        deadline = time.monotonic() + 15
+        while self.run(["python3", "-c", probe], check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise LabError(f"host {self.name}: sshd did not come back with the new options")
+            time.sleep(0.1)
+
+    def sshd_log(self, since: float | None = None) -> list[str]:
+        """sshd's journal lines, each led by its UNIX time (``journalctl -o short-unix``)."""
+        argv = ["journalctl", "-u", "ssh.service", "-o", "short-unix", "--no-pager"]
+        if since is not None:
+            argv += ["--since", f"@{since:.0f}"]
+        return self.run(argv, timeout=60).stdout.splitlines()
+
     # ---- state
 
     def to_json(self) -> dict[str, Any]:
