@@ -9,6 +9,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from pulumi.errors import RunError
 from pulumi.runtime import config as runtime_config
 from pydantic import BaseModel, ValidationError
 
@@ -19,8 +20,12 @@ from .rules import NAMESPACE, SettingProblem, check_stack_rules
 TOP_LEVEL_KEYS = tuple(StackSettings.model_fields)
 
 
-class SettingsError(ValueError):
-    """The stack configuration is invalid; nothing has been changed."""
+class SettingsError(ValueError, RunError):
+    """The stack configuration is invalid; nothing has been changed.
+
+    A `RunError` too: Pulumi's Python language host reports a RunError raised by the program
+    as its message alone (the message lists every problem by key), any other exception with
+    a traceback."""
 
     def __init__(self, problems: list[SettingProblem]) -> None:
         self.problems = problems

@@ -121,6 +121,11 @@ IPv4Addr = Annotated[str, AfterValidator(_ipv4_address)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
+# Bounds of hk3s:cluster.api_wait_seconds (see ClusterSettings).
+API_WAIT_MIN = 5.0
+API_WAIT_MAX = 3600.0
+
+
 class StrictModel(BaseModel):
     """Unknown keys are errors: a misspelt setting must never be ignored."""
 
@@ -170,6 +175,24 @@ class ClusterSettings(StrictModel):
         None,
         description="Cluster registry as host[:port]; the join checks every worker reaches it.",
     )
+    # A k3s restart on the server takes the API away for 10-30 s, longer on small servers; the
+    # default covers it with room. Shorter than API_WAIT_MIN would turn a routine restart into a
+    # failed run; longer than API_WAIT_MAX would hide a server that is down behind a silent wait.
+    api_wait_seconds: float = Field(
+        120.0,
+        description="How long a Kubernetes API call waits for the API while it is away (a k3s restart on the "
+        "server) before the run stops. 5-3600 s.",
+    )
+
+    @field_validator("api_wait_seconds")
+    @classmethod
+    def _api_wait(cls, value: float) -> float:
+        if not API_WAIT_MIN <= value <= API_WAIT_MAX:
+            raise ValueError(
+                f"{value:g} s is outside {API_WAIT_MIN:g}-{API_WAIT_MAX:g} s: a k3s restart keeps the API away "
+                "10-30 s (longer on small servers), so set about 120"
+            )
+        return value
 
     @field_validator("k3s_sha256")
     @classmethod

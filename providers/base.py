@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import traceback
 from collections.abc import Coroutine, Iterable, Mapping
+from types import ModuleType
 from typing import Any, TypeVar
 
 import pulumi
@@ -18,8 +20,11 @@ from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ResourceProvid
 from pulumi.output import Unknown
 from pulumi.runtime.rpc import UNKNOWN
 
+from cluster_settings.loading import SettingsError
 from cluster_settings.models import DNS_1123_LABEL
-from remote_access.ssh import SshTarget
+from node_operations.join import JoinError
+from node_operations.network_mode import NetworkRefusedError
+from remote_access.ssh import SshError, SshTarget
 
 T = TypeVar("T")
 
@@ -36,6 +41,81 @@ class CapabilityMissingError(RuntimeError):
             "Nothing was changed on the host; `pulumi preview` shows the plan, `pulumi up` cannot "
             "complete this step until the capability lands."
         )
+
+
+# The errors the program raises on purpose (a refused config or network mode, a failed check,
+# a host that cannot be reached, a join stopped at a phase, a capability not in this release):
+# their message is complete (host, what happened, the fix), so the person running `pulumi up`
+# sees the message alone. Any other exception is a bug and keeps its traceback.
+PROGRAM_ERRORS: list[type[BaseException]] = [
+    SettingsError,
+    NetworkRefusedError,
+    JoinError,
+    SshError,
+    CapabilityMissingError,
+]
+
+E = TypeVar("E", bound=type[BaseException])
+
+
+def program_error(cls: E) -> E:
+    """Class decorator: errors of this class are presented as their message alone."""
+    PROGRAM_ERRORS.append(cls)
+    return cls
+
+
+def format_provider_error(error: BaseException) -> str:
+    """What the engine shows for an exception a provider raised: a program error's message
+    alone, anything else with its full traceback (so bugs stay diagnosable)."""
+    if isinstance(error, tuple(PROGRAM_ERRORS)):
+        return str(error)
+    return "".join(traceback.format_exception(error))
+
+
+class _HostTraceback(ModuleType):
+    """Stands in for the `traceback` module inside Pulumi's dynamic-provider host, whose gRPC
+    methods report every exception as `traceback.format_exc()` (pulumi/dynamic/__main__.py,
+    `_abort_with_traceback`). Only `format_exc` differs; every other name is the real module's."""
+
+    def __init__(self) -> None:
+        super().__init__("traceback")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(traceback, name)
+
+    @staticmethod
+    def format_exc(limit: int | None = None, chain: bool = True) -> str:
+        error = sys.exception()
+        if error is None or not isinstance(error, tuple(PROGRAM_ERRORS)):
+            return traceback.format_exc(limit, chain)
+        return format_provider_error(error)
+
+
+def present_program_errors(host: ModuleType | None) -> bool:
+    """Make the dynamic-provider host report the program's own errors as their message alone.
+
+    Why this is safe: it changes only the text of the gRPC error the host sends for an
+    exception already raised; the status code, and so the engine's handling (the operation
+    failed), stay as they were. It applies per exception (`sys.exception()` is the
+    exception the reporting thread handles, so concurrent operations on the host's worker
+    threads never see each other's), only to the classes in PROGRAM_ERRORS, and everything
+    else keeps `traceback.format_exc()`'s full output. It touches nothing but the host
+    module's own name `traceback`, and only when that module is the SDK's host
+    (`python -m pulumi.dynamic`) still formatting through the real traceback module: if a
+    future SDK formats otherwise, nothing is replaced and errors simply keep tracebacks.
+    """
+    spec = getattr(host, "__spec__", None)
+    if host is None or spec is None or spec.name != "pulumi.dynamic.__main__":
+        return False
+    if getattr(host, "traceback", None) is not traceback or not hasattr(host, "_abort_with_traceback"):
+        return False
+    setattr(host, "traceback", _HostTraceback())  # the host module's global, looked up at each report
+    return True
+
+
+# The host imports this module when it unpickles the first provider (before any of its
+# methods run), so the replacement is in place for every operation.
+present_program_errors(sys.modules.get("__main__"))
 
 
 def is_known(value: Any) -> bool:

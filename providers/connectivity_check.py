@@ -18,6 +18,7 @@ from providers.base import (
     NodeProvider,
     check_connection_inputs,
     diff_inputs,
+    program_error,
     progress,
     resource_inputs,
     run_operation,
@@ -26,6 +27,7 @@ from providers.base import (
 from remote_access.ssh import open_session
 
 
+@program_error
 class ConnectionFailedError(RuntimeError):
     """A connection the private network must carry did not open."""
 

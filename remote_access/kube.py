@@ -3,24 +3,113 @@
 Every call runs `k3s kubectl` (or `k3s token`) on the server over its SSH
 session. That needs no API port open to the operator's machine, works before
 any kubeconfig has left the server, and is pinned by the server's host key.
+
+Brief API outages are ridden through here, in one place. A k3s restart on the
+server (a network-mode switch, an upgrade, a firewall change that needs one, an
+operator's restart) leaves the API refusing connections for 10-30 s, longer on
+small servers. A call that finds the API away (`api_unavailable`) waits and is
+repeated with backoff until the API deadline, when repeating it is safe: reads
+always; writes only when running them twice leaves the same state as once
+(server-side apply, merge patches of fixed values, label/taint/cordon with
+overwrite, deletes that accept NotFound), or after checking what the first try
+did (the taint removal, the token creation). Every other failure is raised at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import re
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from remote_access.ssh import RemoteCommandError, SshSession
+from remote_access.ssh import RemoteCommandError, SshError, SshSession
 
 K3S = "/usr/local/bin/k3s"
 KUBECTL_DEADLINE_SECONDS = 30.0
 FIELD_MANAGER = "hk3s"
 APPLY_ATTEMPTS = 3
 TOKEN_PATTERN = re.compile(r"^K10[0-9a-f]{64}::([a-z0-9]{6})\.([a-z0-9]{16})$")
+# How long a call waits for an API that is away (hk3s:cluster.api_wait_seconds): a k3s restart
+# on a small server takes the API away for up to about a minute; twice that leaves room.
+API_WAIT_SECONDS = 120.0
+API_WAIT_SETTING = "hk3s:cluster.api_wait_seconds"
+# Where k3s's admin kubeconfig on the server points `k3s kubectl`.
+SERVER_API_ADDRESS = "127.0.0.1:6443"
+# Backoff between tries while the API is away: quick at first (most outages are seconds),
+# never slower than RETRY_MAX_SECONDS so the call goes on soon after the API is back.
+RETRY_FIRST_SECONDS = 0.5
+RETRY_MAX_SECONDS = 4.0
+
+T = TypeVar("T")
+Progress = Callable[[str], None]
+
+
+class Repeat(enum.Enum):
+    """Whether an API call may be sent again after the API was found away."""
+
+    READ = "read"  # changes nothing: repeated freely
+    IDEMPOTENT = "idempotent"  # a write whose repetition leaves the same state as one run
+    ONCE = "once"  # a write that must not run twice blindly: never repeated by the layer
+
+
+# kubectl's own words when the API is away (client side: nothing reached the API, or the
+# connection broke) or answered that it cannot serve now (server side: 429, 5xx, etcd).
+# Matched in kubectl's stderr; each maps to the short reason the progress line gives.
+_UNAVAILABLE_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.IGNORECASE), reason)
+    for pattern, reason in (
+        (r"connection to the server \S+ was refused|connect: connection refused", "connection refused"),
+        (r"connection reset by peer", "connection reset"),
+        (r"TLS handshake|remote error: tls", "TLS handshake cut"),
+        (r"etcdserver: leader changed", "etcd leader changed"),
+        (r"etcdserver: (request timed out|too many requests|no leader)", "etcd busy"),
+        (r"\(TooManyRequests\)|too many requests", "HTTP 429"),
+        (r"\(ServiceUnavailable\)|currently unable to handle the request", "HTTP 503"),
+        (r"\(InternalError\)", "HTTP 500"),
+        (r"\(Timeout\)|unable to return a response in the time allotted", "HTTP 504"),
+        (r"Unable to connect to the server", "cannot connect"),
+        (r"unexpected EOF|http2: server sent GOAWAY|use of closed network connection", "connection cut"),
+        (r"no route to host|i/o timeout|context deadline exceeded|Client\.Timeout exceeded", "no answer"),
+    )
+)
+# The API answered, but about something behind it (the kubelet a proxy call goes to): an
+# outage of that backend is the caller's diagnosis, not the API's.
+_BACKEND_FAILURE = re.compile(r"error trying to reach service|proxy error|dial tcp [^ ]+:10250", re.IGNORECASE)
+# A certificate the client refuses does not heal by waiting.
+_PERMANENT = re.compile(r"x509:|certificate", re.IGNORECASE)
+_ADDRESS = re.compile(r"(?:connection to the server|dial tcp|Get \"https://)\s*([0-9A-Za-z.\-\[\]:]+:\d+)")
+
+
+def api_unavailable(error: BaseException) -> str | None:
+    """The reason an API call failed because the API was away or could not serve yet
+    (retry), or None for every other failure (raise)."""
+    if not isinstance(error, RemoteCommandError):
+        return None  # the SSH link itself failed, or the command timed out: not the API's outage
+    text = error.stderr_tail
+    if _BACKEND_FAILURE.search(text) or _PERMANENT.search(text):
+        return None
+    for pattern, reason in _UNAVAILABLE_PATTERNS:
+        if pattern.search(text):
+            return reason
+    return None
+
+
+class ApiUnavailableError(SshError):
+    """The Kubernetes API stayed away past the API deadline."""
+
+    def __init__(self, node: str, *, address: str, waited: float, reason: str, what: str, last: str) -> None:
+        self.waited = waited
+        self.reason = reason
+        super().__init__(
+            node,
+            f"the Kubernetes API at {address} did not answer for {waited:.0f} s ({reason}; last: {what}: {last}). "
+            f"Check k3s on {node} (systemctl status k3s; journalctl -u k3s) and run pulumi up again: it continues "
+            f"where this run stopped. To wait longer through a slow restart, raise {API_WAIT_SETTING}",
+        )
 
 
 @dataclass(frozen=True)
@@ -87,60 +176,139 @@ class JoinToken:
 
 
 class ClusterApi:
-    """Kubernetes operations through the server's `k3s kubectl`."""
+    """Kubernetes operations through the server's `k3s kubectl`, riding through brief
+    API outages (see the module docstring). `progress` gets one line when a call starts
+    waiting for the API and one when it answers again; `waited_seconds` adds up the time
+    spent waiting, so callers with clocks of their own can leave it out of them."""
 
-    def __init__(self, server: SshSession) -> None:
+    def __init__(
+        self, server: SshSession, progress: Progress | None = None, api_wait: float = API_WAIT_SECONDS
+    ) -> None:
         self._server = server
+        self._progress = progress or (lambda _line: None)
+        self.api_wait = api_wait
+        self.waited_seconds = 0.0
 
     @property
     def node(self) -> str:
         return self._server.target.node
 
+    async def _call(self, what: str, attempt: Callable[[], Awaitable[T]], repeat: Repeat) -> T:
+        """Run `attempt`; while the API is away and `repeat` allows, wait and try again
+        with backoff until the API deadline."""
+        started: float | None = None
+        delay = RETRY_FIRST_SECONDS
+        reason = ""
+        while True:
+            try:
+                result = await attempt()
+            except RemoteCommandError as error:
+                found = api_unavailable(error)
+                if found is None or repeat is Repeat.ONCE:
+                    raise
+                now = time.monotonic()
+                if started is None:
+                    started, reason = now, found
+                    self._progress(f"waiting for the Kubernetes API on {self.node}: {found}")
+                if now - started >= self.api_wait:
+                    self.waited_seconds += now - started
+                    address = _ADDRESS.search(error.stderr_tail)
+                    raise ApiUnavailableError(
+                        self.node,
+                        address=address.group(1) if address else SERVER_API_ADDRESS,
+                        waited=now - started,
+                        reason=reason,
+                        what=what,
+                        last=error.stderr_tail,
+                    ) from None
+                await asyncio.sleep(min(delay, max(0.0, started + self.api_wait - now)))
+                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                continue
+            if started is not None:
+                waited = time.monotonic() - started
+                self.waited_seconds += waited
+                self._progress(f"waited for the Kubernetes API on {self.node}: {reason}, {waited:.0f} s")
+            return result
+
     async def kubectl(
-        self, args: Sequence[str], *, stdin: str | None = None, deadline: float = KUBECTL_DEADLINE_SECONDS
+        self,
+        args: Sequence[str],
+        *,
+        repeat: Repeat = Repeat.ONCE,
+        stdin: str | None = None,
+        deadline: float = KUBECTL_DEADLINE_SECONDS,
     ) -> str:
-        result = await self._server.run(
-            [K3S, "kubectl", *args], stdin=stdin, deadline=deadline, what=f"kubectl {' '.join(args[:2])}"
-        )
-        return result.stdout
+        """Run `k3s kubectl args` on the server; `repeat` says whether it may run again
+        after finding the API away (a call that does not say is never repeated)."""
+        what = f"kubectl {' '.join(args[:3])}"
+
+        async def attempt() -> str:
+            result = await self._server.run([K3S, "kubectl", *args], stdin=stdin, deadline=deadline, what=what)
+            return result.stdout
+
+        return await self._call(what, attempt, repeat)
+
+    async def wait_api(self) -> None:
+        """Return once the API answers (waiting through an outage up to the API deadline)."""
+        await self.kubectl(["get", "--raw", "/readyz"], repeat=Repeat.READ)
 
     async def nodes(self) -> list[NodeStatus]:
-        data = json.loads(await self.kubectl(["get", "nodes", "-o", "json"]))
+        data = json.loads(await self.kubectl(["get", "nodes", "-o", "json"], repeat=Repeat.READ))
         return [NodeStatus.from_object(item) for item in data.get("items", [])]
 
     async def get_node(self, name: str) -> NodeStatus | None:
-        result = await self._server.run(
-            [K3S, "kubectl", "get", "node", name, "-o", "json", "--ignore-not-found"],
-            deadline=KUBECTL_DEADLINE_SECONDS,
-            what=f"kubectl get node {name}",
-        )
-        return NodeStatus.from_object(json.loads(result.stdout)) if result.stdout.strip() else None
+        out = await self.kubectl(["get", "node", name, "-o", "json", "--ignore-not-found"], repeat=Repeat.READ)
+        return NodeStatus.from_object(json.loads(out)) if out.strip() else None
 
     async def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
-        """Set labels (a None value removes the label)."""
+        """Set labels (a None value removes the label). Idempotent: with --overwrite a label
+        gets the same value however often it is set, and removing a missing one is no error."""
         args = [f"{key}-" if value is None else f"{key}={value}" for key, value in sorted(labels.items())]
         if args:
-            await self.kubectl(["label", "node", name, "--overwrite", *args])
+            await self.kubectl(["label", "node", name, "--overwrite", *args], repeat=Repeat.IDEMPOTENT)
 
     async def add_taint(self, name: str, taint: Taint) -> None:
-        await self.kubectl(["taint", "node", name, "--overwrite", str(taint)])
+        await self.kubectl(["taint", "node", name, "--overwrite", str(taint)], repeat=Repeat.IDEMPOTENT)
 
     async def remove_taint(self, name: str, key: str) -> None:
-        node = await self.get_node(name)
-        if node is not None and node.has_taint(key):
-            await self.kubectl(["taint", "node", name, f"{key}-"])
+        """Remove a taint. Not blindly repeatable (a second removal fails: not found), so
+        after the API was away the node is read again to see what the first try did."""
+        while True:
+            node = await self.get_node(name)
+            if node is None or not node.has_taint(key):
+                return
+            try:
+                await self.kubectl(["taint", "node", name, f"{key}-"], repeat=Repeat.ONCE)
+                return
+            except RemoteCommandError as error:
+                if api_unavailable(error) is None:
+                    raise
 
     async def cordon(self, name: str, cordoned: bool) -> None:
-        await self.kubectl(["cordon" if cordoned else "uncordon", name])
+        await self.kubectl(["cordon" if cordoned else "uncordon", name], repeat=Repeat.IDEMPOTENT)
+
+    async def patch_merge(self, kind: str, name: str, namespace: str, patch: Mapping[str, Any]) -> None:
+        """A JSON merge patch of fixed values: idempotent, the object ends the same whether
+        it ran once or twice."""
+        await self.kubectl(
+            ["patch", kind, name, "-n", namespace, "--type", "merge", "-p", json.dumps(patch)],
+            repeat=Repeat.IDEMPOTENT,
+        )
+
+    async def kubelet_healthz(self, node: str) -> None:
+        """The kubelet's health through the API server's node proxy (what logs and exec need).
+        The API being away is waited for; the kubelet not answering is raised at once."""
+        await self.kubectl(["get", "--raw", f"/api/v1/nodes/{node}/proxy/healthz"], repeat=Repeat.READ)
 
     async def apply(self, manifest: str) -> None:
         """Create or update the manifest's objects. Server-side apply, because joins run side
         by side: client-side apply reads then creates, and two joins creating the same object
-        at once fail with AlreadyExists. A conflict left over is retried."""
+        at once fail with AlreadyExists. A conflict left over is retried. Server-side apply is
+        idempotent, so it is repeated through an API outage too."""
         args = ["apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", "-"]
         for attempt in range(APPLY_ATTEMPTS):
             try:
-                await self.kubectl(args, stdin=manifest)
+                await self.kubectl(args, stdin=manifest, repeat=Repeat.IDEMPOTENT)
                 return
             except RemoteCommandError as error:
                 retried = any(word in str(error) for word in ("AlreadyExists", "Conflict"))
@@ -149,13 +317,33 @@ class ClusterApi:
                 await asyncio.sleep(0.2 * (attempt + 1))
 
     async def create_join_token(self, node: str, ttl: str = "10m") -> JoinToken:
-        """`k3s token create` for one node: short-lived, described by the node's name."""
-        result = await self._server.run(
-            [K3S, "token", "create", "--ttl", ttl, "--description", node],
-            deadline=KUBECTL_DEADLINE_SECONDS,
-            what=f"k3s token create for {node}",
-        )
-        value = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+        """`k3s token create` for one node: short-lived, described by the node's name.
+
+        Not blindly repeatable (each run makes another token). When the API was away, what
+        the first try did is checked: tokens described by this node whose value this program
+        never saw are deleted, then a new one is made."""
+        what = f"k3s token create for {node}"
+
+        async def attempt() -> str:
+            result = await self._server.run(
+                [K3S, "token", "create", "--ttl", ttl, "--description", node],
+                deadline=KUBECTL_DEADLINE_SECONDS,
+                what=what,
+            )
+            return result.stdout
+
+        while True:
+            try:
+                out = await self._call(what, attempt, Repeat.ONCE)
+                break
+            except RemoteCommandError as error:
+                if api_unavailable(error) is None:
+                    raise
+                await self.wait_api()
+                for token_id, description in (await self.token_ids()).items():
+                    if description == node:
+                        await self.delete_token(token_id)
+        value = out.strip().splitlines()[-1] if out.strip() else ""
         match = TOKEN_PATTERN.match(value)
         if match is None:
             # Never echo what was printed: it may be a token in an unexpected shape.
@@ -175,7 +363,8 @@ class ClusterApi:
                     "type=bootstrap.kubernetes.io/token",
                     "-o",
                     "json",
-                ]
+                ],
+                repeat=Repeat.READ,
             )
         )
         tokens: dict[str, str] = {}
@@ -186,8 +375,10 @@ class ClusterApi:
         return tokens
 
     async def delete_token(self, token_id: str) -> None:
+        # --ignore-not-found: a second delete (after the API was away) finds nothing and succeeds.
         await self.kubectl(
-            ["delete", "secret", "-n", "kube-system", f"bootstrap-token-{token_id}", "--ignore-not-found"]
+            ["delete", "secret", "-n", "kube-system", f"bootstrap-token-{token_id}", "--ignore-not-found"],
+            repeat=Repeat.IDEMPOTENT,
         )
 
 

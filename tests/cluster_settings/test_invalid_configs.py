@@ -203,6 +203,8 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     ("k3s-sha-malformed", {"cluster.k3s_sha256": "abc"}, "hk3s:cluster.k3s_sha256", "64 hex"),
     ("registry-malformed", {"cluster.registry": "https://registry:5000/"}, "hk3s:cluster.registry", "host[:port]"),
+    ("api-wait-too-short", {"cluster.api_wait_seconds": 1}, "hk3s:cluster.api_wait_seconds", "set about 120"),
+    ("api-wait-too-long", {"cluster.api_wait_seconds": 86400}, "hk3s:cluster.api_wait_seconds", "outside 5-3600 s"),
     ("ssh-port-out-of-range", {"workers.1.ssh_port": 70000}, "hk3s:workers[1].ssh_port", "65535"),
     ("too-many-hetzner-servers", {"workers": [{"name": f"w{i}"} for i in range(100)]}, "hk3s:workers", "at most 100"),
 ]

@@ -1,0 +1,116 @@
+"""How a provider's exception reaches `pulumi up`: through the SDK's real dynamic-provider
+host (`python -m pulumi.dynamic`, driven over gRPC as the engine drives it), the program's
+own errors arrive as their message alone; an unexpected exception keeps its traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2
+from pulumi.dynamic.dynamic import serialize_provider
+from pulumi.runtime import proto, rpc
+from pulumi.runtime.proto import provider_pb2_grpc
+
+from node_operations.join import JoinError
+from providers.base import format_provider_error, present_program_errors
+from providers.host_probe import HostProbeProvider
+
+REPO = Path(__file__).resolve().parents[2]
+URN = "urn:pulumi:test::hk3s::pulumi-python:dynamic/hk3s:HostProbe::worker-1-probe"
+TRACEBACK = "Traceback (most recent call last)"
+
+
+@pytest.fixture
+def provider_host() -> Iterator[provider_pb2_grpc.ResourceProviderStub]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pulumi.dynamic"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PULUMI_PROJECT": "hk3s"},
+    )
+    assert process.stdout is not None
+    port = int(process.stdout.readline().decode().strip())  # first stdout line: the port
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        stub = provider_pb2_grpc.ResourceProviderStub(channel)
+        stub.Configure(proto.ConfigureRequest(args=_struct({}), acceptSecrets=False))
+        yield stub
+    finally:
+        channel.close()
+        process.kill()
+        process.wait()
+
+
+def _struct(props: dict[str, Any]) -> struct_pb2.Struct:
+    return asyncio.run(rpc.serialize_properties(props, {}))
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _create_details(stub: provider_pb2_grpc.ResourceProviderStub, props: dict[str, Any]) -> str:
+    news = {**props, "__provider": serialize_provider(HostProbeProvider())}
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Create(proto.CreateRequest(urn=URN, properties=_struct(news), timeout=30))
+    return str(caught.value.details())
+
+
+def test_a_program_error_reaches_the_engine_as_its_message_alone(provider_host: Any) -> None:
+    # A host that cannot be reached: the SSH layer's error, raised on purpose with the fix.
+    port = _closed_port()
+    details = _create_details(
+        provider_host,
+        {"node": "worker-1", "address": "127.0.0.1", "ssh_port": port, "private_key": _private_key()},
+    )
+    assert details.startswith(f"worker-1: cannot connect to 127.0.0.1:{port}"), details
+    assert TRACEBACK not in details and "File " not in details and "SshError" not in details
+
+
+def test_an_unexpected_exception_keeps_its_traceback(provider_host: Any) -> None:
+    # No address at all: a KeyError deep in the provider, which is a bug, not a refusal.
+    details = _create_details(provider_host, {"node": "worker-1", "private_key": _private_key()})
+    assert TRACEBACK in details and "KeyError: 'address'" in details and "/providers/" in details
+
+
+def test_formatting_keeps_tracebacks_for_everything_but_program_errors() -> None:
+    def raising(error: BaseException) -> BaseException:
+        try:
+            raise error
+        except BaseException as caught:
+            return caught
+
+    stopped = raising(JoinError("worker-2", "ca-hash", "the agent refuses the server's CA"))
+    assert format_provider_error(stopped) == "worker-2: join stopped at ca-hash: the agent refuses the server's CA"
+    bug = raising(ZeroDivisionError("division by zero"))
+    formatted = format_provider_error(bug)
+    assert formatted.startswith(TRACEBACK) and formatted.endswith("ZeroDivisionError: division by zero\n")
+
+
+def test_only_the_sdk_provider_host_is_changed() -> None:
+    # The program itself, a test runner or any other __main__ is left alone.
+    assert present_program_errors(None) is False
+    other = types.ModuleType("__main__")
+    other.traceback = __import__("traceback")  # type: ignore[attr-defined]
+    assert present_program_errors(other) is False
+    assert other.traceback is __import__("traceback")
+
+
+def _private_key() -> str:
+    # Any well-formed key: the connection fails before authentication.
+    import asyncssh  # noqa: PLC0415
+
+    return asyncssh.generate_private_key("ssh-ed25519").export_private_key().decode()
