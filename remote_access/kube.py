@@ -188,6 +188,9 @@ class ClusterApi:
         self._progress = progress or (lambda _line: None)
         self.api_wait = api_wait
         self.waited_seconds = 0.0
+        # Set once a call waited the whole deadline in vain, cleared by the next answer: the
+        # calls that follow (a failed join's clean-up) try once instead of waiting all over again.
+        self._gave_up = False
 
     @property
     def node(self) -> str:
@@ -204,7 +207,7 @@ class ClusterApi:
                 result = await attempt()
             except RemoteCommandError as error:
                 found = api_unavailable(error)
-                if found is None or repeat is Repeat.ONCE:
+                if found is None or repeat is Repeat.ONCE or self._gave_up:
                     raise
                 now = time.monotonic()
                 if started is None:
@@ -212,6 +215,7 @@ class ClusterApi:
                     self._progress(f"waiting for the Kubernetes API on {self.node}: {found}")
                 if now - started >= self.api_wait:
                     self.waited_seconds += now - started
+                    self._gave_up = True
                     address = _ADDRESS.search(error.stderr_tail)
                     raise ApiUnavailableError(
                         self.node,
@@ -224,6 +228,7 @@ class ClusterApi:
                 await asyncio.sleep(min(delay, max(0.0, started + self.api_wait - now)))
                 delay = min(delay * 2, RETRY_MAX_SECONDS)
                 continue
+            self._gave_up = False
             if started is not None:
                 waited = time.monotonic() - started
                 self.waited_seconds += waited

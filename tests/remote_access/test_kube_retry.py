@@ -204,3 +204,20 @@ def test_an_api_away_past_the_deadline_stops_naming_server_address_wait_and_sett
     assert message.startswith("srv: the Kubernetes API at 127.0.0.1:6443 did not answer for 2 s (connection refused")
     assert API_WAIT_SETTING in message and "pulumi up again" in message
     assert 1.5 <= caught.value.waited < 3
+
+
+def test_after_waiting_in_vain_the_next_calls_try_once() -> None:
+    # A failed join's clean-up (token, permit) must not wait the whole deadline again per call.
+    server = ScriptedServer(lambda _cmd: "", outage=10_000)
+    api = cluster(server, api_wait=1.0)
+    with pytest.raises(ApiUnavailableError):
+        asyncio.run(api.get_node("w1"))
+    before = len(server.calls)
+    with pytest.raises(RemoteCommandError):
+        asyncio.run(api.delete_token("abcdef"))
+    assert len(server.calls) == before + 1
+    server.outage = 0
+    asyncio.run(api.delete_token("abcdef"))  # the API answers again: waiting is back on
+    server.outage = 1
+    asyncio.run(api.delete_token("abcdef"))
+    assert len(server.calls) == before + 4
