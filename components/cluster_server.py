@@ -16,6 +16,7 @@ from components.private_network import PrivateNetwork
 from components.provider_shards import OperationShards
 from providers.k3s_server import K3sServer
 from providers.network_plan import NetworkPlan
+from providers.node_access_check import NodeAccessCheck
 
 FLANNEL_BACKEND = {"wireguard": "wireguard-native", "vxlan": "vxlan"}
 
@@ -128,6 +129,28 @@ class ClusterServer(pulumi.ComponentResource):
         host's own address (the cluster address is then its external IP)."""
         return pulumi.Output.all(self.network.node_ips, self.network.addresses).apply(
             lambda maps: (maps[0] or maps[1])[node]
+        )
+
+    def check_node_access(self, workers: Sequence[NodeEndpoint]) -> NodeAccessCheck:
+        """Once per run that changes the stack's nodes, before any join: log in to every
+        worker already registered in the cluster (their firewalls change with each join)."""
+        return NodeAccessCheck(
+            "node-access",
+            {
+                **self.endpoint.connection_props(self._args.credentials),
+                "server_firewall_managed": self.endpoint.firewall_managed,
+                "nodes": [
+                    {
+                        "node": worker.name,
+                        "address": worker.ssh_address,
+                        "ssh_port": worker.ssh_port,
+                        "host_key": worker.probe.host_key,
+                        "firewall_managed": worker.firewall_managed,
+                    }
+                    for worker in workers
+                ],
+            },
+            opts=self.endpoint.options(self, [self.k3s, *(worker.probe for worker in workers)]),
         )
 
     def install_k3s(self, after: Sequence[pulumi.Resource]) -> None:

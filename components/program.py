@@ -84,11 +84,11 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
         ),
     )
     server.install_k3s(after=firewall.in_place())
+    node_access = server.check_node_access([worker.endpoint for worker in workers])
     for worker in workers:
         worker.join(
             server,
-            after=firewall.in_place(),
-            peers=[other.endpoint for other in workers],
+            after=[*firewall.in_place(), node_access],
             firewall_rules=firewall.node_rules[worker.endpoint.name],
         )
     storage = StorageCopies(

@@ -73,11 +73,10 @@ class WorkerNode(pulumi.ComponentResource):
         self,
         server: ClusterServer,
         after: Sequence[pulumi.Resource],
-        peers: Sequence[NodeEndpoint] = (),
         firewall_rules: pulumi.Output[list[dict[str, Any]]] | None = None,
     ) -> None:
-        """Join the worker to `server` once `after` (the firewalls) exist; `peers` are the
-        other workers, which the join must reach over SSH."""
+        """Join the worker to `server` once `after` (the firewalls and the run's check of
+        the recorded nodes) exist."""
         settings, worker, credentials = self._args.settings, self._args.worker, self._args.credentials
         connection = self.endpoint.connection_props(credentials)
         plan = server.network
@@ -133,17 +132,6 @@ class WorkerNode(pulumi.ComponentResource):
                 # Checked against the host's own firewall when the operator runs it.
                 "operator_firewall_rules": None if self.endpoint.firewall_managed else firewall_rules,
                 "recorded_nodes": sorted([settings.server.name, *(w.name for w in settings.workers)]),
-                "peers": [
-                    {
-                        "node": peer.name,
-                        "address": peer.ssh_address,
-                        "ssh_port": peer.ssh_port,
-                        "host_key": peer.probe.host_key,
-                        "firewall_managed": peer.firewall_managed,
-                    }
-                    for peer in peers
-                    if peer.name != self.endpoint.name
-                ],
                 "network_mode": plan.mode,
                 "node_ip": server.node_ip(worker.name),
                 "node_external_ip": self.endpoint.public_address,
@@ -151,6 +139,7 @@ class WorkerNode(pulumi.ComponentResource):
                 "validation_taint": VALIDATION_TAINT,
                 "registry": settings.cluster.registry,
                 "pod_network": settings.cluster.pod_network,
+                "api_wait_seconds": settings.cluster.api_wait_seconds,
             },
             opts=self.endpoint.options(self, [self.endpoint.probe, plan, server.k3s, *after, *checks]),
         )

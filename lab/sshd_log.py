@@ -3,7 +3,7 @@
 Read from `Host.sshd_log()` lines (journalctl short-unix). With `LogLevel
 VERBOSE`, OpenSSH logs "Connection from A port P on B port 22" when it accepts
 a connection, "Accepted publickey for U from A port P" when it authenticates,
-"... A port P [preauth]" when one ends before that, and "drop connection #N
+"Connection closed by A port P [preauth]" (or reset, disconnected) when one ends before that, and "drop connection #N
 from [A]:P ... past MaxStartups" when it sheds one (at INFO level).
 """
 
@@ -15,6 +15,17 @@ from dataclasses import dataclass
 
 _TIME = re.compile(r"^(\d+\.\d+) ")
 _PEER = re.compile(r"(\d+\.\d+\.\d+\.\d+) port (\d+)")
+# "Accepted publickey for root from A port P": authenticated ("Accepted key ... found at" is not).
+_AUTHENTICATED = re.compile(r"\bAccepted \S+ for \S+ from ")
+# A connection that ended before authenticating. Other "[preauth]" lines ("Postponed
+# publickey ...") are steps of a set-up still under way.
+_ENDED = (
+    "Connection closed by ",
+    "Connection reset by ",
+    "Disconnected from ",
+    "Received disconnect from ",
+    "Timeout before authentication",
+)
 
 
 @dataclass(frozen=True)
@@ -48,9 +59,9 @@ def handshake_load(lines: Iterable[str]) -> HandshakeLoad:
             accepted += 1
             open_since[key] = at
             events.append((at, 1))
-        elif key in open_since and ("Accepted " in line or "[preauth]" in line):
+        elif key in open_since and (_AUTHENTICATED.search(line) or any(end in line for end in _ENDED)):
             del open_since[key]
-            authenticated += "Accepted " in line
+            authenticated += _AUTHENTICATED.search(line) is not None
             events.append((at, -1))
     in_flight = most = 0
     # At equal times, an end before a start: the log's order within a microsecond is not telling.

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,9 +26,10 @@ from host_scripts import script_path
 from node_operations.firewall_plan import PortRule
 from node_operations.host_facts import HostFacts, gather_facts, interface_of
 from node_operations.host_firewall import evaluate_operator_firewall, inspect_firewall
-from node_operations.k3s_install import CONFIG_PATH, K3sBinary, agent_config, install_k3s, parse_results
+from node_operations.k3s_install import K3sBinary, agent_config, install_k3s, parse_results
+from node_operations.node_access import NodeAccessError, RecordedNode, check_recorded_nodes
 from node_operations.preflight import PreflightRequirements, evaluate_preflight
-from remote_access.kube import ClusterApi, JoinToken, NodeStatus, Taint
+from remote_access.kube import API_WAIT_SECONDS, ApiUnavailableError, ClusterApi, JoinToken, NodeStatus, Taint
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
 Progress = Callable[[str], None]
@@ -44,7 +43,6 @@ READY_DEADLINE_SECONDS = 120.0
 POLL_SECONDS = 2.0
 VALIDATE_DEADLINE_SECONDS = 120.0
 KUBELET_REACH_SECONDS = 30.0
-PEER_CONNECT_SECONDS = 10.0
 PERMITS_CONFIGMAP = "hk3s-join-permits"
 PERMIT_POLICY = "hk3s-node-join-permits"
 
@@ -127,6 +125,8 @@ class JoinSpec:
     operator_firewall_rules: tuple[PortRule, ...] | None = None
     register_deadline: float = REGISTER_DEADLINE_SECONDS
     ready_deadline: float = READY_DEADLINE_SECONDS
+    # How long an API call waits for the API through an outage (hk3s:cluster.api_wait_seconds).
+    api_wait: float = API_WAIT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -199,13 +199,6 @@ async def agent_since(worker: SshSession) -> str:
     return result.stdout.strip()
 
 
-async def _ufw_active(session: SshSession) -> bool:
-    result = await session.run(
-        ["sh", "-c", "command -v ufw >/dev/null 2>&1 && ufw status 2>/dev/null | head -n 1"], deadline=30, check=False
-    )
-    return result.stdout.strip() == "Status: active"
-
-
 class Joiner:
     """One worker's join, over two pinned SSH sessions (worker and server)."""
 
@@ -213,8 +206,9 @@ class Joiner:
         self.spec = spec
         self.worker = worker
         self.server = server
-        self.cluster = ClusterApi(server)
         self.progress = progress
+        # Every API call rides through a brief outage (a k3s restart on the server) and says so.
+        self.cluster = ClusterApi(server, progress, spec.api_wait)
         self.checks: dict[str, str] = {}
 
     # --- preflight ---------------------------------------------------------------
@@ -272,42 +266,20 @@ class Joiner:
         self.checks["operator-firewall"] = f"{report.firewall}: nothing missing"
 
     async def _check_peers(self) -> None:
-        """SSH access to every recorded node, checked in parallel; all failures named."""
-
-        ufw_nodes: list[str] = []
-
-        async def check_ufw(session: SshSession) -> None:
-            if session.target.node in self.spec.unmanaged_firewall_nodes and await _ufw_active(session):
-                ufw_nodes.append(session.target.node)
-
-        async def reach(peer: SshTarget) -> str | None:
-            try:
-                async with open_session(dataclasses.replace(peer, connect_timeout=PEER_CONNECT_SECONDS)) as session:
-                    await session.run(["true"], deadline=PEER_CONNECT_SECONDS)
-                    await check_ufw(session)
-                return None
-            except SshError as error:
-                return str(error)
-
-        failures = [failure for failure in await asyncio.gather(*(reach(p) for p in self.spec.peers)) if failure]
-        if failures:
-            raise JoinError(
-                self.spec.node,
-                "ssh-peers",
-                "the program cannot log in to every recorded node, and a join changes their firewalls: "
-                + "; ".join(failures)
-                + ". Bring them back, or remove or fence them in the stack, then run pulumi up",
+        """SSH access to the peers this join was given (a program run checks its recorded
+        nodes once, before its joins, and gives none), and the server's UFW when the
+        operator runs it there."""
+        peers = [
+            RecordedNode(peer, firewall_managed=peer.node not in self.spec.unmanaged_firewall_nodes)
+            for peer in self.spec.peers
+        ]
+        server_unmanaged = self.server.target.node in self.spec.unmanaged_firewall_nodes
+        try:
+            await check_recorded_nodes(
+                peers, joining=self.spec.node, extra_ufw_sessions=(self.server,) if server_unmanaged else ()
             )
-        await check_ufw(self.server)
-        if ufw_nodes:
-            raise JoinError(
-                self.spec.node,
-                "firewall",
-                f"UFW is active on {', '.join(sorted(ufw_nodes))}, and the program does not manage it there "
-                f"(hk3s:firewall.managed or the worker's firewall setting), so {self.spec.node}'s peer rules cannot "
-                "be added, even if the ports are open today. Let the program manage that firewall (set it to true), "
-                "or disable UFW there and run the rules yourself with another firewall",
-            )
+        except NodeAccessError as error:
+            raise JoinError(self.spec.node, error.check, str(error)) from None
         if self.spec.peers:
             self.checks["ssh-peers"] = f"{len(self.spec.peers)} reachable"
 
@@ -336,11 +308,13 @@ class Joiner:
             await self.cluster.cordon(spec.node, True)
         await self.cluster.apply(JOIN_PERMIT_POLICY)
         token: JoinToken | None = None
+        await self._delete_stale_tokens()
         if not rejoin:
-            await self._delete_stale_tokens()
             await self._grant_permit()
             token = await self.cluster.create_join_token(spec.node, TOKEN_TTL)
             self.progress(f"join token {token.token_id} created (valid {TOKEN_TTL}, for {spec.node} only)")
+        elif not await self._keeps_dead_token():
+            await self._write_dead_token()
 
         def config(token_file: str | None) -> str:
             return agent_config(
@@ -358,21 +332,20 @@ class Joiner:
         try:
             if token is not None:
                 await self.worker.upload(token.value.encode() + b"\n", TOKEN_FILE, deadline=30, mode=0o600)
-            results = await install_k3s(
-                self.worker, "agent", spec.binary, config(TOKEN_FILE if token else None), self.progress
-            )
+            results = await install_k3s(self.worker, "agent", spec.binary, config(TOKEN_FILE), self.progress)
             if token is not None and results.get("service") == "running":
                 # A new token with an unchanged config: the running agent must read it.
                 await self.worker.run(["systemctl", "restart", "--no-block", "k3s-agent"], deadline=30)
             node = await self.wait_registered(since)
-        finally:
+        except BaseException:
             if token is not None:
-                await self._forget_token(token)
+                await self._forget_token(token, keep_file=False)
+            raise
         if token is not None:
-            # Registered: the agent authenticates with its node credentials from now on. k3s reads
-            # a configured token file before anything else and waits minutes for a missing one,
-            # so the config must no longer name it (seen by the next restart, none needed now).
-            await self.worker.upload(config(None).encode(), CONFIG_PATH, deadline=30, mode=0o600)
+            # Registered: the agent authenticates with its node certificate from now on. The token
+            # stays in the file its config names, dead (see _forget_token): every k3s agent start
+            # parses its configured token first and refuses an empty one, node certificate or not.
+            await self._forget_token(token, keep_file=True)
         self.checks["registered"] = "yes"
         return node
 
@@ -383,30 +356,54 @@ class Joiner:
                 await self.cluster.delete_token(token_id)
 
     async def _grant_permit(self) -> None:
-        patch = json.dumps({"data": {self.spec.node: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}})
-        await self.cluster.kubectl(
-            ["patch", "configmap", PERMITS_CONFIGMAP, "-n", "kube-system", "--type", "merge", "-p", patch]
+        granted = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        await self.cluster.patch_merge(
+            "configmap", PERMITS_CONFIGMAP, "kube-system", {"data": {self.spec.node: granted}}
         )
 
     async def _revoke_permit(self) -> None:
-        patch = json.dumps({"data": {self.spec.node: None}})
-        await self.cluster.kubectl(
-            ["patch", "configmap", PERMITS_CONFIGMAP, "-n", "kube-system", "--type", "merge", "-p", patch]
-        )
+        await self.cluster.patch_merge("configmap", PERMITS_CONFIGMAP, "kube-system", {"data": {self.spec.node: None}})
 
-    async def _forget_token(self, token: JoinToken) -> None:
-        """Delete the token everywhere it exists; a failure here must not hide the join's own error."""
+    async def _forget_token(self, token: JoinToken, *, keep_file: bool) -> None:
+        """Delete the token's Secret on the server (and, for a join that failed, its file on the
+        host); a failure here must not hide the join's own error.
+
+        A registered node keeps the file: real k3s parses the configured token at every agent
+        start, before it uses the node's certificate, and never starts with an empty one
+        ("token must not be empty"), so without it the worker would not come back after a
+        reboot or a restart. Keeping it is safe: the server deleted the token's Secret, so it
+        authenticates nothing and can join nothing; what the agent still uses is the CA hash in
+        it, which pins the server's CA at every start. The file is root-only (0600)."""
         with contextlib.suppress(SshError):
             await self.cluster.delete_token(token.token_id)
-        with contextlib.suppress(SshError):
-            await self.worker.run(["rm", "-f", TOKEN_FILE], deadline=15)
+        if not keep_file:
+            with contextlib.suppress(SshError):
+                await self.worker.run(["rm", "-f", TOKEN_FILE], deadline=15)
         with contextlib.suppress(SshError):
             await self._revoke_permit()
-        self.progress(f"join token {token.token_id} deleted")
+        self.progress(f"join token {token.token_id} deleted" + (" (the agent keeps it, dead)" if keep_file else ""))
+
+    async def _keeps_dead_token(self) -> bool:
+        """Whether the host's token file holds a token pinning this cluster's CA (only the
+        hash is compared, on the host; the token itself is never read back)."""
+        result = await self.worker.run(
+            ["sh", "-c", 'grep -q "^K10$1::" "$2"', "-", self.spec.ca_hash, TOKEN_FILE], deadline=15, check=False
+        )
+        return result.exit_status == 0
+
+    async def _write_dead_token(self) -> None:
+        """A registered node whose host holds no token (joined by an earlier release that deleted
+        it): give its agent one that k3s accepts at start-up, made for this node and deleted on
+        the server before the host gets it, so it is never live while in use (see _forget_token)."""
+        token = await self.cluster.create_join_token(self.spec.node, TOKEN_TTL)
+        # Interrupted here, the next run deletes it as a stale token of this node (and it expires).
+        await self.cluster.delete_token(token.token_id)
+        await self.worker.upload(token.value.encode() + b"\n", TOKEN_FILE, deadline=30, mode=0o600)
+        self.progress(f"the agent's token file restored (token {token.token_id}, deleted on the server)")
 
     async def wait_registered(self, since: str) -> NodeStatus:
         """Wait for the Node, diagnosing from the agent's log what keeps it away."""
-        deadline = time.monotonic() + self.spec.register_deadline
+        deadline = self._paused_clock(self.spec.register_deadline)
         self.progress("waiting for the node to register")
         while True:
             node = await self.cluster.get_node(self.spec.node)
@@ -417,7 +414,7 @@ class Joiner:
             # A CA mismatch or a refused node never heals by waiting (k3s would retry forever).
             if diagnosis is not None and diagnosis.check in ("ca-hash", "token-node"):
                 raise diagnosis
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline():
                 if diagnosis is not None:
                     raise diagnosis
                 tail = " | ".join(_log_message(line) for line in lines[-3:]) or "no agent log lines"
@@ -429,14 +426,20 @@ class Joiner:
                 )
             await asyncio.sleep(POLL_SECONDS)
 
+    def _paused_clock(self, seconds: float) -> Callable[[], float]:
+        """A wait's deadline that stands still while the API is away: time spent waiting for
+        the API (a k3s restart on the server) is no evidence that the node is not coming."""
+        started, waited = time.monotonic(), self.cluster.waited_seconds
+        return lambda: started + seconds + (self.cluster.waited_seconds - waited)
+
     async def wait_ready(self) -> NodeStatus:
-        deadline = time.monotonic() + self.spec.ready_deadline
+        deadline = self._paused_clock(self.spec.ready_deadline)
         while True:
             node = await self.cluster.get_node(self.spec.node)
             if node is not None and node.ready:
                 self.checks["ready"] = "yes"
                 return node
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline():
                 reason = node.ready_reason if node is not None else "node gone"
                 raise JoinError(
                     self.spec.node,
@@ -457,6 +460,16 @@ class Joiner:
             deadline=VALIDATE_DEADLINE_SECONDS,
             check=False,
         )
+        if parse_results(result.stdout).get("api-from-node", "").startswith("failed"):
+            # From the node, an API restarting on the server looks the same as a blocked 6443:
+            # wait for the API (through an outage) and check once more before it counts.
+            await self.cluster.wait_api()
+            result = await self.worker.run_script(
+                script_path("node_validate.sh"),
+                [server_host, self.spec.registry or "-"],
+                deadline=VALIDATE_DEADLINE_SECONDS,
+                check=False,
+            )
         results = parse_results(result.stdout)
         self.checks.update(results)
         failed = {name: value for name, value in results.items() if value.startswith("failed")}
@@ -465,13 +478,17 @@ class Joiner:
             raise JoinError(self.spec.node, "validation", detail)
         # The API server reaching the kubelet: what logs and exec need. A kubelet that
         # was just restarted (rejoin with a changed config) gets a short while to listen.
-        deadline = time.monotonic() + KUBELET_REACH_SECONDS
+        # The API itself being away is waited for by the API layer (and not counted here);
+        # past its deadline that error stands on its own.
+        deadline = self._paused_clock(KUBELET_REACH_SECONDS)
         while True:
             try:
-                await self.cluster.kubectl(["get", "--raw", f"/api/v1/nodes/{self.spec.node}/proxy/healthz"])
+                await self.cluster.kubelet_healthz(self.spec.node)
                 break
+            except ApiUnavailableError:
+                raise
             except SshError as error:
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline():
                     raise JoinError(
                         self.spec.node,
                         "kubelet-reachable",
@@ -535,7 +552,7 @@ async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, prog
         )
 
 
-async def read_node(server: SshTarget, node: str) -> NodeStatus | None:
+async def read_node(server: SshTarget, node: str, api_wait: float = API_WAIT_SECONDS) -> NodeStatus | None:
     """The Node's status as the server sees it (for refresh)."""
     async with open_session(server) as session:
-        return await ClusterApi(session).get_node(node)
+        return await ClusterApi(session, api_wait=api_wait).get_node(node)

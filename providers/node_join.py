@@ -31,6 +31,7 @@ from providers.base import (
     run_operation,
     ssh_target,
 )
+from remote_access.kube import API_WAIT_SECONDS
 from remote_access.ssh import SshTarget
 
 REMOVE_CAPABILITY = (
@@ -39,7 +40,7 @@ REMOVE_CAPABILITY = (
 NETWORK_MODES = ("auto", "private", "public")
 
 
-def _other_node(props: dict[str, Any], node: Any, address: Any, port: Any, host_key: Any) -> SshTarget:
+def other_node(props: dict[str, Any], node: Any, address: Any, port: Any, host_key: Any) -> SshTarget:
     """Another node's SSH target: same user and key as this node's, its own address and pinned key."""
     return dataclasses.replace(
         ssh_target(props),
@@ -50,8 +51,13 @@ def _other_node(props: dict[str, Any], node: Any, address: Any, port: Any, host_
     )
 
 
+def _api_wait(props: dict[str, Any]) -> float:
+    """hk3s:cluster.api_wait_seconds (absent in a state written before the setting existed)."""
+    return float(props.get("api_wait_seconds") or API_WAIT_SECONDS)
+
+
 def _server(props: dict[str, Any]) -> SshTarget:
-    return _other_node(
+    return other_node(
         props, props["server_node"], props["server_address"], props.get("server_ssh_port"), props.get("server_host_key")
     )
 
@@ -99,13 +105,10 @@ class NodeJoinProvider(NodeProvider):
             removed_labels=tuple(sorted(set(old_labels or {}) - set(props.get("labels") or {}))),
             recorded_nodes=tuple(props.get("recorded_nodes") or ()),
             registry=props.get("registry") or None,
-            peers=tuple(
-                _other_node(props, peer["node"], peer["address"], peer.get("ssh_port"), peer.get("host_key"))
-                for peer in props.get("peers") or []
-            ),
-            unmanaged_firewall_nodes=tuple(
-                [str(peer["node"]) for peer in props.get("peers") or [] if peer.get("firewall_managed") is False]
-                + ([str(props["server_node"])] if props.get("server_firewall_managed") is False else [])
+            api_wait=_api_wait(props),
+            # The recorded nodes were checked once for the whole run (NodeAccessCheck), not per join.
+            unmanaged_firewall_nodes=(
+                (str(props["server_node"]),) if props.get("server_firewall_managed") is False else ()
             ),
             operator_firewall_rules=None
             if operator_rules is None
@@ -139,6 +142,8 @@ class NodeJoinProvider(NodeProvider):
                 "peers",
                 "operator_firewall_rules",
                 "server_firewall_managed",
+                # How long API calls wait through an outage: a setting of the run, not of this node.
+                "api_wait_seconds",
             ),
         )
 
@@ -151,7 +156,7 @@ class NodeJoinProvider(NodeProvider):
         return UpdateResult(outs=self._join(news, old_labels=dict(olds.get("labels") or {})))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        status = run_operation(read_node(_server(props), str(props["node"])))
+        status = run_operation(read_node(_server(props), str(props["node"]), _api_wait(props)))
         if status is None:
             return ReadResult(id_=id_, outs={**props, "state": "missing"})
         return ReadResult(
