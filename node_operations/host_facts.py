@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from host_scripts import script_path
-from remote_access.ssh import SshError, SshSession, SshTarget, open_session
+from remote_access.ssh import FirstContact, SshDeadlineError, SshError, SshSession, SshTarget, open_session
 
 HOST_FACTS_DEADLINE_SECONDS = 30.0
 # A Hetzner network attached to a running server shows up on the host a little later.
@@ -101,27 +101,78 @@ def interface_of(facts: HostFacts, address: str) -> str | None:
     return None
 
 
+CLOUD_INIT_WAIT = (
+    # Exit 0 without cloud-init; else wait for it and print its final status line.
+    "command -v cloud-init >/dev/null 2>&1 || { echo 'status: absent'; exit 0; }; "
+    "cloud-init status --wait >/dev/null 2>&1; cloud-init status 2>/dev/null | head -n 1"
+)
+
+
+async def _wait_for_cloud_init(session: SshSession, first_contact: FirstContact, started: float) -> bool:
+    """Wait until cloud-init has finished the first boot (it writes keys, users and the
+    network config the facts depend on). Returns True when it was still running."""
+    running = await session.run(
+        ["sh", "-c", "command -v cloud-init >/dev/null 2>&1 && cloud-init status 2>/dev/null | head -n 1"],
+        deadline=30,
+        check=False,
+    )
+    if "running" not in running.stdout and "not started" not in running.stdout:
+        return False
+    first_contact.progress("waiting for cloud-init to finish the first boot")
+    remaining = max(first_contact.seconds - (time.monotonic() - started), 30.0)
+    try:
+        result = await session.run(["sh", "-c", CLOUD_INIT_WAIT], deadline=remaining, check=False)
+    except SshDeadlineError:
+        raise SshError(
+            session.target.node,
+            f"cloud-init did not finish within {first_contact.seconds:.0f}s of first contact; see "
+            f"`cloud-init status --long` on the host, or give it more time with {first_contact.setting}",
+        ) from None
+    status = result.stdout.strip()
+    if "error" in status:
+        raise SshError(
+            session.target.node,
+            f"cloud-init finished the first boot with errors ({status}); see `cloud-init status --long` on the host",
+        )
+    return True
+
+
 async def read_host_facts(
-    target: SshTarget, expected_address: str | None = None, wait_seconds: float = EXPECTED_ADDRESS_WAIT_SECONDS
+    target: SshTarget,
+    expected_address: str | None = None,
+    wait_seconds: float = EXPECTED_ADDRESS_WAIT_SECONDS,
+    first_contact: FirstContact | None = None,
 ) -> ObservedHost:
     """Log in (pinning the host key), run host_facts.sh, parse its output. With
     `expected_address` (a Hetzner network's address, configured on the host some
-    seconds after it is attached), read again until the address is on an interface."""
+    seconds after it is attached), read again until the address is on an interface.
+
+    With `first_contact` (the probe's first run), a host still booting is waited for,
+    then cloud-init, and only then is the host key taken: cloud-init may replace the
+    host's keys during the first boot."""
+    started = time.monotonic()
+    async with open_session(target, first_contact) as session:
+        still_booting = first_contact is not None and await _wait_for_cloud_init(session, first_contact, started)
+        if not still_booting or target.recorded_host_key:
+            return await _observe(session, expected_address, wait_seconds)
+    assert first_contact is not None
+    first_contact.progress("cloud-init finished: reading the host key now")
     async with open_session(target) as session:
+        return await _observe(session, expected_address, wait_seconds)
+
+
+async def _observe(session: SshSession, expected_address: str | None, wait_seconds: float) -> ObservedHost:
+    target = session.target
+    facts = await gather_facts(session)
+    deadline = time.monotonic() + wait_seconds
+    while expected_address and interface_of(facts, expected_address) is None:
+        if time.monotonic() > deadline:
+            raise SshError(
+                target.node,
+                f"the private network address {expected_address} is not on any interface after "
+                f"{wait_seconds:.0f} s (the host has {', '.join(facts.ipv4_addresses) or 'no IPv4 address'}); "
+                "check that the image configures the attached network's interface (hc-utils or cloud-init)",
+            )
+        await asyncio.sleep(EXPECTED_ADDRESS_POLL_SECONDS)
         facts = await gather_facts(session)
-        deadline = time.monotonic() + wait_seconds
-        while expected_address and interface_of(facts, expected_address) is None:
-            if time.monotonic() > deadline:
-                raise SshError(
-                    target.node,
-                    f"the private network address {expected_address} is not on any interface after "
-                    f"{wait_seconds:.0f} s (the host has {', '.join(facts.ipv4_addresses) or 'no IPv4 address'}); "
-                    "check that the image configures the attached network's interface (hc-utils or cloud-init)",
-                )
-            await asyncio.sleep(EXPECTED_ADDRESS_POLL_SECONDS)
-            facts = await gather_facts(session)
-        return ObservedHost(
-            facts=facts,
-            host_key=session.host_key,
-            host_key_newly_recorded=session.newly_recorded,
-        )
+    return ObservedHost(facts=facts, host_key=session.host_key, host_key_newly_recorded=session.newly_recorded)

@@ -11,18 +11,22 @@ import dataclasses
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckResult, CreateResult, ReadResult, Resource, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
 from node_operations.host_facts import HostFacts, ObservedHost, read_host_facts
 from providers.base import (
     NodeProvider,
     check_connection_inputs,
+    diff_inputs,
     pin_recorded_host_key,
     progress,
     run_operation,
     ssh_target,
 )
+from remote_access.ssh import FirstContact
 
+# How long the first contact with a host waits for SSH (and cloud-init) by default.
+FIRST_CONTACT_SECONDS = 300.0
 FACT_OUTPUTS = tuple(field.name for field in dataclasses.fields(HostFacts))
 
 
@@ -42,8 +46,30 @@ class HostProbeProvider(NodeProvider):
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         return CheckResult(pin_recorded_host_key(olds, dict(news)), check_connection_inputs(news))
 
-    def _observe(self, props: dict[str, Any]) -> ObservedHost:
-        observed = run_operation(read_host_facts(ssh_target(props), props.get("expected_address") or None))
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        # How patient a first contact is matters only at creation.
+        return diff_inputs(
+            olds,
+            news,
+            replace_on=self.replace_on,
+            ignore=("recorded_host_key", "first_contact_seconds", "created_by_program"),
+        )
+
+    def _observe(self, props: dict[str, Any], first: bool = False) -> ObservedHost:
+        node = str(props["node"])
+        first_contact = (
+            FirstContact(
+                seconds=float(props.get("first_contact_seconds") or FIRST_CONTACT_SECONDS),
+                progress=lambda line: progress(node, line),
+                # A server the program created gets its login key from cloud-init during the first boot.
+                key_may_be_pending=bool(props.get("created_by_program")),
+            )
+            if first
+            else None
+        )
+        observed = run_operation(
+            read_host_facts(ssh_target(props), props.get("expected_address") or None, first_contact=first_contact)
+        )
         if observed.host_key_newly_recorded:
             progress(
                 props["node"],
@@ -54,7 +80,7 @@ class HostProbeProvider(NodeProvider):
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         progress(props["node"], f"reading host facts from {props['address']}")
-        observed = self._observe(props)
+        observed = self._observe(props, first=True)
         # Deterministic id: a create retried after a crash adopts the same host.
         return CreateResult(id_=f"{props['node']}@{props['address']}", outs=_outputs(props, observed))
 
@@ -96,6 +122,8 @@ class HostProbe(Resource, module="hk3s", name="HostProbe"):
         ssh_user: pulumi.Input[str] = "root",
         recorded_host_key: pulumi.Input[str | None] = None,
         expected_address: pulumi.Input[str | None] = None,
+        first_contact_seconds: float = FIRST_CONTACT_SECONDS,
+        created_by_program: bool = False,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         props: dict[str, Any] = {
@@ -106,6 +134,8 @@ class HostProbe(Resource, module="hk3s", name="HostProbe"):
             "ssh_user": ssh_user,
             "recorded_host_key": recorded_host_key,
             "expected_address": expected_address,
+            "first_contact_seconds": first_contact_seconds,
+            "created_by_program": created_by_program,
             **{name: None for name in (*FACT_OUTPUTS, "default_route_interface", "host_key")},
         }
         super().__init__(HostProbeProvider(), resource_name, props, opts)

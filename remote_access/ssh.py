@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import os
 import random
@@ -424,9 +425,77 @@ def _dropped_error(target: SshTarget, drops: int, last: str) -> SshError:
     )
 
 
+@dataclass(frozen=True)
+class FirstContact:
+    """Patience for the first login to a host that may still be booting.
+
+    A server the cloud just created answers SSH some time after its create action
+    finished, and nobody can say when: until `seconds` have passed, a refused or
+    unanswered connection (and, on a host the program created, a refused key,
+    since cloud-init installs it during the first boot) means "not yet", not
+    "wrong". Progress lines say what is awaited.
+    """
+
+    seconds: float
+    progress: LineCallback
+    key_may_be_pending: bool = False
+    setting: str = "hk3s:ssh.first_contact_seconds"
+
+
+FIRST_CONTACT_POLL_SECONDS = 3.0
+FIRST_CONTACT_REPORT_SECONDS = 15.0
+
+
+def _not_up_yet(error: BaseException, key_may_be_pending: bool) -> str | None:
+    """Why a first connection failed, when the host may simply not be up yet; else None."""
+    if isinstance(error, asyncssh.PermissionDenied):
+        return "the key is not installed yet" if key_may_be_pending else None
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(error, TimeoutError):
+        return "no answer"
+    if isinstance(error, OSError) and error.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN):
+        return "host unreachable"
+    if is_transient_drop(error):
+        return "connection dropped"
+    return None
+
+
+async def _connect_patiently(
+    target: SshTarget, client_key: asyncssh.SSHKey, recorded: str | None, first_contact: FirstContact | None
+) -> tuple[asyncssh.SSHClientConnection, str]:
+    if first_contact is None:
+        return await connect_pinned(target, client_key, recorded)
+    started = time.monotonic()
+    reported = -FIRST_CONTACT_REPORT_SECONDS
+    while True:
+        try:
+            return await connect_pinned(target, client_key, recorded)
+        except (asyncssh.Error, OSError, asyncio.IncompleteReadError) as error:
+            why = _not_up_yet(error, first_contact.key_may_be_pending)
+            waited = time.monotonic() - started
+            if why is None:
+                raise
+            if waited + FIRST_CONTACT_POLL_SECONDS > first_contact.seconds:
+                raise SshDeadlineError(
+                    target.node,
+                    f"no SSH login to {target.address}:{target.port} within {first_contact.seconds:.0f}s of first "
+                    f"contact (last try: {why}); check that the host is up and the port is open to this machine, or "
+                    f"give a slow first boot more time with {first_contact.setting}",
+                ) from None
+            if waited - reported >= FIRST_CONTACT_REPORT_SECONDS:
+                reported = waited
+                first_contact.progress(
+                    f"waiting for SSH on {target.address}:{target.port} ({why}), {waited:.0f}s of "
+                    f"{first_contact.seconds:.0f}s"
+                )
+            await asyncio.sleep(FIRST_CONTACT_POLL_SECONDS)
+
+
 @asynccontextmanager
-async def open_session(target: SshTarget) -> AsyncIterator[SshSession]:
-    """Connect with the host key pinned (or recorded on first use)."""
+async def open_session(target: SshTarget, first_contact: FirstContact | None = None) -> AsyncIterator[SshSession]:
+    """Connect with the host key pinned (or recorded on first use); with `first_contact`,
+    wait for a host that is still coming up."""
     try:
         client_key = asyncssh.import_private_key(target.private_key)
     except (asyncssh.KeyImportError, ValueError) as error:
@@ -437,7 +506,7 @@ async def open_session(target: SshTarget) -> AsyncIterator[SshSession]:
         ) from None
     recorded = target.recorded_host_key.strip() if target.recorded_host_key else None
     try:
-        connection, known = await connect_pinned(target, client_key, recorded)
+        connection, known = await _connect_patiently(target, client_key, recorded, first_contact)
     except asyncssh.HostKeyNotVerifiable:
         presented = await _presented_host_key(target)
         raise HostKeyChangedError(target.node, target.address, recorded or "", presented) from None
