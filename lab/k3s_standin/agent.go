@@ -35,7 +35,7 @@ import (
 )
 
 const (
-	caRetryInterval  = 5 * time.Second
+	caRetryInterval  = 2 * time.Second // k3s's token validation loop (pkg/agent/run.go)
 	csrWaitTimeout   = 5 * time.Minute
 	kubeletClientCSR = "kubernetes.io/kube-apiserver-client-kubelet"
 )
@@ -179,18 +179,30 @@ func getCACerts(ctx context.Context, client *http.Client, serverURL, bearer stri
 // (no credentials are sent before that). Retries forever, every few seconds.
 // Without a hash in the token, the CA stored by an earlier join (if any) must
 // verify the server instead.
+//
+// As k3s's createProxyAndValidateToken (pkg/agent/run.go), the token is parsed first on
+// every start, also when node credentials are stored: a token k3s refuses (an empty
+// one: "token must not be empty") is logged as "Failed to validate connection to
+// cluster at <url>: <why>" and retried every 2 s forever, so the kubelet never starts.
 func waitForCA(ctx context.Context, serverURL, token string, storedCA []byte) ([]byte, bool) {
 	client := insecureClient()
-	want := parseToken(token).caHash
+	parsed, tokenErr := validateAgentToken(token)
+	want := parsed.caHash
 	if want == "" && len(storedCA) > 0 {
 		client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: mustPool(storedCA)}}}
 	}
 	warned := false
 	for {
-		body, err := getCACerts(ctx, client, serverURL, "")
+		var body []byte
+		var err error
+		if tokenErr == nil {
+			body, err = getCACerts(ctx, client, serverURL, "")
+		}
 		switch {
 		case ctx.Err() != nil:
 			return nil, false
+		case tokenErr != nil:
+			errorf("Failed to validate connection to cluster at %s: %v", serverURL, tokenErr)
 		case err != nil:
 			errorf("Failed to validate connection to cluster at %s: failed to get CA certs: %v", serverURL, err)
 		case want != "" && caHash(body) != want:

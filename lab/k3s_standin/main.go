@@ -37,16 +37,23 @@
 //     every child. The controller-manager's --node-monitor-grace-period is
 //     $HK3S_LAB_NODE_MONITOR_GRACE_PERIOD (default 20s) so stopped nodes go NotReady
 //     quickly in the lab.
-//   - The agent: the secure-token CA check (K10<sha256 of the /cacerts bytes>::id.secret,
+//   - The agent: on every start, its token checked as k3s's parseToken does
+//     (pkg/clientaccess/token.go): an empty token is refused even when node
+//     credentials are stored ("Failed to validate connection to cluster at <url>:
+//     token must not be empty", retried every 2 s forever as pkg/agent/run.go's
+//     createProxyAndValidateToken does, so the node never comes back); a deleted
+//     bootstrap token still passes this check. Then the secure-token CA check
+//     (K10<sha256 of the /cacerts bytes>::id.secret,
 //     fetched without verification; on a mismatch it logs "token CA hash does not
 //     match the Cluster CA certificate hash: <token> != <server>" and retries every
-//     5 s forever, sending no credentials), then the real kubelet TLS bootstrap with
+//     2 s forever, sending no credentials), then the real kubelet TLS bootstrap with
 //     a bootstrap token (key, CertificateSigningRequest for signer
 //     kubernetes.io/kube-apiserver-client-kubelet, CN system:node:<name>, approved
 //     and signed by the real controllers; a rejected token is logged as
 //     "failed to get CA certs: ... 401 Unauthorized" and retried), or with the
 //     server token a certificate signed by the supervisor. The credentials are kept
-//     in <data-dir>/agent, so a restart needs no valid token. The Node gets the
+//     in <data-dir>/agent, so a restart needs no live token (a deleted one is enough:
+//     the node's certificate authenticates it, k3s PRs #6663/#6898). The Node gets the
 //     configured labels (the kubelet's restrictions on kubernetes.io labels apply),
 //     taints, InternalIP (--node-ip, else the --flannel-iface address, else the
 //     default route's) and ExternalIP, kubeletVersion = the k3s version, Ready

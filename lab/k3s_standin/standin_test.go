@@ -113,6 +113,29 @@ func TestParseToken(t *testing.T) {
 	}
 }
 
+func TestAgentTokenRulesAreK3ss(t *testing.T) {
+	hash := hex.EncodeToString(make([]byte, 32))
+	for token, want := range map[string]string{
+		"":                                "token must not be empty",
+		"   \n":                           "token must not be empty",
+		"K10abc::abcdef.0123456789abcdef": "invalid token CA hash length",
+		"K10" + hash + "::server:":        "invalid token format",
+		"K10" + hash + "::abcdef.0123456789abcdef": "",
+		"abcdef.0123456789abcdef":                  "",
+		"plain-server-password":                    "",
+	} {
+		_, err := validateAgentToken(token)
+		if got := ""; err != nil {
+			got = err.Error()
+			if got != want {
+				t.Errorf("validateAgentToken(%q) = %q, want %q", token, got, want)
+			}
+		} else if want != "" {
+			t.Errorf("validateAgentToken(%q) accepted, want %q", token, want)
+		}
+	}
+}
+
 func TestParseTaint(t *testing.T) {
 	got, err := parseTaint("hk3s.dev/validating=true:NoSchedule")
 	if err != nil || got != (corev1.Taint{Key: "hk3s.dev/validating", Value: "true", Effect: corev1.TaintEffectNoSchedule}) {

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/big"
 	"os"
@@ -68,6 +69,30 @@ func parseToken(token string) parsedToken {
 		t.user, t.password = "server", t.creds
 	}
 	return t
+}
+
+// validateAgentToken applies k3s's own token rules (pkg/clientaccess/token.go,
+// parseToken), which every k3s agent runs at each start before anything else, stored
+// credentials or not: an empty token is refused ("token must not be empty"), a CA
+// hash must be 64 hex digits, and a token that is not a bootstrap token needs
+// user:password (a bare password means the server token).
+func validateAgentToken(token string) (parsedToken, error) {
+	token = strings.TrimSpace(token)
+	if token == "" {
+		return parsedToken{}, errors.New("token must not be empty")
+	}
+	if strings.HasPrefix(token, tokenPrefix) {
+		if i := strings.Index(token, "::"); i >= 0 {
+			if n := len(token[len(tokenPrefix):i]); n > 0 && n != 64 {
+				return parsedToken{}, errors.New("invalid token CA hash length")
+			}
+		}
+	}
+	t := parseToken(token)
+	if !t.isBootstrap() && strings.Contains(t.creds, ":") && t.password == "" {
+		return parsedToken{}, errors.New("invalid token format")
+	}
+	return t, nil
 }
 
 func formatToken(caBundle []byte, creds string) string {

@@ -541,6 +541,28 @@ def test_stopped_agent_goes_not_ready_and_restarts_without_its_token(cluster: Cl
     assert again.stop() == 0
 
 
+def test_restart_with_an_empty_token_is_refused_even_with_stored_credentials(cluster: Cluster) -> None:
+    """As k3s (pkg/clientaccess/token.go parseToken, pkg/agent/run.go): every start parses
+    the configured token first; an empty one is refused every 2 s forever, so a joined
+    node whose config names no token never comes back, certificate or not."""
+    assert (cluster.tmp / "worker-1" / "agent" / "client-kubelet.crt").exists()
+    args = list(cluster.state["worker-1-args"])
+    args[args.index("--token") + 1] = ""
+    agent = cluster.spawn("worker-1-no-token", *args)
+    refused = "Failed to validate connection to cluster at"
+    _wait_for(
+        "the empty token to be refused three times",
+        lambda: agent.text().count("token must not be empty") >= 3,
+        30,
+        agent,
+    )
+    lines = [line for line in agent.text().splitlines() if "token must not be empty" in line]
+    assert all("level=error" in line and refused in line for line in lines), lines
+    assert "Running kubelet stand-in" not in agent.text(), agent.tail()
+    assert "Using the kubelet client certificate" not in agent.text(), agent.tail()
+    assert agent.stop() == 0
+
+
 def test_server_sigterm_leaves_no_child_process(cluster: Cluster) -> None:
     server = cluster.server
     assert server is not None
