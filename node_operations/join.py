@@ -7,11 +7,15 @@ done twice) and a rejoin of a registered node leaves its pods in place.
 
 Join tokens (seed 003): created on the server for this node at join time,
 ten-minute TTL, described by the node name, carried to the host over SSH into
-a root-only file, never printed and never returned; deleted, with the file, as
-soon as the node is registered. A token can only register the node it was
-made for: Node creation by a kubelet is admitted only for names holding a join
-permit (a ValidatingAdmissionPolicy the program installs), and the program
-grants the permit only while it joins that node.
+a root-only file, never printed and never returned; deleted on the server as
+soon as the node is registered. The host keeps the dead token in that file,
+which its agent's config names: k3s parses the configured token at every agent
+start and refuses an empty one, so without it the worker would not come back
+after a reboot (why that is safe: Joiner._forget_token). A token can only
+register the node it was made for: Node creation by a kubelet is admitted only
+for names holding a join permit (a ValidatingAdmissionPolicy the program
+installs); the program grants the permit when it joins that node and keeps it
+while the Node exists, since its kubelet creates the Node at every start.
 """
 
 from __future__ import annotations
@@ -309,8 +313,12 @@ class Joiner:
         await self.cluster.apply(JOIN_PERMIT_POLICY)
         token: JoinToken | None = None
         await self._delete_stale_tokens()
+        # The permit stays while the Node exists: a kubelet creates its Node at every start (and
+        # takes "already exists" as registered), and admission runs before that check, so a
+        # revoked permit would refuse a joined node's restart. A node joined before this rule
+        # gets it back here.
+        await self._grant_permit()
         if not rejoin:
-            await self._grant_permit()
             token = await self.cluster.create_join_token(spec.node, TOKEN_TTL)
             self.progress(f"join token {token.token_id} created (valid {TOKEN_TTL}, for {spec.node} only)")
         elif not await self._keeps_dead_token():
@@ -339,13 +347,13 @@ class Joiner:
             node = await self.wait_registered(since)
         except BaseException:
             if token is not None:
-                await self._forget_token(token, keep_file=False)
+                await self._forget_token(token, registered=False)
             raise
         if token is not None:
             # Registered: the agent authenticates with its node certificate from now on. The token
             # stays in the file its config names, dead (see _forget_token): every k3s agent start
             # parses its configured token first and refuses an empty one, node certificate or not.
-            await self._forget_token(token, keep_file=True)
+            await self._forget_token(token, registered=True)
         self.checks["registered"] = "yes"
         return node
 
@@ -364,9 +372,9 @@ class Joiner:
     async def _revoke_permit(self) -> None:
         await self.cluster.patch_merge("configmap", PERMITS_CONFIGMAP, "kube-system", {"data": {self.spec.node: None}})
 
-    async def _forget_token(self, token: JoinToken, *, keep_file: bool) -> None:
+    async def _forget_token(self, token: JoinToken, *, registered: bool) -> None:
         """Delete the token's Secret on the server (and, for a join that failed, its file on the
-        host); a failure here must not hide the join's own error.
+        host and the node's permit); a failure here must not hide the join's own error.
 
         A registered node keeps the file: real k3s parses the configured token at every agent
         start, before it uses the node's certificate, and never starts with an empty one
@@ -376,12 +384,12 @@ class Joiner:
         it, which pins the server's CA at every start. The file is root-only (0600)."""
         with contextlib.suppress(SshError):
             await self.cluster.delete_token(token.token_id)
-        if not keep_file:
+        if not registered:
             with contextlib.suppress(SshError):
                 await self.worker.run(["rm", "-f", TOKEN_FILE], deadline=15)
-        with contextlib.suppress(SshError):
-            await self._revoke_permit()
-        self.progress(f"join token {token.token_id} deleted" + (" (the agent keeps it, dead)" if keep_file else ""))
+            with contextlib.suppress(SshError):
+                await self._revoke_permit()
+        self.progress(f"join token {token.token_id} deleted" + (" (the agent keeps it, dead)" if registered else ""))
 
     async def _keeps_dead_token(self) -> bool:
         """Whether the host's token file holds a token pinning this cluster's CA (only the

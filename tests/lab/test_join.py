@@ -96,9 +96,17 @@ def test_first_up_installs_the_server_and_joins_a_worker(cluster: Cluster) -> No
     assert "hk3s.dev/validating=true:NoSchedule" in config_yaml
     nodes = {n["name"]: n for n in result.outputs["nodes"].value}
     assert nodes["jn-worker-1"]["state"] == "ready" and nodes["jn-worker-1"]["network_mode"] == "public"
-    # The join token: gone from the cluster and the host, never in the state.
+    # The join token: deleted in the cluster, never in the state. The host keeps it, dead, in a
+    # root-only file its config names: every k3s agent start parses it (an empty one is refused)
+    # and checks the CA hash in it.
     assert cluster.tokens() == []
-    assert cluster.w1.run(["test", "-e", "/etc/rancher/k3s/hk3s-join-token"], check=False).returncode != 0
+    token_file = "/etc/rancher/k3s/hk3s-join-token"
+    assert cluster.w1.run(["stat", "-c", "%a %U", token_file]).stdout.split() == ["600", "root"]
+    # The CA hash in it is the cluster's (as in the server's own token file); the rest is not read.
+    ca_hash = cluster.server.run(["cut", "-c4-67", "/var/lib/rancher/k3s/server/token"]).stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{64}", ca_hash)
+    assert cluster.w1.run(["grep", "-c", f"^K10{ca_hash}::", token_file]).stdout.strip() == "1"
+    assert f"token-file: {token_file}" in config_yaml
     state = "\n".join(p.read_text() for p in (cluster.stack.directory / "state").rglob("*.json"))
     # A k3s token is K10<CA hash>::<id>:<secret>; a bare "K10" also turns up in random base64 (host keys, ciphertext).
     assert not re.search(r"K10[0-9a-f]{64}::", state) and "BEGIN OPENSSH PRIVATE KEY" not in state
