@@ -66,6 +66,10 @@ readonly GO_VERSION
 KUBE_VERSION=$(bash "$HERE/kube.sh" --print-version)
 [[ $KUBE_VERSION =~ ^v1\.[0-9]+\.[0-9]+$ ]] || die "kube.sh --print-version gave '$KUBE_VERSION'"
 readonly KUBE_VERSION
+# The lab's joins must run at a k3s the product accepts: MIN_K3S_VERSION in cluster_settings/models.py.
+minor=${KUBE_VERSION#v1.}
+minor=${minor%%.*}
+(( minor >= 30 )) || die "kube.sh pins $KUBE_VERSION, below the product's k3s floor v1.30.0"
 readonly K3S_VERSION="${KUBE_VERSION}+k3s1"
 readonly STAGING_VERSION="v0.${KUBE_VERSION#v1.}"
 

@@ -86,9 +86,16 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("name-trailing-dash", {"workers.0.name": "worker-"}, "hk3s:workers[0].name", "DNS-1123"),
     ("server-name-invalid", {"server": {"name": "Server.1"}}, "hk3s:server.name", "DNS-1123"),
     ("worker-named-like-server", {"workers.0.name": "k3s-server"}, "hk3s:workers[0].name", "server's name"),
-    ("k3s-version-no-suffix", {"cluster.k3s_version": "v1.31.4"}, "hk3s:cluster.k3s_version", "v1.31.4+k3s1"),
+    ("k3s-version-no-suffix", {"cluster.k3s_version": "v1.31.4"}, "hk3s:cluster.k3s_version", "v1.36.1+k3s1"),
     ("k3s-version-no-v", {"cluster.k3s_version": "1.31.4+k3s1"}, "hk3s:cluster.k3s_version", "k3s tags it"),
-    ("k3s-version-too-old", {"cluster.k3s_version": "v1.25.9+k3s1"}, "hk3s:cluster.k3s_version", "v1.26.2"),
+    ("k3s-version-too-old", {"cluster.k3s_version": "v1.25.9+k3s1"}, "hk3s:cluster.k3s_version", "v1.30.0"),
+    # 1.28-1.29 serve the join permit's ValidatingAdmissionPolicy only as beta, off by default.
+    (
+        "k3s-version-no-admission-policy",
+        {"cluster.k3s_version": "v1.29.15+k3s1"},
+        "hk3s:cluster.k3s_version",
+        "ValidatingAdmissionPolicy",
+    ),
     ("k3s-version-missing", {"cluster": {}}, "hk3s:cluster.k3s_version", "required"),
     ("copies-3", {"storage.max_copies": 3}, "hk3s:storage.max_copies", "set 1"),
     ("copies-0", {"storage.max_copies": 0}, "hk3s:storage.max_copies", "set 1"),

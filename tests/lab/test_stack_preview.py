@@ -118,3 +118,30 @@ def test_bad_config_fails_preview_naming_the_key(project_copy: Path, tmp_path: P
     output = completed.stdout + completed.stderr
     assert completed.returncode != 0
     assert "hk3s:workers[1].name: 'W_2' is not a DNS-1123 node name" in output, output[-3000:]
+
+
+def test_k3s_below_the_floor_fails_preview_naming_the_setting(project_copy: Path, tmp_path: Path) -> None:
+    # v1.29: the join permit's ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1) is beta
+    # and off there, so every join would fail on the host; preview refuses it first.
+    stack = project_copy / "Pulumi.local.yaml"
+    stack.write_text(stack.read_text().replace("k3s_version: v1.37.2+k3s1", "k3s_version: v1.29.15+k3s1"))
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "PATH": f"{CACHE_BIN}:{os.environ['PATH']}",
+        "PULUMI_CONFIG_PASSPHRASE": "lab-passphrase",
+        "PULUMI_HOME": str(tmp_path / ".pulumi"),
+    }
+    completed = subprocess.run(
+        ["bash", "scripts/stack.sh", "preview", "--stack", "local", "--non-interactive"],
+        cwd=project_copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    output = completed.stdout + completed.stderr
+    assert completed.returncode != 0
+    assert "hk3s:cluster.k3s_version: v1.29.15+k3s1 is older than v1.30.0" in output, output[-3000:]
+    assert "ValidatingAdmissionPolicy" in output and "Traceback" not in output, output[-3000:]
