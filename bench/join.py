@@ -95,7 +95,7 @@ def run_size(workers: int, rtt_ms: int, scratch: Path) -> dict[str, Any]:
             "server_install_up_seconds": round(server_seconds, 1),
             "join_up_seconds": round(join_seconds, 1),
             "per_join_median": {
-                key: statistics.median(float(j[key]) for j in per_join)
+                key: round(statistics.median(float(j[key]) for j in per_join), 2)
                 for key in ("ssh_connections", "round_trips", "seconds", "host_work_seconds", "program_added_seconds")
             },
             "sshd": {
