@@ -19,6 +19,8 @@ class SshCredentials:
     private_key: pulumi.Output[str]
     public_key: str | None
     recorded_host_keys: dict[str, str]
+    previous_private_key: pulumi.Output[str] | None = None
+    """hk3s:ssh.previous_private_key_file, a secret: the key a rotation logs in with when the state has none."""
 
 
 @dataclass(frozen=True)
@@ -36,12 +38,17 @@ class NodeEndpoint:
     probe: HostProbe
     operations: pulumi.ProviderResource
     """The provider process this node's dynamic resources run in (components.provider_shards)."""
+    login_key: pulumi.Resource | None = None
+    """The node's NodeLoginKey: every resource that logs in to the node comes after it (a rotation)."""
+    machine: pulumi.Resource | None = None
+    """The Hetzner server the program created for the node, if it did."""
 
     def options(
         self, parent: pulumi.Resource, depends_on: list[pulumi.Resource] | None = None
     ) -> pulumi.ResourceOptions:
-        """Options of a dynamic resource acting on this node."""
-        return pulumi.ResourceOptions(parent=parent, provider=self.operations, depends_on=depends_on or [])
+        """Options of a dynamic resource acting on this node; it comes after the node's login key."""
+        after = [*(depends_on or []), *([self.login_key] if self.login_key is not None else [])]
+        return pulumi.ResourceOptions(parent=parent, provider=self.operations, depends_on=after)
 
     def connection_props(self, credentials: SshCredentials) -> dict[str, Any]:
         """Inputs a node-facing dynamic resource needs to log in to this node,

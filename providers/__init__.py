@@ -5,7 +5,9 @@ from providers.disk_probe import DiskProbe, DiskProbeProvider
 from providers.host_firewall import HostFirewall, HostFirewallProvider
 from providers.host_probe import HostProbe, HostProbeProvider
 from providers.k3s_server import K3sServer, K3sServerProvider
+from providers.login_key import NodeLoginKey, NodeLoginKeyProvider, RetiredLoginKeys, RetiredLoginKeysProvider
 from providers.network_plan import NetworkPlan, NetworkPlanProvider
+from providers.network_ranges import NetworkRanges, NetworkRangesProvider
 from providers.node_fence import NodeFence, NodeFenceProvider
 from providers.node_join import NodeJoin, NodeJoinProvider
 
@@ -17,8 +19,11 @@ ALL_PROVIDERS = (
     HostProbeProvider,
     K3sServerProvider,
     NetworkPlanProvider,
+    NetworkRangesProvider,
     NodeFenceProvider,
     NodeJoinProvider,
+    NodeLoginKeyProvider,
+    RetiredLoginKeysProvider,
 )
 
 __all__ = [
@@ -29,6 +34,9 @@ __all__ = [
     "HostProbe",
     "K3sServer",
     "NetworkPlan",
+    "NetworkRanges",
     "NodeFence",
     "NodeJoin",
+    "NodeLoginKey",
+    "RetiredLoginKeys",
 ]

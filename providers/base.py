@@ -9,14 +9,15 @@ pickles it with dill into the state and unpickles it in the provider process.
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import traceback
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from types import ModuleType
 from typing import Any, TypeVar
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ResourceProvider
+from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ResourceProvider, UpdateResult
 from pulumi.output import Unknown
 from pulumi.runtime.rpc import UNKNOWN
 
@@ -109,7 +110,7 @@ def present_program_errors(host: ModuleType | None) -> bool:
         return False
     if getattr(host, "traceback", None) is not traceback or not hasattr(host, "_abort_with_traceback"):
         return False
-    setattr(host, "traceback", _HostTraceback())  # the host module's global, looked up at each report
+    setattr(host, "traceback", _HostTraceback())  # noqa: B010 - the host module's global, looked up at each report
     return True
 
 
@@ -199,11 +200,48 @@ def resource_inputs(props: Mapping[str, Any], outputs: Iterable[str], secrets: I
     return inputs
 
 
+def login_change_only(
+    provider: ResourceProvider, id_: str, olds: Mapping[str, Any], news: Mapping[str, Any]
+) -> UpdateResult | None:
+    """The update for a change of the login key alone (hk3s:ssh.private_key_file rotated): the
+    state keeps the new key, and nothing runs on any host. None when anything else changed too
+    (by the provider's own diff), so the provider's real update runs."""
+    if "private_key" not in olds or olds.get("private_key") == news.get("private_key"):
+        return None
+    if provider.diff(id_, dict(olds), {**news, "private_key": olds["private_key"]}).changes:
+        return None
+    outs = dict(olds)
+    outs.update({key: value for key, value in news.items() if value is not None and key != "__provider"})
+    return UpdateResult(outs=outs)
+
+
+def _login_change_off_host(update: Callable[..., UpdateResult]) -> Callable[..., UpdateResult]:
+    @functools.wraps(update)
+    def guarded(self: ResourceProvider, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        return login_change_only(self, id_, olds, news) or update(self, id_, olds, news)
+
+    return guarded
+
+
 class NodeProvider(ResourceProvider):
-    """Base of the providers that act on one node over SSH."""
+    """Base of the providers that act on one node over SSH.
+
+    A rotated login key changes the `private_key` input of every resource of the cluster. Each
+    subclass's `update` is wrapped (`__init_subclass__`) so that such a change alone only stores
+    the new key: the rotation itself is `NodeLoginKey`'s work, and a rejoin, a reinstall or a
+    firewall change just because the key changed would be an outage for nothing.
+    """
 
     # Keys whose change means a different machine or node: replace, never update.
     replace_on: tuple[str, ...] = ("node", "address")
+    # True for the provider whose update *is* acting on a new login key (the rotation).
+    acts_on_login_change: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "update" in cls.__dict__ and not cls.acts_on_login_change:
+            # setattr: a method assigned on a class is a type error to mypy, not to Python.
+            setattr(cls, "update", _login_change_off_host(cls.__dict__["update"]))  # noqa: B010
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         return CheckResult(news, check_connection_inputs(news))

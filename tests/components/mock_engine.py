@@ -43,6 +43,8 @@ class Registration:
     inputs: dict[str, Any]
     additional_secret_outputs: list[str]
     provider: str
+    protect: bool = False
+    ignore_changes: list[str] = field(default_factory=list)
 
     def is_secret(self, key: str) -> bool:
         value = self.raw.fields.get(key)
@@ -69,13 +71,28 @@ class Recording:
 
 
 class ClusterMocks(pulumi.runtime.Mocks):
-    """Outputs a real deployment would produce, deterministic per resource name."""
+    """Outputs a real deployment would produce, deterministic per resource name.
+
+    `hetzner_ssh_keys` is what Hetzner's SSH key list (the `getSshKeys` data source) returns:
+    dicts with id, name, fingerprint, public_key and labels. `calls` records every invoke."""
+
+    def __init__(
+        self,
+        hetzner_ssh_keys: list[dict[str, Any]] | None = None,
+        server_state: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        super().__init__()
+        self.hetzner_ssh_keys = list(hetzner_ssh_keys or [])
+        # Outputs of servers as an earlier run left them (what the engine hands back for an input it ignores).
+        self.server_state = dict(server_state or {})
+        self.calls: list[tuple[str, dict[str, Any]]] = []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
         outputs = dict(args.inputs)
         name = args.name
         if args.typ == "hcloud:index/server:Server":
             outputs["ipv4Address"] = fake_ipv4(name)
+            outputs.update(self.server_state.get(name, {}))
         elif args.typ == "hcloud:index/serverNetwork:ServerNetwork":
             outputs["ip"] = fake_ipv4(name, "10.0.1")
         elif args.typ.endswith("hk3s:HostProbe"):
@@ -115,7 +132,20 @@ class ClusterMocks(pulumi.runtime.Mocks):
         return fake_id(name), outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
-        return {}, None
+        self.calls.append((args.token, dict(args.args)))
+        if args.token == "hcloud:index/getSshKeys:getSshKeys":
+            keys = [
+                {
+                    "id": key["id"],
+                    "name": key["name"],
+                    "fingerprint": key["fingerprint"],
+                    "publicKey": key.get("public_key", ""),
+                    "labels": key.get("labels", {}),
+                }
+                for key in self.hetzner_ssh_keys
+            ]
+            return {"id": "ssh-keys", "sshKeys": keys}, []
+        return {}, []
 
 
 class RecordingMonitor(pulumi_mocks.MockMonitor):
@@ -137,17 +167,25 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     inputs=rpc.deserialize_properties(request.object),
                     additional_secret_outputs=list(request.additionalSecretOutputs),
                     provider=request.provider,
+                    protect=bool(request.protect),
+                    ignore_changes=list(request.ignoreChanges),
                 )
             )
         return response
 
 
-def run_with_mocks(program: Callable[[], Any], recording: Recording | None = None) -> Recording:
+def run_with_mocks(
+    program: Callable[[], Any],
+    recording: Recording | None = None,
+    *,
+    mocks: ClusterMocks | None = None,
+    stack: str = "test",
+) -> Recording:
     """Run `program` against the recording mock engine and wait for every RPC."""
     recording = recording if recording is not None else Recording()
-    mocks = ClusterMocks()
+    mocks = mocks if mocks is not None else ClusterMocks()
     pulumi.runtime.set_mocks(
-        mocks, project="hk3s", stack="test", preview=False, monitor=RecordingMonitor(mocks, recording)
+        mocks, project="hk3s", stack=stack, preview=False, monitor=RecordingMonitor(mocks, recording)
     )
 
     @pulumi.runtime.test

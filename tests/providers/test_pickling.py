@@ -15,6 +15,7 @@ from pulumi.dynamic.dynamic import serialize_provider
 
 from providers import ALL_PROVIDERS
 from providers.network_plan import NetworkPlanProvider
+from providers.network_ranges import NetworkRangesProvider
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,7 +30,7 @@ def test_provider_unpickles_in_a_fresh_process(provider_class: type, tmp_path: P
         f"""
         import base64, dill, sys
         provider = dill.loads(base64.b64decode(open({str(tmp_path / "provider.b64")!r}).read()))
-        result = provider.check({{}}, {{"node": "Not_A_Name", "address": "198.51.100.7", "private_key": "k", "mode_setting": "sideways"}})
+        result = provider.check({{"network_range": "10.0.0.0/16"}}, {{"node": "Not_A_Name", "address": "198.51.100.7", "private_key": "k", "mode_setting": "sideways", "network_range": "10.9.0.0/16"}})
         print(type(provider).__module__, type(provider).__name__, [f.property for f in result.failures])
         """
     )
@@ -41,8 +42,9 @@ def test_provider_unpickles_in_a_fresh_process(provider_class: type, tmp_path: P
     module, name, failures = completed.stdout.split(" ", 2)
     assert (module, name) == (provider_class.__module__, provider_class.__name__)
     # The unpickled provider works: its check still rejects a bad node name (the network
-    # plan, which acts on no single node, a bad mode).
-    assert ("'mode_setting'" if provider_class is NetworkPlanProvider else "'node'") in failures
+    # plan, which acts on no single node, a bad mode; the network ranges, a changed range).
+    expected = {NetworkPlanProvider: "'mode_setting'", NetworkRangesProvider: "'network_range'"}
+    assert expected.get(provider_class, "'node'") in failures
 
 
 def test_providers_are_pickled_by_reference_not_by_value() -> None:

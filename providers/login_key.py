@@ -1,0 +1,174 @@
+"""NodeLoginKey and RetiredLoginKeys: rotating the key that logs in to a node.
+
+A new `hk3s:ssh.private_key_file` rotates the key on every node instead of replacing
+anything. Per node, in two resources, so that a host is never left that neither key
+reaches and a killed run resumes:
+
+1. `NodeLoginKey` comes before every other resource of its node. When the key changed
+   it logs in with the previous key (kept encrypted in its own state, or named by
+   `hk3s:ssh.previous_private_key_file`), adds the new public key to the login user's
+   authorized_keys and checks a login with the new key. Its `retiring_keys` output
+   lists the previous key's public line.
+2. `RetiredLoginKeys` comes after every resource of the run (they all store the new
+   key first, touching no host: providers.base.login_change_only). It logs in with
+   the new key, pinned to the host key the node's probe recorded, and removes the
+   retiring keys.
+
+Between the two, both keys log in, so a refresh after a kill reads every resource with
+whichever key its state holds. Existing hosts (whose authorized_keys the operator
+wrote, not the program) are handled the same way; preview lists them.
+
+Host keys: `NodeLoginKey` runs before the node's probe, so it pins the host key the
+stack config records, or the one it saw itself at its last rotation, and otherwise
+accepts the host's key on first use. What it sends is a public key and a signature an
+impostor could not reuse; the step that removes the old key is pinned to the probe's key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, Resource, UpdateResult
+
+from node_operations.login_keys import add_login_key, key_fingerprint, public_key_line, retire_login_keys
+from providers.base import (
+    NodeProvider,
+    check_connection_inputs,
+    diff_inputs,
+    is_known,
+    pin_recorded_host_key,
+    progress,
+    resource_inputs,
+    run_operation,
+    ssh_target,
+)
+
+KEY_COMMENT = "hk3s login key"
+
+
+def _fingerprint(private_key: Any) -> str:
+    return key_fingerprint(str(private_key)) if is_known(private_key) and private_key else "(not known yet)"
+
+
+class NodeLoginKeyProvider(NodeProvider):
+    """Dynamic provider of `NodeLoginKey`."""
+
+    acts_on_login_change = True
+
+    def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        return CheckResult(pin_recorded_host_key(olds, dict(news)), check_connection_inputs(news))
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        # A previous key named in the config only helps a rotation; on its own it changes nothing.
+        result = diff_inputs(
+            olds, news, replace_on=self.replace_on, ignore=("recorded_host_key", "previous_private_key")
+        )
+        if olds.get("private_key") and olds.get("private_key") != news.get("private_key"):
+            node = str(news.get("node"))
+            owner = (
+                "its authorized_keys was written by you, not the program (an existing host): the new key's line is "
+                "added and only the previous key's line removed"
+                if news.get("authorized_by") == "operator"
+                else "created by the program with the previous key"
+            )
+            progress(
+                node,
+                f"plan: login key rotates {_fingerprint(olds['private_key'])} -> {_fingerprint(news['private_key'])} "
+                f"on {news.get('ssh_user')}@{news.get('address')} ({owner}); the previous key is removed once "
+                "every resource of the run holds the new one",
+            )
+        return result
+
+    def _rotate(self, props: dict[str, Any], previous: list[str]) -> dict[str, Any]:
+        node = str(props["node"])
+        target = ssh_target(props)
+        added = run_operation(add_login_key(target, previous, KEY_COMMENT, lambda line: progress(node, line)))
+        return {
+            **props,
+            "host_key": added.host_key,
+            "key_fingerprint": key_fingerprint(target.private_key),
+            "retiring_keys": sorted({public_key_line(key, KEY_COMMENT) for key in previous}),
+        }
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        # Deterministic id: a create retried after a crash continues the same node's key.
+        id_ = f"{props['node']}-login-key"
+        previous = props.get("previous_private_key")
+        if previous and previous != props["private_key"]:
+            # A rotation this state has no record of (a stack older than the rotation).
+            return CreateResult(id_=id_, outs=self._rotate(props, [str(previous)]))
+        # Nothing to do on the host: the key given at creation (or the operator's) is in use. The
+        # probe's first login, right after this, checks it.
+        return CreateResult(
+            id_=id_,
+            outs={
+                **props,
+                "host_key": props.get("recorded_host_key") or None,
+                "key_fingerprint": key_fingerprint(str(props["private_key"])),
+                "retiring_keys": [],
+            },
+        )
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        if olds.get("private_key") == news.get("private_key"):
+            # A new address or user with the same key: nothing to rotate.
+            return UpdateResult(outs={**olds, **{k: v for k, v in news.items() if v is not None}})
+        previous = [str(olds["private_key"])]
+        extra = news.get("previous_private_key")
+        if extra and extra not in previous and extra != news["private_key"]:
+            previous.append(str(extra))
+        return UpdateResult(outs=self._rotate(news, previous))
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        # A node leaving the stack keeps whatever keys it has; the program never locks anyone out.
+        return None
+
+
+class NodeLoginKey(Resource, module="hk3s", name="NodeLoginKey"):
+    """The key that logs in to one node, rotated in place when hk3s:ssh.private_key_file changes."""
+
+    host_key: pulumi.Output[str]
+    key_fingerprint: pulumi.Output[str]
+    retiring_keys: pulumi.Output[list[str]]
+
+    def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
+        inputs = resource_inputs(props, ["host_key", "key_fingerprint", "retiring_keys"])
+        if props.get("previous_private_key") is not None:
+            inputs["previous_private_key"] = pulumi.Output.secret(props["previous_private_key"])
+        opts = pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(additional_secret_outputs=["private_key", "previous_private_key"])
+        )
+        super().__init__(NodeLoginKeyProvider(), resource_name, inputs, opts)
+
+
+class RetiredLoginKeysProvider(NodeProvider):
+    """Dynamic provider of `RetiredLoginKeys`."""
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        return diff_inputs(olds, news, replace_on=(), ignore=("recorded_host_key",))
+
+    def _retire(self, props: dict[str, Any]) -> dict[str, Any]:
+        node = str(props["node"])
+        retiring = [str(line) for line in props.get("retiring_keys") or []]
+        if retiring:
+            run_operation(retire_login_keys(ssh_target(props), retiring, lambda line: progress(node, line)))
+        return {**props, "retired_keys": retiring}
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        return CreateResult(id_=f"{props['node']}-retired-login-keys", outs=self._retire(props))
+
+    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        return UpdateResult(outs=self._retire(news))
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        return None
+
+
+class RetiredLoginKeys(Resource, module="hk3s", name="RetiredLoginKeys"):
+    """The previous login keys removed from one node, after every resource of the run holds the new key."""
+
+    retired_keys: pulumi.Output[list[str]]
+
+    def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(RetiredLoginKeysProvider(), resource_name, resource_inputs(props, ["retired_keys"]), opts)
