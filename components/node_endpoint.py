@@ -9,6 +9,7 @@ from typing import Any, Literal
 import pulumi
 
 from providers.host_probe import HostProbe
+from providers.login_key import NodeLoginKey
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class NodeEndpoint:
     probe: HostProbe
     operations: pulumi.ProviderResource
     """The provider process this node's dynamic resources run in (components.provider_shards)."""
-    login_key: pulumi.Resource | None = None
+    login_key: NodeLoginKey | None = None
     """The node's NodeLoginKey: every resource that logs in to the node comes after it (a rotation)."""
     machine: pulumi.Resource | None = None
     """The Hetzner server the program created for the node, if it did."""

@@ -43,7 +43,7 @@ def test_provider_unpickles_in_a_fresh_process(provider_class: type, tmp_path: P
     assert (module, name) == (provider_class.__module__, provider_class.__name__)
     # The unpickled provider works: its check still rejects a bad node name (the network
     # plan, which acts on no single node, a bad mode; the network ranges, a changed range).
-    expected = {NetworkPlanProvider: "'mode_setting'", NetworkRangesProvider: "'network_range'"}
+    expected: dict[type, str] = {NetworkPlanProvider: "'mode_setting'", NetworkRangesProvider: "'network_range'"}
     assert expected.get(provider_class, "'node'") in failures
 
 

@@ -1,0 +1,33 @@
+"""The last step of a login key rotation: each node's previous key leaves its authorized_keys
+once every resource of the run holds the new key (providers.login_key explains the order)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pulumi
+
+from components.node_endpoint import NodeEndpoint, SshCredentials
+from providers.login_key import RetiredLoginKeys
+
+
+def retire_previous_login_keys(
+    endpoints: Sequence[NodeEndpoint], credentials: SshCredentials, after: Sequence[pulumi.Resource]
+) -> list[RetiredLoginKeys]:
+    """One `RetiredLoginKeys` per node, after `after` (the node components, whose every child
+    logs in to some node): until they all hold the new key, the previous one must keep working."""
+    retired = []
+    for endpoint in endpoints:
+        if endpoint.login_key is None:
+            continue
+        retired.append(
+            RetiredLoginKeys(
+                f"{endpoint.name}-retired-login-keys",
+                {
+                    **endpoint.connection_props(credentials),
+                    "retiring_keys": endpoint.login_key.retiring_keys,
+                },
+                opts=pulumi.ResourceOptions(provider=endpoint.operations, depends_on=list(after)),
+            )
+        )
+    return retired

@@ -1,0 +1,236 @@
+"""What guards the Hetzner machines, the network and the operator's key, under Pulumi mocks.
+
+Hetzner Cloud cannot be reached from the test machine, so the engine and Hetzner are
+mocked (tests/components/mock_engine.py): the monitor records each resource's options as
+the engine receives them (protect, ignoreChanges, dependencies), and the mocks answer the
+`getSshKeys` data source with the keys a test says the project holds.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster_settings import SettingsError, load_settings
+from components.hetzner_ssh_key import OWNER_LABEL, hetzner_fingerprint
+from components.program import build_cluster, read_credentials
+from providers.network_ranges import NetworkRangesProvider
+from tests.components.mock_engine import ClusterMocks, Recording, run_with_mocks
+
+SERVER = "hcloud:index/server:Server"
+SSH_KEY = "hcloud:index/sshKey:SshKey"
+# As the engine receives them: the SDK translates the Python names to the provider's.
+CREATION_ONLY = {"sshKeys", "image", "location", "datacenter", "userData", "serverType"}
+
+
+def _config(key_file: Path, **overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "cluster": {"name": "t", "k3s_version": "v1.31.4+k3s1", "server_type": "cx23"},
+        "server": {"name": "srv"},
+        "ssh": {"private_key_file": str(key_file)},
+        "network": {"mode": "private"},
+        "workers": [{"name": "w1"}, {"name": "w2"}, {"name": "metal", "kind": "existing", "address": "198.51.100.250"}],
+    }
+    for key, value in overrides.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    return config
+
+
+def _run(config: dict[str, Any], mocks: ClusterMocks | None = None, stack: str = "test") -> Recording:
+    settings = load_settings(config)
+    return run_with_mocks(lambda: build_cluster(settings, read_credentials(settings)), mocks=mocks, stack=stack)
+
+
+def _server(graph: Recording, name: str) -> Any:
+    (found,) = [r for r in graph.of_type(SERVER) if r.name == name]
+    return found
+
+
+def _fingerprint(key_file: Path) -> str:
+    return hetzner_fingerprint(key_file.with_name(key_file.name + ".pub").read_text())
+
+
+def test_hetzner_fingerprint_is_what_ssh_keygen_prints_as_md5(tmp_path: Path) -> None:
+    key = tmp_path / "id"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    printed = subprocess.run(
+        ["ssh-keygen", "-l", "-E", "md5", "-f", str(key) + ".pub"], capture_output=True, text=True, check=True
+    ).stdout.split()[1]
+    assert printed == "MD5:" + hetzner_fingerprint((tmp_path / "id.pub").read_text())
+
+
+def test_every_server_ignores_its_creation_only_inputs(ssh_key_file: Path) -> None:
+    graph = _run(_config(ssh_key_file))
+    servers = graph.of_type(SERVER)
+    assert sorted(s.name for s in servers) == ["srv", "w1", "w2"]
+    for server in servers:
+        assert set(server.ignore_changes) >= CREATION_ONLY, server.name
+
+
+def test_control_plane_machine_network_and_subnet_are_protected_by_default(ssh_key_file: Path) -> None:
+    graph = _run(_config(ssh_key_file))
+    protected = sorted(r.name for r in graph.registrations if r.protect)
+    assert protected == sorted(
+        ["srv", "srv-private", "private-network-network", "private-network-subnet", "private-network-ranges"]
+    )
+    # Workers come and go: their machines are not protected.
+    assert not _server(graph, "w1").protect and not graph.by_name("w1-private").protect
+    # The network's ranges never change on Hetzner's side either.
+    assert set(graph.by_name("private-network-network").ignore_changes) == {"ipRange"}
+    assert set(graph.by_name("private-network-subnet").ignore_changes) == {"ipRange", "networkZone"}
+
+
+def test_protection_is_off_when_the_setting_says_so(ssh_key_file: Path) -> None:
+    graph = _run(_config(ssh_key_file, cluster={"protect_control_plane": False}))
+    assert [r.name for r in graph.registrations if r.protect] == []
+    # The creation-only inputs stay ignored: protection is about deletes.
+    assert set(_server(graph, "srv").ignore_changes) >= CREATION_ONLY
+
+
+def test_a_worker_machine_goes_only_after_its_join(ssh_key_file: Path) -> None:
+    """Pulumi deletes a resource after everything that depends on it: the NodeJoin's delete
+    (the worker's remove path) runs before its server's."""
+    graph = _run(_config(ssh_key_file))
+    for worker in ("w1", "w2"):
+        assert _server(graph, worker).urn in graph.by_name(f"{worker}-join").dependencies
+
+
+def test_network_ranges_are_checked_before_the_network() -> None:
+    """The record whose check refuses a changed range at preview (the engine checks a resource
+    when it is registered, before anything that depends on it)."""
+    provider = NetworkRangesProvider()
+    olds = {"network_range": "10.0.0.0/16", "subnet_range": "10.0.1.0/24"}
+    same = provider.check(olds, dict(olds))
+    assert same.failures == []
+    changed = provider.check(olds, {"network_range": "10.1.0.0/16", "subnet_range": "10.0.1.0/24"})
+    assert [f.property for f in changed.failures] == ["network_range"]
+    reason = changed.failures[0].reason
+    assert "hk3s:network.private_network_cidr was 10.0.0.0/16" in reason and "Set" in reason
+    subnet = provider.check(olds, {"network_range": "10.0.0.0/16", "subnet_range": "10.0.2.0/24"})
+    assert "hk3s:network.private_subnet_cidr" in subnet.failures[0].reason
+    # First creation: nothing to compare with.
+    assert provider.check({}, olds).failures == []
+
+
+def test_network_and_subnet_wait_for_the_ranges_record(ssh_key_file: Path) -> None:
+    graph = _run(_config(ssh_key_file))
+    ranges = graph.by_name("private-network-ranges")
+    assert ranges.inputs["network_range"] == "10.0.0.0/16" and ranges.inputs["subnet_range"] == "10.0.1.0/24"
+    for name in ("private-network-network", "private-network-subnet"):
+        assert ranges.urn in graph.by_name(name).dependencies, name
+
+
+def test_a_key_with_the_operators_fingerprint_is_used_not_uploaded(ssh_key_file: Path) -> None:
+    mocks = ClusterMocks(
+        hetzner_ssh_keys=[
+            {"id": 4711, "name": "alice@laptop", "fingerprint": _fingerprint(ssh_key_file), "labels": {}},
+            {"id": 99, "name": "someone-else", "fingerprint": "00:11:22:33:44:55:66:77:88:99:aa:bb:cc:dd:ee:ff"},
+        ]
+    )
+    graph = _run(_config(ssh_key_file), mocks)
+    assert graph.of_type(SSH_KEY) == []
+    assert [token for token, _ in mocks.calls].count("hcloud:index/getSshKeys:getSshKeys") == 1
+    for server in graph.of_type(SERVER):
+        assert server.inputs["sshKeys"] == ["4711"], server.name
+
+
+def test_no_key_with_that_fingerprint_so_one_is_uploaded(ssh_key_file: Path) -> None:
+    mocks = ClusterMocks(hetzner_ssh_keys=[{"id": 99, "name": "other", "fingerprint": "00:11:22:33:44:55:66:77"}])
+    graph = _run(_config(ssh_key_file), mocks, stack="dev")
+    (key,) = graph.of_type(SSH_KEY)
+    assert key.inputs["publicKey"] == ssh_key_file.with_name("id_ed25519.pub").read_text().strip()
+    assert key.inputs["labels"][OWNER_LABEL] == "hk3s.dev"
+    # Named after the fingerprint: a rotation's new key can exist beside the old one.
+    assert key.inputs["name"] == "t-" + _fingerprint(ssh_key_file).replace(":", "")[:12]
+    for server in graph.of_type(SERVER):
+        assert key.urn in server.dependencies, server.name
+
+
+def test_two_stacks_in_one_project_share_one_key(ssh_key_file: Path) -> None:
+    """dev uploads the key; staging, in the same Hetzner project with the same deploy key, uses it;
+    dev's next run keeps managing its own key (it carries dev's owner label)."""
+    dev_first = _run(_config(ssh_key_file), ClusterMocks(), stack="dev")
+    (uploaded,) = dev_first.of_type(SSH_KEY)
+    in_project = {
+        "id": 1234,
+        "name": uploaded.inputs["name"],
+        "fingerprint": _fingerprint(ssh_key_file),
+        "labels": uploaded.inputs["labels"],
+    }
+    staging = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[in_project]), stack="staging")
+    assert staging.of_type(SSH_KEY) == []
+    assert {tuple(s.inputs["sshKeys"]) for s in staging.of_type(SERVER)} == {("1234",)}
+    dev_again = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[in_project]), stack="dev")
+    assert [k.name for k in dev_again.of_type(SSH_KEY)] == ["t-ssh-key"]
+
+
+def test_a_key_uploaded_before_the_owner_label_stays_managed(ssh_key_file: Path) -> None:
+    legacy = {"id": 7, "name": "t-admin", "fingerprint": _fingerprint(ssh_key_file), "labels": {}}
+    graph = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[legacy]))
+    assert [k.name for k in graph.of_type(SSH_KEY)] == ["t-ssh-key"]
+
+
+def test_hetzner_key_names_the_key_explicitly(ssh_key_file: Path) -> None:
+    keys = [{"id": 55, "name": "deploy", "fingerprint": "aa:bb"}, {"id": 56, "name": "other", "fingerprint": "cc"}]
+    config = _config(ssh_key_file, ssh={"private_key_file": str(ssh_key_file), "hetzner_key": "deploy"})
+    graph = _run(config, ClusterMocks(hetzner_ssh_keys=keys))
+    assert graph.of_type(SSH_KEY) == []
+    assert {tuple(s.inputs["sshKeys"]) for s in graph.of_type(SERVER)} == {("55",)}
+
+
+def test_an_unknown_hetzner_key_is_refused_naming_the_setting(ssh_key_file: Path) -> None:
+    config = _config(ssh_key_file, ssh={"private_key_file": str(ssh_key_file), "hetzner_key": "typo"})
+    with pytest.raises(SettingsError) as raised:
+        _run(config, ClusterMocks(hetzner_ssh_keys=[{"id": 55, "name": "deploy", "fingerprint": "aa"}]))
+    assert "hk3s:ssh.hetzner_key" in str(raised.value) and "deploy" in str(raised.value)
+
+
+def test_changed_creation_only_settings_are_reported_per_machine(
+    ssh_key_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """w1 and srv were created from debian-12; the settings now say debian-13: the worker still on
+    the old image is listed, the server's change reported as never applied; nothing is replaced."""
+    warnings: list[str] = []
+    monkeypatch.setattr("components.machine.pulumi.log.warn", lambda message, resource=None: warnings.append(message))
+    mocks = ClusterMocks(server_state={"w1": {"image": "debian-12"}, "srv": {"image": "debian-12"}})
+    graph = _run(_config(ssh_key_file, cluster={"image": "debian-13"}), mocks)
+    assert set(_server(graph, "w1").ignore_changes) >= CREATION_ONLY
+    assert sorted(warnings) == [
+        "srv runs image debian-12 (settings now say debian-13): the control plane keeps them: "
+        "the change is never applied to it",
+        "w1 runs image debian-12 (settings now say debian-13): servers created from now on get the new values; "
+        "replace this worker (remove it, then add it) to move it",
+    ]
+
+
+def test_every_login_comes_after_the_nodes_login_key_and_before_the_retirement(ssh_key_file: Path) -> None:
+    """The order a rotation needs within one run: each node's NodeLoginKey before every resource
+    that logs in to that node; every node's RetiredLoginKeys after every resource that logs in."""
+    graph = _run(_config(ssh_key_file))
+    dynamic = [r for r in graph.registrations if "pulumi-python:dynamic/hk3s:" in r.type]
+    logging_in = [r for r in dynamic if r.type.rsplit(":", 1)[1] not in ("NodeLoginKey", "RetiredLoginKeys")]
+    logging_in = [r for r in logging_in if "private_key" in r.inputs]
+    for reg in logging_in:
+        node = reg.inputs.get("node")
+        if node is None:  # the network plan logs in to every node: after every node's key
+            assert all(graph.urn_of(f"{n}-login-key") in reg.dependencies for n in ("srv",)), reg.name
+            continue
+        login_key = graph.by_name(f"{node}-login-key")
+        assert login_key.urn in reg.dependencies or any(
+            graph.by_name(f"{node}-probe").urn == dep for dep in reg.dependencies
+        ), f"{reg.name} does not wait for {node}'s login key"
+    probe_of = {r.inputs["node"]: r for r in graph.of_type("hk3s:HostProbe")}
+    for node, probe in probe_of.items():
+        assert graph.urn_of(f"{node}-login-key") in probe.dependencies, node
+    for node in ("srv", "w1", "w2", "metal"):
+        retired = graph.by_name(f"{node}-retired-login-keys")
+        missing = [r.name for r in logging_in if r.urn not in retired.dependencies]
+        assert not missing, f"{node}'s previous key could go before {missing} hold the new one"
+        assert retired.is_secret("private_key")
+    for login_key in graph.of_type("hk3s:NodeLoginKey"):
+        assert login_key.is_secret("private_key")
+        assert "private_key" in login_key.additional_secret_outputs
+        assert "previous_private_key" in login_key.additional_secret_outputs
