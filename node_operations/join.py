@@ -47,6 +47,8 @@ READY_DEADLINE_SECONDS = 120.0
 POLL_SECONDS = 2.0
 VALIDATE_DEADLINE_SECONDS = 120.0
 KUBELET_REACH_SECONDS = 30.0
+KUBELET_PORT = 10250
+KUBELET_DIAL_SECONDS = 5
 PERMITS_CONFIGMAP = "hk3s-join-permits"
 PERMIT_POLICY = "hk3s-node-join-permits"
 
@@ -504,10 +506,50 @@ class Joiner:
                         "rules for 10250/tcp between the nodes",
                     ) from None
                 await asyncio.sleep(POLL_SECONDS)
-        self.checks["kubelet-reachable"] = "ok"
+        # k3s carries the API server's own kubelet traffic (logs, exec, the node proxy) through the
+        # agent's tunnel over 6443, so the check above passes with 10250 blocked; metrics-server
+        # and anything else that dials a kubelet directly does not. So dial it from the server.
+        while (failure := await self._kubelet_port_from_server()) is not None:
+            if time.monotonic() > deadline():
+                raise JoinError(
+                    self.spec.node,
+                    "kubelet-reachable",
+                    f"{self.server.target.node} cannot connect to the kubelet at {self.spec.node_ip}:{KUBELET_PORT} "
+                    f"({failure}); metrics and anything else that dials a kubelet directly need it. Open "
+                    f"{KUBELET_PORT}/tcp from the other nodes to {self.spec.node} in its host and cloud firewalls",
+                )
+            await asyncio.sleep(POLL_SECONDS)
+        self.checks["kubelet-reachable"] = f"ok (through the API and at {self.spec.node_ip}:{KUBELET_PORT})"
         if not node.container_runtime:
             # Where no pods can run (no container runtime reported), there is no validation pod to start.
             self.checks["validation-pod"] = "skipped: the node reports no container runtime"
+
+    async def _kubelet_port_from_server(self) -> str | None:
+        """A TCP connection from the server to the node's kubelet port; None when it opens,
+        else why not."""
+        result = await self.server.run(
+            [
+                "timeout",
+                str(KUBELET_DIAL_SECONDS),
+                "bash",
+                "-c",
+                'exec 3<>"/dev/tcp/$1/$2"',
+                "-",
+                self.spec.node_ip,
+                str(KUBELET_PORT),
+            ],
+            deadline=KUBELET_DIAL_SECONDS + 15,
+            check=False,
+        )
+        if result.exit_status == 0:
+            return None
+        if result.exit_status == 124:
+            return f"no answer within {KUBELET_DIAL_SECONDS} s"
+        stderr = result.stderr.lower()
+        for reason in ("connection refused", "no route to host", "network is unreachable"):
+            if reason in stderr:
+                return reason
+        return result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.exit_status}"
 
     # --- release ------------------------------------------------------------------
     async def release(self, rejoin: bool) -> NodeStatus:

@@ -134,6 +134,8 @@ func runAgent(ctx context.Context, o *options) error {
 		return err
 	}
 	defer stopPort()
+	// The API server reaches this kubelet through the agent's tunnel (k3s's egress-selector mode "agent").
+	go runTunnel(ctx, serverURL, caBundle, cfg.CertData, cfg.KeyData, spec.kubeletPort)
 	infof("Running kubelet stand-in for node %s (server %s)", spec.name, serverURL)
 	err = runNode(ctx, cfg, spec, func(*corev1.Node) { sdNotify("READY=1") })
 	infof("k3s agent stopped")

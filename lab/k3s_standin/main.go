@@ -59,7 +59,14 @@
 //     default route's) and ExternalIP, kubeletVersion = the k3s version, Ready
 //     status; its Lease in kube-node-lease is renewed every 10 s. The kubelet port
 //     (10250, or --kubelet-arg port=N) serves /healthz over TLS with a self-signed
-//     serving certificate. READY=1 goes to systemd once the Node is Ready; on
+//     serving certificate. The agent keeps a tunnel to the supervisor on 6443 (k3s's
+//     egress-selector mode "agent": pkg/agent/tunnel/tunnel.go,
+//     pkg/daemons/control/tunnel.go): the kube-apiserver's "cluster" egress is HTTP
+//     CONNECT to the supervisor, which sends a connection to a node's address through
+//     that node's tunnel (the agent dials only its kubelet port, on loopback) and dials
+//     directly only where there is no tunnel. So the API's node proxy, logs and exec
+//     reach a kubelet whose 10250 is blocked between the nodes, as on k3s; only a
+//     direct dial of 10250 fails then. READY=1 goes to systemd once the Node is Ready; on
 //     SIGTERM it stops heartbeating and exits, so the Node goes NotReady after the
 //     grace period.
 //
@@ -68,8 +75,9 @@
 // policy, no CoreDNS/Traefik/local-path/metrics-server/helm add-ons, no scheduler,
 // no real kubelet: pods scheduled on its nodes never run, and the kubelet port
 // answers /healthz only. No embedded etcd or external datastores, no HA servers,
-// no agent load balancer or websocket tunnel, no node-password secrets, no
-// certificate rotation, no secrets encryption, no etcd snapshots.
+// no agent load balancer, no websocket (the tunnel opens one connection per stream),
+// no node-password secrets, no certificate rotation, no secrets encryption, no etcd
+// snapshots.
 package main
 
 import (

@@ -541,7 +541,12 @@ func (s *server) startKine() (*child, error) {
 
 func (s *server) startAPIServer() (*child, error) {
 	t := s.tls
+	egress, err := s.writeEgressSelectorConfig()
+	if err != nil {
+		return nil, err
+	}
 	args := []string{
+		"--egress-selector-config-file=" + egress,
 		"--advertise-address=" + s.advertise,
 		"--allow-privileged=true",
 		"--anonymous-auth=false",

@@ -21,12 +21,14 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	authenticationclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 )
 
 const (
@@ -41,6 +43,7 @@ type supervisor struct {
 	plain        *httputil.ReverseProxy // no client certificate
 	tokenReviews authenticationclient.TokenReviewInterface
 	passwords    []string
+	tunnels      *tunnelServer
 }
 
 func newSupervisor(s *server, passwords []string) (*supervisor, error) {
@@ -85,6 +88,10 @@ func newSupervisor(s *server, passwords []string) (*supervisor, error) {
 	if err != nil {
 		return nil, err
 	}
+	core, err := corev1client.NewForConfig(clientConfig(s.adminCfg, "tunnel-server"))
+	if err != nil {
+		return nil, err
+	}
 	return &supervisor{
 		s:            s,
 		clientPool:   pool,
@@ -92,6 +99,7 @@ func newSupervisor(s *server, passwords []string) (*supervisor, error) {
 		plain:        mk(transport(nil)),
 		tokenReviews: tr.TokenReviews(),
 		passwords:    passwords,
+		tunnels:      newTunnelServer(core.Nodes()),
 	}, nil
 }
 
@@ -135,6 +143,10 @@ func writeStatus(w http.ResponseWriter, code int, reason, msg string) {
 }
 
 func (sup *supervisor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodConnect || r.URL.Path == tunnelPath || r.URL.Path == tunnelStreamPath {
+		sup.serveTunnel(w, r)
+		return
+	}
 	switch r.URL.Path {
 	case "/ping":
 		w.Header().Set("Content-Type", "text/plain")
@@ -170,6 +182,30 @@ func (sup *supervisor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	sup.plain.ServeHTTP(w, r)
+}
+
+// serveTunnel: the kube-apiserver's CONNECTs (its client certificate) and the agents'
+// tunnels (their node certificates); nobody else.
+func (sup *supervisor) serveTunnel(w http.ResponseWriter, r *http.Request) {
+	user, groups := "", []string(nil)
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		if u, g, err := sup.verifyClient(r.TLS.PeerCertificates); err == nil {
+			user, groups = u, g
+		}
+	}
+	node, isNode := strings.CutPrefix(user, "system:node:")
+	switch {
+	case r.Method == http.MethodConnect && user == "system:kube-apiserver":
+		sup.tunnels.serveConnect(w, r)
+	case r.Method == http.MethodGet && isNode && node != "" && slices.Contains(groups, "system:nodes"):
+		if r.URL.Path == tunnelPath {
+			sup.tunnels.serveAgent(w, node)
+		} else {
+			sup.tunnels.serveStream(w, r, node)
+		}
+	default:
+		writeStatus(w, http.StatusUnauthorized, "Unauthorized", "Unauthorized")
+	}
 }
 
 func (sup *supervisor) verifyClient(chain []*x509.Certificate) (string, []string, error) {

@@ -445,6 +445,33 @@ def test_agent_joins_with_the_bootstrap_token(cluster: Cluster) -> None:
     )
 
 
+def test_agent_holds_a_tunnel_the_api_server_reaches_kubelets_through(cluster: Cluster) -> None:
+    """As k3s's egress-selector mode "agent": the kube-apiserver's "cluster" egress is HTTP
+    CONNECT to the supervisor, and each agent keeps a tunnel to it over the server port.
+    (The node proxy itself is shown on lab hosts, tests/lab/test_kubelet_port.py: the API
+    server refuses loopback node addresses, which these agents have.)"""
+    agent: Proc = cluster.state["worker-1"]
+    server = cluster.server
+    assert server is not None
+    _wait_for(
+        "the server to accept worker-1's tunnel",
+        lambda: "Tunnel server: agent worker-1 connected" in server.text(),
+        30,
+        agent,
+    )
+    assert f"wss://127.0.0.1:{cluster.https_port}/v1-k3s/connect" in agent.text(), agent.tail()
+    egress = (cluster.tmp / "server" / "server" / "etc" / "egress-selector-config.yaml").read_text()
+    assert "name: cluster" in egress and "proxyProtocol: HTTPConnect" in egress, egress
+    assert f"url: https://127.0.0.1:{cluster.https_port}" in egress, egress
+    # Only the API server's certificate may CONNECT: anyone else is refused.
+    conn = http.client.HTTPSConnection("127.0.0.1", cluster.https_port, context=_unverified(), timeout=10)
+    try:
+        conn.request("CONNECT", f"127.0.0.1:{cluster.state['worker-1-kubelet-port']}")
+        assert conn.getresponse().status == 401
+    finally:
+        conn.close()
+
+
 def test_wrong_ca_hash_is_refused_and_retried_without_joining(cluster: Cluster) -> None:
     good = cluster.run(
         "token", "create", "--data-dir", str(cluster.tmp / "server"), "--ttl", "10m", "--description", "worker-bad"
