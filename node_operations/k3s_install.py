@@ -62,6 +62,9 @@ class ServerSpec:
     tls_sans: tuple[str, ...] = ()
     # Public mode with a node behind a 1:1 NAT: flannel sends to the nodes' external addresses.
     flannel_external_ip: bool = False
+    # The address the API is advertised on (the `kubernetes` Service endpoint, the server list the
+    # agents' client-side load balancer switches to). Unset, k3s takes node-external-ip, else node-ip.
+    advertise_address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ def server_config(spec: ServerSpec, flannel_iface: str | None) -> str:
             "node-name": spec.node,
             "node-ip": spec.node_ip,
             "node-external-ip": spec.external_ip if spec.external_ip != spec.node_ip else None,
+            "advertise-address": spec.advertise_address,
             "flannel-iface": flannel_iface,
             "flannel-backend": spec.flannel_backend,
             "flannel-external-ip": True if spec.flannel_external_ip else None,

@@ -111,6 +111,9 @@ class K3sServerProvider(NodeProvider):
             service_cidr=str(props["service_cidr"]),
             flannel_backend=str(props["flannel_backend"]),
             flannel_external_ip=bool(props.get("flannel_external_ip")),
+            # k3s advertises node-external-ip when it is set (k3s issues #2087, #5544); in private
+            # mode the agents, the pods and the server's firewall use the private address.
+            advertise_address=str(props["node_ip"]) if props.get("network_mode") == "private" else None,
             binary=K3sBinary(
                 version=str(props["k3s_version"]),
                 local_path=Path(props["k3s_binary"]) if props.get("k3s_binary") else None,

@@ -84,6 +84,12 @@ def test_shared_private_network_is_chosen_and_used(lab: Lab, private: Stack) -> 
     assert private.internal_ip("nm-server") == private.server.private_ip
     config_yaml = worker.run(["cat", "/etc/rancher/k3s/config.yaml"]).stdout
     assert f"https://{private.server.private_ip}:6443" in config_yaml and "enp7s0" in config_yaml
+    # The API is advertised on the private address too (k3s would take the server's external IP,
+    # closed to 6443 in private mode): the `kubernetes` Service endpoint pods and agents use.
+    endpoints = json.loads(
+        private.server.run(["/usr/local/bin/k3s", "kubectl", "get", "endpoints", "kubernetes", "-o", "json"]).stdout
+    )
+    assert [a["ip"] for s in endpoints["subsets"] for a in s["addresses"]] == [private.server.private_ip]
     # Both connection checks ran over the private network before the join.
     text = private.stack.text()
     assert f"connected to nm-worker-1 at {worker.private_ip}:22 over the private network" in text
