@@ -23,8 +23,10 @@ from pydantic import (
 
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 K3S_VERSION = re.compile(r"^v(\d+)\.(\d+)\.(\d+)\+k3s(\d+)$")
-# `k3s token create --ttl` (per-node, short-lived join tokens) exists from v1.26.2.
-MIN_K3S_VERSION = (1, 26, 2)
+# The oldest k3s with everything the join uses: `k3s token create --ttl` (v1.26.2) and the
+# join permit's admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (GA and on by
+# default from Kubernetes 1.30; beta and off in 1.28-1.29, absent before).
+MIN_K3S_VERSION = (1, 30, 0)
 LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
@@ -62,11 +64,12 @@ def _node_name(value: str) -> str:
 def _k3s_version(value: str) -> str:
     match = K3S_VERSION.match(value)
     if not match:
-        raise ValueError(f"{value!r} is not a k3s release; write it as k3s tags it, e.g. 'v1.31.4+k3s1'")
+        raise ValueError(f"{value!r} is not a k3s release; write it as k3s tags it, e.g. 'v1.36.1+k3s1'")
     if tuple(int(part) for part in match.groups()[:3]) < MIN_K3S_VERSION:
         raise ValueError(
-            f"{value} is older than v1.26.2, the first k3s that creates short-lived "
-            "per-node join tokens; choose v1.26.2+k3s1 or later"
+            f"{value} is older than v1.30.0, the first k3s whose Kubernetes serves the "
+            "ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1) that keeps each join token "
+            "to its node; choose v1.30.0+k3s1 or later (a supported release, e.g. v1.36.1+k3s1)"
         )
     return value
 
@@ -144,9 +147,10 @@ class ClusterSettings(StrictModel):
         description="Default Hetzner location for servers the program creates (fsn1, nbg1, hel1, ash, hil, sin).",
     )
     server_type: str = Field(
-        "cx32",
+        "cx33",
         min_length=1,
-        description="Default Hetzner server type for servers the program creates.",
+        description="Default Hetzner server type for servers the program creates (cx33: 4 vCPU, 8 GB; CX and CAX "
+        "types are offered in the EU locations only). Checked against the location at preview.",
     )
     image: str = Field(
         "debian-12",
@@ -155,7 +159,8 @@ class ClusterSettings(StrictModel):
     )
     k3s_version: K3sVersion = Field(
         ...,
-        description="k3s release of the server; every worker joins at exactly this version (e.g. v1.31.4+k3s1).",
+        description="k3s release of the server, v1.30.0+k3s1 or later; every worker joins at exactly this "
+        "version (e.g. v1.36.1+k3s1).",
     )
     k3s_binary: Path | None = Field(
         None,
@@ -182,6 +187,12 @@ class ClusterSettings(StrictModel):
         120.0,
         description="How long a Kubernetes API call waits for the API while it is away (a k3s restart on the "
         "server) before the run stops. 5-3600 s.",
+    )
+
+    protect_control_plane: bool = Field(
+        True,
+        description="Protect the Hetzner server of the control plane, the private network and its subnet: "
+        "pulumi destroy and any change that would delete them are refused. Set false only for throw-away stacks.",
     )
 
     @field_validator("api_wait_seconds")
@@ -224,7 +235,25 @@ class SshSettings(StrictModel):
         default_factory=dict,
         description="Recorded SSH host keys per node name ('ssh-ed25519 AAAA...'); a changed key is refused.",
     )
+    previous_private_key_file: Path | None = Field(
+        None,
+        description="The key private_key_file replaced, for a rotation the state has no record of (a stack "
+        "older than the rotation); otherwise the previous key is kept, encrypted, in the state.",
+    )
+    hetzner_key: str | None = Field(
+        None,
+        min_length=1,
+        description="Name of an SSH key already in the Hetzner project to give new servers. Unset: a key with "
+        "the public key's fingerprint is used if the project has one, else the program uploads it.",
+    )
     connect_timeout_seconds: float = Field(15.0, gt=0, le=300, description="Deadline for opening one SSH connection.")
+    first_contact_seconds: float = Field(
+        300.0,
+        gt=0,
+        le=3600,
+        description="How long the first login to a host waits for SSH to answer and cloud-init to finish "
+        "(a new Hetzner server boots for a while after its create action ends; nobody can say how long).",
+    )
 
     @field_validator("host_keys")
     @classmethod

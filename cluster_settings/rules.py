@@ -44,6 +44,11 @@ def _host_key(settings: StackSettings, host: HostSettings, field: str) -> str:
     return _key("workers", index, field)
 
 
+def host_setting_key(settings: StackSettings, host: HostSettings, field: str) -> str:
+    """The config key of one host's setting, e.g. `hk3s:workers[2].server_type`."""
+    return _host_key(settings, host, field)
+
+
 def _overlaps(a: str, b: str) -> bool:
     return ipaddress.ip_network(a).overlaps(ipaddress.ip_network(b))
 
@@ -200,6 +205,18 @@ def _check_ssh(settings: StackSettings) -> Iterator[SettingProblem]:
             _key("ssh", "private_key_file"),
             f"{key_file}.pub is missing; Hetzner servers are created with that public key. "
             f"Write it with: ssh-keygen -y -f {key_file} > {key_file}.pub",
+        )
+    previous = settings.ssh.previous_private_key_file
+    if previous is not None and not previous.expanduser().is_file():
+        yield SettingProblem(
+            _key("ssh", "previous_private_key_file"),
+            f"{previous.expanduser()} does not exist; point it at the key the nodes accept today "
+            "(the one private_key_file replaced), or remove the setting",
+        )
+    if settings.ssh.hetzner_key is not None and not settings.hetzner_hosts():
+        yield SettingProblem(
+            _key("ssh", "hetzner_key"),
+            "no node is a Hetzner server the program creates (kind: hetzner), so no key is given to one; remove it",
         )
     names = {settings.server.name, *(worker.name for worker in settings.workers)}
     for node in settings.ssh.host_keys:

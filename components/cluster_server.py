@@ -10,6 +10,8 @@ import pulumi
 import pulumi_hcloud as hcloud
 
 from cluster_settings.models import StackSettings
+from components.hetzner_project import hetzner_name, ownership_labels
+from components.hetzner_ssh_key import cluster_ssh_key
 from components.machine import provision_machine
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
@@ -35,6 +37,28 @@ class ClusterServerArgs:
     """The provider processes node operations run in."""
 
 
+def creation_firewall(parent: pulumi.Resource, settings: StackSettings) -> hcloud.Firewall:
+    """The cloud firewall every Hetzner server carries from creation: SSH only (the port the
+    program and the operator need from the first boot; every other port opens with the
+    cluster's firewall once the peers' addresses are known)."""
+    name = hetzner_name(settings.cluster.name, pulumi.get_stack(), "ssh-only")
+    return hcloud.Firewall(
+        f"{settings.cluster.name}-ssh-only",
+        name=name,
+        rules=[
+            hcloud.FirewallRuleArgs(
+                direction="in",
+                protocol="tcp",
+                port="22",
+                source_ips=["0.0.0.0/0", "::/0"],
+                description="SSH from the first boot",
+            )
+        ],
+        labels=ownership_labels(settings.cluster.name, pulumi.get_stack()),
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
+
+
 class ClusterServer(pulumi.ComponentResource):
     """The server's machine (Hetzner server or existing host), the cluster's
     Hetzner SSH key, and k3s on the server (`install_k3s`)."""
@@ -51,16 +75,13 @@ class ClusterServer(pulumi.ComponentResource):
         self._args = args
         settings = args.settings
         self.ssh_key_id = None
+        self.creation_firewall_id: pulumi.Output[str] | None = None
         if settings.hetzner_hosts():
             if args.credentials.public_key is None:
                 raise ValueError("Hetzner servers need the public half of hk3s:ssh.private_key_file")
-            ssh_key = hcloud.SshKey(
-                f"{settings.cluster.name}-ssh-key",
-                name=f"{settings.cluster.name}-admin",
-                public_key=args.credentials.public_key,
-                opts=pulumi.ResourceOptions(parent=self),
-            )
-            self.ssh_key_id = ssh_key.id
+            self.ssh_key_id = cluster_ssh_key(self, settings, args.credentials.public_key)
+            if settings.firewall.cloud_firewall:
+                self.creation_firewall_id = creation_firewall(self, settings).id
         self.endpoint = provision_machine(
             self,
             host=settings.server,
@@ -68,6 +89,7 @@ class ClusterServer(pulumi.ComponentResource):
             settings=settings,
             credentials=args.credentials,
             ssh_key_id=self.ssh_key_id,
+            creation_firewall_id=self.creation_firewall_id,
             private_network=args.private_network,
             firewall_managed=settings.firewall.managed,
             shards=args.shards,

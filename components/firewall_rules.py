@@ -12,6 +12,7 @@ import pulumi
 import pulumi_hcloud as hcloud
 
 from cluster_settings.models import StackSettings
+from components.hetzner_project import hetzner_name, ownership_labels
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from node_operations.firewall_plan import PortRule, Role, inbound_rules
 from providers.host_firewall import HostFirewall
@@ -101,9 +102,9 @@ class FirewallRules(pulumi.ComponentResource):
                 )
                 firewall = hcloud.Firewall(
                     f"{settings.cluster.name}-{role}s",
-                    name=f"{settings.cluster.name}-{role}s",
+                    name=hetzner_name(settings.cluster.name, pulumi.get_stack(), f"{role}s"),
                     rules=rules,
-                    labels={"hk3s-cluster": settings.cluster.name},
+                    labels=ownership_labels(settings.cluster.name, pulumi.get_stack()),
                     opts=pulumi.ResourceOptions(parent=self),
                 )
                 attachment = hcloud.FirewallAttachment(

@@ -10,10 +10,41 @@ import pulumi
 import pulumi_hcloud as hcloud
 
 from cluster_settings.models import HostSettings, StackSettings
+from components.hetzner_project import hetzner_name, ownership_labels
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
 from components.provider_shards import OperationShards
 from providers.host_probe import HostProbe
+from providers.login_key import NodeLoginKey
+
+# hcloud.Server inputs Hetzner sets only at creation (ssh_keys, image, location, datacenter,
+# user_data replace the server; server_type powers it off to resize): never changed later.
+CREATION_ONLY_SERVER_INPUTS = ("ssh_keys", "image", "location", "datacenter", "user_data", "server_type")
+# Set at creation only, so a new server is never on the internet without a cloud firewall; later the
+# cluster's firewalls are attached by FirewallRules (a FirewallAttachment), which firewall_ids must not undo.
+CREATION_FIREWALL_INPUTS = ("firewall_ids",)
+
+
+def report_creation_drift(server: hcloud.Server, node: str, role: str, wanted: dict[str, str]) -> None:
+    """Say at preview and up which creation-only settings this server no longer matches: a worker
+    keeps its values (new servers get the new ones), the server's are reported, never applied."""
+
+    def report(current: list[str | None]) -> None:
+        drift = [
+            f"{key} {have} (settings now say {wanted[key]})"
+            for key, have in zip(wanted, current, strict=True)
+            if have is not None and have != wanted[key]
+        ]
+        if not drift:
+            return
+        consequence = (
+            "servers created from now on get the new values; replace this worker (remove it, then add it) to move it"
+            if role == "worker"
+            else "the control plane keeps them: the change is never applied to it"
+        )
+        pulumi.log.warn(f"{node} runs {', '.join(drift)}: {consequence}", resource=server)
+
+    pulumi.Output.all(*(getattr(server, key) for key in wanted)).apply(report)
 
 
 def provision_machine(
@@ -24,34 +55,52 @@ def provision_machine(
     settings: StackSettings,
     credentials: SshCredentials,
     ssh_key_id: pulumi.Output[str] | None,
+    creation_firewall_id: pulumi.Output[str] | None = None,
     private_network: PrivateNetwork | None,
     firewall_managed: bool,
     shards: OperationShards,
 ) -> NodeEndpoint:
     """Create (or adopt) the machine for `host` as children of `parent`."""
-    child = pulumi.ResourceOptions(parent=parent)
     hcloud_server_id: pulumi.Output[str] | None = None
+    machine: pulumi.Resource | None = None
     if host.kind == "hetzner":
         if ssh_key_id is None:
             raise ValueError(f"{host.name}: a Hetzner server needs the cluster's SSH key")
+        wanted = {
+            "server_type": host.server_type or settings.cluster.server_type,
+            "image": host.image or settings.cluster.image,
+            "location": host.location or settings.cluster.location,
+        }
         server = hcloud.Server(
             host.name,
-            name=host.name,
-            server_type=host.server_type or settings.cluster.server_type,
-            image=host.image or settings.cluster.image,
-            location=host.location or settings.cluster.location,
+            # Unique per Hetzner project: two stacks (dev, staging) may name their nodes alike.
+            name=hetzner_name(settings.cluster.name, pulumi.get_stack(), host.name),
+            server_type=wanted["server_type"],
+            image=wanted["image"],
+            location=wanted["location"],
             ssh_keys=[ssh_key_id],
             public_nets=[hcloud.ServerPublicNetArgs(ipv4_enabled=True, ipv6_enabled=True)],
-            labels={"hk3s-cluster": settings.cluster.name, "hk3s-role": role},
-            opts=child,
+            labels={**ownership_labels(settings.cluster.name, pulumi.get_stack()), "hk3s-role": role},
+            # On the internet from its first boot: an SSH-only cloud firewall is attached at creation,
+            # the cluster's full one (FirewallRules) once every address is known.
+            firewall_ids=[creation_firewall_id.apply(int)] if creation_firewall_id is not None else None,
+            opts=pulumi.ResourceOptions(
+                parent=parent,
+                # Creation-only in Hetzner's provider: a change would replace the machine (or, for the
+                # type, power it off). Later values apply to servers created later (report_creation_drift).
+                ignore_changes=[*CREATION_ONLY_SERVER_INPUTS, *CREATION_FIREWALL_INPUTS],
+                protect=role == "server" and settings.cluster.protect_control_plane,
+            ),
         )
+        report_creation_drift(server, host.name, role, wanted)
         hcloud_server_id = server.id
+        machine = server
         public_address: pulumi.Output[str] = server.ipv4_address
         ssh_address = server.ipv4_address
         private_address: pulumi.Output[str | None] = pulumi.Output.from_input(None)
         depends: list[pulumi.Resource] = [server]
         if private_network is not None:
-            attachment = private_network.attach(host.name, server.id)
+            attachment = private_network.attach(host.name, server.id, control_plane=role == "server")
             private_address = attachment.ip
             depends.append(attachment)
     else:
@@ -61,6 +110,22 @@ def provision_machine(
         private_address = pulumi.Output.from_input(host.private_address)
         depends = []
     operations = shards.for_node(host.name)
+    # First of the node's resources: a rotated hk3s:ssh.private_key_file is rotated on the host
+    # before anything logs in with it (providers.login_key).
+    login_key = NodeLoginKey(
+        f"{host.name}-login-key",
+        {
+            "node": host.name,
+            "address": ssh_address,
+            "ssh_port": host.ssh_port,
+            "ssh_user": credentials.user,
+            "private_key": credentials.private_key,
+            "recorded_host_key": credentials.recorded_host_keys.get(host.name),
+            "previous_private_key": credentials.previous_private_key,
+            "authorized_by": "program" if host.kind == "hetzner" else "operator",
+        },
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(depends), provider=operations),
+    )
     probe = HostProbe(
         f"{host.name}-probe",
         node=host.name,
@@ -71,7 +136,9 @@ def provision_machine(
         recorded_host_key=credentials.recorded_host_keys.get(host.name),
         # A Hetzner network's address: the facts wait for it, so the network decision sees it.
         expected_address=private_address if host.kind == "hetzner" else None,
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=depends, provider=operations),
+        first_contact_seconds=settings.ssh.first_contact_seconds,
+        created_by_program=host.kind == "hetzner",
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=[*depends, login_key], provider=operations),
     )
     return NodeEndpoint(
         name=host.name,
@@ -84,4 +151,6 @@ def provision_machine(
         firewall_managed=firewall_managed,
         probe=probe,
         operations=operations,
+        login_key=login_key,
+        machine=machine,
     )

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_hcloud as hcloud
 
+from components.hetzner_project import hetzner_name, ownership_labels
+from providers.network_ranges import NetworkRanges
+
 
 @dataclass(frozen=True)
 class PrivateNetworkArgs:
@@ -20,6 +23,8 @@ class PrivateNetworkArgs:
     """The subnet servers are attached to (hk3s:network.private_subnet_cidr)."""
     network_zone: str
     """Hetzner network zone of the server's location (one network spans one zone)."""
+    protect: bool = True
+    """Protect the network and subnet from deletion (hk3s:cluster.protect_control_plane)."""
 
 
 class PrivateNetwork(pulumi.ComponentResource):
@@ -31,13 +36,22 @@ class PrivateNetwork(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: PrivateNetworkArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("hk3s:index:PrivateNetwork", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        self._protect = args.protect
+        # Ranges are fixed once the network exists: a change is refused at preview (NetworkRanges)
+        # and never reaches Hetzner, which would replace the network and every attachment.
+        ranges = NetworkRanges(
+            f"{name}-ranges",
+            network_range=args.ip_range,
+            subnet_range=args.subnet_range,
+            opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
+        )
+        child = pulumi.ResourceOptions(parent=self, protect=args.protect, depends_on=[ranges])
         self._network = hcloud.Network(
             f"{name}-network",
-            name=f"{args.cluster_name}-network",
+            name=hetzner_name(args.cluster_name, pulumi.get_stack(), "network"),
             ip_range=args.ip_range,
-            labels={"hk3s-cluster": args.cluster_name},
-            opts=child,
+            labels=ownership_labels(args.cluster_name, pulumi.get_stack()),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(ignore_changes=["ip_range"])),
         )
         self._subnet = hcloud.NetworkSubnet(
             f"{name}-subnet",
@@ -45,18 +59,23 @@ class PrivateNetwork(pulumi.ComponentResource):
             type="cloud",
             network_zone=args.network_zone,
             ip_range=args.subnet_range,
-            opts=child,
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(ignore_changes=["ip_range", "network_zone"])
+            ),
         )
         self.network_id = self._network.id
         self.subnet_id = self._subnet.id
         self.ip_range = self._network.ip_range
         self.register_outputs({"network_id": self.network_id, "subnet_id": self.subnet_id, "ip_range": self.ip_range})
 
-    def attach(self, node: str, server_id: pulumi.Output[str]) -> hcloud.ServerNetwork:
-        """Attach a server to the subnet; the attachment's `ip` is its private address."""
+    def attach(self, node: str, server_id: pulumi.Output[str], control_plane: bool = False) -> hcloud.ServerNetwork:
+        """Attach a server to the subnet; the attachment's `ip` is its private address. The control
+        plane's attachment is protected with the network."""
         return hcloud.ServerNetwork(
             f"{node}-private",
             server_id=server_id.apply(int),
             subnet_id=self._subnet.id,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self._subnet]),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[self._subnet], protect=control_plane and self._protect
+            ),
         )

@@ -3,6 +3,7 @@ both call `build_cluster`."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import pulumi
@@ -10,11 +11,14 @@ import pulumi
 from cluster_settings.models import NETWORK_ZONE_OF_LOCATION, StackSettings
 from components.cluster_server import ClusterServer, ClusterServerArgs
 from components.firewall_rules import FirewallRules, FirewallRulesArgs
+from components.hetzner_project import check_hetzner_project, planned_names
+from components.login_key_rotation import retire_previous_login_keys
 from components.node_endpoint import SshCredentials
 from components.private_network import PrivateNetwork, PrivateNetworkArgs
 from components.provider_shards import OperationShards
 from components.storage_copies import StorageCopies, StorageCopiesArgs
 from components.worker_node import WorkerNode, WorkerNodeArgs
+from providers.worker_roster import WorkerRoster
 
 
 @dataclass(frozen=True)
@@ -37,14 +41,38 @@ def read_credentials(settings: StackSettings) -> SshCredentials:
         private_key=pulumi.Output.secret(key_file.read_text()),
         public_key=public_file.read_text().strip() if public_file.is_file() else None,
         recorded_host_keys=dict(settings.ssh.host_keys),
+        previous_private_key=pulumi.Output.secret(previous.expanduser().read_text())
+        if (previous := settings.ssh.previous_private_key_file)
+        else None,
+    )
+
+
+def _after_roster(
+    roster: WorkerRoster, args: pulumi.ResourceTransformationArgs
+) -> pulumi.ResourceTransformationResult | None:
+    """Every resource waits for the roster: Pulumi runs updates before deletes, so a
+    refused removal must stop the run before any peer's firewall drops the worker."""
+    if args.resource is roster:
+        return None
+    return pulumi.ResourceTransformationResult(
+        args.props, pulumi.ResourceOptions.merge(args.opts, pulumi.ResourceOptions(depends_on=[roster]))
     )
 
 
 def build_cluster(settings: StackSettings, credentials: SshCredentials) -> BuiltCluster:
-    """Machines first (so every address is known), then the network decision,
-    then firewalls, then k3s on the server, then the joins, then storage."""
+    """The roster first (a removal is judged before anything changes), then machines
+    (so every address is known), then the network decision, then firewalls, then k3s
+    on the server, then the joins, then storage."""
+    uses_private_network = bool(settings.hetzner_hosts()) and settings.network.mode != "public"
+    # What Hetzner would refuse halfway through the run (a type it does not offer there, a name
+    # another owner holds) fails here, before anything is registered.
+    check_hetzner_project(
+        settings, pulumi.get_stack(), planned_names(settings, pulumi.get_stack(), uses_private_network)
+    )
+    roster = WorkerRoster("workers", [worker.name for worker in settings.workers])
+    pulumi.runtime.register_stack_transformation(functools.partial(_after_roster, roster))
     network = None
-    if settings.hetzner_hosts() and settings.network.mode != "public":
+    if uses_private_network:
         network = PrivateNetwork(
             "private-network",
             PrivateNetworkArgs(
@@ -52,6 +80,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
                 ip_range=settings.network.private_network_cidr,
                 subnet_range=settings.network.private_subnet_cidr,
                 network_zone=NETWORK_ZONE_OF_LOCATION[settings.server.location or settings.cluster.location],
+                protect=settings.cluster.protect_control_plane,
             ),
         )
     shards = OperationShards()
@@ -67,6 +96,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
                 worker=worker,
                 credentials=credentials,
                 ssh_key_id=server.ssh_key_id,
+                creation_firewall_id=server.creation_firewall_id,
                 private_network=network,
                 shards=shards,
             ),
@@ -94,5 +124,9 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
     storage = StorageCopies(
         "storage",
         StorageCopiesArgs(storage=settings.storage, kubeconfig=server.kubeconfig, after=[server.k3s]),
+    )
+    # Last: a rotated login key leaves the nodes only once every resource holds the new one.
+    retire_previous_login_keys(
+        [server.endpoint, *(w.endpoint for w in workers)], credentials, [server, *workers, firewall]
     )
     return BuiltCluster(network, server, workers, firewall, storage)

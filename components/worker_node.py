@@ -41,6 +41,8 @@ class WorkerNodeArgs:
     """The Hetzner network to attach a created worker to."""
     shards: OperationShards
     """The provider processes node operations run in."""
+    creation_firewall_id: pulumi.Output[str] | None = None
+    """The SSH-only cloud firewall a created worker carries from its first boot."""
 
 
 class WorkerNode(pulumi.ComponentResource):
@@ -63,6 +65,7 @@ class WorkerNode(pulumi.ComponentResource):
             settings=args.settings,
             credentials=args.credentials,
             ssh_key_id=args.ssh_key_id,
+            creation_firewall_id=args.creation_firewall_id,
             private_network=args.private_network,
             firewall_managed=args.settings.worker_firewall_managed(args.worker),
             shards=args.shards,

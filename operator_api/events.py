@@ -32,6 +32,31 @@ _REFUSALS = (
 )
 
 
+# Hetzner's API errors that mean a limit of the project, not a fault of the stack: the
+# engine shows the provider's whole error; the caller gets one line saying what to do.
+HETZNER_LIMITS = {
+    "resource_limit_exceeded": (
+        "Hetzner refused: the project reached one of its resource limits (servers, primary IPs, volumes, "
+        "networks, firewalls...; resource_limit_exceeded). Ask Hetzner for a higher limit (Cloud Console, "
+        "project, Limits) or delete what the project no longer needs, then run up again: it continues "
+        "where it stopped"
+    ),
+    "rate_limit_exceeded": (
+        "Hetzner refused: the project's API rate limit is used up (3600 requests an hour per project, shared "
+        "by every stack and tool using it; rate_limit_exceeded). Wait a few minutes and run up again: it "
+        "continues where it stopped"
+    ),
+}
+
+
+def hetzner_limit(message: str) -> str | None:
+    """The one-line explanation of a Hetzner limit error in `message`, if it is one."""
+    for code, explanation in HETZNER_LIMITS.items():
+        if code in message:
+            return explanation
+    return None
+
+
 def parse_urn(urn: str) -> tuple[str, str]:
     """(type, name) of a URN `urn:pulumi:<stack>::<project>::<parent$type>::<name>`."""
     parts = urn.split("::")
@@ -126,6 +151,7 @@ class RunRecord:
             _, message = provider_message(text)
             if not message:
                 continue
+            message = hetzner_limit(message) or message
             found.append(ResourceProblem(urn=urn, type=type_, name=name, message=message))
         with_urn = [problem for problem in found if problem.urn and "pulumi:pulumi:Stack" not in problem.type]
         return with_urn or found

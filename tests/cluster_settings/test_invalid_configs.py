@@ -131,7 +131,7 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "hk3s:workers[0].address",
         "kind: existing",
     ),
-    ("existing-host-with-server-type", {"workers.1.server_type": "cx22"}, "hk3s:workers[1].server_type", "Remove it"),
+    ("existing-host-with-server-type", {"workers.1.server_type": "cx23"}, "hk3s:workers[1].server_type", "Remove it"),
     ("address-inside-pod-network", {"workers.1.address": "10.42.0.5"}, "hk3s:workers[1].address", "pod cidr"),
     (
         "ssh-key-missing",

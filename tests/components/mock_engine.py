@@ -32,6 +32,112 @@ def fake_id(name: str) -> str:
     return str(int(hashlib.sha256(name.encode()).hexdigest(), 16) % 10**8)
 
 
+EU = ("fsn1", "nbg1", "hel1")
+# Hetzner's catalogue as the mocks answer it (the API cannot be reached from here), after
+# Hetzner removed the CX Gen 2 and CPX Gen 1 types at the end of 2025 (its changelog): CX and
+# CAX are offered in the EU locations only. (name, architecture, locations, removed after)
+HETZNER_SERVER_TYPES: list[tuple[str, str, tuple[str, ...], str]] = [
+    ("cx23", "x86", EU, ""),
+    ("cx33", "x86", EU, ""),
+    ("cx43", "x86", EU, ""),
+    ("cax11", "arm", EU, ""),
+    ("cpx22", "x86", (*EU, "ash", "hil", "sin"), ""),
+    ("ccx13", "x86", (*EU, "ash", "hil", "sin"), ""),
+    ("cpx21", "x86", (*EU, "ash", "hil"), "2025-12-31T00:00:00Z"),
+]
+HETZNER_IMAGES: list[tuple[str, str]] = [
+    (name, arch) for name in ("ubuntu-24.04", "ubuntu-22.04", "debian-12", "debian-13") for arch in ("x86", "arm")
+]
+
+
+def _server_type(name: str, architecture: str, locations: tuple[str, ...], removed_after: str) -> dict[str, Any]:
+    return {
+        "architecture": architecture,
+        "category": "shared",
+        "cores": 2,
+        "cpuType": "shared",
+        "deprecationAnnounced": "2025-10-16T00:00:00Z" if removed_after else "",
+        "description": name.upper(),
+        "disk": 40,
+        "id": int(fake_id(name)),
+        "includedTraffic": 0,
+        "isDeprecated": bool(removed_after),
+        "locations": [
+            {
+                "available": True,
+                "deprecationAnnounced": "2025-10-16T00:00:00Z" if removed_after else "",
+                "id": index + 1,
+                "isDeprecated": bool(removed_after),
+                "name": location,
+                "recommended": not removed_after,
+                "unavailableAfter": removed_after,
+            }
+            for index, location in enumerate(locations)
+        ],
+        "memory": 4,
+        "name": name,
+        "storageType": "local",
+        "unavailableAfter": removed_after,
+    }
+
+
+def _image(name: str, architecture: str) -> dict[str, Any]:
+    return {
+        "architecture": architecture,
+        "created": "2025-01-01T00:00:00Z",
+        "deprecated": "",
+        "deprecationAnnounced": "",
+        "description": name,
+        "id": int(fake_id(f"{name}-{architecture}")),
+        "isDeprecated": False,
+        "labels": {},
+        "name": name,
+        "osFlavor": name.split("-", maxsplit=1)[0],
+        "osVersion": name.split("-")[1],
+        "rapidDeploy": True,
+        "type": "system",
+        "unavailableAfter": "",
+    }
+
+
+def _server(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "backupWindow": "",
+        "backups": False,
+        "datacenter": "fsn1-dc14",
+        "deleteProtection": False,
+        "firewallIds": [],
+        "id": int(fake_id(name)),
+        "image": "ubuntu-24.04",
+        "iso": "",
+        "labels": labels,
+        "location": "fsn1",
+        "name": name,
+        "primaryDiskSize": 40,
+        "rebuildProtection": False,
+        "rescue": False,
+        "serverType": "cx23",
+        "status": "running",
+        "networks": [],
+        "placementGroupId": 0,
+    }
+
+
+def _network(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "deleteProtection": False,
+        "exposeRoutesToVswitch": False,
+        "id": int(fake_id(name)),
+        "ipRange": "10.0.0.0/16",
+        "labels": labels,
+        "name": name,
+    }
+
+
+def _firewall(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "applyTos": [], "id": int(fake_id(name)), "labels": labels, "rules": []}
+
+
 @dataclass
 class Registration:
     type: str
@@ -86,6 +192,11 @@ class ClusterMocks(pulumi.runtime.Mocks):
         # Outputs of servers as an earlier run left them (what the engine hands back for an input it ignores).
         self.server_state = dict(server_state or {})
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        # What Hetzner's catalogue and the project hold (see HETZNER_SERVER_TYPES); tests add to them.
+        self.hetzner_server_types = list(HETZNER_SERVER_TYPES)
+        self.hetzner_servers: list[tuple[str, dict[str, str]]] = []
+        self.hetzner_networks: list[tuple[str, dict[str, str]]] = []
+        self.hetzner_firewalls: list[tuple[str, dict[str, str]]] = []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
         outputs = dict(args.inputs)
@@ -145,6 +256,16 @@ class ClusterMocks(pulumi.runtime.Mocks):
                 for key in self.hetzner_ssh_keys
             ]
             return {"id": "ssh-keys", "sshKeys": keys}, []
+        if args.token == "hcloud:index/getServerTypes:getServerTypes":
+            return {"id": "server-types", "serverTypes": [_server_type(*t) for t in self.hetzner_server_types]}, []
+        if args.token == "hcloud:index/getImages:getImages":
+            return {"id": "images", "images": [_image(*image) for image in HETZNER_IMAGES]}, []
+        if args.token == "hcloud:index/getServers:getServers":
+            return {"id": "servers", "servers": [_server(*held) for held in self.hetzner_servers]}, []
+        if args.token == "hcloud:index/getNetworks:getNetworks":
+            return {"id": "networks", "networks": [_network(*held) for held in self.hetzner_networks]}, []
+        if args.token == "hcloud:index/getFirewalls:getFirewalls":
+            return {"id": "firewalls", "firewalls": [_firewall(*held) for held in self.hetzner_firewalls]}, []
         return {}, []
 
 

@@ -56,8 +56,8 @@ def test_arguments_parse_as_documented() -> None:
     late = parser.parse_args(["node", "list", "--stack", "staging", "--json"])
     assert late.stack == "staging" and late.json is True
     assert parser.parse_args(["up"]).stack == "dev" and parser.parse_args(["up"]).yes is False
-    cloud = parse_arguments(["node", "add", "cloud-3", "--hetzner", "--server-type", "cx22", "--location", "hel1"])
-    assert (cloud.hetzner, cloud.server_type, cloud.location, cloud.address) == (True, "cx22", "hel1", None)
+    cloud = parse_arguments(["node", "add", "cloud-3", "--hetzner", "--server-type", "cx23", "--location", "hel1"])
+    assert (cloud.hetzner, cloud.server_type, cloud.location, cloud.address) == (True, "cx23", "hel1", None)
     fence = parser.parse_args(["node", "fence", "w", "--powered-off", "--accept-stale-data", "--yes"])
     assert (fence.powered_off, fence.accept_stale_data, fence.yes) == (True, True, True)
 
@@ -96,7 +96,7 @@ def test_bad_input_exits_3_with_the_setting_named(
     ]
     # A Hetzner worker: its settings reach the same validation (here a location that does not exist).
     code, out, err = run(
-        project, capsys, "node", "add", "cloud-3", "--hetzner", "--server-type", "cx22", "--location", "mars"
+        project, capsys, "node", "add", "cloud-3", "--hetzner", "--server-type", "cx23", "--location", "mars"
     )
     assert code == EXIT_REFUSED and "hk3s:workers[3].location" in err and "not a Hetzner Cloud location" in err
     code, out, _ = run(project, capsys, "--json", "node", "fence", "nobody")

@@ -11,7 +11,7 @@ from pulumi.automation import events as auto_events
 
 from operator_api import RefusedError, ResourceFailedError
 from operator_api.cluster_stack import Preview
-from operator_api.events import PlannedChange, RunRecord, parse_urn, provider_message
+from operator_api.events import PlannedChange, RunRecord, hetzner_limit, parse_urn, provider_message
 
 JOIN_URN = "urn:pulumi:lab::hk3s::hk3s:index:WorkerNode$pulumi-python:dynamic/hk3s:NodeJoin::au-worker-2-join"
 JOIN_TYPE = "pulumi-python:dynamic/hk3s:NodeJoin"
@@ -161,3 +161,27 @@ def test_replacement_steps_read_as_one_replace() -> None:
     assert [(c.name, c.op) for c in record.changes] == [("au-worker-2-join", "replace")]
     preview = Preview(steps=list(record.steps.values()), summary={})
     assert not preview.restarts_api and [c.op for c in preview.deletes] == ["replace"]
+
+
+def test_hetzner_limit_errors_read_as_one_line_naming_the_limit() -> None:
+    record = RunRecord()
+    urn = "urn:pulumi:dev::hk3s::hk3s:index:WorkerNode$hcloud:index/server:Server::dev-worker-9"
+    engine_text = (
+        "error: 1 error occurred:\n\t* creating server: server limit exceeded for this project, please contact "
+        "support (resource_limit_exceeded, 7c1a)\n"
+    )
+    record.handle(
+        auto_events.EngineEvent.from_json(
+            {
+                "sequence": 1,
+                "timestamp": 1,
+                "diagnosticEvent": {"urn": urn, "message": engine_text, "severity": "error"},
+            }
+        )
+    )
+    record.failed[urn] = "hcloud:index/server:Server"
+    problem = record.problems()[0]
+    assert "\n" not in problem.message and "resource limits" in problem.message
+    assert "Ask Hetzner for a higher limit" in problem.message and problem.name == "dev-worker-9"
+    assert "3600 requests an hour" in (hetzner_limit("... (rate_limit_exceeded)") or "")
+    assert hetzner_limit("dial tcp: connection refused") is None

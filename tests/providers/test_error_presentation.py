@@ -74,9 +74,16 @@ def test_a_program_error_reaches_the_engine_as_its_message_alone(provider_host: 
     port = _closed_port()
     details = _create_details(
         provider_host,
-        {"node": "worker-1", "address": "127.0.0.1", "ssh_port": port, "private_key": _private_key()},
+        # The probe's first contact waits for a host still booting; a short wait keeps the test quick.
+        {
+            "node": "worker-1",
+            "address": "127.0.0.1",
+            "ssh_port": port,
+            "private_key": _private_key(),
+            "first_contact_seconds": 4,
+        },
     )
-    assert details.startswith(f"worker-1: cannot connect to 127.0.0.1:{port}"), details
+    assert details.startswith(f"worker-1: no SSH login to 127.0.0.1:{port} within 4s of first contact"), details
     assert TRACEBACK not in details and "File " not in details and "SshError" not in details
 
 

@@ -1,0 +1,211 @@
+"""What the Hetzner project must offer and hold before the stack makes its machines.
+
+Read at every preview and `up` through Hetzner's API (data sources: reads only),
+before any resource is registered, so a setting Hetzner would refuse fails the
+run naming the setting, and nothing changes:
+
+- every machine's server type exists and is offered in its location (types are
+  offered per location, CX and CAX only in the EU; deprecated ones go away), and
+  its image exists for the type's architecture;
+- the names the stack gives its Hetzner resources are free: names are unique per
+  project, and they are derived from the cluster and the stack, so two stacks in
+  one project (dev and staging) never collide; a name another owner already
+  holds is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pulumi_hcloud as hcloud
+
+from cluster_settings.loading import SettingsError
+from cluster_settings.models import HostSettings, StackSettings
+from cluster_settings.rules import SettingProblem, host_setting_key
+
+HETZNER_NAME_MAX = 63
+STACK_LABEL = "hk3s-stack"
+CLUSTER_LABEL = "hk3s-cluster"
+
+
+def hetzner_name(cluster: str, stack: str, *parts: str) -> str:
+    """A Hetzner resource name unique to this cluster and stack: `<cluster>-<stack>-<parts>`,
+    a valid hostname label (servers take their name as hostname), at most 63 characters
+    (longer names keep a hash of the whole so they stay distinct)."""
+    text = "-".join([cluster, stack, *parts]).lower()
+    text = re.sub(r"[^a-z0-9-]+", "-", text).strip("-")
+    if len(text) <= HETZNER_NAME_MAX:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{text[: HETZNER_NAME_MAX - 9].rstrip('-')}-{digest}"
+
+
+def ownership_labels(cluster: str, stack: str) -> dict[str, str]:
+    """Labels on every Hetzner resource the stack makes: whose it is."""
+    return {CLUSTER_LABEL: cluster, STACK_LABEL: stack}
+
+
+@dataclass(frozen=True)
+class PlannedName:
+    """A name the stack will give a Hetzner resource, and the setting behind it."""
+
+    kind: str  # "server", "network", "firewall"
+    name: str
+    setting: str
+
+
+def _field(item: Any, name: str) -> Any:
+    """A field of a data source's result: the SDK hands some lists over as objects, others as dicts."""
+    return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
+
+
+def _ours(labels: Mapping[str, str] | None, cluster: str, stack: str) -> bool:
+    labels = labels or {}
+    return labels.get(CLUSTER_LABEL) == cluster and labels.get(STACK_LABEL) == stack
+
+
+def _offered(location_entry: Any, now: datetime) -> bool:
+    """A server type's entry for one location says it can be ordered there now."""
+    if not _field(location_entry, "available"):
+        return False
+    unavailable_after = _field(location_entry, "unavailable_after") or ""
+    if _field(location_entry, "is_deprecated") and unavailable_after:
+        try:
+            return datetime.fromisoformat(unavailable_after.replace("Z", "+00:00")) > now
+        except ValueError:
+            return False
+    return True
+
+
+def _type_problems(
+    settings: StackSettings, hosts: Sequence[HostSettings], server_types: Sequence[Any], images: Sequence[Any]
+) -> list[SettingProblem]:
+    now = datetime.now(UTC)
+    by_name = {_field(server_type, "name"): server_type for server_type in server_types}
+
+    def offered_in(location: str) -> list[str]:
+        return sorted(
+            _field(server_type, "name")
+            for server_type in server_types
+            if any(
+                _field(entry, "name") == location and _offered(entry, now)
+                for entry in _field(server_type, "locations") or []
+            )
+        )
+
+    problems: list[SettingProblem] = []
+    seen: set[tuple[str, str, str]] = set()
+    for host in hosts:
+        type_name = host.server_type or settings.cluster.server_type
+        location = host.location or settings.cluster.location
+        image = host.image or settings.cluster.image
+        type_key = host_setting_key(settings, host, "server_type") if host.server_type else "hk3s:cluster.server_type"
+        image_key = host_setting_key(settings, host, "image") if host.image else "hk3s:cluster.image"
+        if (type_key, type_name, location) in seen:
+            continue
+        seen.add((type_key, type_name, location))
+        offers = ", ".join(offered_in(location)) or "none"
+        server_type = by_name.get(type_name)
+        if server_type is None:
+            problems.append(
+                SettingProblem(
+                    type_key,
+                    f"Hetzner has no server type {type_name!r} (for {host.name}); {location} offers: {offers}",
+                )
+            )
+            continue
+        entry = next(
+            (entry for entry in _field(server_type, "locations") or [] if _field(entry, "name") == location), None
+        )
+        if entry is None or not _offered(entry, now):
+            why = "is not offered" if entry is None else "cannot be ordered now"
+            problems.append(
+                SettingProblem(
+                    type_key,
+                    f"server type {type_name!r} {why} in {location} (for {host.name}); {location} offers: {offers}",
+                )
+            )
+            continue
+        architecture = _field(server_type, "architecture")
+        fitting = [image for image in images if _field(image, "architecture") == architecture]
+        names = {_field(image, "name") for image in fitting if _field(image, "name")}
+        ids = {str(_field(image, "id")) for image in fitting}
+        if image not in names and image not in ids:
+            problems.append(
+                SettingProblem(
+                    image_key,
+                    f"Hetzner has no {architecture} image {image!r} for {host.name}'s server type "
+                    f"{type_name}; it has: {', '.join(sorted(names)[:12]) or 'none'}",
+                )
+            )
+    return problems
+
+
+def _name_problems(
+    cluster: str, stack: str, planned: Sequence[PlannedName], held: Mapping[str, Sequence[Any]]
+) -> list[SettingProblem]:
+    problems: list[SettingProblem] = []
+    for item in planned:
+        for existing in held.get(item.kind, []):
+            if _field(existing, "name") == item.name and not _ours(_field(existing, "labels"), cluster, stack):
+                problems.append(
+                    SettingProblem(
+                        item.setting,
+                        f"the Hetzner project already has a {item.kind} named {item.name!r} that this stack did not "
+                        "make; rename or delete it in the Hetzner project, or give this cluster another "
+                        "hk3s:cluster.name",
+                    )
+                )
+    return problems
+
+
+def planned_names(settings: StackSettings, stack: str, private_network: bool) -> list[PlannedName]:
+    """Every Hetzner name this stack's resources will carry, with the setting that shapes it."""
+    cluster = settings.cluster.name
+    planned = [
+        PlannedName("server", hetzner_name(cluster, stack, host.name), host_setting_key(settings, host, "name"))
+        for host in settings.hetzner_hosts()
+    ]
+    if private_network:
+        planned.append(PlannedName("network", hetzner_name(cluster, stack, "network"), "hk3s:cluster.name"))
+    if settings.hetzner_hosts() and settings.firewall.cloud_firewall:
+        planned += [
+            PlannedName("firewall", hetzner_name(cluster, stack, part), "hk3s:cluster.name")
+            for part in ("ssh-only", "servers", "workers")
+        ]
+    return planned
+
+
+HetznerReads = Callable[[], tuple[Sequence[Any], Sequence[Any], Mapping[str, Sequence[Any]]]]
+
+
+def read_hetzner_project() -> tuple[Sequence[Any], Sequence[Any], Mapping[str, Sequence[Any]]]:
+    """Server types, images, and the servers, networks and firewalls the project holds."""
+    return (
+        hcloud.get_server_types().server_types,
+        hcloud.get_images(include_deprecated=False).images,
+        {
+            "server": hcloud.get_servers().servers,
+            "network": hcloud.get_networks().networks,
+            "firewall": hcloud.get_firewalls().firewalls,
+        },
+    )
+
+
+def check_hetzner_project(
+    settings: StackSettings, stack: str, planned: Sequence[PlannedName], read: HetznerReads = read_hetzner_project
+) -> None:
+    """Refuse, before anything is registered, what Hetzner would refuse halfway through a run."""
+    hosts = settings.hetzner_hosts()
+    if not hosts and not planned:
+        return
+    server_types, images, held = read()
+    problems = _type_problems(settings, hosts, server_types, images) if hosts else []
+    problems += _name_problems(settings.cluster.name, stack, planned, held)
+    if problems:
+        raise SettingsError(problems)

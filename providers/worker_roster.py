@@ -1,0 +1,63 @@
+"""WorkerRoster: the stack's list of workers, kept so a removal is judged before
+anything of the run changes.
+
+Pulumi runs the creates and updates of a run before the deletes of what left
+the program. A worker dropped from `hk3s:workers` would therefore first lose
+its place in its peers' host and cloud firewalls, and only then reach its own
+delete. The roster's `check` sees the previous list and the new one, so a
+removal the program cannot carry out is refused there, in `preview` and at the
+start of `up`; the program makes every other resource depend on the roster
+(components.program), so nothing else of the run starts before it passed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
+
+from providers.node_join import REMOVE_CAPABILITY
+
+
+def refused_removals(old_workers: list[str], new_workers: list[str]) -> list[str]:
+    """Workers the new list drops. No removal can be carried out in this release, so
+    every one is refused."""
+    return sorted(set(old_workers) - set(new_workers))
+
+
+class WorkerRosterProvider(ResourceProvider):
+    """Dynamic provider of `WorkerRoster`; it touches no host."""
+
+    def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        failures = [
+            CheckFailure(
+                "workers",
+                f"{name}: removing the worker is not available in this release: {REMOVE_CAPABILITY}. "
+                "Nothing was changed: the removal is judged before any other step of the run",
+            )
+            for name in refused_removals(list(olds.get("workers") or []), list(news.get("workers") or []))
+        ]
+        return CheckResult(news, failures)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        changed = sorted(olds.get("workers") or []) != sorted(news.get("workers") or [])
+        return DiffResult(changes=changed, replaces=[], delete_before_replace=False)
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        return CreateResult(id_="worker-roster", outs=props)
+
+    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        return UpdateResult(outs=news)
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        return None
+
+
+class WorkerRoster(Resource, module="hk3s", name="WorkerRoster"):
+    """The workers the stack holds; a removal is refused here before anything changes."""
+
+    workers: pulumi.Output[list[str]]
+
+    def __init__(self, resource_name: str, workers: list[str], opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(WorkerRosterProvider(), resource_name, {"workers": sorted(workers)}, opts)

@@ -1,0 +1,160 @@
+"""What the Hetzner project must offer and hold, checked before anything is registered,
+and the names and firewalls the stack's Hetzner resources get.
+
+Hetzner's API cannot be reached from here, so the engine and Hetzner are Pulumi
+mocks: the data sources (server types, images, servers, networks, firewalls) answer
+from tests/components/mock_engine.py's catalogue, which follows Hetzner's changelog
+(CX Gen 2 and CPX Gen 1 removed at the end of 2025; CX and CAX offered in the EU
+only). The mocks plan no replacements; what is tested is what the program asks for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cluster_settings import SettingsError, load_settings
+from components.hetzner_project import hetzner_name
+from components.program import build_cluster, read_credentials
+from tests.components.mock_engine import HETZNER_SERVER_TYPES, ClusterMocks, Recording, run_with_mocks
+
+REPO = Path(__file__).resolve().parents[2]
+K3S = "v1.36.1+k3s1"
+
+
+def _config(key_file: Path, **overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "cluster": {"name": "shop", "k3s_version": K3S},
+        "server": {"name": "srv"},
+        "ssh": {"private_key_file": str(key_file)},
+        "workers": [{"name": "w1"}, {"name": "w2", "server_type": "cax11"}],
+    }
+    for key, value in overrides.items():
+        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    return config
+
+
+def _run(config: dict[str, Any], stack: str = "dev", mocks: ClusterMocks | None = None) -> Recording:
+    settings = load_settings(config)
+    recording = Recording()
+    run_with_mocks(lambda: build_cluster(settings, read_credentials(settings)), recording, mocks=mocks, stack=stack)
+    return recording
+
+
+def _refused(config: dict[str, Any], mocks: ClusterMocks | None = None) -> tuple[str, Recording]:
+    recording = Recording()
+    settings = load_settings(config)
+    with pytest.raises(SettingsError) as refused:
+        run_with_mocks(lambda: build_cluster(settings, read_credentials(settings)), recording, mocks=mocks, stack="dev")
+    return str(refused.value), recording
+
+
+def _offered(name: str, location: str) -> bool:
+    return any(t[0] == name and location in t[2] and not t[3] for t in HETZNER_SERVER_TYPES)
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging"])
+def test_the_example_stacks_and_the_defaults_use_types_hetzner_offers(stack: str, ssh_key_file: Path) -> None:
+    document = yaml.safe_load((REPO / f"Pulumi.{stack}.yaml").read_text())
+    config = {key.split(":", 1)[1]: value for key, value in document["config"].items() if key.startswith("hk3s:")}
+    location = config["cluster"].get("location", "fsn1")
+    types = [config["cluster"].get("server_type")] + [w.get("server_type") for w in config["workers"]]
+    assert all(_offered(t, location) for t in types if t), types
+    settings = {
+        "cluster": {"k3s_version": K3S},
+        "server": {"name": "s"},
+        "ssh": {"private_key_file": str(ssh_key_file)},
+    }
+    default = load_settings(settings).cluster.server_type
+    assert _offered(default, "fsn1") and _offered(default, "nbg1") and _offered(default, "hel1")
+
+
+def test_an_unknown_server_type_is_refused_naming_the_setting_and_the_offers(ssh_key_file: Path) -> None:
+    message, recording = _refused(_config(ssh_key_file, cluster={"server_type": "cx32"}))
+    assert "hk3s:cluster.server_type: Hetzner has no server type 'cx32'" in message
+    assert "fsn1 offers: cax11, ccx13, cpx22, cx23, cx33, cx43" in message
+    assert recording.registrations == []  # refused before anything was registered
+
+
+def test_a_cx_type_in_ash_is_refused_naming_the_setting(ssh_key_file: Path) -> None:
+    config = _config(
+        ssh_key_file,
+        cluster={"location": "ash"},
+        workers=[{"name": "w1", "server_type": "ccx13"}, {"name": "w2", "server_type": "cx23"}],
+    )
+    message, recording = _refused(config)
+    assert "hk3s:cluster.server_type: server type 'cx33' is not offered in ash (for srv); ash offers: ccx13, cpx22" in (
+        message
+    )
+    assert "hk3s:workers[1].server_type: server type 'cx23' is not offered in ash" in message
+    assert "workers[0]" not in message
+    assert recording.registrations == []
+
+
+def test_a_removed_type_and_an_image_missing_for_the_architecture_are_refused(ssh_key_file: Path) -> None:
+    config = _config(
+        ssh_key_file,
+        workers=[{"name": "w1", "server_type": "cpx21"}, {"name": "w2", "server_type": "cax11", "image": "rocky-9"}],
+    )
+    message, _ = _refused(config)
+    assert "hk3s:workers[0].server_type: server type 'cpx21' cannot be ordered now in fsn1" in message
+    assert "hk3s:workers[1].image: Hetzner has no arm image 'rocky-9'" in message
+
+
+def test_two_stacks_in_one_project_get_distinct_names(ssh_key_file: Path) -> None:
+    config = _config(ssh_key_file)
+
+    def hetzner_names(recording: Recording) -> set[str]:
+        # The SSH key is left out: one key with the operator's fingerprint serves every stack.
+        return {
+            r.inputs["name"]
+            for r in recording.registrations
+            if r.type.startswith("hcloud:") and "name" in r.inputs and r.type != "hcloud:index/sshKey:SshKey"
+        }
+
+    dev, staging = hetzner_names(_run(config, "dev")), hetzner_names(_run(config, "staging"))
+    assert {"shop-dev-srv", "shop-dev-w1", "shop-dev-network", "shop-dev-servers", "shop-dev-ssh-only"} <= dev
+    assert {"shop-staging-srv", "shop-staging-w1", "shop-staging-network"} <= staging
+    assert not dev & staging
+
+
+def test_a_name_another_owner_holds_is_refused_and_our_own_is_not(ssh_key_file: Path) -> None:
+    mocks = ClusterMocks()
+    mocks.hetzner_servers = [("shop-dev-w1", {})]
+    mocks.hetzner_networks = [("shop-dev-network", {"hk3s-cluster": "shop", "hk3s-stack": "dev"})]
+    message, recording = _refused(_config(ssh_key_file), mocks)
+    assert "hk3s:workers[0].name: the Hetzner project already has a server named 'shop-dev-w1'" in message
+    assert "network" not in message  # this stack's own network, by its labels
+    assert recording.registrations == []
+    mocks.hetzner_servers = [("shop-dev-w1", {"hk3s-cluster": "shop", "hk3s-stack": "dev"})]
+    servers = _run(_config(ssh_key_file), "dev", mocks).of_type("hcloud:index/server:Server")
+    assert "shop-dev-w1" in {server.inputs["name"] for server in servers}
+
+
+def test_every_server_carries_an_ssh_only_cloud_firewall_from_creation(ssh_key_file: Path) -> None:
+    recording = _run(_config(ssh_key_file))
+    firewall = recording.by_name("shop-ssh-only")
+    assert [(r["direction"], r["protocol"], r["port"]) for r in firewall.inputs["rules"]] == [("in", "tcp", "22")]
+    servers = recording.of_type("hcloud:index/server:Server")
+    assert {s.name for s in servers} == {"srv", "w1", "w2"}
+    for server in servers:
+        assert server.inputs["firewallIds"], server.name
+        assert firewall.urn in server.dependencies, server.name
+        # Set at creation only: the cluster's firewalls are attached later and must stay.
+        assert "firewallIds" in server.ignore_changes or "firewall_ids" in server.ignore_changes, server.name
+        assert server.inputs["labels"]["hk3s-stack"] == "dev" and server.inputs["labels"]["hk3s-cluster"] == "shop"
+
+
+def test_no_creation_firewall_when_the_cloud_firewall_is_off(ssh_key_file: Path) -> None:
+    recording = _run(_config(ssh_key_file, firewall={"cloud_firewall": False}))
+    assert not [r for r in recording.registrations if r.name == "shop-ssh-only"]
+    assert all(not s.inputs.get("firewallIds") for s in recording.of_type("hcloud:index/server:Server"))
+
+
+def test_names_stay_hostnames_of_at_most_63_characters() -> None:
+    long_name = hetzner_name("a" * 40, "production-eu", "worker-with-a-long-name-17")
+    assert len(long_name) <= 63 and long_name == long_name.lower() and not long_name.endswith("-")
+    assert long_name != hetzner_name("a" * 40, "production-eu", "worker-with-a-long-name-18")
