@@ -157,6 +157,13 @@ AGENT_LOG_DIAGNOSES: list[tuple[tuple[str, ...], str, str]] = [
         "pulumi up again",
     ),
     (
+        ("Node password rejected",),
+        "node-password",
+        "the server refuses this host under the name of a node registered from another host ({line}). If "
+        "that node is gone, delete its Node (kubectl delete node <name>) and run pulumi up again; if it still "
+        "runs, give this host another name in hk3s:workers",
+    ),
+    (
         ("holds no join permit",),
         "token-node",
         "the server refused to register this node ({line}): the token was made for another node name. "
@@ -248,6 +255,8 @@ class Joiner:
                 f"node IP {self.spec.node_ip} is on none of the host's interfaces "
                 f"({', '.join(facts.ipv4_addresses)}); check the worker's address settings",
             )
+        # Before the host changes: a host rebuilt under a live node's name stops here.
+        await self._settle_node_password(existing)
         self.checks["preflight"] = "passed"
         # From here on, k3s state on this host is this program's, for this cluster: a join
         # resumed after an interruption must not mistake it for a foreign install.
@@ -359,6 +368,37 @@ class Joiner:
         self.checks["registered"] = "yes"
         return node
 
+    async def _settle_node_password(self, existing: NodeStatus | None) -> None:
+        """k3s keeps a hash of each node's /etc/rancher/node/password and refuses an agent of that
+        name with another password ("Node password rejected"). Its record is removed here only
+        when it can belong to no other live host: the Node is gone (a record left by a refused
+        join or a deleted node), or the Node was registered from this very machine (same
+        machine-id) whose password file is lost. A live Node registered from another machine is
+        a conflict the operator must resolve: the join stops naming it."""
+        if existing is None:
+            await self.cluster.delete_node_password(self.spec.node)
+            return
+        result = await self.worker.run(
+            ["sh", "-c", "cat /etc/machine-id; test -s /etc/rancher/node/password && echo password"],
+            deadline=15,
+            check=False,
+        )
+        lines = result.stdout.split()
+        machine_id = lines[0] if lines else ""
+        if existing.machine_id and machine_id and existing.machine_id != machine_id:
+            raise JoinError(
+                self.spec.node,
+                "node-password",
+                f"a Node named {self.spec.node} is registered from another machine (machine-id "
+                f"{existing.machine_id}, this host has {machine_id}): k3s would refuse this host (Node password "
+                f"rejected, duplicate hostname). If the old host is gone, delete its Node (kubectl delete node "
+                f"{self.spec.node}) and run pulumi up again; if it still runs, give this host another name in "
+                "hk3s:workers",
+            )
+        if "password" not in lines:
+            await self.cluster.delete_node_password(self.spec.node)
+            self.progress("node password record removed: this machine registered the node and lost its password")
+
     async def _delete_stale_tokens(self) -> None:
         """Tokens an interrupted earlier join made for this node go first."""
         for token_id, description in (await self.cluster.token_ids()).items():
@@ -422,7 +462,7 @@ class Joiner:
             lines = await _agent_log(self.worker, since)
             diagnosis = diagnose_agent_log(self.spec.node, lines)
             # A CA mismatch or a refused node never heals by waiting (k3s would retry forever).
-            if diagnosis is not None and diagnosis.check in ("ca-hash", "token-node"):
+            if diagnosis is not None and diagnosis.check in ("ca-hash", "token-node", "node-password"):
                 raise diagnosis
             if time.monotonic() > deadline():
                 if diagnosis is not None:

@@ -146,6 +146,7 @@ class NodeStatus:
     addresses: dict[str, str] = field(default_factory=dict)  # InternalIP/ExternalIP/Hostname -> address
     kubelet_version: str = ""
     container_runtime: str = ""
+    machine_id: str = ""  # the kubelet's host's /etc/machine-id
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> NodeStatus:
@@ -161,6 +162,7 @@ class NodeStatus:
             addresses={a["type"]: a["address"] for a in status.get("addresses") or []},
             kubelet_version=status.get("nodeInfo", {}).get("kubeletVersion", ""),
             container_runtime=status.get("nodeInfo", {}).get("containerRuntimeVersion", ""),
+            machine_id=status.get("nodeInfo", {}).get("machineID", ""),
         )
 
     def has_taint(self, key: str) -> bool:
@@ -252,6 +254,13 @@ class ClusterApi:
             return result.stdout
 
         return await self._call(what, attempt, repeat)
+
+    async def delete_node_password(self, node: str) -> None:
+        """Delete k3s's record of the node's password (kube-system/<node>.node-password.k3s)."""
+        await self.kubectl(
+            ["delete", "secret", "-n", "kube-system", f"{node}.node-password.k3s", "--ignore-not-found"],
+            repeat=Repeat.IDEMPOTENT,
+        )
 
     async def wait_api(self) -> None:
         """Return once the API answers (waiting through an outage up to the API deadline)."""

@@ -129,6 +129,9 @@ func runAgent(ctx context.Context, o *options) error {
 	if !ok {
 		return nil
 	}
+	if !waitNodePassword(ctx, serverURL, caBundle, cfg.CertData, cfg.KeyData, spec.name) {
+		return nil
+	}
 	stopPort, err := startKubeletPort(ctx, spec)
 	if err != nil {
 		return err

@@ -66,7 +66,11 @@
 //     that node's tunnel (the agent dials only its kubelet port, on loopback) and dials
 //     directly only where there is no tunnel. So the API's node proxy, logs and exec
 //     reach a kubelet whose 10250 is blocked between the nodes, as on k3s; only a
-//     direct dial of 10250 fails then. READY=1 goes to systemd once the Node is Ready; on
+//     direct dial of 10250 fails then. Node passwords (pkg/nodepassword): the agent's
+//     /etc/rancher/node/password checked against kube-system/<node>.node-password.k3s
+//     at every start, another host's refused ("Node password rejected, ..." every 5 s at
+//     info level), the Secret deleted with its Node (nodepassword.go says how).
+//     READY=1 goes to systemd once the Node is Ready; on
 //     SIGTERM it stops heartbeating and exits, so the Node goes NotReady after the
 //     grace period.
 //
@@ -76,8 +80,8 @@
 // no real kubelet: pods scheduled on its nodes never run, and the kubelet port
 // answers /healthz only. No embedded etcd or external datastores, no HA servers,
 // no agent load balancer, no websocket (the tunnel opens one connection per stream),
-// no node-password secrets, no certificate rotation, no secrets encryption, no etcd
-// snapshots.
+// no certificate rotation, no secrets encryption, no etcd snapshots. The server's own
+// node presents no node password.
 package main
 
 import (

@@ -244,6 +244,9 @@ func (s *server) run(parent context.Context) error {
 	if err := s.bootstrapRBAC(ctx); err != nil {
 		return fmt.Errorf("bootstrap RBAC: %w", err)
 	}
+	if core, err := corev1client.NewForConfig(clientConfig(s.adminCfg, "node-controller")); err == nil {
+		go removeNodePasswords(ctx, core.Nodes(), core.Secrets(metav1.NamespaceSystem))
+	}
 
 	kcm, err := s.startControllerManager()
 	if err != nil {

@@ -136,6 +136,24 @@ func TestAgentTokenRulesAreK3ss(t *testing.T) {
 	}
 }
 
+func TestNodePasswordHash(t *testing.T) {
+	stored := hashNodePassword("secret-one", []byte("0123456789abcdef"))
+	if !nodePasswordMatches(stored, "secret-one") {
+		t.Error("the password does not match its own hash")
+	}
+	if nodePasswordMatches(stored, "secret-two") || nodePasswordMatches("garbage", "secret-one") {
+		t.Error("another password or a malformed hash matched")
+	}
+	path := filepath.Join(t.TempDir(), "node", "password")
+	first, err := ensureNodePassword(path)
+	if err != nil || len(first) != 32 {
+		t.Fatalf("ensureNodePassword = %q, %v", first, err)
+	}
+	if again, _ := ensureNodePassword(path); again != first {
+		t.Errorf("the password changed across starts: %q != %q", again, first)
+	}
+}
+
 func TestParseTaint(t *testing.T) {
 	got, err := parseTaint("hk3s.dev/validating=true:NoSchedule")
 	if err != nil || got != (corev1.Taint{Key: "hk3s.dev/validating", Value: "true", Effect: corev1.TaintEffectNoSchedule}) {

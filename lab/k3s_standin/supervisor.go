@@ -44,6 +44,7 @@ type supervisor struct {
 	tokenReviews authenticationclient.TokenReviewInterface
 	passwords    []string
 	tunnels      *tunnelServer
+	secrets      corev1client.SecretInterface // kube-system: node passwords
 }
 
 func newSupervisor(s *server, passwords []string) (*supervisor, error) {
@@ -100,6 +101,7 @@ func newSupervisor(s *server, passwords []string) (*supervisor, error) {
 		tokenReviews: tr.TokenReviews(),
 		passwords:    passwords,
 		tunnels:      newTunnelServer(core.Nodes()),
+		secrets:      core.Secrets(metav1.NamespaceSystem),
 	}, nil
 }
 
@@ -157,6 +159,9 @@ func (sup *supervisor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	case supervisorKubeletCertPath:
 		sup.serveKubeletCert(w, r)
+		return
+	case nodePasswordPath:
+		sup.serveNodePassword(w, r)
 		return
 	}
 	// Never trust identity headers from outside.

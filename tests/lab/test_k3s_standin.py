@@ -147,10 +147,12 @@ class Cluster:
     procs: list[Proc] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
 
-    def spawn(self, name: str, *args: str, notify: socket.socket | None = None) -> Proc:
+    def spawn(
+        self, name: str, *args: str, notify: socket.socket | None = None, env_extra: dict[str, str] | None = None
+    ) -> Proc:
         """Start `k3s ARGS`; with notify, as a systemd Type=notify unit would (NOTIFY_SOCKET)."""
         log = self.tmp / f"{name}.log"
-        env = dict(self.env)
+        env = {**self.env, **(env_extra or {})}
         if notify is not None:
             env["NOTIFY_SOCKET"] = str(notify.getsockname())
         with open(log, "ab") as out:
@@ -272,6 +274,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("K3S_") and k != "KUBECONFIG"}
     env["HK3S_LAB_KUBE_BIN"] = str(BIN_DIR)
     env["HK3S_LAB_NODE_MONITOR_GRACE_PERIOD"] = f"{GRACE_PERIOD}s"
+    # The agents' node password (k3s: /etc/rancher/node/password), kept off this machine's /etc.
+    env["HK3S_LAB_NODE_PASSWORD_FILE"] = str(tmp / "node-password")
     c = Cluster(tmp=tmp, env=env)
     c.https_port = _port_pair()
     c.kubeconfig = tmp / "k3s.yaml"
@@ -588,6 +592,37 @@ def test_restart_with_an_empty_token_is_refused_even_with_stored_credentials(clu
     assert "Running kubelet stand-in" not in agent.text(), agent.tail()
     assert "Using the kubelet client certificate" not in agent.text(), agent.tail()
     assert agent.stop() == 0
+
+
+def test_another_hosts_password_is_refused_until_the_node_is_deleted(cluster: Cluster) -> None:
+    """As k3s (pkg/nodepassword, the agent's config retrieval): the first agent of a name
+    leaves a hash of its password in kube-system/<node>.node-password.k3s; an agent with
+    another password (a host rebuilt under that name) is refused every 5 s and starts no
+    kubelet; the Secret goes with the Node, and then the name is free again."""
+    secret = cluster.get("secret", "-n", "kube-system", "worker-1.node-password.k3s")
+    assert secret is not None and secret.get("immutable") is True, secret
+    rebuilt = {"HK3S_LAB_NODE_PASSWORD_FILE": str(cluster.tmp / "rebuilt-node-password")}
+    agent = cluster.spawn("worker-1-rebuilt", *cluster.state["worker-1-args"], env_extra=rebuilt)
+    rejected = (
+        "Waiting to retrieve agent configuration; server is not ready: Node password rejected, duplicate "
+        f"hostname or contents of '{rebuilt['HK3S_LAB_NODE_PASSWORD_FILE']}' may not match server node-passwd entry"
+    )
+    _wait_for("the password to be refused twice", lambda: agent.text().count(rejected) >= 2, 30, agent)
+    assert all("level=info" in line for line in agent.text().splitlines() if "Node password rejected" in line)
+    assert "Running kubelet stand-in" not in agent.text(), agent.tail()
+    assert agent.stop() == 0
+
+    cluster.kubectl("delete", "node", "worker-1")
+    _wait_for(
+        "the node password secret to go with its node",
+        lambda: cluster.get("secret", "-n", "kube-system", "worker-1.node-password.k3s") is None,
+        30,
+    )
+    again = cluster.spawn("worker-1-rebuilt-again", *cluster.state["worker-1-args"], env_extra=rebuilt)
+    _wait_for(
+        "node worker-1 Ready from the rebuilt host", lambda: _ready(cluster.node("worker-1")) == "True", 90, again
+    )
+    assert again.stop() == 0
 
 
 def test_server_sigterm_leaves_no_child_process(cluster: Cluster) -> None:

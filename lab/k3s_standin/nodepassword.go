@@ -1,0 +1,230 @@
+package main
+
+// Node passwords, as k3s (pkg/nodepassword/nodepassword.go, the agent's
+// pkg/agent/config/config.go, the server's node controller pkg/node/controller.go):
+//
+//   - every agent keeps a random password in /etc/rancher/node/password (made on its
+//     first start, kept across restarts and reinstalls of k3s);
+//   - at every start the agent sends its node name and password to the supervisor; the
+//     server keeps a hash in the immutable Secret kube-system/<node>.node-password.k3s,
+//     created by the first agent of that name, and refuses (403) an agent whose password
+//     does not match; the agent then logs, every 5 s and at info level, "Waiting to
+//     retrieve agent configuration; server is not ready: Node password rejected,
+//     duplicate hostname or contents of '/etc/rancher/node/password' may not match
+//     server node-passwd entry, try enabling a unique node name with the --with-node-id
+//     flag", and never starts its kubelet;
+//   - the Secret is deleted when its Node is deleted, not before: a host rebuilt under
+//     the name of a live Node, or a node whose registration was refused after the
+//     Secret was written, meets the refusal.
+//
+// The stand-in checks the password after the agent holds its client certificate (k3s
+// does it while fetching its certificates); either way no kubelet runs and no Node
+// registers. The password file is $HK3S_LAB_NODE_PASSWORD_FILE when set (the stand-in's
+// own tests run agents on one machine), else /etc/rancher/node/password.
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+)
+
+const (
+	nodePasswordPath     = "/v1-k3s/serving-kubelet.crt"
+	nodePasswordHeader   = "K3s-Node-Password"
+	nodePasswordRetry    = 5 * time.Second
+	nodePasswordSuffix   = ".node-password.k3s"
+	defaultPasswordFile  = "/etc/rancher/node/password"
+	nodePasswordRejected = "Node password rejected, duplicate hostname or contents of '%s' may not match server node-passwd entry, try enabling a unique node name with the --with-node-id flag"
+)
+
+func nodePasswordFile() string {
+	if f := os.Getenv("HK3S_LAB_NODE_PASSWORD_FILE"); f != "" {
+		return f
+	}
+	return defaultPasswordFile
+}
+
+// ensureNodePassword reads the node's password, making one on first use.
+func ensureNodePassword(path string) (string, error) {
+	if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) != "" {
+		return strings.TrimSpace(string(b)), nil
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	pass := hex.EncodeToString(b)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", err
+	}
+	return pass, writeFileAtomic(path, []byte(pass+"\n"), 0o600)
+}
+
+// waitNodePassword sends the node's name and password with its client certificate until
+// the server accepts them (forever, every 5 s, as the k3s agent retries its configuration).
+func waitNodePassword(ctx context.Context, serverURL string, caBundle, certPEM, keyPEM []byte, node string) bool {
+	file := nodePasswordFile()
+	pass, err := ensureNodePassword(file)
+	if err != nil {
+		errorf("Failed to read or create the node password in %s: %v", file, err)
+		return false
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		errorf("Node password: %v", err)
+		return false
+	}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: mustPool(caBundle), Certificates: []tls.Certificate{cert}}}}
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, serverURL+nodePasswordPath, nil)
+		if err != nil {
+			return false
+		}
+		req.Header.Set(nodeNameHeader, node)
+		req.Header.Set(nodePasswordHeader, pass)
+		resp, err := client.Do(req)
+		switch {
+		case ctx.Err() != nil:
+			return false
+		case err != nil:
+			infof("Waiting to retrieve agent configuration; server is not ready: %v", err)
+		default:
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			switch resp.StatusCode {
+			case http.StatusOK:
+				return true
+			case http.StatusForbidden:
+				infof("Waiting to retrieve agent configuration; server is not ready: "+nodePasswordRejected, file)
+			default:
+				infof("Waiting to retrieve agent configuration; server is not ready: %s%s: %s", serverURL, nodePasswordPath, resp.Status)
+			}
+		}
+		if !sleepCtx(ctx, nodePasswordRetry) {
+			return false
+		}
+	}
+}
+
+func hashNodePassword(pass string, salt []byte) string {
+	sum := sha256.Sum256(append(append([]byte{}, salt...), pass...))
+	return "sha256:" + hex.EncodeToString(salt) + ":" + hex.EncodeToString(sum[:])
+}
+
+func nodePasswordMatches(stored, pass string) bool {
+	parts := strings.Split(stored, ":")
+	if len(parts) != 3 || parts[0] != "sha256" {
+		return false
+	}
+	salt, err := hex.DecodeString(parts[1])
+	if err != nil {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(hashNodePassword(pass, salt)), []byte(stored)) == 1
+}
+
+// ensureNodePasswordSecret verifies the node's password against its Secret, creating
+// the Secret when there is none (k3s's nodepassword.Ensure).
+func ensureNodePasswordSecret(ctx context.Context, secrets corev1client.SecretInterface, node, pass string) error {
+	name := strings.ToLower(node + nodePasswordSuffix)
+	verify := func() error {
+		s, err := secrets.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !nodePasswordMatches(string(s.Data["hash"]), pass) {
+			return fmt.Errorf("unable to verify password for node '%s'", node)
+		}
+		return nil
+	}
+	if err := verify(); !apierrors.IsNotFound(err) {
+		return err
+	}
+	salt := make([]byte, 16)
+	if _, err := rand.Read(salt); err != nil {
+		return err
+	}
+	immutable := true
+	_, err := secrets.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceSystem},
+		Immutable:  &immutable,
+		Data:       map[string][]byte{"hash": []byte(hashNodePassword(pass, salt))},
+	}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return verify()
+	}
+	return err
+}
+
+// serveNodePassword: an agent with its node certificate presents its password.
+func (sup *supervisor) serveNodePassword(w http.ResponseWriter, r *http.Request) {
+	node := r.Header.Get(nodeNameHeader)
+	pass := r.Header.Get(nodePasswordHeader)
+	user := ""
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		if u, _, err := sup.verifyClient(r.TLS.PeerCertificates); err == nil {
+			user = u
+		}
+	}
+	if node == "" || user != "system:node:"+node {
+		writeStatus(w, http.StatusUnauthorized, "Unauthorized", "Unauthorized")
+		return
+	}
+	if pass == "" {
+		http.Error(w, "missing node password", http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	if err := ensureNodePasswordSecret(ctx, sup.secrets, node, pass); err != nil {
+		if strings.HasPrefix(err.Error(), "unable to verify password") {
+			warnf("Node password validation failed for '%s': %v", node, err)
+			http.Error(w, err.Error(), http.StatusForbidden)
+			return
+		}
+		writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain")
+	_, _ = io.WriteString(w, "ok\n")
+}
+
+// removeNodePasswords deletes a Node's password Secret when the Node is deleted
+// (k3s's node controller), until ctx ends.
+func removeNodePasswords(ctx context.Context, nodes corev1client.NodeInterface, secrets corev1client.SecretInterface) {
+	for ctx.Err() == nil {
+		w, err := nodes.Watch(ctx, metav1.ListOptions{})
+		if err != nil {
+			sleepCtx(ctx, 2*time.Second)
+			continue
+		}
+		for ev := range w.ResultChan() {
+			if n, ok := ev.Object.(*corev1.Node); ok && ev.Type == watch.Deleted {
+				name := strings.ToLower(n.Name + nodePasswordSuffix)
+				if err := secrets.Delete(ctx, name, metav1.DeleteOptions{}); err == nil {
+					infof("Removed node password secret %s with its node", name)
+				}
+			}
+		}
+		w.Stop()
+	}
+}

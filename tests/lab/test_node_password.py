@@ -1,0 +1,62 @@
+"""A host rebuilt under a worker's name, through the real engine: k3s keeps a hash of
+each node's /etc/rancher/node/password and refuses another host under that name
+("Node password rejected"). While the old Node exists the join stops naming the
+conflict; once the Node is gone the rebuilt host rejoins."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+import pytest
+from pulumi import automation as auto
+
+from lab.hosts import Lab
+from tests.lab.lab_stack import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
+
+pytestmark = pytest.mark.lab
+K3S = "/usr/local/bin/k3s"
+
+
+def test_rebuilt_host_is_refused_while_its_node_lives_and_rejoins_once_it_is_gone(lab: Lab, tmp_path: Path) -> None:
+    skip_without_lab_binaries()
+    server = lab.add_host(server_spec("np-server"))
+    worker = lab.add_host(worker_spec("np-worker"))
+    lab.wait_ssh_ready([server, worker])
+    stack = LabStack(tmp_path)
+
+    def config(generation: str) -> dict:
+        values = base_config(lab, server, [worker])
+        values["workers"][0]["labels"] = {"generation": generation}
+        return values
+
+    stack.write_config(config("1"))
+    up_or_fail(stack)
+    assert server.run([K3S, "kubectl", "get", "secret", "-n", "kube-system", "np-worker.node-password.k3s"])
+
+    # The host is rebuilt: a new OS (new machine-id), no k3s, no node password. The label
+    # change makes the next run rejoin it.
+    worker.run(["systemctl", "disable", "--now", "k3s-agent"])
+    worker.run(["rm", "-rf", "/var/lib/rancher", "/etc/rancher", "/var/lib/hk3s", "/usr/local/bin/k3s"])
+    worker.run(["rm", "-f", "/etc/systemd/system/k3s-agent.service"])
+    worker.run(["systemctl", "daemon-reload"])
+    new_machine_id = secrets.token_hex(16)
+    worker.run(["sh", "-c", 'printf "%s\\n" "$1" > /etc/machine-id', "-", new_machine_id])
+    stack.write_config(config("2"))
+    stack.log.clear()
+    with pytest.raises(auto.CommandError):
+        stack.up()
+    text = stack.text()
+    assert "np-worker: join stopped at node-password" in text, text[-4000:]
+    assert f"this host has {new_machine_id}" in text and "kubectl delete node np-worker" in text, text[-4000:]
+    # Refused before the host changed: nothing of k3s on it yet.
+    assert worker.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
+
+    # The old Node deleted (its host is gone): the rebuilt host joins under the name.
+    server.run([K3S, "kubectl", "delete", "node", "np-worker"])
+    stack.log.clear()
+    assert up_or_fail(stack).summary.result == "succeeded"
+    node = json.loads(server.run([K3S, "kubectl", "get", "node", "np-worker", "-o", "json"]).stdout)
+    assert node["status"]["nodeInfo"]["machineID"] == new_machine_id
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])

@@ -1,0 +1,19 @@
+"""The join's diagnoses from real k3s agent log lines."""
+
+from __future__ import annotations
+
+from node_operations.join import diagnose_agent_log
+
+REJECTED = (
+    'time="2026-12-03T05:48:24Z" level=info msg="Waiting to retrieve agent configuration; server is not ready: '
+    "Node password rejected, duplicate hostname or contents of '/etc/rancher/node/password' may not match server "
+    'node-passwd entry, try enabling a unique node name with the --with-node-id flag"'
+)
+
+
+def test_node_password_refusal_is_named_at_info_level() -> None:
+    # k3s logs the refusal at info level, every 5 s: it must be found whatever the level.
+    error = diagnose_agent_log("w2", ['level=info msg="Starting k3s agent"', REJECTED])
+    assert error is not None and error.check == "node-password"
+    assert str(error).startswith("w2: join stopped at node-password: the server refuses this host")
+    assert "kubectl delete node" in str(error) and "another name in hk3s:workers" in str(error)
