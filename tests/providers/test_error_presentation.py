@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import types
@@ -56,12 +55,6 @@ def _struct(props: dict[str, Any]) -> struct_pb2.Struct:
     return asyncio.run(rpc.serialize_properties(props, {}))
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _create_details(stub: provider_pb2_grpc.ResourceProviderStub, props: dict[str, Any]) -> str:
     news = {**props, "__provider": serialize_provider(HostProbeProvider())}
     with pytest.raises(grpc.RpcError) as caught:
@@ -70,20 +63,14 @@ def _create_details(stub: provider_pb2_grpc.ResourceProviderStub, props: dict[st
 
 
 def test_a_program_error_reaches_the_engine_as_its_message_alone(provider_host: Any) -> None:
-    # A host that cannot be reached: the SSH layer's error, raised on purpose with the fix.
-    port = _closed_port()
+    # A key that cannot be read: the SSH layer's error, raised on purpose with the fix, before
+    # any connection is tried.
     details = _create_details(
         provider_host,
-        # The probe's first contact waits for a host still booting; a short wait keeps the test quick.
-        {
-            "node": "worker-1",
-            "address": "127.0.0.1",
-            "ssh_port": port,
-            "private_key": _private_key(),
-            "first_contact_seconds": 4,
-        },
+        {"node": "worker-1", "address": "127.0.0.1", "ssh_port": 22, "private_key": "not a key"},
     )
-    assert details.startswith(f"worker-1: no SSH login to 127.0.0.1:{port} within 4s of first contact"), details
+    assert details.startswith("worker-1: the SSH private key (hk3s:ssh.private_key_file) cannot be read"), details
+    assert details.rstrip().endswith("give an unencrypted OpenSSH or PEM private key"), details
     assert TRACEBACK not in details and "File " not in details and "SshError" not in details
 
 
