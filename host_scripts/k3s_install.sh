@@ -48,11 +48,17 @@ if [ -f "$upload" ]; then
 elif [ "$(installed_version)" != "$version" ]; then
   url_version=${version//+/%2B}
   base="https://github.com/k3s-io/k3s/releases/download/$url_version"
+  # k3s's release assets per architecture: k3s + sha256sum-amd64.txt, k3s-arm64 + sha256sum-arm64.txt.
+  case "$(uname -m)" in
+    x86_64) asset=k3s sums=sha256sum-amd64.txt ;;
+    aarch64) asset=k3s-arm64 sums=sha256sum-arm64.txt ;;
+    *) fail "this host is $(uname -m); k3s is installed on x86_64 and aarch64 hosts only" ;;
+  esac
   tmp=$(mktemp)
   trap 'rm -f "$tmp"' EXIT
-  curl -fsSL --retry 3 -o "$tmp" "$base/k3s" || fail "downloading k3s $version from $base failed; upload it instead (hk3s:cluster.k3s_binary)"
+  curl -fsSL --retry 3 -o "$tmp" "$base/$asset" || fail "downloading $asset $version from $base failed; upload it instead (hk3s:cluster.k3s_binary)"
   if [ "$want_sha" = "-" ]; then
-    want_sha=$(curl -fsSL --retry 3 "$base/sha256sum-amd64.txt" | awk '$2 == "k3s" {print $1}')
+    want_sha=$(curl -fsSL --retry 3 "$base/$sums" | awk -v asset="$asset" '$2 == asset {print $1}')
   fi
   have=$(sha256sum "$tmp" | cut -d' ' -f1)
   [ "$have" = "$want_sha" ] || fail "downloaded k3s has SHA-256 $have, expected $want_sha"

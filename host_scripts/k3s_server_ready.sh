@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Waits until the k3s server's API is ready, then prints its version and the
-# hash agents pin: SHA-256 of the bytes /cacerts serves.
+# SHA-256 of the bytes /cacerts serves (the hash agents pin for a single-certificate
+# CA; the program computes the pinned hash itself, k3s_install.k3s_ca_hash).
 #   k3s_server_ready.sh DEADLINE_SECONDS [NODE NODE_IP]
 # With NODE and NODE_IP (the recovery checks after a change of the server's
 # configuration), also waits until the server's Node reports NODE_IP as its

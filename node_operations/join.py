@@ -153,7 +153,7 @@ AGENT_LOG_DIAGNOSES: list[tuple[tuple[str, ...], str, str]] = [
         ("token CA hash does not match",),
         "ca-hash",
         "the agent refuses the server's CA ({line}). The host holds a token or state from another cluster: "
-        "reset it (k3s-agent-uninstall.sh, or remove /var/lib/rancher/k3s/agent and /etc/rancher/k3s) and run "
+        "reset it (systemctl stop k3s-agent, then rm -rf /var/lib/rancher/k3s/agent /etc/rancher/k3s) and run "
         "pulumi up again",
     ),
     (
@@ -242,7 +242,11 @@ class Joiner:
         problems = evaluate_preflight(
             self.spec.node,
             facts,
-            PreflightRequirements(pod_network=self.spec.pod_network, own_k3s_state_expected=own_state),
+            PreflightRequirements(
+                pod_network=self.spec.pod_network,
+                own_k3s_state_expected=own_state,
+                binary_architecture=self.spec.binary.local_architecture(),
+            ),
         )
         if problems:
             raise JoinError(self.spec.node, "preflight", "; ".join(f"{p.check}: {p.message}" for p in problems))

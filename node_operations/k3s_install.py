@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from cryptography.exceptions import InvalidSignature
 
 from host_scripts import script_path
 from node_operations.host_facts import gather_facts, interface_of
@@ -35,6 +36,15 @@ class K3sBinary:
     version: str
     local_path: Path | None = None  # air-gapped: upload this file
     sha256: str | None = None
+
+    def local_architecture(self) -> str | None:
+        """amd64 or arm64 for an uploaded binary (its ELF header says), None when hosts download it."""
+        if self.local_path is None:
+            return None
+        with self.local_path.expanduser().open("rb") as binary:
+            header = binary.read(20)
+        machine = int.from_bytes(header[18:20], "little") if header[:4] == b"\x7fELF" else -1
+        return {0x3E: "amd64", 0xB7: "arm64"}.get(machine, f"an unknown architecture (ELF machine {machine})")
 
     def local_sha256(self) -> str | None:
         if self.local_path is None:
@@ -75,6 +85,44 @@ class ServerInstalled:
     ca_hash: str
     api_endpoint: str
     kubeconfig: str
+
+
+def k3s_ca_hash(bundle: bytes) -> str:
+    """The CA hash a secure k3s token pins, as k3s computes it (pkg/clientaccess/token.go,
+    hashCA): for a single certificate, SHA-256 of the bundle's bytes as served; for a bundle
+    of several (a custom CA with intermediates), SHA-256 of the DER of the root that the
+    first certificate chains to; the raw bytes again when no chain verifies."""
+    from cryptography import x509  # noqa: PLC0415 - only the server's set-up needs it
+
+    try:
+        certs = x509.load_pem_x509_certificates(bundle)
+    except ValueError:
+        return hashlib.sha256(bundle).hexdigest()
+    if len(certs) > 1:
+        chain, rest = certs[0], list(certs[1:])
+        while rest:
+            issuer = next((c for c in rest if _issued_by(chain, c)), None)
+            if issuer is None:
+                break
+            rest.remove(issuer)
+            if issuer.issuer == issuer.subject and _issued_by(issuer, issuer):
+                return hashlib.sha256(issuer.public_bytes(_der())).hexdigest()
+            chain = issuer
+    return hashlib.sha256(bundle).hexdigest()
+
+
+def _issued_by(cert: Any, issuer: Any) -> bool:
+    try:
+        cert.verify_directly_issued_by(issuer)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def _der() -> Any:
+    from cryptography.hazmat.primitives.serialization import Encoding  # noqa: PLC0415
+
+    return Encoding.DER
 
 
 def render_config(settings: Mapping[str, Any]) -> str:
@@ -182,6 +230,14 @@ async def install_k3s(
     return parse_results(result.stdout)
 
 
+async def served_ca_hash(session: SshSession) -> str:
+    """The hash agents pin, over the CA bundle the server's /cacerts serves (public data)."""
+    served = await session.run(
+        ["curl", "-fsSk", "--max-time", "10", "https://127.0.0.1:6443/cacerts"], deadline=30, what="reading /cacerts"
+    )
+    return k3s_ca_hash(served.stdout.encode())
+
+
 async def install_server(target: SshTarget, spec: ServerSpec, progress: Progress) -> ServerInstalled:
     """Install or adopt the k3s server and wait until its API is ready."""
     async with open_session(target) as session:
@@ -214,10 +270,11 @@ async def install_server(target: SshTarget, spec: ServerSpec, progress: Progress
                 "lines above, then run again",
             ) from None
         kubeconfig = await session.run(["cat", "/etc/rancher/k3s/k3s.yaml"], deadline=30, what="reading the kubeconfig")
+        ca_hash = await served_ca_hash(session)
     api_endpoint = f"https://{spec.external_ip}:6443"
     return ServerInstalled(
         version=results["version"],
-        ca_hash=results["ca_hash"],
+        ca_hash=ca_hash,
         api_endpoint=api_endpoint,
         kubeconfig=kubeconfig.stdout.replace("https://127.0.0.1:6443", api_endpoint),
     )
@@ -263,7 +320,7 @@ async def read_server_state(target: SshTarget) -> ServerState | None:
             return None
         ready = await session.run_script(script_path("k3s_server_ready.sh"), ["30"], deadline=60)
         results = parse_results(ready.stdout)
-        return ServerState(version=results["version"], ca_hash=results["ca_hash"])
+        return ServerState(version=results["version"], ca_hash=await served_ca_hash(session))
 
 
 async def stop_server(target: SshTarget) -> None:

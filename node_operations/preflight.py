@@ -23,6 +23,8 @@ SUPPORTED_OS_MAJOR = {
     "rhel": 8,
     "centos": 9,
 }
+# `uname -m` -> the k3s release's name for the architecture (its assets: k3s, k3s-arm64).
+K3S_ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64"}
 # Longhorn volumes break on these 9.x releases until a release adopts a fixed Longhorn.
 LONGHORN_BROKEN_EL = ("rocky", "almalinux")
 LONGHORN_BROKEN_FROM = (9, 7)
@@ -49,6 +51,8 @@ class PreflightRequirements:
     own_k3s_state_expected: bool = False
     min_memory_mb: int = MIN_MEMORY_MB
     min_cpus: int = MIN_CPUS
+    # The architecture of the k3s binary the program uploads (amd64/arm64), None when hosts download it.
+    binary_architecture: str | None = None
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -92,6 +96,26 @@ def evaluate_preflight(node: str, facts: HostFacts, requirements: PreflightRequi
     os_problem = check_os(node, facts)
     if os_problem is not None:
         problems.append(os_problem)
+    architecture = K3S_ARCHITECTURES.get(facts.architecture)
+    if architecture is None:
+        problems.append(
+            PreflightProblem(
+                node,
+                "architecture",
+                f"the host is {facts.architecture}; this cluster runs k3s on x86_64 (amd64) and aarch64 (arm64) "
+                "hosts only: use such a host",
+            )
+        )
+    elif requirements.binary_architecture and requirements.binary_architecture != architecture:
+        problems.append(
+            PreflightProblem(
+                node,
+                "architecture",
+                f"the host is {facts.architecture} ({architecture}), but the k3s binary hk3s:cluster.k3s_binary "
+                f"uploads is built for {requirements.binary_architecture}: unset k3s_binary (each host downloads "
+                "its own architecture's k3s) or use hosts of one architecture",
+            )
+        )
     if not facts.ipv4_addresses:
         problems.append(PreflightProblem(node, "ipv4", "the host has no global IPv4 address; every node needs one"))
     if not facts.systemd:
@@ -133,8 +157,8 @@ def evaluate_preflight(node: str, facts: HostFacts, requirements: PreflightRequi
                 "kubernetes-state",
                 "the host carries state of an earlier Kubernetes install ("
                 + ", ".join(facts.kubernetes_state)
-                + "), which makes a join loop on a CA hash mismatch. Reset the host (k3s-agent-uninstall.sh "
-                "or kubeadm reset, then remove those paths) and run again",
+                + "), which makes a join loop on a CA hash mismatch. Reset the host: stop what runs it "
+                "(systemctl disable --now k3s-agent k3s kubelet), remove those paths (rm -rf), and run again",
             )
         )
     return problems

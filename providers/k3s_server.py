@@ -148,7 +148,7 @@ class K3sServerProvider(NodeProvider):
         node = str(props["node"])
         run_operation(stop_server(ssh_target(props)))
         progress(
-            node, "k3s stopped and disabled; its data stays in /var/lib/rancher/k3s (run k3s-uninstall.sh to wipe)"
+            node, "k3s stopped and disabled; its data stays (rm -rf /var/lib/rancher/k3s /etc/rancher/k3s wipes it)"
         )
 
 

@@ -302,10 +302,27 @@ func ensureRSAKey(path string) error {
 	return writeFileAtomic(path, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: der}), 0o600)
 }
 
-// caHash is the hash a secure token carries: SHA-256 of the CA bundle bytes as
-// /cacerts serves them.
+// caHash is the hash a secure token carries, as k3s's hashCA (pkg/clientaccess/token.go):
+// SHA-256 of the CA bundle bytes as /cacerts serves them; for a bundle of several
+// certificates, of the DER of the root the first one verifies to (roots: the others
+// without an authority key id or self-signed), the raw bytes when none verifies.
 func caHash(caBundle []byte) string {
-	sum := sha256.Sum256(caBundle)
+	b := caBundle
+	if certs, err := parseCertsPEM(caBundle); err == nil && len(certs) > 1 {
+		roots, inter := x509.NewCertPool(), x509.NewCertPool()
+		for _, c := range certs[1:] {
+			if len(c.AuthorityKeyId) == 0 || bytes.Equal(c.AuthorityKeyId, c.SubjectKeyId) {
+				roots.AddCert(c)
+			} else {
+				inter.AddCert(c)
+			}
+		}
+		if chains, err := certs[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter}); err == nil {
+			chain := chains[0]
+			b = chain[len(chain)-1].Raw
+		}
+	}
+	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }
 

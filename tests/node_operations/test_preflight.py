@@ -37,6 +37,7 @@ def _healthy(facts: HostFacts) -> HostFacts:
         os_id="debian",
         os_version_id="12",
         os_pretty_name="Debian GNU/Linux 12 (bookworm)",
+        architecture="x86_64",
         systemd=True,
         cpus=2,
         memory_mb=3800,
@@ -90,6 +91,12 @@ def test_os_support(real_facts: HostFacts, os_id: str, version: str, verdict: st
         ({"ipv4_addresses": []}, VXLAN, "ipv4"),
         ({"wireguard": "missing"}, WIREGUARD, "wireguard"),
         ({"kubernetes_state": ["/var/lib/rancher/k3s/agent"]}, VXLAN, "kubernetes-state"),
+        ({"architecture": "armv7l"}, VXLAN, "architecture"),
+        (
+            {"architecture": "aarch64"},
+            PreflightRequirements(pod_network="vxlan", binary_architecture="amd64"),
+            "architecture",
+        ),
     ],
 )
 def test_each_failed_check_is_named(
@@ -98,6 +105,12 @@ def test_each_failed_check_is_named(
     problems = evaluate_preflight("worker-3", dataclasses.replace(_healthy(real_facts), **change), requirements)
     assert [p.check for p in problems] == [check]
     assert str(problems[0]).startswith(f"worker-3: preflight {check}: ")
+
+
+def test_arm64_host_joins_when_it_downloads_or_is_given_an_arm64_binary(real_facts: HostFacts) -> None:
+    arm = dataclasses.replace(_healthy(real_facts), architecture="aarch64")
+    assert evaluate_preflight("w", arm, VXLAN) == []
+    assert evaluate_preflight("w", arm, PreflightRequirements(pod_network="vxlan", binary_architecture="arm64")) == []
 
 
 def test_missing_wireguard_is_fine_for_vxlan(real_facts: HostFacts) -> None:
