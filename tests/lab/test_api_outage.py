@@ -173,3 +173,19 @@ def test_an_api_away_past_the_deadline_stops_cleanly_and_the_next_up_converges(c
     assert result.summary.result == "succeeded"
     names = cluster.node_names()
     assert all(names.count(w.name) == 1 for w in (w1, w2, w3))
+
+
+def test_a_refused_setting_reads_as_its_message_in_preview(cluster: Cluster) -> None:
+    # Raised by the program itself (not a provider): Pulumi's language host shows it without
+    # "Program failed with an unhandled exception" and a traceback.
+    workers = cluster.workers
+    cluster.stack.write_config(base_config(cluster.lab, cluster.server, workers, cluster={"api_wait_seconds": 1}))
+    cluster.stack.log.clear()
+    try:
+        with pytest.raises(auto.CommandError):
+            cluster.stack.preview()
+    finally:
+        cluster.stack.write_config(base_config(cluster.lab, cluster.server, workers))
+    text = cluster.stack.text()
+    assert "hk3s:cluster.api_wait_seconds" in text and "outside 5-3600 s" in text, text[-3000:]
+    assert "Traceback (most recent call last)" not in text and "unhandled exception" not in text, text[-3000:]
