@@ -9,6 +9,7 @@ providers are pickled by the SDK exactly as in a real deployment.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -305,6 +306,9 @@ def run_with_mocks(
     """Run `program` against the recording mock engine and wait for every RPC."""
     recording = recording if recording is not None else Recording()
     mocks = mocks if mocks is not None else ClusterMocks()
+    # Pulumi's mock runtime uses the thread's current event loop; an earlier test's asyncio.run()
+    # leaves the main thread with none, so give it one.
+    asyncio.set_event_loop(asyncio.new_event_loop())
     pulumi.runtime.set_mocks(
         mocks, project="hk3s", stack=stack, preview=False, monitor=RecordingMonitor(mocks, recording)
     )
