@@ -31,6 +31,7 @@ from node_operations.firewall_plan import PortRule
 from node_operations.host_facts import HostFacts, gather_facts, interface_of
 from node_operations.host_firewall import evaluate_operator_firewall, inspect_firewall
 from node_operations.k3s_install import K3sBinary, agent_config, install_k3s, parse_results
+from node_operations.network_mode import check_connection
 from node_operations.node_access import NodeAccessError, RecordedNode, check_recorded_nodes
 from node_operations.preflight import PreflightRequirements, evaluate_preflight
 from remote_access.kube import API_WAIT_SECONDS, ApiUnavailableError, ClusterApi, JoinToken, NodeStatus, Taint
@@ -471,6 +472,11 @@ class Joiner:
             if time.monotonic() > deadline():
                 if diagnosis is not None:
                     raise diagnosis
+                # The agent's log need not say it: once bootstrapped, k3s dials the server through its
+                # local load balancer and logs those dial errors at debug level only. So ask the network.
+                unreachable = await self._api_unreachable_from_node()
+                if unreachable is not None:
+                    raise unreachable
                 tail = " | ".join(_log_message(line) for line in lines[-3:]) or "no agent log lines"
                 raise JoinError(
                     self.spec.node,
@@ -479,6 +485,20 @@ class Joiner:
                     "see journalctl -u k3s-agent on the host",
                 )
             await asyncio.sleep(POLL_SECONDS)
+
+    async def _api_unreachable_from_node(self) -> JoinError | None:
+        """A TCP connection from the node to the server's API port; the api-reachable diagnosis
+        when it fails."""
+        address, _, port = self.spec.server_url.removeprefix("https://").rpartition(":")
+        why = await check_connection(self.worker, address, int(port or 6443))
+        if why is None:
+            return None
+        return JoinError(
+            self.spec.node,
+            "api-reachable",
+            f"the node cannot reach the Kubernetes API at {address}:{port} ({why}): open {port}/tcp from this "
+            "node to the server in the cloud and host firewalls, and check its route to the server",
+        )
 
     def _paused_clock(self, seconds: float) -> Callable[[], float]:
         """A wait's deadline that stands still while the API is away: time spent waiting for

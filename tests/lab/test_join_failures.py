@@ -162,6 +162,19 @@ def test_api_unreachable_names_the_port(lab: Lab, cluster: Cluster) -> None:
     assert error.check == "api-reachable", str(error)
     assert "open 6443/tcp" in str(error) and str(error).startswith("jf-noapi:")
 
+    # Real k3s logs the dial errors of a bootstrapped agent (through its local load balancer) at
+    # debug level only, so the diagnosis also asks the network itself: a connection from the
+    # node to the API port, which fails here whatever the agent's log says.
+    async def asked_from_the_node() -> JoinError | None:
+        async with open_session(target(lab, worker)) as w, open_session(target(lab, cluster.server)) as s:
+            return await Joiner(spec_for(cluster, worker), w, s, lambda _line: None)._api_unreachable_from_node()
+
+    blocked = asyncio.run(asked_from_the_node())
+    assert blocked is not None and blocked.check == "api-reachable"
+    assert f"{cluster.server.public_ip}:6443" in str(blocked) and "open 6443/tcp" in str(blocked)
+    worker.run(["nft", "delete table inet lab_block"])
+    assert asyncio.run(asked_from_the_node()) is None
+
 
 def _agent_with_token(lab: Lab, cluster: Cluster, worker: Host, token_value: str, node_name: str) -> JoinError:
     """Start the agent on `worker` with a given token, then wait for its registration."""
