@@ -1,6 +1,7 @@
-"""StorageCopies: Longhorn with the program's departures from its defaults
-(seed 000, "Two copies of a service's data"), and one storage class per number
-of copies offered."""
+"""StorageCopies: Longhorn with the program's departures from its defaults (one
+copy unless a workload asks for two, never two copies on one node, no data
+locality or auto-balance that would move copies behind the operator's back),
+and one storage class per number of copies offered."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """Join a worker: preflight, prepare, join under a taint, validate, release.
 
-Seed 000 "Join a worker", seed 003's ticket rules, seed 004's handshake and
-failure modes. Every step checks the real state first, so running the join
+Every step checks the real state first, so running the join
 again after an interruption continues where it stopped (one Node, no step
 done twice) and a rejoin of a registered node leaves its pods in place.
 
-Join tokens (seed 003): created on the server for this node at join time,
+Join tokens: created on the server for this node at join time,
 ten-minute TTL, described by the node name, carried to the host over SSH into
 a root-only file, never printed and never returned; deleted on the server as
 soon as the node is registered. The host keeps the dead token in that file,
@@ -123,7 +122,7 @@ class JoinSpec:
     registry: str | None = None
     removed_labels: tuple[str, ...] = ()  # labels an earlier config set and this one drops
     # Every other recorded node (not the server): the program must reach each over SSH,
-    # since a join changes their firewalls too (seed 000, "Before you start").
+    # since a join changes their firewalls too.
     peers: tuple[SshTarget, ...] = ()
     # The server and the peers whose firewall the operator runs: an active UFW there stops
     # the join even with the ports open, since the new node's peer rules cannot be added.
@@ -279,7 +278,8 @@ class Joiner:
 
     async def _check_operator_firewall(self, required: tuple[PortRule, ...]) -> None:
         """A firewall the program does not manage must already allow the cluster's traffic
-        (seed 000: an unmanaged active firewall stops the join); list what to add."""
+        (an active firewall the program does not run would silently drop the new node's
+        traffic, so it stops the join); list what to add."""
         report = evaluate_operator_firewall(await inspect_firewall(self.worker, operator=True), required)
         if report.stops_join:
             raise JoinError(self.spec.node, "firewall", report.message())

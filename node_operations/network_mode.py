@@ -1,5 +1,6 @@
-"""Which network the nodes use to talk to each other (seed 000, "Private network
-or public addresses"), decided from the hosts' own addresses and routing tables.
+"""Which network the nodes use to talk to each other (a private network when every
+node shares one, else public addresses), decided from the hosts' own addresses and
+routing tables.
 
 Everything here but `check_connection` is pure: it reads the facts `host_facts.sh`
 recorded and the stack's settings, and returns a `NetworkDecision` or raises

@@ -1,5 +1,6 @@
 """Preflight: decide from a host's facts whether it may join, before anything
-on it changes (seed 000 "Before you start", seed 003 "Cosa serve a una macchina").
+on it changes: what a machine needs to be a worker (OS, address, resources, no
+foreign Kubernetes state), checked so a refused host is left as it was.
 
 Every problem names the host, the failed check and the fix.
 """
@@ -65,7 +66,8 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def check_os(node: str, facts: HostFacts) -> PreflightProblem | None:
-    """Supported OS, and the Rocky/AlmaLinux 9.7+ refusal with seed 000's reason."""
+    """Supported OS; Rocky/AlmaLinux 9.7 and later 9.x are refused because Longhorn, which
+    every worker runs, is broken there."""
     version = _version(facts.os_version_id)
     minimum = SUPPORTED_OS_MAJOR.get(facts.os_id)
     if minimum is None or not version:

@@ -1,6 +1,6 @@
 """DiskProbe: measures how long the worker's Longhorn disk takes to sync small
-writes and decides whether the worker may hold volume copies (seed 000, "Two
-copies of a service's data").
+writes and decides whether the worker may hold volume copies: a disk too slow to
+sync small writes makes every volume with a copy on it slow, so it holds none.
 
 Inputs are validated now; the measurement is a later capability.
 """

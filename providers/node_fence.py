@@ -1,4 +1,6 @@
-"""NodeFence: fences a dead worker (seed 000, "When a node dies").
+"""NodeFence: fences a dead worker. Kubernetes cannot tell a dead host from one that
+lost its network and may still be writing, so nothing moves until the operator says
+the worker is down and the program has proved it.
 
 The fence is recorded before anything is touched; only then is the node tainted
 out of service, which is the one way pods are force-deleted in this product.

@@ -1,4 +1,5 @@
-"""Each join failure mode of seed 004 and seed 003's table that can happen here,
+"""Each way a join fails in the field (wrong cluster's CA, expired or used token, a
+kubelet that never reports, blocked ports, unmanaged firewalls) that can happen here,
 provoked for real on lab hosts against the k3s stand-in and a real API server.
 The join stops with the host, the failed check and the fix."""
 
@@ -130,7 +131,7 @@ def join(lab: Lab, cluster: Cluster, worker: Host, **overrides: Any) -> JoinErro
 
 
 def test_ca_hash_mismatch_stops_the_join(lab: Lab, cluster: Cluster) -> None:
-    # The token comes from one cluster, the agent is sent to another server: seed 004's
+    # The token comes from one cluster, the agent is sent to another server: the classic
     # "couldn't validate the identity of the API Server".
     worker = fresh_worker(lab, "jf-ca")
     assert cluster.other_server.public_ip
@@ -213,7 +214,7 @@ def _make_token(cluster: Cluster, description: str) -> str:
 
 
 def test_deleted_token_is_diagnosed(lab: Lab, cluster: Cluster) -> None:
-    # Seed 003: "il ticket non è valido: è scaduto, era già usato". A used token is deleted.
+    # A token that expired or was already used is refused. A used token is deleted.
     worker = fresh_worker(lab, "jf-used")
     token = _make_token(cluster, "jf-used")
     token_id = token.split("::")[1].split(".")[0]
@@ -256,7 +257,7 @@ def test_kubelet_unreachable_fails_validation(lab: Lab, cluster: Cluster) -> Non
 
 
 def test_registered_but_never_ready(lab: Lab, cluster: Cluster) -> None:
-    # A Node whose kubelet never reports: seed 004's "Waiting for a healthy kubelet".
+    # A Node whose kubelet never reports ("Waiting for a healthy kubelet").
     manifest = json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "jf-ghost"}})
     kubectl_create(cluster, manifest)
 
@@ -303,7 +304,7 @@ def _recorded(cluster: Cluster, worker: Host) -> tuple[str, ...]:
 
 
 def test_unreachable_recorded_node_stops_the_join(lab: Lab, cluster: Cluster) -> None:
-    # Seed 000: commands that update every node stop at a powered-off one.
+    # Commands that update every node stop at a powered-off one.
     down = fresh_worker(lab, "jf-down")
     peer = target(lab, down)
     down.power_off()
@@ -316,7 +317,7 @@ def test_unreachable_recorded_node_stops_the_join(lab: Lab, cluster: Cluster) ->
 
 
 def test_unmanaged_active_firewall_stops_the_join_listing_rules(lab: Lab, cluster: Cluster) -> None:
-    # Seed 000: a firewall the program does not manage stops the join; the operator gets the rules to add.
+    # A firewall the program does not manage stops the join; the operator gets the rules to add.
     from node_operations.firewall_plan import inbound_rules  # noqa: PLC0415
 
     worker = fresh_worker(lab, "jf-opfw")
@@ -342,7 +343,7 @@ def test_unmanaged_active_firewall_stops_the_join_listing_rules(lab: Lab, cluste
 
 
 def test_unmanaged_ufw_on_a_peer_stops_the_join_even_with_ports_open(lab: Lab, cluster: Cluster) -> None:
-    # Seed 000: a UFW the program does not manage on an existing node stops the join, even
+    # A UFW the program does not manage on an existing node stops the join, even
     # with the ports open, because the new node's peer rules cannot be added there.
     peer_host = lab.add_host(worker_spec("jf-ufw-peer", extra_packages=(*LONGHORN_PACKAGES, "ufw")))
     lab.wait_ssh_ready([peer_host])

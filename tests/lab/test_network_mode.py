@@ -1,5 +1,5 @@
-"""Network mode through the real Pulumi engine on booted lab hosts (seed 000,
-"Private network or public addresses"): the lab's private bridge is the shared
+"""Network mode through the real Pulumi engine on booted lab hosts (a private network
+when every node shares one, else public addresses): the lab's private bridge is the shared
 private network, its public bridge the Internet. Nothing is mocked: the
 decision reads the hosts' real routing tables, the connection checks open real
 TCP connections, and the k3s stand-in registers the nodes at the addresses the
