@@ -170,7 +170,9 @@ AGENT_LOG_DIAGNOSES: list[tuple[tuple[str, ...], str, str]] = [
         "Run pulumi up again: the program makes a token for this node",
     ),
     (
-        ("401 Unauthorized", "Unauthorized"),
+        # Older k3s prints the HTTP status ("401 Unauthorized"); newer decodes the server's
+        # Status object into its message ("Unauthorized", "not authorized").
+        ("401 Unauthorized", "Unauthorized", "not authorized"),
         "token",
         "the server rejected the join token ({line}): it expired (ten minutes), was already used and deleted, "
         "or belongs to another cluster. Run pulumi up again: a new token is made for this node",

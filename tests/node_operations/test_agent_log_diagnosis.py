@@ -17,3 +17,16 @@ def test_node_password_refusal_is_named_at_info_level() -> None:
     assert error is not None and error.check == "node-password"
     assert str(error).startswith("w2: join stopped at node-password: the server refuses this host")
     assert "kubectl delete node" in str(error) and "another name in hk3s:workers" in str(error)
+
+
+def test_a_rejected_token_is_named_in_old_and_new_k3s_wording() -> None:
+    # Older k3s prints the HTTP status; newer decodes the server's Status object into its message.
+    lines = [
+        'level=error msg="Failed to validate connection to cluster at https://10.0.1.2:6443: failed to get CA certs: '
+        'https://10.0.1.2:6443/cacerts: 401 Unauthorized"',
+        'level=error msg="Failed to validate connection to cluster at https://10.0.1.2:6443: token is not authorized"',
+    ]
+    for line in lines:
+        error = diagnose_agent_log("w3", [line])
+        assert error is not None and error.check == "token", line
+    assert diagnose_agent_log("w3", ['level=info msg="Starting k3s agent"']) is None
