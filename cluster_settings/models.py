@@ -180,6 +180,13 @@ class ClusterSettings(StrictModel):
         None,
         description="Cluster registry as host[:port]; the join checks every worker reaches it.",
     )
+    # k3s enables Traefik and ServiceLB by default; ServiceLB publishes a LoadBalancer Service's
+    # ports as hostPorts on every node, past the host firewall's input chain. Off unless asked for.
+    ingress: bool = Field(
+        False,
+        description="Run k3s's Traefik ingress, published by ServiceLB on the server only, with 80/443/tcp open "
+        "to every source there. False: k3s runs with Traefik and ServiceLB disabled and no node opens 80/443.",
+    )
     # A k3s restart on the server takes the API away for 10-30 s, longer on small servers; the
     # default covers it with room. Shorter than API_WAIT_MIN would turn a routine restart into a
     # failed run; longer than API_WAIT_MAX would hide a server that is down behind a silent wait.

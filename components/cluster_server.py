@@ -189,6 +189,8 @@ class ClusterServer(pulumi.ComponentResource):
                 "pod_cidr": cluster.pod_cidr,
                 "service_cidr": cluster.service_cidr,
                 "flannel_backend": FLANNEL_BACKEND[cluster.pod_network],
+                "pod_network": cluster.pod_network,
+                "ingress": cluster.ingress,
                 "flannel_external_ip": self.network.nat_nodes.apply(lambda nodes: True if nodes else None),
                 "node_ip": self.node_ip(self.endpoint.name),
                 "node_external_ip": self.endpoint.public_address,

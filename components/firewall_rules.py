@@ -41,6 +41,7 @@ def _rules_for(settings: StackSettings, role: Role, node: str, server: str, peer
         pod_network=settings.cluster.pod_network,
         operator_access=settings.firewall.operator_access,
         nodeports_open=settings.firewall.nodeports_open,
+        ingress=settings.cluster.ingress,
     )
 
 

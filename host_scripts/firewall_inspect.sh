@@ -102,6 +102,7 @@ if have nft; then
     printf '%s\n' "$ruleset" | data nft_json
   fi
   fact nft_persisted "$(yes_no test -e /etc/hk3s/host-firewall.nft)"
+  fact nft_guard_persisted "$(yes_no test -e /etc/hk3s/dnat-guard.nft)"
 else
   fact nft absent
 fi

@@ -5,6 +5,10 @@
 #   firewall_nftables.sh apply RULESET_FILE   check, then load the rendered ruleset in one
 #                                              transaction; keep it for the next boot
 #   firewall_nftables.sh remove                delete the table, the kept copy and the unit
+#   firewall_nftables.sh apply-guard RULESET_FILE   the same for the DNAT guard table
+#   firewall_nftables.sh remove-guard               (inet hk3s_dnat_guard) kept beside UFW or
+#                                                   firewalld; prints "result unchanged yes"
+#                                                   when the kept copy is the same and loaded
 #
 # The ruleset file replaces the table atomically (it deletes and redefines it
 # in one `nft -f` transaction), so applying it twice changes nothing and an SSH
@@ -12,8 +16,17 @@
 # Prints "result <name> <value>" lines.
 set -euo pipefail
 
+table=hk3s_node
 kept=/etc/hk3s/host-firewall.nft
-unit=/etc/systemd/system/hk3s-host-firewall.service
+unit_name=hk3s-host-firewall.service
+description="hk3s host firewall (nftables table inet hk3s_node)"
+
+use_guard() {
+  table=hk3s_dnat_guard
+  kept=/etc/hk3s/dnat-guard.nft
+  unit_name=hk3s-dnat-guard.service
+  description="hk3s DNAT guard (nftables table inet hk3s_dnat_guard)"
+}
 
 die() {
   echo "$*" >&2
@@ -36,12 +49,13 @@ install_nftables() {
 }
 
 write_unit() {
+  local unit=/etc/systemd/system/$unit_name
   local tmp="$unit.hk3s-tmp"
   # After nftables.service: its stock /etc/nftables.conf starts with
   # "flush ruleset", which would drop the table if it ran later.
-  cat >"$tmp" <<'EOF'
+  cat >"$tmp" <<EOF
 [Unit]
-Description=hk3s host firewall (nftables table inet hk3s_node)
+Description=$description
 DefaultDependencies=no
 After=local-fs.target nftables.service
 Before=network-pre.target shutdown.target
@@ -51,7 +65,7 @@ Conflicts=shutdown.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=nft -f /etc/hk3s/host-firewall.nft
+ExecStart=nft -f $kept
 
 [Install]
 WantedBy=sysinit.target
@@ -62,13 +76,19 @@ EOF
   else
     rm -f "$tmp"
   fi
-  systemctl enable --quiet hk3s-host-firewall.service
+  systemctl enable --quiet "$unit_name"
 }
 
 apply() {
   local ruleset=$1
   [ -r "$ruleset" ] || die "ruleset file $ruleset is missing"
   command -v nft >/dev/null || install_nftables
+  if [ "$table" = hk3s_dnat_guard ] && cmp -s "$ruleset" "$kept" && nft list table inet "$table" >/dev/null 2>&1 &&
+    { [ ! -d /run/systemd/system ] || systemctl is-enabled --quiet "$unit_name"; }; then
+    rm -f "$ruleset"
+    echo "result unchanged yes"
+    return
+  fi
   # Check mode first: a ruleset the kernel refuses leaves the host as it was.
   nft -c -f "$ruleset" || die "nft refused the rendered ruleset (nothing changed)"
   nft -f "$ruleset"
@@ -86,12 +106,13 @@ apply() {
 }
 
 remove() {
-  if command -v nft >/dev/null && nft list table inet hk3s_node >/dev/null 2>&1; then
-    nft delete table inet hk3s_node
+  local unit=/etc/systemd/system/$unit_name
+  if command -v nft >/dev/null && nft list table inet "$table" >/dev/null 2>&1; then
+    nft delete table inet "$table"
     echo "result removed table"
   fi
   if [ -e "$unit" ]; then
-    systemctl disable --quiet hk3s-host-firewall.service 2>/dev/null || true
+    systemctl disable --quiet "$unit_name" 2>/dev/null || true
     rm -f "$unit"
     systemctl daemon-reload
   fi
@@ -102,5 +123,13 @@ remove() {
 case "${1:-}" in
   apply) apply "${2:?usage: firewall_nftables.sh apply RULESET_FILE}" ;;
   remove) remove ;;
-  *) die "usage: firewall_nftables.sh apply RULESET_FILE | remove" ;;
+  apply-guard)
+    use_guard
+    apply "${2:?usage: firewall_nftables.sh apply-guard RULESET_FILE}"
+    ;;
+  remove-guard)
+    use_guard
+    remove
+    ;;
+  *) die "usage: firewall_nftables.sh apply|apply-guard RULESET_FILE | remove|remove-guard" ;;
 esac

@@ -112,20 +112,53 @@ else
 fi
 
 # --- host hardening: key-only SSH ------------------------------------------------
-sshd_dropin=/etc/ssh/sshd_config.d/90-hk3s.conf
-sshd_text="# Managed by hk3s: keys only.
+# sshd keeps the first value it reads for a keyword, and the Include at the top of Debian's
+# and Ubuntu's sshd_config reads sshd_config.d in name order: a drop-in named 00- comes before
+# the images' own (Hetzner's cloud-init writes 50-cloud-init.conf with PasswordAuthentication
+# yes). Whatever the files say, the step passes only when `sshd -T` shows the settings in force.
+sshd_dropin=/etc/ssh/sshd_config.d/00-hk3s.conf
+sshd_earlier_dropin=/etc/ssh/sshd_config.d/90-hk3s.conf # read last, so it lost to earlier files
+sshd_text="# Managed by hk3s: keys only. Named 00- so that sshd reads it first (the first value wins).
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password"
-if [ -d /etc/ssh/sshd_config.d ] && { [ ! -f "$sshd_dropin" ] || [ "$(cat "$sshd_dropin")" != "$sshd_text" ]; }; then
+sshd_effective_problems() {
+  local effective
+  effective=$(sshd -T 2>&1) || {
+    printf 'sshd -T failed: %s' "$(printf '%s' "$effective" | tail -n 1)"
+    return
+  }
+  printf '%s\n' "$effective" | awk '
+    $1 == "passwordauthentication" && $2 != "no" { printf "PasswordAuthentication is %s; ", $2 }
+    $1 == "kbdinteractiveauthentication" && $2 != "no" { printf "KbdInteractiveAuthentication is %s; ", $2 }
+    $1 == "permitrootlogin" && $2 != "without-password" && $2 != "prohibit-password" && $2 != "no" {
+      printf "PermitRootLogin is %s; ", $2
+    }'
+}
+hardening_changed=no
+if [ -f "$sshd_earlier_dropin" ]; then
+  rm -f "$sshd_earlier_dropin"
+  hardening_changed=yes
+fi
+mkdir -p /etc/ssh/sshd_config.d
+if [ ! -f "$sshd_dropin" ] || [ "$(cat "$sshd_dropin")" != "$sshd_text" ]; then
   printf '%s\n' "$sshd_text" >"$sshd_dropin"
-  if sshd -t 2>/dev/null; then
-    systemctl reload ssh 2>/dev/null || systemctl reload sshd 2>/dev/null || true
-    result host-hardening applied
-  else
+  hardening_changed=yes
+fi
+if [ "$hardening_changed" = yes ]; then
+  if ! sshd -t 2>/dev/null; then
     rm -f "$sshd_dropin"
-    fail "sshd rejected the hardening drop-in; the host's sshd_config needs a look"
+    fail "sshd rejected the hardening drop-in $sshd_dropin; the host's sshd_config needs a look"
   fi
+  systemctl reload ssh 2>/dev/null || systemctl reload sshd 2>/dev/null ||
+    fail "sshd did not reload after the hardening drop-in was written; run systemctl reload ssh and look at its log"
+fi
+problems=$(sshd_effective_problems)
+if [ -n "$problems" ]; then
+  fail "SSH hardening is not in force: sshd -T says ${problems% } although $sshd_dropin says otherwise; a setting read before it wins (in /etc/ssh/sshd_config above its Include of sshd_config.d, or no such Include): remove or change it, then run again"
+fi
+if [ "$hardening_changed" = yes ]; then
+  result host-hardening applied
 else
   result host-hardening skipped
 fi

@@ -20,6 +20,8 @@ NODE_METRICS_PORT = "9100"
 WIREGUARD_PORT = "51820"
 VXLAN_PORT = "8472"
 NODEPORT_RANGE = "30000-32767"
+# k3s's Traefik, published by ServiceLB as hostPorts: only on the server, and only when asked for.
+INGRESS_PORTS = ("80", "443")
 
 Role = Literal["server", "worker"]
 
@@ -56,12 +58,16 @@ def inbound_rules(
     pod_network: str,
     operator_access: Sequence[str] = (),
     nodeports_open: bool = False,
+    ingress: bool = False,
 ) -> list[PortRule]:
     """Inbound rules for `node`.
 
     `peers` maps every node of the cluster (this one included or not) to the
     address the cluster's network mode uses for it. Sources are sorted so the
-    same cluster always yields the same rules (no spurious diffs).
+    same cluster always yields the same rules (no spurious diffs). `ingress`
+    opens 80/443 on the server, the one node ServiceLB publishes Traefik on;
+    a worker never opens more than SSH to every source (NodePorts aside, when
+    the stack opens them).
     """
     others = tuple(sorted(_cidr(address) for name, address in peers.items() if name != node))
     port, purpose = pod_network_port(pod_network)
@@ -76,6 +82,9 @@ def inbound_rules(
         rules.append(PortRule(KUBELET_PORT, "tcp", others, "kubelet"))
     if role == "worker" and server in peers:
         rules.append(PortRule(NODE_METRICS_PORT, "tcp", (_cidr(peers[server]),), "node metrics from the server"))
+    if role == "server" and ingress:
+        for ingress_port in INGRESS_PORTS:
+            rules.append(PortRule(ingress_port, "tcp", (ANY_IPV4,), "ingress (Traefik through ServiceLB)"))
     if nodeports_open:
         rules.append(PortRule(NODEPORT_RANGE, "tcp", (ANY_IPV4,), "NodePorts (opened by config)"))
         rules.append(PortRule(NODEPORT_RANGE, "udp", (ANY_IPV4,), "NodePorts (opened by config)"))

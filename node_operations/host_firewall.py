@@ -15,8 +15,14 @@ manages the node, and a table of its own is the least intrusive firewall.
   with the peers. The file deletes and redefines the table in one `nft -f`
   transaction: atomic, idempotent, safe over SSH. (`flush table` alone is not
   enough: it keeps set elements, so a removed peer would stay allowed.) A
-  oneshot unit reloads the kept copy at boot. With NodePorts closed a
-  prerouting chain drops them before kube-proxy's DNAT can forward them.
+  oneshot unit reloads the kept copy at boot.
+- Every backend: DNAT'd traffic (kube-proxy's NodePorts and LoadBalancer
+  addresses, the hostPorts ServiceLB publishes) is forwarded to a pod and
+  never meets an input chain, so a forward chain (`dnat_guard`) lets a DNAT'd
+  connection through only when the port it was sent to is open to its source
+  in the plan. It is part of `hk3s_node` with nftables, and a table of its own
+  (`inet hk3s_dnat_guard`, kept for boot by its own unit) beside UFW or
+  firewalld.
 - UFW: rules whose comment starts with `hk3s`; the program adds and deletes
   only those. UFW has no transaction, so the window is kept small: SSH first,
   new rules before old ones are deleted, `ufw --force enable` last.
@@ -68,6 +74,10 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Progress = Callable[[str], None]
 
 NFT_TABLE = "hk3s_node"
+# Beside UFW or firewalld: the DNAT guard alone, in a table of its own.
+NFT_GUARD_TABLE = "hk3s_dnat_guard"
+NFT_GUARD_CHAIN = "dnat_guard"
+DNAT_GUARD_PURPOSE = "DNAT to a port the plan keeps closed (NodePort, hostPort, LoadBalancer)"
 UFW_TAG = "hk3s"
 FIREWALLD_ZONE = "hk3s"
 FIREWALLD_FABRIC_ZONE = "hk3s-fabric"
@@ -84,6 +94,7 @@ OPERATOR_CLOSED_PORT = 8888  # seed 000: keep 8888/tcp closed to outside traffic
 
 REMOTE_DIR = "/run/hk3s"
 REMOTE_NFT_FILE = f"{REMOTE_DIR}/host-firewall.nft"
+REMOTE_GUARD_FILE = f"{REMOTE_DIR}/dnat-guard.nft"
 REMOTE_UFW_CHANGES = f"{REMOTE_DIR}/ufw-changes.tsv"
 REMOTE_FIREWALLD_STAGING = f"{REMOTE_DIR}/firewalld-staging"
 
@@ -329,18 +340,12 @@ def _nft_comment(text: str) -> str:
     return '"' + text.encode()[:120].decode(errors="ignore") + '"'
 
 
-def render_nftables(plan: NodeFirewallPlan) -> NftRuleset:
-    """The node's `table inet hk3s_node`, as one file for `nft -f`."""
-    plan.check()
-    planned = planned_rules(plan)
-    fabric = ", ".join(f'"{name}"' for name in (*FABRIC_INTERFACES, *FABRIC_INTERFACE_PATTERNS))
-    lines = [
-        f"# Host firewall of {plan.node} ({plan.role}), written by hk3s: `pulumi up` rewrites it.",
-        "# Loading it replaces the table in one transaction (safe to repeat, safe over SSH).",
-        f"table inet {NFT_TABLE} {{}}",
-        f"delete table inet {NFT_TABLE}",
-        f"table inet {NFT_TABLE} {{",
-    ]
+def _nft_fabric() -> str:
+    return ", ".join(f'"{name}"' for name in (*FABRIC_INTERFACES, *FABRIC_INTERFACE_PATTERNS))
+
+
+def _nft_set_lines(planned: Sequence[PlannedRule]) -> list[str]:
+    lines: list[str] = []
     for source_set in source_sets(planned):
         elements = ", ".join(str(network) for network in source_set.networks)
         lines += [
@@ -350,13 +355,63 @@ def render_nftables(plan: NodeFirewallPlan) -> NftRuleset:
             f"\t\telements = {{ {elements} }}",
             "\t}",
         ]
+    return lines
+
+
+def _nft_dnat_guard_lines(planned: Sequence[PlannedRule]) -> list[str]:
+    """The chain that holds DNAT'd traffic to the plan.
+
+    kube-proxy (NodePorts, LoadBalancer addresses) and the hostPorts ServiceLB
+    publishes DNAT in prerouting, so their packets are forwarded to a pod and
+    never reach an input chain, UFW's or firewalld's included (firewalld even
+    accepts every DNAT'd flow in its forward chain, flannel every flow to the
+    pod network). Here a DNAT'd connection from outside the cluster fabric
+    passes only when the port it was sent to (`ct original proto-dst`) is one
+    the plan opens to its source; traffic that was not DNAT'd is left alone."""
+    rules = [
+        "ct state established,related accept",
+        # Pods reaching a Service's ClusterIP are DNAT'd too, on the fabric.
+        f"iifname {{ {_nft_fabric()} }} accept",
+    ]
+    for item in planned:
+        match = f"meta l4proto {item.rule.protocol} ct original proto-dst {_nft_port(item.first_port, item.last_port)}"
+        comment = _nft_comment(item.rule.purpose)
+        if item.every_source:
+            rules.append(f"ct status dnat {match} accept comment {comment}")
+            continue
+        for source_set in item.sets:
+            family = "ip" if source_set.family == 4 else "ip6"
+            rules.append(f"ct status dnat {family} saddr @{source_set.nft_name} {match} accept comment {comment}")
+    rules.append(f"ct status dnat drop comment {_nft_comment(DNAT_GUARD_PURPOSE)}")
+    lines = [f"\tchain {NFT_GUARD_CHAIN} {{", "\t\ttype filter hook forward priority filter - 5; policy accept;"]
+    lines += [f"\t\t{rule}" for rule in rules]
+    lines.append("\t}")
+    return lines
+
+
+def _guard_rule_count(lines: Sequence[str]) -> int:
+    return sum(1 for line in lines if line.startswith("\t\t") and not line.startswith("\t\ttype "))
+
+
+def render_nftables(plan: NodeFirewallPlan) -> NftRuleset:
+    """The node's `table inet hk3s_node`, as one file for `nft -f`."""
+    plan.check()
+    planned = planned_rules(plan)
+    lines = [
+        f"# Host firewall of {plan.node} ({plan.role}), written by hk3s: `pulumi up` rewrites it.",
+        "# Loading it replaces the table in one transaction (safe to repeat, safe over SSH).",
+        f"table inet {NFT_TABLE} {{}}",
+        f"delete table inet {NFT_TABLE}",
+        f"table inet {NFT_TABLE} {{",
+        *_nft_set_lines(planned),
+    ]
     input_rules = [
         "ct state established,related accept",
         "ct state invalid drop",
         'iif "lo" accept',
         # Traffic on the fabric has proved itself to WireGuard/VXLAN; dropping it
         # breaks kubectl logs/exec without a trace (seed 003).
-        f"iifname {{ {fabric} }} accept comment {_nft_comment(FABRIC_PURPOSE)}",
+        f"iifname {{ {_nft_fabric()} }} accept comment {_nft_comment(FABRIC_PURPOSE)}",
         # Path-MTU discovery rides on ICMP: pod traffic is encapsulated twice.
         f"icmp type {{ {_ICMP_TYPES} }} accept",
         f"icmpv6 type {{ {_ICMPV6_TYPES} }} accept",
@@ -373,23 +428,28 @@ def render_nftables(plan: NodeFirewallPlan) -> NftRuleset:
     lines += ["\tchain input {", "\t\ttype filter hook input priority filter; policy drop;"]
     lines += [f"\t\t{rule}" for rule in input_rules]
     lines.append("\t}")
-    rule_count = len(input_rules)
-    if not plan.nodeports_open:
-        # kube-proxy DNATs NodePort traffic to pods in prerouting, so it is
-        # forwarded and never reaches the input chain: drop it before the DNAT.
-        low, high = port_range(NODEPORT_RANGE)
-        guard_rules = [
-            'iif "lo" accept',
-            f"iifname {{ {fabric} }} accept",
-            f"fib daddr type local tcp dport {low}-{high} drop comment {_nft_comment('NodePorts closed')}",
-            f"fib daddr type local udp dport {low}-{high} drop comment {_nft_comment('NodePorts closed')}",
-        ]
-        lines += ["\tchain nodeports {", "\t\ttype filter hook prerouting priority -150; policy accept;"]
-        lines += [f"\t\t{rule}" for rule in guard_rules]
-        lines.append("\t}")
-        rule_count += len(guard_rules)
+    guard = _nft_dnat_guard_lines(planned)
+    lines += guard
     lines.append("}")
-    return NftRuleset("\n".join(lines) + "\n", rule_count)
+    return NftRuleset("\n".join(lines) + "\n", len(input_rules) + _guard_rule_count(guard))
+
+
+def render_dnat_guard(plan: NodeFirewallPlan) -> NftRuleset:
+    """`table inet hk3s_dnat_guard`: the DNAT guard alone, for a node whose
+    firewall is UFW or firewalld (neither filters DNAT'd traffic by port)."""
+    plan.check()
+    planned = planned_rules(plan)
+    guard = _nft_dnat_guard_lines(planned)
+    lines = [
+        f"# DNAT guard of {plan.node} ({plan.role}), written by hk3s beside its UFW or firewalld rules.",
+        f"table inet {NFT_GUARD_TABLE} {{}}",
+        f"delete table inet {NFT_GUARD_TABLE}",
+        f"table inet {NFT_GUARD_TABLE} {{",
+        *_nft_set_lines(planned),
+        *guard,
+        "}",
+    ]
+    return NftRuleset("\n".join(lines) + "\n", _guard_rule_count(guard))
 
 
 # --------------------------------------------------------------------------- UFW
@@ -707,6 +767,7 @@ class FirewallInspection:
     nft_installed: bool
     nft_ruleset: tuple[dict[str, Any], ...]
     nft_persisted: bool
+    nft_guard_persisted: bool = False
 
     def backend(self) -> FirewallBackend:
         """The firewall the program uses on this node (module docstring)."""
@@ -805,6 +866,7 @@ def parse_inspection(node: str, output: str) -> FirewallInspection:
         nft_installed=facts.get("nft") == "installed",
         nft_ruleset=ruleset,
         nft_persisted=facts.get("nft_persisted") == "yes",
+        nft_guard_persisted=facts.get("nft_guard_persisted") == "yes",
     )
 
 
@@ -956,6 +1018,21 @@ def _nft_port_rule(rule: dict[str, Any], sets: Mapping[str, list[IPNetwork]]) ->
     )
 
 
+def dnat_guard_rule_count(inspection: FirewallInspection) -> int | None:
+    """Rules in the separate DNAT guard table (`inet hk3s_dnat_guard`); None when it is not loaded."""
+    ruleset = inspection.nft_ruleset
+    present = any(
+        item.get("family") == "inet" and item.get("name") == NFT_GUARD_TABLE for item in _nft_objects(ruleset, "table")
+    )
+    if not present:
+        return None
+    return sum(
+        1
+        for rule in _nft_objects(ruleset, "rule")
+        if rule.get("family") == "inet" and rule.get("table") == NFT_GUARD_TABLE
+    )
+
+
 def observe_ufw(inspection: FirewallInspection) -> ObservedFirewall:
     """The program's (tagged) UFW rules."""
     tagged = [entry for entry in inspection.ufw_tuples if entry.tagged]
@@ -1068,6 +1145,13 @@ def structural_drift(inspection: FirewallInspection, backend: FirewallBackend, p
     expected = expected_rule_count(plan, backend)
     if expected is not None and observed.present and observed.rule_count != expected:
         notes.append(f"the program's {backend} rules number {observed.rule_count}, the plan's {expected}")
+    if backend in ("ufw", "firewalld"):
+        guard_count = dnat_guard_rule_count(inspection)
+        wanted_count = render_dnat_guard(plan).rule_count
+        if guard_count is None or not inspection.nft_guard_persisted:
+            notes.append(f"the DNAT guard (nftables table inet {NFT_GUARD_TABLE}) is not in place")
+        elif guard_count != wanted_count:
+            notes.append(f"the DNAT guard's rules number {guard_count}, the plan's {wanted_count}")
     state = inspection.firewalld
     if backend == "firewalld" and state is not None and state.default_zone != FIREWALLD_ZONE:
         notes.append(f"firewalld's default zone is {state.default_zone}, not {FIREWALLD_ZONE}")
@@ -1204,6 +1288,22 @@ async def _apply_firewalld(session: SshSession, plan: NodeFirewallPlan, inspecti
     return "result unchanged yes" not in result.lines
 
 
+async def _apply_dnat_guard(session: SshSession, plan: NodeFirewallPlan) -> bool:
+    """Load the DNAT guard table beside UFW or firewalld; False when it was in place already."""
+    await _prepare_remote_dir(session, REMOTE_DIR)
+    await session.upload(
+        render_dnat_guard(plan).text.encode(), REMOTE_GUARD_FILE, deadline=UPLOAD_DEADLINE_SECONDS, mode=0o600
+    )
+    result = await session.run_script(
+        script_path("firewall_nftables.sh"), ["apply-guard", REMOTE_GUARD_FILE], deadline=APPLY_DEADLINE_SECONDS
+    )
+    return "result unchanged yes" not in result.lines
+
+
+async def _remove_dnat_guard(session: SshSession) -> None:
+    await session.run_script(script_path("firewall_nftables.sh"), ["remove-guard"], deadline=REMOVE_DEADLINE_SECONDS)
+
+
 async def _remove_backend(session: SshSession, inspection: FirewallInspection, backend: FirewallBackend) -> None:
     if backend == "nftables":
         await session.run_script(script_path("firewall_nftables.sh"), ["remove"], deadline=REMOVE_DEADLINE_SECONDS)
@@ -1263,6 +1363,13 @@ async def apply_node_firewall(
             changed = await _apply_ufw(session, effective, inspection)
         else:
             changed = await _apply_firewalld(session, effective, inspection)
+        if backend == "nftables":
+            if dnat_guard_rule_count(inspection) is not None or inspection.nft_guard_persisted:
+                # The guard is a chain of hk3s_node now: the separate table goes.
+                await _remove_dnat_guard(session)
+                changed = True
+        else:
+            changed = await _apply_dnat_guard(session, effective) or changed
         # A node whose firewall changed kind: take the program's old rules away.
         for stale in managed_backends(inspection):
             if stale != backend:
@@ -1334,8 +1441,13 @@ async def remove_node_firewall(target: SshTarget, *, progress: Progress | None =
         for backend in held:
             _say(progress, f"removing the program's {backend} rules")
             await _remove_backend(session, inspection, backend)
+        if dnat_guard_rule_count(inspection) is not None or inspection.nft_guard_persisted:
+            _say(progress, "removing the program's DNAT guard")
+            await _remove_dnat_guard(session)
         after = await inspect_firewall(session)
-        left = managed_backends(after)
+        left: list[str] = [*managed_backends(after)]
+        if dnat_guard_rule_count(after) is not None:
+            left.append("DNAT guard")
         if left:
             raise FirewallError(
                 target.node,

@@ -75,6 +75,15 @@ class ServerSpec:
     # The address the API is advertised on (the `kubernetes` Service endpoint, the server list the
     # agents' client-side load balancer switches to). Unset, k3s takes node-external-ip, else node-ip.
     advertise_address: str | None = None
+    # Traefik and ServiceLB: off unless the stack asks for ingress, and then ServiceLB publishes
+    # on the server alone (a node labelled enablelb restricts it to the labelled nodes).
+    ingress: bool = False
+
+
+# k3s's bundled components the program turns off without hk3s:cluster.ingress: ServiceLB publishes
+# every LoadBalancer Service's ports as hostPorts on every node, Traefik is one such Service.
+INGRESS_COMPONENTS = ("servicelb", "traefik")
+SERVICELB_NODE_LABEL = "svccontroller.k3s.cattle.io/enablelb=true"
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,8 @@ def server_config(spec: ServerSpec, flannel_iface: str | None) -> str:
             "tls-san": sorted({spec.node_ip, spec.external_ip, *spec.tls_sans}),
             "write-kubeconfig-mode": "0600",
             "kubelet-arg": list(KUBELET_HARDENING_ARGS),
+            "disable": [] if spec.ingress else list(INGRESS_COMPONENTS),
+            "node-label": [SERVICELB_NODE_LABEL] if spec.ingress else [],
         }
     )
 

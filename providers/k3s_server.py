@@ -15,6 +15,7 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
 from cluster_settings.models import K3S_VERSION
+from node_operations.host_preparation import prepare_host
 from node_operations.k3s_install import K3sBinary, ServerSpec, install_server, read_server_state, stop_server
 from providers.base import (
     NodeProvider,
@@ -114,12 +115,16 @@ class K3sServerProvider(NodeProvider):
             # k3s advertises node-external-ip when it is set (k3s issues #2087, #5544); in private
             # mode the agents, the pods and the server's firewall use the private address.
             advertise_address=str(props["node_ip"]) if props.get("network_mode") == "private" else None,
+            ingress=bool(props.get("ingress")),
             binary=K3sBinary(
                 version=str(props["k3s_version"]),
                 local_path=Path(props["k3s_binary"]) if props.get("k3s_binary") else None,
                 sha256=props.get("k3s_sha256") or None,
             ),
         )
+        # The server gets the workers' host preparation and hardening before k3s runs on it.
+        pod_network = props.get("pod_network") or ("wireguard" if "wireguard" in spec.flannel_backend else "vxlan")
+        run_operation(prepare_host(ssh_target(props), str(pod_network), lambda line: progress(node, line)))
         installed = run_operation(install_server(ssh_target(props), spec, lambda line: progress(node, line)))
         return {
             **props,

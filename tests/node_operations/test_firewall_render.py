@@ -29,6 +29,7 @@ from node_operations.host_firewall import (
     observe_nftables,
     observe_ufw,
     parse_inspection,
+    render_dnat_guard,
     render_firewalld,
     render_nftables,
     render_ufw,
@@ -99,13 +100,15 @@ def inspection_of(ruleset: list[dict[str, object]], **facts: str) -> object:
         ("w1", {}),
         ("w1", {"nodeports_open": True}),
         (SERVER, {"operator_access": ["203.0.113.0/24", "2001:db8::/48"]}),
+        (SERVER, {"ingress": True}),
     ],
-    ids=["worker", "worker-nodeports-open", "server-with-ipv6-operators"],
+    ids=["worker", "worker-nodeports-open", "server-with-ipv6-operators", "server-with-ingress"],
 )
 def test_the_kernel_accepts_the_rendered_table(netns: str, node: str, options: dict[str, object]) -> None:
-    ruleset = render_nftables(plan_for(node, cluster_peers(5), **options))
-    checked = nft(netns, "-c", "-f", "-", stdin=ruleset.text)
-    assert checked.returncode == 0, checked.stderr
+    plan = plan_for(node, cluster_peers(5), **options)
+    for ruleset in (render_nftables(plan), render_dnat_guard(plan)):
+        checked = nft(netns, "-c", "-f", "-", stdin=ruleset.text)
+        assert checked.returncode == 0, checked.stderr
     # Check mode changed nothing.
     assert nft(netns, "list", "ruleset").stdout.strip() == ""
 
@@ -154,7 +157,11 @@ def test_the_table_has_the_recipes_shape() -> None:
     assert any("packet-too-big" in line for line in body) and any(line.startswith("icmp type") for line in body)
     assert 'tcp dport 22 accept comment "SSH"' in lines
     assert not any("8888" in line for line in lines)
-    assert 'fib daddr type local tcp dport 30000-32767 drop comment "NodePorts closed"' in lines
+    guard = lines[lines.index("type filter hook forward priority filter - 5; policy accept;") + 1 :]
+    assert guard[0] == "ct state established,related accept" and guard[1].startswith("iifname {")
+    assert 'ct status dnat meta l4proto tcp ct original proto-dst 22 accept comment "SSH"' in guard
+    assert guard[guard.index("}") - 1].startswith("ct status dnat drop")
+    assert not any("30000" in line for line in guard)
 
 
 def test_rule_count_does_not_grow_with_the_peers() -> None:
@@ -165,10 +172,30 @@ def test_rule_count_does_not_grow_with_the_peers() -> None:
     assert many.text.count("10.0.") > 100
 
 
-def test_nodeports_open_opens_them_to_everyone_and_drops_the_guard() -> None:
+def test_nodeports_open_opens_them_to_everyone_also_through_the_dnat_guard() -> None:
     text = render_nftables(plan_for("w1", cluster_peers(3), nodeports_open=True)).text
     assert "tcp dport 30000-32767 accept" in text and "udp dport 30000-32767 accept" in text
-    assert "chain nodeports" not in text
+    assert "ct status dnat meta l4proto tcp ct original proto-dst 30000-32767 accept" in text
+
+
+def test_the_dnat_guard_follows_the_plan_on_every_backend() -> None:
+    """DNAT'd traffic passes the guard to exactly the plan's ports and sources: the
+    worker's guard lets SSH and the peers' ports through, the server's with ingress
+    also 80/443 to everyone; the separate table (UFW, firewalld) holds the same chain."""
+    worker = plan_for("w1", cluster_peers(3))
+    guard = render_dnat_guard(worker)
+    assert "table inet hk3s_dnat_guard {" in guard.text and "chain input" not in guard.text
+    assert guard.text.count("ct status dnat") == guard.rule_count - 2
+    assert "ip saddr @peers_v4_1 meta l4proto udp ct original proto-dst 51820 accept" in guard.text
+    assert "proto-dst 80 " not in guard.text and "proto-dst 443 " not in guard.text
+    server = plan_for(SERVER, cluster_peers(3), ingress=True)
+    text = render_nftables(server).text
+    assert 'tcp dport 80 accept comment "ingress (Traefik through ServiceLB)"' in text
+    assert "ct status dnat meta l4proto tcp ct original proto-dst 443 accept" in text
+    # The worker's plan never opens 80/443, even with ingress on.
+    assert plan_for("w1", cluster_peers(3), ingress=True) == worker
+    with_ingress = NodeFirewallPlan("w1", "worker", (*worker.rules, PortRule("80", "tcp", ("0.0.0.0/0",), "web")))
+    assert any("only SSH may be open to every source" in problem for problem in with_ingress.problems())
 
 
 # --------------------------------------------------------------------------- plan checks
