@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lab.hosts import DEFAULT_CACHE_DIR, Lab
 from lab.sshd_log import handshake_load
-from tests.lab.lab_stack import LabStack, base_config, lab_binaries_missing, server_spec, worker_spec
+from lab.stack_harness import LabStack, base_config, lab_binaries_missing, server_spec, worker_spec
 
 STATS = re.compile(
     r"\[(?P<node>[^\]]+)\] join stats: ssh_connections=(?P<connections>\d+) commands=(?P<commands>\d+) "

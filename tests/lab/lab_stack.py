@@ -1,275 +1,44 @@
-"""Run this program against lab hosts through the real Pulumi CLI and the
-Automation API: a copy of the project with a generated stack file, a local
-file backend, the lab's CLI. Used by the lab tests of the join and the
-automation layer."""
+"""The lab's stack harness lives in lab/stack_harness.py (the benchmarks and the demo use it
+too); the lab tests import it from here."""
 
-from __future__ import annotations
+from lab.stack_harness import (
+    BIN,
+    CACHE,
+    KUBE_BIN_IN_HOST,
+    LONGHORN_PACKAGES,
+    PARALLEL,
+    REPO,
+    CliRun,
+    LabStack,
+    base_config,
+    k3s_snapshot,
+    k3s_version,
+    lab_binaries_missing,
+    run_cli,
+    run_killable,
+    server_spec,
+    skip_without_lab_binaries,
+    up_or_fail,
+    worker_spec,
+)
 
-import os
-import shutil
-import subprocess
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
-
-import yaml
-from pulumi import automation as auto
-
-from lab.hosts import Host, HostSpec, Lab
-
-REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("HK3S_LAB_CACHE", "/var/cache/hk3s-lab"))
-BIN = CACHE / "bin"
-KUBE_BIN_IN_HOST = "/opt/lab-kube/bin"
-# Longhorn's packages baked into the lab base so joins need not download them every time;
-# node_prepare.sh still checks them (one lab test joins a host without them).
-LONGHORN_PACKAGES = ("open-iscsi", "nfs-common")
-PARALLEL = 32
-
-
-def lab_binaries_missing() -> list[str]:
-    wanted = ("pulumi", "pulumi-language-python", "k3s", "k3s.sha256", "kube-apiserver", "kine")
-    return [name for name in wanted if not (BIN / name).exists()]
-
-
-def skip_without_lab_binaries() -> None:
-    """Skip (a failure under HK3S_LAB_REQUIRED) when lab/setup.sh has not built the binaries."""
-    import pytest  # noqa: PLC0415
-
-    missing = lab_binaries_missing()
-    if missing:
-        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
-
-
-def up_or_fail(stack: LabStack) -> auto.UpResult:
-    """`up`, or fail the test with the run's last output."""
-    import pytest  # noqa: PLC0415
-
-    try:
-        return stack.up()
-    except auto.CommandError as error:
-        pytest.fail(f"pulumi up failed:\n{stack.text()[-6000:]}\n{error}")
-
-
-def k3s_snapshot() -> tuple[Path, str]:
-    """The k3s binary as a file that cannot change under a running test (a rebuild
-    replaces bin/k3s); named by its SHA-256."""
-    import hashlib  # noqa: PLC0415
-
-    data = (BIN / "k3s").read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    path = Path("/var/tmp") / f"hk3s-lab-k3s-{digest[:16]}"
-    if not path.exists():
-        path.write_bytes(data)
-        path.chmod(0o755)
-    return path, digest
-
-
-def k3s_version() -> str:
-    out = subprocess.run([str(k3s_snapshot()[0]), "--version"], capture_output=True, text=True, check=True).stdout
-    return out.split()[2]
-
-
-def server_spec(name: str, **overrides: Any) -> HostSpec:
-    """A lab host that can run the k3s stand-in's server (the control plane binaries bound in)."""
-    values: dict[str, Any] = {"extra_binds": [(BIN, KUBE_BIN_IN_HOST)], "extra_packages": LONGHORN_PACKAGES}
-    values.update(overrides)
-    return HostSpec(name, **values)
-
-
-def worker_spec(name: str, **overrides: Any) -> HostSpec:
-    values: dict[str, Any] = {"extra_packages": LONGHORN_PACKAGES}
-    values.update(overrides)
-    return HostSpec(name, **values)
-
-
-def base_config(lab: Lab, server: Host, workers: Sequence[Host], **sections: Any) -> dict[str, Any]:
-    """A stack config for existing lab hosts in public mode."""
-    k3s_binary, k3s_sha256 = k3s_snapshot()
-    config: dict[str, Any] = {
-        "cluster": {
-            "k3s_version": k3s_version(),
-            "k3s_binary": str(k3s_binary),
-            "k3s_sha256": k3s_sha256,
-            "pod_network": "vxlan",  # the lab's kernel has no WireGuard module
-        },
-        "server": {"name": server.name, "kind": "existing", "address": server.public_ip},
-        "ssh": {"private_key_file": str(lab.ssh_private_key_path)},
-        "network": {"mode": "public"},
-        "firewall": {"managed": False, "cloud_firewall": False},
-        "storage": {"install_longhorn": False},
-        # The disk probe for volume copies is not in this release: the lab workers hold none.
-        "workers": [
-            {"name": w.name, "kind": "existing", "address": w.public_ip, "holds_copies": False} for w in workers
-        ],
-    }
-    for key, value in sections.items():
-        if isinstance(value, dict) and isinstance(config.get(key), dict):
-            config[key] = {**config[key], **value}
-        else:
-            config[key] = value
-    return config
-
-
-@dataclass
-class LabStack:
-    """A copy of the project and one stack of it."""
-
-    directory: Path
-    name: str = "lab"
-    log: list[str] = field(default_factory=list)
-    netns: str | None = None
-    """Run the CLI (and so the program and its providers) inside this network namespace,
-    as an operator sitting on that network would."""
-
-    def __post_init__(self) -> None:
-        project = self.directory / "project"
-        if not project.exists():
-            listed = subprocess.run(
-                ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.split()
-            for name in listed:
-                source = REPO / name
-                if source.is_file() and not name.startswith(("lab/k3s_standin/", "tests/")):
-                    (project / name).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(source, project / name)
-            (project / "venv").symlink_to(REPO / "venv")
-        (self.directory / "state").mkdir(exist_ok=True)
-        self.project = project
-        self.env = {
-            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            "PULUMI_SKIP_UPDATE_CHECK": "true",
-            "PULUMI_CONFIG_PASSPHRASE": "hk3s-lab-passphrase",
-            "PULUMI_BACKEND_URL": (self.directory / "state").as_uri(),
-            "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
-            "PULUMI_PYTHON_CMD": str(REPO / "venv" / "bin" / "python"),
-        }
-
-    def write_config(self, config: dict[str, Any]) -> None:
-        document = {"config": {f"hk3s:{key}": value for key, value in config.items()}}
-        (self.project / f"Pulumi.{self.name}.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
-
-    def _cli_root(self) -> Path:
-        if self.netns is None:
-            return CACHE
-        root = self.directory / "pulumi-in-netns"
-        (root / "bin").mkdir(parents=True, exist_ok=True)
-        wrapper = root / "bin" / "pulumi"
-        wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {self.netns} {BIN / "pulumi"} "$@"\n')
-        wrapper.chmod(0o755)
-        return root
-
-    def stack(self) -> auto.Stack:
-        workspace = auto.LocalWorkspace(
-            work_dir=str(self.project),
-            pulumi_home=str(self.directory / "pulumi-home"),
-            env_vars=self.env,
-            pulumi_command=auto.PulumiCommand(root=str(self._cli_root())),
-        )
-        return auto.Stack.create_or_select(self.name, workspace)
-
-    def up(self, on_output: Callable[[str], None] | None = None) -> auto.UpResult:
-        def record(line: str) -> None:
-            self.log.append(line)
-            if on_output is not None:
-                on_output(line)
-
-        # As scripts/stack.sh: more than the engine's default 8 operations at once.
-        return self.stack().up(color="never", on_output=record, parallel=PARALLEL)
-
-    def preview(self) -> auto.PreviewResult:
-        return self.stack().preview(color="never", on_output=self.log.append)
-
-    def refresh(self, *args: str) -> auto.RefreshResult:
-        return self.stack().refresh(color="never", on_output=self.log.append)
-
-    def text(self) -> str:
-        return "\n".join(self.log)
-
-
-@dataclass(frozen=True)
-class CliRun:
-    """One command run: its exit status, its output (stderr on its own when asked for),
-    and whether it was killed."""
-
-    returncode: int
-    output: str
-    killed: bool
-    stderr: str = ""
-
-    @property
-    def stdout(self) -> str:
-        return self.output
-
-
-def run_killable(
-    argv: Sequence[str],
-    *,
-    cwd: Path,
-    env: dict[str, str],
-    kill_when: str | None = None,
-    timeout: float = 900,
-    split_stderr: bool = False,
-) -> CliRun:
-    """Run `argv` in its own process group, stdin not a terminal; with `kill_when`, SIGKILL
-    it and everything it started (language host, provider processes) as soon as a line
-    containing that text appears (on stderr with `split_stderr`, else on the merged output)."""
-    import signal  # noqa: PLC0415
-    import threading  # noqa: PLC0415
-    import time  # noqa: PLC0415
-
-    process = subprocess.Popen(
-        list(argv),
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE if split_stderr else subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group: a kill reaches the provider processes too
-    )
-    assert process.stdout is not None
-    out: list[str] = []
-    watched = process.stdout
-    if split_stderr:
-        assert process.stderr is not None
-        stdout = process.stdout
-        threading.Thread(target=lambda: out.extend(stdout), daemon=True).start()
-        watched = process.stderr
-    lines: list[str] = []
-    killed = False
-    deadline = time.monotonic() + timeout
-    for line in watched:
-        lines.append(line)
-        if kill_when is not None and kill_when in line:
-            os.killpg(process.pid, signal.SIGKILL)
-            killed = True
-            break
-        if time.monotonic() > deadline:
-            os.killpg(process.pid, signal.SIGKILL)
-            raise AssertionError(f"{' '.join(argv)} ran past {timeout:.0f}s:\n{''.join(lines[-50:])}")
-    process.wait()
-    if killed:
-        # Wait until nothing of the killed run is left.
-        for _ in range(100):
-            try:
-                os.killpg(process.pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
-    if split_stderr:
-        time.sleep(0.2)  # the reader thread drains what stdout still holds
-        return CliRun(process.returncode, "".join(out), killed, "".join(lines))
-    return CliRun(process.returncode, "".join(lines), killed)
-
-
-def run_cli(stack: LabStack, args: Sequence[str], *, kill_when: str | None = None, timeout: float = 900) -> CliRun:
-    """Run `pulumi <args> --stack <name>` in the project copy (see `run_killable`)."""
-    env = {**os.environ, **stack.env, "PULUMI_HOME": str(stack.directory / "pulumi-home")}
-    argv = ["pulumi", *args, "--stack", stack.name, "--non-interactive", "--color", "never"]
-    return run_killable(argv, cwd=stack.project, env=env, kill_when=kill_when, timeout=timeout)
+__all__ = [
+    "BIN",
+    "CACHE",
+    "KUBE_BIN_IN_HOST",
+    "LONGHORN_PACKAGES",
+    "PARALLEL",
+    "REPO",
+    "CliRun",
+    "LabStack",
+    "base_config",
+    "k3s_snapshot",
+    "k3s_version",
+    "lab_binaries_missing",
+    "run_cli",
+    "run_killable",
+    "server_spec",
+    "skip_without_lab_binaries",
+    "up_or_fail",
+    "worker_spec",
+]
