@@ -4,6 +4,8 @@
 #   - kube-apiserver, kube-controller-manager, kubectl and kine (lab/build/kube.sh)
 #   - the Pulumi CLI and its Python language host (lab/build/pulumi.sh)
 #   - the k3s stand-in (lab/build/k3s_standin.sh)
+#   - the pod runtime of pod-capable hosts: runc, containerd, CNI plugins, crictl and the
+#     pause and test images (lab/build/pod_runtime.sh; the kubelet comes from kube.sh)
 #   - the Debian base tree lab hosts boot from (lab.hosts.Lab.ensure_base)
 # Prints each step and its time; `--timings FILE` also writes them as JSON.
 set -euo pipefail
@@ -40,6 +42,7 @@ step "python environment" bash scripts/setup_python.sh requirements-dev.txt
 step "kubernetes control plane" bash lab/build/kube.sh
 step "pulumi cli" bash lab/build/pulumi.sh
 step "k3s stand-in" bash lab/build/k3s_standin.sh
+step "pod runtime" bash lab/build/pod_runtime.sh
 step "host base tree" venv/bin/python -c '
 import os, pathlib, tempfile
 from lab.hosts import Lab

@@ -6,6 +6,9 @@ set -euo pipefail
 packages=(openssh-server openssh-client shellcheck iproute2 bc)
 if [ "${1:-}" = "--lab" ]; then
   packages+=(debootstrap systemd-container nftables iptables util-linux procps)
+  # Pod-capable lab hosts (lab/build/pod_runtime.sh): runc's static seccomp, the pause
+  # image's static C build, and the test image's busybox.
+  packages+=(libseccomp-dev gcc libc6-dev busybox-static)
 fi
 missing=()
 for package in "${packages[@]}"; do
