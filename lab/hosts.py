@@ -67,6 +67,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from lab import pod_hosts
+
 log = logging.getLogger("lab.hosts")
 
 IPv4Network = ipaddress.IPv4Network
@@ -451,6 +453,9 @@ class HostSpec:
       ``extra_binds_rw`` read-write ones.
     * ``extra_packages``: boot from a variant base with these packages too.
     * ``extra_nspawn_args``: passed to systemd-nspawn as they are.
+    * ``pods``: the host can run pods (LAB ONLY, see :mod:`lab.pod_hosts`): its own
+      writable cgroup subtree, plain directories for containerd and the kubelet, the
+      runtime built by ``lab/build/pod_runtime.sh`` where k3s keeps its bundled binaries.
     """
 
     name: str
@@ -463,6 +468,7 @@ class HostSpec:
     extra_binds_rw: tuple[tuple[Path, str], ...] | list[tuple[Path, str]] = ()
     extra_packages: tuple[str, ...] = ()
     extra_nspawn_args: tuple[str, ...] = ()
+    pods: bool = False
     private_mtu: int = PRIVATE_MTU
     index: int | None = None
 
@@ -552,6 +558,8 @@ class Host:
     nat_inner_ip: str | None = None
     private_network: str | None = None
     private_gateway: str | None = None
+    cgroup_dirs: dict[str, str] = field(default_factory=dict)
+    """A pod-capable host's cgroup subtree: hierarchy name -> directory on the machine."""
     lab: Lab | None = field(default=None, repr=False, compare=False)
 
     # ---- identity
@@ -891,13 +899,16 @@ class Host:
         if self.is_running and self.leader_pid is not None:
             self.run(["systemctl", "reload-or-restart", "ssh.service"], check=False, timeout=30)
             # sshd re-executes on reload: wait until it listens again.
-            probe = "import socket; socket.create_connection(('127.0.0.1', 22), 1).close()"
-            deadline = time.monotonic() + 15
-            while self.run(["python3", "-c", probe], check=False).returncode != 0:
-                if time.monotonic() > deadline:
-                    raise LabError(f"host {self.name}: sshd did not come back after the host key change")
-                time.sleep(0.1)
+            self._wait_sshd_listening("after the host key change")
         return self.ssh_host_key_fingerprint
+
+    def _wait_sshd_listening(self, after: str, timeout: float = 15) -> None:
+        probe = "import socket; socket.create_connection(('127.0.0.1', 22), 1).close()"
+        deadline = time.monotonic() + timeout
+        while self.run(["python3", "-c", probe], check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise LabError(f"host {self.name}: sshd did not come back {after}")
+            time.sleep(0.1)
 
     def set_sshd_options(self, lines: Sequence[str]) -> None:
         """Put `lines` in an sshd drop-in read before every other (sshd keeps the first value
@@ -906,12 +917,7 @@ class Host:
         conf.write_text("".join(f"{line}\n" for line in lines))
         self.run(["sshd", "-t"], timeout=30)
         self.run(["systemctl", "restart", "ssh.service"], timeout=30)
-        probe = "import socket; socket.create_connection(('127.0.0.1', 22), 1).close()"
-        deadline = time.monotonic() + 15
-        while self.run(["python3", "-c", probe], check=False).returncode != 0:
-            if time.monotonic() > deadline:
-                raise LabError(f"host {self.name}: sshd did not come back with the new options")
-            time.sleep(0.1)
+        self._wait_sshd_listening("with the new options")
 
     def sshd_log(self, since: float | None = None) -> list[str]:
         """sshd's journal lines, each led by its UNIX time (``journalctl -o short-unix``)."""
@@ -976,9 +982,11 @@ class Leftovers:
     mounts: list[str]
     processes: list[str]
     nft_tables: list[str]
+    cgroups: list[str] = field(default_factory=list)
+    """Cgroup directories a pod-capable host created on the machine."""
 
     def empty(self) -> bool:
-        return not (self.netns or self.links or self.mounts or self.processes or self.nft_tables)
+        return not (self.netns or self.links or self.mounts or self.processes or self.nft_tables or self.cgroups)
 
 
 class Lab:
@@ -1388,6 +1396,8 @@ class Lab:
             try:
                 self._create_host_network(host)
                 self._prepare_root(host, base)
+                if spec.pods:
+                    self._prepare_pods(host)
                 self._save_state()
             except BaseException:
                 self._save_state()
@@ -1621,8 +1631,19 @@ class Lab:
             argv.append(f"--bind-ro={Path(src).resolve()}:{dst}")
         for src, dst in host.spec.extra_binds_rw:
             argv.append(f"--bind={Path(src).resolve()}:{dst}")
+        if host.spec.pods:
+            argv += pod_hosts.nspawn_args(host.dir, host.dir / "cgroup", self.run_dir / "pod-runtime")
         argv += list(host.spec.extra_nspawn_args)
         return argv
+
+    def _prepare_pods(self, host: Host) -> None:
+        """A pod-capable host's cgroup subtree, plain directories and runtime (see :mod:`lab.pod_hosts`)."""
+        pod_hosts.assemble_runtime(self.cache_dir, self.run_dir / "pod-runtime")
+        for sub in ("containerd", "kubelet"):
+            (host.dir / sub).mkdir(parents=True, exist_ok=True)
+        pod_hosts.install_kernel_files(host.root)
+        host.cgroup_dirs = pod_hosts.create_cgroups(f"{self.lab_id}-{host.name}")
+        self._save_state()
 
     def _start_container(self, host: Host) -> None:
         if host.is_running:
@@ -1632,6 +1653,12 @@ class Lab:
         for stale in ("supervisor.pid", "nspawn.pid"):
             (host.dir / stale).unlink(missing_ok=True)
         argv = [sys.executable, "-I", str(SUPERVISOR), str(host.dir), "30", "--", *self._nspawn_argv(host)]
+        if host.spec.pods:
+            # The view must be there before nspawn binds it; the supervisor enters the cgroups
+            # listed in HOST_DIR/cgroups before it starts nspawn, so nspawn and the container
+            # inherit the host's subtree (lab.pod_hosts).
+            pod_hosts.mount_cgroup_view(host.dir / "cgroup", host.cgroup_dirs)
+            (host.dir / "cgroups").write_text("".join(d + "\n" for d in host.cgroup_dirs.values()))
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(
                 argv,
@@ -1733,6 +1760,7 @@ class Lab:
                 nat_inner_ip=data["nat_inner_ip"],
                 private_network=data["private_network"],
                 private_gateway=data["private_gateway"],
+                cgroup_dirs=dict(data.get("cgroup_dirs") or {}),
                 lab=lab,
             )
             lab.hosts[spec.name] = host
@@ -1786,7 +1814,8 @@ class Lab:
             for line in _run(["nft", "list", "tables"], check=False).stdout.splitlines()
             if self.nft_table in line.split()
         ]
-        return Leftovers(netns, links, sorted(set(mounts)), processes, tables)
+        cgroups = [d for host in self.hosts.values() for d in host.cgroup_dirs.values() if Path(d).exists()]
+        return Leftovers(netns, links, sorted(set(mounts)), processes, tables, cgroups)
 
     def teardown(self) -> None:
         """Remove every namespace, bridge, veth, container process, mount and nft table of this lab, and its run_dir."""
@@ -1823,11 +1852,15 @@ class Lab:
             deadline = time.monotonic() + 5
             while any(_pid_alive(p) for p in self._lab_processes()) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            # 2. Mounts (overlays).
+            # 2. Mounts (overlays, pod-capable hosts' cgroup views), then those hosts' cgroups.
             try:
                 _umount_all(self.run_dir)
             except LabError as err:
                 errors.append(str(err))
+            for host in list(self.hosts.values()):
+                left_cgroups = pod_hosts.remove_cgroups(host.cgroup_dirs)
+                if left_cgroups:
+                    errors.append(f"host {host.name}: cgroups still in use: {', '.join(left_cgroups)}")
             # 3. Namespaces, then links left in the root namespace.
             prefix = self.lab_id + "-"
             for ns in _run(["ip", "netns", "list"], check=False).stdout.split():

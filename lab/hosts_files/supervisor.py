@@ -13,7 +13,9 @@ and stops it on request:
 Usage: supervisor.py HOST_DIR GRACE_SECONDS -- NSPAWN_ARGV...
 
 HOST_DIR receives ``supervisor.pid``, ``nspawn.pid`` and ``boots`` (count of
-container starts).
+container starts). When HOST_DIR holds ``cgroups`` (a pod-capable host: one cgroup
+directory per line), the supervisor first moves itself into each, so nspawn and the
+container start inside the host's own subtree.
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGUSR1, self._on_usr1)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        cgroups = self.host_dir / "cgroups"
+        if cgroups.exists():
+            for directory in cgroups.read_text().split():
+                Path(directory, "cgroup.procs").write_text(str(os.getpid()))
         self._write("supervisor.pid", str(os.getpid()))
         boots_file = self.host_dir / "boots"
         rc = 0
