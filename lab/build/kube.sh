@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Build the lab's real Kubernetes control-plane binaries from the Go module proxy:
 #   kube-apiserver, kube-controller-manager, kubectl  (module k8s.io/kubernetes)
-#   kubelet                                          (same module: the pod-capable lab hosts' kubelet)
 #   kine                                             (module github.com/k3s-io/kine, SQLite)
 # into "$HK3S_LAB_CACHE/bin" (default /var/cache/hk3s-lab/bin), outside the repository.
 #
@@ -37,7 +36,7 @@ readonly CACHE="${HK3S_LAB_CACHE:-/var/cache/hk3s-lab}"
 readonly BIN="$CACHE/bin"
 readonly TOOLS="$CACHE/src/kube-tools"
 readonly STAMP="$BIN/.kube-stamp"
-readonly BINARIES=(kube-apiserver kube-controller-manager kubectl kubelet kine)
+readonly BINARIES=(kube-apiserver kube-controller-manager kubectl kine)
 
 FORCE=0
 case "${1:-}" in
@@ -145,6 +144,7 @@ prepare_tools_module() {
     echo "	k8s.io/kubernetes/cmd/kube-apiserver"
     echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
     echo "	k8s.io/kubernetes/cmd/kubectl"
+    # Resolved here for lab/build/pod_runtime.sh, which builds the kubelet as k3s embeds it.
     echo "	k8s.io/kubernetes/cmd/kubelet"
     echo ")"
     echo
@@ -189,7 +189,7 @@ kube_ldflags() {
 build_kube() {
   local out=$1 name
   # Same build tags as upstream's release builds; static, no cgo.
-  for name in kube-apiserver kube-controller-manager kubectl kubelet; do
+  for name in kube-apiserver kube-controller-manager kubectl; do
     (cd "$TOOLS" && timed "go build $name $KUBE_VERSION" \
       go build -trimpath -tags selinux,notest,grpcnotrace \
         -ldflags "$(kube_ldflags)" -o "$out/$name" "k8s.io/kubernetes/cmd/$name")
@@ -227,9 +227,6 @@ verify() {
   v=$(sed -n 's/^ *gitVersion: *//p' <<<"$out" | head -n1)
   [[ $v == "$KUBE_VERSION" ]] || die "kubectl reports gitVersion '$v', want $KUBE_VERSION"
   log "kubectl: client $v ($(linkage "$BIN/kubectl"))"
-  out=$("$BIN/kubelet" --version) || die "kubelet --version failed"
-  [[ $out == "Kubernetes $KUBE_VERSION" ]] || die "kubelet reports '$out', want Kubernetes $KUBE_VERSION"
-  log "kubelet: $out ($(linkage "$BIN/kubelet"))"
   out=$("$BIN/kine" --version) || die "kine --version failed"
   [[ $out == *"$KINE_VERSION"* ]] || die "kine reports '$out', want $KINE_VERSION"
   log "kine: $out ($(linkage "$BIN/kine"))"

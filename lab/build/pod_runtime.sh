@@ -4,6 +4,9 @@
 #   runc                         (github.com/opencontainers/runc; cgo + libseccomp, static)
 #   containerd, containerd-shim-runc-v2, ctr   (github.com/containerd/containerd/v2)
 #   crictl                       (sigs.k8s.io/cri-tools)
+#   kubelet                      (k8s.io/kubernetes at lab/build/kube.sh's release, built in
+#                                 kube.sh's tools module; it reports v1.X.Y+k3s1 as the
+#                                 kubelet k3s embeds does)
 #     -> "$HK3S_LAB_CACHE/bin"
 #   bridge, host-local, loopback, portmap CNI plugins (github.com/containernetworking/plugins)
 #     -> "$HK3S_LAB_CACHE/cni/bin"
@@ -11,7 +14,6 @@
 #   lab/build/kube.sh pins, built with gcc -static) and a small test image (Debian's
 #   busybox-static), as docker-archive tarballs named as k3s's air-gap images name them
 #     -> "$HK3S_LAB_CACHE/images/*.tar"
-# The kubelet comes from lab/build/kube.sh (the control plane's release).
 #
 # Only the Go module proxy and Debian's packages are used: no registry, release
 # download or git. Each part has its own stamp (its pin, Go version and recipe) in
@@ -82,6 +84,8 @@ GO_VERSION=$(go env GOVERSION)
 readonly GO_VERSION
 KUBE_VERSION=$(bash "$HERE/kube.sh" --print-version)
 readonly KUBE_VERSION
+KUBE_MINOR=${KUBE_VERSION#v1.}
+readonly KUBE_MINOR=${KUBE_MINOR%%.*}
 
 mkdir -p "$BIN" "$CNI_BIN" "$IMAGES" "$STAMPS"
 exec 9>"$CACHE/.pod-runtime.lock"
@@ -152,6 +156,19 @@ build_cni() {
     "$pkg/plugins/meta/portmap@$CNI_PLUGINS_VERSION"
 }
 
+build_kubelet() {
+  local tools="$CACHE/src/kube-tools" date pkg flags="-s -w"
+  if ! grep -qs 'k8s.io/kubernetes/cmd/kubelet' "$tools/go.mod"; then
+    die "no kube-tools module with the kubelet in $tools: run lab/build/kube.sh first"
+  fi
+  date=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^[[:space:]]*"Time": "\(.*\)",\{0,1\}$/\1/p')
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$KUBE_VERSION+k3s1 -X $pkg.gitMajor=1 -X $pkg.gitMinor=$KUBE_MINOR"
+    flags+=" -X $pkg.gitCommit= -X $pkg.gitTreeState=archive -X $pkg.buildDate=${date:-1970-01-01T00:00:00Z}"
+  done
+  (cd "$tools" && go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$flags" -o "$1/kubelet" k8s.io/kubernetes/cmd/kubelet)
+}
+
 build_crictl() {
   GOBIN="$1" go install -trimpath \
     -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" \
@@ -214,7 +231,9 @@ verify() {
   "$BIN/containerd-shim-runc-v2" -v >/dev/null || die "containerd-shim-runc-v2 -v failed"
   out=$("$BIN/crictl" --version)
   [[ $out == *"${CRICTL_VERSION#v}"* ]] || die "crictl reports '$out'"
-  for b in runc containerd containerd-shim-runc-v2 ctr crictl; do static_or_die "$BIN/$b"; done
+  out=$("$BIN/kubelet" --version)
+  [[ $out == "Kubernetes $KUBE_VERSION+k3s1" ]] || die "kubelet reports '$out', want Kubernetes $KUBE_VERSION+k3s1"
+  for b in runc containerd containerd-shim-runc-v2 ctr crictl kubelet; do static_or_die "$BIN/$b"; done
   for b in "${CNI_PLUGINS[@]}"; do
     static_or_die "$CNI_BIN/$b"
     [[ $(CNI_COMMAND=VERSION "$CNI_BIN/$b" </dev/null) == *cniVersion* ]] || die "CNI plugin $b does not answer VERSION"
@@ -222,7 +241,7 @@ verify() {
   for b in pause busybox; do
     tar -tf "$IMAGES/$b.tar" manifest.json >/dev/null || die "$IMAGES/$b.tar is not an image archive"
   done
-  log "runc ${RUNC_VERSION}, containerd $CONTAINERD_VERSION, crictl $CRICTL_VERSION, CNI plugins $CNI_PLUGINS_VERSION (${CNI_PLUGINS[*]}), images $PAUSE_IMAGE $BUSYBOX_IMAGE: static, answering"
+  log "kubelet $KUBE_VERSION+k3s1, runc ${RUNC_VERSION}, containerd $CONTAINERD_VERSION, crictl $CRICTL_VERSION, CNI plugins $CNI_PLUGINS_VERSION (${CNI_PLUGINS[*]}), images $PAUSE_IMAGE $BUSYBOX_IMAGE: static, answering"
 }
 
 # ---- main -------------------------------------------------------------------------
@@ -231,6 +250,7 @@ step runc "$RUNC_VERSION" build_runc "$BIN/runc"
 step containerd "$CONTAINERD_VERSION" build_containerd "$BIN/containerd" "$BIN/containerd-shim-runc-v2" "$BIN/ctr"
 step cni-plugins "$CNI_PLUGINS_VERSION" build_cni "${CNI_PLUGINS[@]/#/$CNI_BIN/}"
 step crictl "$CRICTL_VERSION" build_crictl "$BIN/crictl"
+step kubelet "$KUBE_VERSION+k3s1" build_kubelet "$BIN/kubelet"
 step images "$KUBE_VERSION $PAUSE_IMAGE $BUSYBOX_IMAGE $(sha256sum /bin/busybox 2>/dev/null | cut -c1-16)" build_images "$IMAGES/pause.tar" "$IMAGES/busybox.tar"
 verify
 log "all done in $(( $(date +%s) - START_ALL ))s"
