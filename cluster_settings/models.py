@@ -233,7 +233,11 @@ class ClusterSettings(StrictModel):
 class SshSettings(StrictModel):
     """`hk3s:ssh`: how the program logs in to every node."""
 
-    user: str = Field("root", min_length=1, description="Login user on every node (root or a sudoer).")
+    user: str = Field(
+        "root",
+        min_length=1,
+        description="Login user on every node: root (the program's host commands run without sudo).",
+    )
     private_key_file: Path = Field(
         ...,
         description="Private key that logs in to every node; its .pub file is given to Hetzner servers.",
@@ -261,6 +265,25 @@ class SshSettings(StrictModel):
         description="How long the first login to a host waits for SSH to answer and cloud-init to finish "
         "(a new Hetzner server boots for a while after its create action ends; nobody can say how long).",
     )
+    # A first contact with no pinned key accepts whatever key answers. A person at `pulumi up` sees
+    # the key printed; in CI and through the operator API and CLI nobody does, so there it is refused.
+    trust_on_first_use: bool = Field(
+        False,
+        description="In a non-interactive run (CI, the operator API and CLI, any run with CI or "
+        "HK3S_NON_INTERACTIVE set), record the SSH host key of a host with none pinned on first contact "
+        "instead of refusing the run. Every key recorded that way is listed in the run's result. Hetzner "
+        "servers the program creates get their keys from it and are pinned from the start.",
+    )
+
+    @field_validator("user")
+    @classmethod
+    def _root_only(cls, value: str) -> str:
+        if value != "root":
+            raise ValueError(
+                f"{value!r} is not root: the program's host commands (firewall, k3s, sshd) run without sudo, "
+                "so log in as root with a key (hk3s:ssh.user: root)"
+            )
+        return value
 
     @field_validator("host_keys")
     @classmethod

@@ -14,6 +14,7 @@ from components.hetzner_project import hetzner_name, ownership_labels
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
 from components.provider_shards import OperationShards
+from providers.host_key_pair import HostKeyPair, cloud_config
 from providers.host_probe import HostProbe
 from providers.login_key import NodeLoginKey
 
@@ -71,6 +72,16 @@ def provision_machine(
             "image": host.image or settings.cluster.image,
             "location": host.location or settings.cluster.location,
         }
+        # The server's SSH host key, made here and given at creation: pinned from the first login.
+        host_key = HostKeyPair(
+            f"{host.name}-host-key",
+            host.name,
+            opts=pulumi.ResourceOptions(parent=parent, provider=shards.for_node(host.name)),
+        )
+        rendered: pulumi.Output[str] = pulumi.Output.all(host_key.private_key, host_key.public_key).apply(
+            lambda keys: cloud_config(*keys)
+        )
+        user_data: pulumi.Output[str] = pulumi.Output.secret(rendered)
         server = hcloud.Server(
             host.name,
             # Unique per Hetzner project: two stacks (dev, staging) may name their nodes alike.
@@ -79,6 +90,7 @@ def provision_machine(
             image=wanted["image"],
             location=wanted["location"],
             ssh_keys=[ssh_key_id],
+            user_data=user_data,
             public_nets=[hcloud.ServerPublicNetArgs(ipv4_enabled=True, ipv6_enabled=True)],
             labels={**ownership_labels(settings.cluster.name, pulumi.get_stack()), "hk3s-role": role},
             # On the internet from its first boot: an SSH-only cloud firewall is attached at creation,
@@ -90,11 +102,19 @@ def provision_machine(
                 # type, power it off). Later values apply to servers created later (report_creation_drift).
                 ignore_changes=[*CREATION_ONLY_SERVER_INPUTS, *CREATION_FIREWALL_INPUTS],
                 protect=role == "server" and settings.cluster.protect_control_plane,
+                additional_secret_outputs=["user_data"],
             ),
         )
         report_creation_drift(server, host.name, role, wanted)
         hcloud_server_id = server.id
         machine = server
+        # A server created before the program gave keys has no user data: its key was recorded on
+        # first use (kept in the probe's state), so the generated one, which it never got, is not pinned.
+        generated_key: pulumi.Output[str | None] = pulumi.Output.unsecret(
+            pulumi.Output.all(server.user_data, host_key.public_key).apply(
+                lambda values: values[1] if values[0] else None
+            )
+        )
         public_address: pulumi.Output[str] = server.ipv4_address
         ssh_address = server.ipv4_address
         private_address: pulumi.Output[str | None] = pulumi.Output.from_input(None)
@@ -109,6 +129,9 @@ def provision_machine(
         ssh_address = pulumi.Output.from_input(host.ssh_address or host.address)
         private_address = pulumi.Output.from_input(host.private_address)
         depends = []
+        generated_key = pulumi.Output.from_input(None)
+    # A key the stack records wins; else the one the program gave the server.
+    pinned_key = credentials.recorded_host_keys.get(host.name) or generated_key
     operations = shards.for_node(host.name)
     # First of the node's resources: a rotated hk3s:ssh.private_key_file is rotated on the host
     # before anything logs in with it (providers.login_key).
@@ -120,7 +143,7 @@ def provision_machine(
             "ssh_port": host.ssh_port,
             "ssh_user": credentials.user,
             "private_key": credentials.private_key,
-            "recorded_host_key": credentials.recorded_host_keys.get(host.name),
+            "recorded_host_key": pinned_key,
             "previous_private_key": credentials.previous_private_key,
             "authorized_by": "program" if host.kind == "hetzner" else "operator",
         },
@@ -133,11 +156,12 @@ def provision_machine(
         ssh_port=host.ssh_port,
         ssh_user=credentials.user,
         private_key=credentials.private_key,
-        recorded_host_key=credentials.recorded_host_keys.get(host.name),
+        recorded_host_key=pinned_key,
         # A Hetzner network's address: the facts wait for it, so the network decision sees it.
         expected_address=private_address if host.kind == "hetzner" else None,
         first_contact_seconds=settings.ssh.first_contact_seconds,
         created_by_program=host.kind == "hetzner",
+        trust_on_first_use=settings.ssh.trust_on_first_use,
         opts=pulumi.ResourceOptions(parent=parent, depends_on=[*depends, login_key], provider=operations),
     )
     return NodeEndpoint(

@@ -40,7 +40,9 @@ from typing import Any, Literal
 import yaml
 from pulumi import automation as auto
 
-from .errors import LockHolder, RefusedError, StackBusyError, StackError
+from cluster_settings import SettingProblem
+
+from .errors import LockHolder, RefusedError, SettingsRejectedError, StackBusyError, StackError
 from .events import EventCallback, PlannedChange, RunRecord
 from .locks import OperatorLock, backend_directory, read_pulumi_locks
 from .nodes import ClusterStatus, LastRun, Node
@@ -97,6 +99,9 @@ class RunResult:
     summary: dict[str, int]
     changes: list[PlannedChange]
     recovery: Recovery
+    # Hosts whose SSH key this run accepted on first use (hk3s:ssh.trust_on_first_use): node -> key.
+    # Compare each with the host's key read over a channel you trust, then pin it (hk3s:ssh.host_keys).
+    host_keys_recorded: dict[str, str] = field(default_factory=dict)
 
 
 class ClusterStack:
@@ -119,6 +124,7 @@ class ClusterStack:
         pulumi_home: Path | str | None = None,
         parallel: int = 32,
     ) -> None:
+        check_stack_name(env)
         self.env = env
         self.project_dir = Path(project_dir).resolve()
         self.parallel = parallel
@@ -132,7 +138,9 @@ class ClusterStack:
 
     # --- setup ---------------------------------------------------------------------------
     def _environment(self, given: dict[str, str], root: Path | str | None) -> dict[str, str]:
-        env: dict[str, str] = {"PULUMI_SKIP_UPDATE_CHECK": "true"}
+        # Nobody watches a run the API starts: the program refuses to trust a host key on first use
+        # unless the stack opts in (providers.host_probe).
+        env: dict[str, str] = {"PULUMI_SKIP_UPDATE_CHECK": "true", "HK3S_NON_INTERACTIVE": "1"}
         venv_python = self.project_dir / "venv" / "bin" / "python"
         # Older language hosts (the lab's) run the program with this interpreter.
         env["PULUMI_PYTHON_CMD"] = str(venv_python if venv_python.exists() else Path(sys.executable))
@@ -433,7 +441,7 @@ class ClusterStack:
                 parallel=self.parallel,
             ),
         )
-        return RunResult(kind, record.summary, record.changes, recovery)
+        return RunResult(kind, record.summary, record.changes, recovery, keys_recorded_on_first_use(record))
 
     @staticmethod
     def _events(record: RunRecord, on_event: EventCallback | None) -> EventCallback:
@@ -513,6 +521,36 @@ class ClusterStack:
                     ),
                 )
             yield Recovery(stale_locks=stale, cleared_pending=pending)
+
+
+# Pulumi's own rule for stack names, without which `Pulumi.<env>.yaml`, the backend's state and lock
+# paths are built from a name that could climb out of the project or the backend (`../../x`).
+STACK_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
+FIRST_USE_PREFIX = "recorded SSH host key on first use: "
+
+
+def check_stack_name(env: str) -> None:
+    """Refuse a stack name that is not a plain name before it reaches any path."""
+    if not STACK_NAME.match(env) or ".." in env:
+        raise SettingsRejectedError(
+            [
+                SettingProblem(
+                    "stack",
+                    f"{env!r} is not a stack name: use letters, digits, '-', '_' and '.', "
+                    "no path separator and no '..' (e.g. 'staging')",
+                )
+            ],
+            action="choosing the stack",
+        )
+
+
+def keys_recorded_on_first_use(record: RunRecord) -> dict[str, str]:
+    """node -> host key, from the probes' "recorded SSH host key on first use" lines."""
+    found: dict[str, str] = {}
+    for node, message in record.progress:
+        if message.startswith(FIRST_USE_PREFIX):
+            found[node] = message.removeprefix(FIRST_USE_PREFIX).split(" (pin it", 1)[0].strip()
+    return found
 
 
 def _say(on_output: OutputCallback | None, message: str) -> None:

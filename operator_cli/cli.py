@@ -225,6 +225,7 @@ def run_data(result: RunResult) -> dict[str, Any]:
         "summary": result.summary,
         "changes": [asdict(change) for change in result.changes],
         "recovery": asdict(result.recovery),
+        "host_keys_recorded": dict(result.host_keys_recorded),
     }
 
 
@@ -235,6 +236,11 @@ def run_text(result: RunResult) -> str:
         notes = (
             f"\nRecovered from an interrupted run: {len(result.recovery.stale_locks)} stale lock(s) removed, "
             f"{len(result.recovery.cleared_pending)} pending operation(s) cleared."
+        )
+    for node, key in sorted(result.host_keys_recorded.items()):
+        notes += (
+            f"\nSSH host key of {node} recorded on first use (hk3s:ssh.trust_on_first_use): {key}; compare it with "
+            f"the host's own (its console), then pin it with hk3s:ssh.host_keys.{node}."
         )
     return f"{result.command} succeeded: {counts}{notes}"
 

@@ -17,6 +17,13 @@ esac
 stack=dev
 if [ "${1:-}" = "--stack" ]; then
   stack=${2:?--stack needs a name}
+  # The name becomes part of file paths (Pulumi.<name>.yaml, the backend's state and locks).
+  case "$stack" in
+    *..* | */* | *\\* | -* | "")
+      echo "'$stack' is not a stack name: use letters, digits, '-', '_' and '.', no path separator and no '..'" >&2
+      exit 2
+      ;;
+  esac
   shift 2
 fi
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import pytest
 
 from lab.hosts import Host, HostSpec, Lab
-from node_operations.firewall_plan import inbound_rules
+from node_operations.firewall_plan import Role, inbound_rules
 from node_operations.host_firewall import NodeFirewallJob, NodeFirewallPlan, apply_firewalls
 from tests.lab.test_host_firewall import (
     FIREWALLD_PACKAGES,
@@ -80,7 +80,7 @@ class ExposedCluster:
         return [self.server, *self.workers.values()]
 
     def plan(self, host: Host) -> NodeFirewallPlan:
-        role = "server" if host is self.server else "worker"
+        role: Role = "server" if host is self.server else "worker"
         rules = inbound_rules(
             role=role,
             node=host.name,

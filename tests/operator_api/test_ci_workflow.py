@@ -1,6 +1,7 @@
-"""The example CI workflow (examples/ci/github-actions-deploy.yml): one job per environment,
-preview on pull requests, up on main, one run per environment at a time, no secret values,
-and exactly the commands the lab tests run."""
+"""The example CI workflow (examples/ci/github-actions-deploy.yml): pull requests get a job
+with no secret at all; main gets one deploy job per environment (preview, then up) in a
+protected environment, one run per environment at a time, no secret values, and exactly the
+commands the lab tests run."""
 
 from __future__ import annotations
 
@@ -21,23 +22,32 @@ def workflow() -> dict[str, Any]:
     return data
 
 
-def job() -> dict[str, Any]:
+def job(name: str = "deploy") -> dict[str, Any]:
     jobs = workflow()["jobs"]
-    assert len(jobs) == 1, "one job, run once per environment by the matrix"
-    return next(iter(jobs.values()))
+    assert sorted(jobs) == ["check", "deploy"], "a secret-free check for pull requests, one deploy job"
+    return dict(jobs[name])
 
 
-def runs(step_if: str) -> list[str]:
-    return [step["run"] for step in job()["steps"] if step.get("if") == step_if]
+def runs(name: str = "deploy") -> list[str]:
+    return [step["run"] for step in job(name)["steps"] if "run" in step]
 
 
-def test_triggers_preview_on_pull_requests_and_up_on_main() -> None:
+def test_pull_requests_run_without_any_secret_and_main_deploys_in_a_protected_environment() -> None:
     triggers = workflow()["on"]
     assert "pull_request" in triggers and triggers["push"]["branches"] == ["main"]
-    assert runs("github.event_name == 'pull_request'") == ["scripts/hk3s --stack ${{ matrix.environment }} preview"]
-    assert runs("github.event_name == 'push' && github.ref == 'refs/heads/main'") == [
-        "scripts/hk3s --stack ${{ matrix.environment }} up --yes"
+    check, deploy = job("check"), job("deploy")
+    assert check["if"] == "github.event_name == 'pull_request'"
+    # The pull request's own code runs here: no secret, no backend, no deploy key, no environment.
+    assert "secrets." not in repr(check) and "environment" not in check and "env" not in check
+    assert deploy["if"] == "github.event_name == 'push' && github.ref == 'refs/heads/main'"
+    assert deploy["environment"] == "${{ matrix.environment }}"
+    assert [command for command in runs() if command.startswith("scripts/hk3s")] == [
+        "scripts/hk3s --stack ${{ matrix.environment }} preview",
+        "scripts/hk3s --stack ${{ matrix.environment }} up --yes",
     ]
+    for name in ("check", "deploy"):
+        checkout = next(step for step in job(name)["steps"] if step.get("uses", "").startswith("actions/checkout"))
+        assert checkout["with"]["persist-credentials"] is False
 
 
 def test_one_job_per_environment_each_with_its_stack_file() -> None:
@@ -71,7 +81,5 @@ def test_the_lab_tests_run_the_same_commands() -> None:
     # tests/lab/test_automation.py runs `scripts/hk3s --stack <name> ARGS`: preview, and up --yes.
     assert 'argv = [str(self.stack.project / "scripts" / "hk3s"), "--stack", self.stack.name, *args]' in lab
     assert 'cluster.hk3s("preview")' in lab and 'cluster.hk3s("up", "--yes")' in lab
-    for command in runs("github.event_name == 'pull_request'") + runs(
-        "github.event_name == 'push' && github.ref == 'refs/heads/main'"
-    ):
+    for command in [command for command in runs() if command.startswith("scripts/hk3s")]:
         assert re.fullmatch(r"scripts/hk3s --stack \$\{\{ matrix\.environment \}\} (preview|up --yes)", command)

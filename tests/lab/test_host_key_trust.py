@@ -1,0 +1,72 @@
+"""Host keys in a run nobody watches: an `up` through the operator CLI (`--yes`, stdin
+no terminal) with an existing host whose key nobody pinned is refused, naming the
+host and the settings; with `hk3s:ssh.trust_on_first_use` it goes ahead and the key it
+recorded is in the `--json` result and the text summary."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from lab.hosts import Host, Lab
+from tests.lab.lab_stack import (
+    CliRun,
+    LabStack,
+    base_config,
+    run_killable,
+    server_spec,
+    skip_without_lab_binaries,
+    worker_spec,
+)
+
+pytestmark = pytest.mark.lab
+
+
+def hk3s(stack: LabStack, *args: str) -> CliRun:
+    env = {**os.environ, **stack.env, "PULUMI_HOME": str(stack.directory / "pulumi-home")}
+    env.pop("HK3S_NON_INTERACTIVE", None)  # the CLI sets it itself
+    argv = [str(stack.project / "scripts" / "hk3s"), "--stack", stack.name, *args]
+    return run_killable(argv, cwd=stack.project, env=env, timeout=900, split_stderr=True)
+
+
+def host_public_keys(host: Host) -> set[str]:
+    """The host's own SSH host keys, read from its file system (the channel a person trusts)."""
+    return {" ".join(path.read_text().split()[:2]) for path in (host.root / "etc/ssh").glob("ssh_host_*_key.pub")}
+
+
+def test_an_unpinned_host_is_refused_without_the_opt_in_and_listed_with_it(lab: Lab, tmp_path: Path) -> None:
+    skip_without_lab_binaries()
+    server = lab.add_host(server_spec("tk-server"))
+    worker = lab.add_host(worker_spec("tk-worker"))
+    lab.wait_ssh_ready([server, worker])
+    stack = LabStack(tmp_path)
+    pinned = {server.name: " ".join(server.ssh_host_public_key.split()[:2])}
+    stack.write_config(base_config(lab, server, [worker], ssh={"trust_on_first_use": False, "host_keys": pinned}))
+
+    refused = hk3s(stack, "--json", "up", "--yes")
+    assert refused.returncode == 3, refused.stderr[-3000:]
+    error = json.loads(refused.stdout)
+    assert error["error"] == "RefusedError", error
+    text = json.dumps(error)
+    assert f"tk-worker: no SSH host key is pinned for {worker.public_ip}" in text
+    assert "hk3s:ssh.host_keys.tk-worker" in text and "hk3s:ssh.trust_on_first_use" in text
+    assert "HK3S_NON_INTERACTIVE is set" in text
+    # The worker was never logged in to: no k3s, no preparation.
+    assert not (worker.root / "etc/rancher/k3s/config.yaml").exists()
+    assert not (worker.root / "var/lib/hk3s/journal").exists()
+
+    stack.write_config(base_config(lab, server, [worker], ssh={"trust_on_first_use": True, "host_keys": pinned}))
+    accepted = hk3s(stack, "--json", "up", "--yes")
+    assert accepted.returncode == 0, accepted.stderr[-3000:]
+    result = json.loads(accepted.stdout)
+    recorded = result["host_keys_recorded"]
+    assert list(recorded) == ["tk-worker"], recorded  # the pinned server is not listed
+    assert " ".join(recorded["tk-worker"].split()[:2]) in host_public_keys(worker)
+
+    summary = hk3s(stack, "up", "--yes")
+    assert summary.returncode == 0, summary.stderr[-3000:]
+    # Recorded once: the next run pins it and lists nothing.
+    assert "recorded on first use" not in summary.stdout
