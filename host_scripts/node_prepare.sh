@@ -150,8 +150,21 @@ if [ "$hardening_changed" = yes ]; then
     rm -f "$sshd_dropin"
     fail "sshd rejected the hardening drop-in $sshd_dropin; the host's sshd_config needs a look"
   fi
+  # sshd re-executes itself on reload and refuses connections until it listens again: wait for
+  # its new listening socket, so the next login (the server's k3s install) is not refused.
+  # awk reads to the end: an early exit would kill sshd -T with SIGPIPE, failing the pipeline.
+  sshd_port=$(sshd -T 2>/dev/null | awk '$1 == "port" && !found { print $2; found = 1 }')
+  # No listener for a moment is the point of the wait: never an error here.
+  sshd_listeners() { { ss -Htlne "sport = :${sshd_port:-22}" 2>/dev/null || true; } | { grep -o 'ino:[0-9]*' || true; } | sort | tr '\n' ' '; }
+  listening_before=$(sshd_listeners)
   systemctl reload ssh 2>/dev/null || systemctl reload sshd 2>/dev/null ||
     fail "sshd did not reload after the hardening drop-in was written; run systemctl reload ssh and look at its log"
+  # A socket-activated sshd (systemd's listener) never changes it: the wait then ends after 10 s.
+  for _ in $(seq 100); do
+    listening_now=$(sshd_listeners)
+    if [ -n "$listening_now" ] && [ "$listening_now" != "$listening_before" ]; then break; fi
+    sleep 0.1
+  done
 fi
 problems=$(sshd_effective_problems)
 if [ -n "$problems" ]; then
