@@ -1642,6 +1642,7 @@ class Lab:
         for sub in ("containerd", "kubelet"):
             (host.dir / sub).mkdir(parents=True, exist_ok=True)
         pod_hosts.install_kernel_files(host.root)
+        pod_hosts.install_killall(host.root)
         host.cgroup_dirs = pod_hosts.create_cgroups(f"{self.lab_id}-{host.name}")
         self._save_state()
 

@@ -19,6 +19,8 @@ see ``../shared/guide/lab-pods.md``) that needs, beyond a plain host:
   joins a session keyring), and files holding the values the kubelet insists on, bound over
   ``/proc/sys/kernel/panic``, ``kernel/panic_on_oops`` and ``vm/overcommit_memory`` at boot by
   a unit inside the host (the real entries are machine-wide and stay read-only).
+* ``/usr/local/bin/k3s-killall.sh`` (``lab/k3s_standin/k3s-killall.sh``), as k3s's install
+  script writes it.
 * **the runtime**: the binaries ``lab/build/pod_runtime.sh`` and ``lab/build/kube.sh`` built,
   bound read-only at ``/var/lib/rancher/k3s/data/current/bin``, where a real k3s binary
   extracts its bundled containerd, runc, CNI plugins and tools. The k3s stand-in runs the
@@ -175,6 +177,18 @@ def install_kernel_files(root: Path) -> None:
     link = wants / KERNEL_FILES_UNIT
     if not link.is_symlink():
         link.symlink_to(f"/etc/systemd/system/{KERNEL_FILES_UNIT}")
+
+
+KILLALL_SCRIPT = Path(__file__).resolve().parent / "k3s_standin" / "k3s-killall.sh"
+
+
+def install_killall(root: Path) -> None:
+    """``/usr/local/bin/k3s-killall.sh`` as k3s's install script writes it (the product
+    installs k3s air-gapped, without that script)."""
+    target = root / "usr/local/bin/k3s-killall.sh"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(KILLALL_SCRIPT, target)
+    target.chmod(0o755)
 
 
 def assemble_runtime(cache_dir: Path, target: Path) -> Path:

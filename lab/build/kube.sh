@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the lab's real Kubernetes control-plane binaries from the Go module proxy:
-#   kube-apiserver, kube-controller-manager, kubectl  (module k8s.io/kubernetes)
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  (module k8s.io/kubernetes)
 #   kine                                             (module github.com/k3s-io/kine, SQLite)
 # into "$HK3S_LAB_CACHE/bin" (default /var/cache/hk3s-lab/bin), outside the repository.
 #
@@ -36,7 +36,7 @@ readonly CACHE="${HK3S_LAB_CACHE:-/var/cache/hk3s-lab}"
 readonly BIN="$CACHE/bin"
 readonly TOOLS="$CACHE/src/kube-tools"
 readonly STAMP="$BIN/.kube-stamp"
-readonly BINARIES=(kube-apiserver kube-controller-manager kubectl kine)
+readonly BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kine)
 
 FORCE=0
 case "${1:-}" in
@@ -143,6 +143,7 @@ prepare_tools_module() {
     echo "tool ("
     echo "	k8s.io/kubernetes/cmd/kube-apiserver"
     echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
+    echo "	k8s.io/kubernetes/cmd/kube-scheduler"
     echo "	k8s.io/kubernetes/cmd/kubectl"
     # Resolved here for lab/build/pod_runtime.sh, which builds the kubelet as k3s embeds it.
     echo "	k8s.io/kubernetes/cmd/kubelet"
@@ -189,7 +190,7 @@ kube_ldflags() {
 build_kube() {
   local out=$1 name
   # Same build tags as upstream's release builds; static, no cgo.
-  for name in kube-apiserver kube-controller-manager kubectl; do
+  for name in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
     (cd "$TOOLS" && timed "go build $name $KUBE_VERSION" \
       go build -trimpath -tags selinux,notest,grpcnotrace \
         -ldflags "$(kube_ldflags)" -o "$out/$name" "k8s.io/kubernetes/cmd/$name")
@@ -223,6 +224,9 @@ verify() {
   out=$("$BIN/kube-controller-manager" --version) || die "kube-controller-manager --version failed"
   [[ $out == "Kubernetes $KUBE_VERSION" ]] || die "kube-controller-manager reports '$out', want Kubernetes $KUBE_VERSION"
   log "kube-controller-manager: $out ($(linkage "$BIN/kube-controller-manager"))"
+  out=$("$BIN/kube-scheduler" --version) || die "kube-scheduler --version failed"
+  [[ $out == "Kubernetes $KUBE_VERSION" ]] || die "kube-scheduler reports '$out', want Kubernetes $KUBE_VERSION"
+  log "kube-scheduler: $out ($(linkage "$BIN/kube-scheduler"))"
   out=$("$BIN/kubectl" version --client -o yaml) || die "kubectl version --client failed"
   v=$(sed -n 's/^ *gitVersion: *//p' <<<"$out" | head -n1)
   [[ $v == "$KUBE_VERSION" ]] || die "kubectl reports gitVersion '$v', want $KUBE_VERSION"

@@ -132,6 +132,13 @@ func runAgent(ctx context.Context, o *options) error {
 	if !waitNodePassword(ctx, serverURL, caBundle, cfg.CertData, cfg.KeyData, spec.name) {
 		return nil
 	}
+	if podRuntimeInstalled() {
+		// The real kubelet serves the kubelet port; the tunnel reaches it on loopback.
+		go runTunnel(ctx, serverURL, caBundle, cfg.CertData, cfg.KeyData, spec.kubeletPort)
+		err := runPodAgent(ctx, cfg, spec, serverURL, caBundle)
+		infof("k3s agent stopped")
+		return err
+	}
 	stopPort, err := startKubeletPort(ctx, spec)
 	if err != nil {
 		return err

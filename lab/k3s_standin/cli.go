@@ -499,7 +499,7 @@ func serverFlags() []*flagDef {
 		list("kube-apiserver-arg", nil, "(flags) Customized flag for kube-apiserver process"),
 		list("kube-controller-manager-arg", nil, "(flags) Customized flag for kube-controller-manager process"),
 		ignoredList("etcd-arg"),
-		ignoredList("kube-scheduler-arg"),
+		list("kube-scheduler-arg", nil, "(flags) Customized flag for kube-scheduler process"),
 		ignoredList("kube-cloud-controller-manager-arg"),
 		str("datastore-endpoint", nil, "", []string{"K3S_DATASTORE_ENDPOINT"}, "(db) sqlite:// only here"),
 		ignoredStr("datastore-cafile"),

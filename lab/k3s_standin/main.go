@@ -12,7 +12,9 @@
 // What it reproduces:
 //
 //   - The CLI: `k3s server`, `k3s agent`, `k3s token create|list|delete|generate`,
-//     `k3s kubectl ...` (also when called through a symlink named kubectl) and
+//     `k3s kubectl ...` (also when called through a symlink named kubectl), `k3s crictl`
+//     and `k3s ctr` (the bundled binaries pointed at k3s's containerd socket, ctr in the
+//     k8s.io namespace; only where the runtime is installed, see below) and
 //     `k3s --version` ("k3s version v1.X.Y+k3s1 (<hash>)" and "go version ...").
 //     The config file (--config/-c or $K3S_CONFIG_FILE, default
 //     /etc/rancher/k3s/config.yaml, plus config.yaml.d/*.yaml drop-ins; keys are flag
@@ -24,7 +26,8 @@
 //   - The server: CAs under <data-dir>/server/tls (server CA, client CA,
 //     request-header CA, service-account key; created once, reused), a real control
 //     plane as child processes (kine on SQLite in <data-dir>/server/db,
-//     kube-apiserver on 127.0.0.1:6444, kube-controller-manager; binaries from
+//     kube-apiserver on 127.0.0.1:6444, kube-controller-manager, kube-scheduler when
+//     the lab built one (--kube-scheduler-arg passed on); binaries from
 //     /opt/lab-kube/bin or $HK3S_LAB_KUBE_BIN; their logs in <data-dir>/server/logs),
 //     the supervisor on :6443 that serves /cacerts and /ping itself and proxies the
 //     Kubernetes API (client certificates are passed on as front-proxy identity
@@ -73,12 +76,24 @@
 //     READY=1 goes to systemd once the Node is Ready; on
 //     SIGTERM it stops heartbeating and exits, so the Node goes NotReady after the
 //     grace period.
+//   - Pod mode of the agent (runtime.go), only on a host where k3s's bundled runtime is
+//     installed at /var/lib/rancher/k3s/data/current/bin (the lab's pod-capable hosts,
+//     lab/pod_hosts.py): after the same TLS bootstrap, CA pinning, token and node
+//     password handling, the agent registers its Node as above, then runs the real
+//     containerd and kubelet (instead of the heartbeat and the /healthz port) as k3s's
+//     agent does, with the client certificate it obtained; it imports the image
+//     tarballs of k3s's air-gap folder <data-dir>/agent/images at start and whenever
+//     one changes; stopping the agent kills containerd and the kubelet but leaves the
+//     containers running (KillMode=process), as on k3s; /usr/local/bin/k3s-killall.sh
+//     (k3s-killall.sh here, install.sh's) stops them. The supervisor serves
+//     /v1-k3s/client-ca.crt to nodes (their certificate), as k3s does.
 //
-// What it does not reproduce: no containers (no containerd, no images; the Node
-// reports no container runtime), no CNI or flannel, no kube-proxy, no network
-// policy, no CoreDNS/Traefik/local-path/metrics-server/helm add-ons, no scheduler,
-// no real kubelet: pods scheduled on its nodes never run, and the kubelet port
-// answers /healthz only. No embedded etcd or external datastores, no HA servers,
+// What it does not reproduce: on hosts without the bundled runtime, no containers (no
+// containerd, no images; the Node reports no container runtime) and no real kubelet:
+// pods scheduled there never run, and the kubelet port answers /healthz only. Nowhere:
+// flannel's daemon (pod mode's CNI is bridge + host-local on the Node's pod CIDR), no
+// kube-proxy, no network policy, no CoreDNS/Traefik/local-path/metrics-server/helm
+// add-ons, no cloud controller (a pod-mode Node has no ExternalIP address). No embedded etcd or external datastores, no HA servers,
 // no agent load balancer, no websocket (the tunnel opens one connection per stream),
 // no certificate rotation, no secrets encryption, no etcd snapshots. The server's own
 // node presents no node password.
@@ -187,7 +202,9 @@ func main() {
 		fmt.Print(versionLines())
 	case "help":
 		fmt.Print(usage)
-	case "crictl", "ctr", "etcd-snapshot", "secrets-encrypt", "certificate", "check-config", "completion":
+	case "crictl", "ctr":
+		os.Exit(runBundled(cmd, rest))
+	case "etcd-snapshot", "secrets-encrypt", "certificate", "check-config", "completion":
 		fmt.Fprintf(os.Stderr, "k3s %s: not available in this build\n", cmd)
 		os.Exit(1)
 	default:

@@ -1,7 +1,7 @@
 package main
 
-// `k3s server`: certificates, kine + kube-apiserver + kube-controller-manager as
-// child processes, the supervisor on the HTTPS listen port, the admin kubeconfig,
+// `k3s server`: certificates, kine + kube-apiserver + kube-controller-manager +
+// kube-scheduler as child processes, the supervisor on the HTTPS listen port, the admin kubeconfig,
 // bootstrap RBAC, and the server's own node.
 
 import (
@@ -253,6 +253,16 @@ func (s *server) run(parent context.Context) error {
 		return err
 	}
 	watch(kcm)
+	// k3s runs a scheduler too; an older lab build without one leaves pods unscheduled.
+	if _, err := os.Stat(filepath.Join(s.kubeBin, "kube-scheduler")); err == nil {
+		sched, err := s.startScheduler()
+		if err != nil {
+			return err
+		}
+		watch(sched)
+	} else {
+		warnf("no kube-scheduler in %s: pods will not be scheduled", s.kubeBin)
+	}
 
 	if err := s.writeAdminKubeconfig(); err != nil {
 		return err
@@ -359,6 +369,7 @@ func (s *server) certificates() error {
 	}{
 		{"client-admin", s.clientCA, "system:admin", []string{"system:masters"}},
 		{"client-controller", s.clientCA, "system:kube-controller-manager", nil},
+		{"client-scheduler", s.clientCA, "system:kube-scheduler", nil},
 		{"client-kube-apiserver", s.clientCA, "system:kube-apiserver", []string{"system:masters"}},
 		{"client-supervisor", s.clientCA, "system:k3s-supervisor", []string{"system:masters"}},
 		{"client-auth-proxy", s.reqHdrCA, "system:auth-proxy", nil},
@@ -373,6 +384,7 @@ func (s *server) certificates() error {
 	for _, kc := range []struct{ file, cert string }{
 		{"admin.kubeconfig", "client-admin"},
 		{"controller.kubeconfig", "client-controller"},
+		{"scheduler.kubeconfig", "client-scheduler"},
 		{"supervisor.kubeconfig", "client-supervisor"},
 	} {
 		kp, err := loadKeyPair(s.tls(kc.cert+".crt"), s.tls(kc.cert+".key"))
@@ -622,6 +634,19 @@ func (s *server) startControllerManager() (*child, error) {
 	return s.startChild("kube-controller-manager", append(args, extraArgs(s.o.list("kube-controller-manager-arg"))...))
 }
 
+func (s *server) startScheduler() (*child, error) {
+	kc := filepath.Join(s.credDir, "scheduler.kubeconfig")
+	return s.startChild("kube-scheduler", append([]string{
+		"--kubeconfig=" + kc,
+		"--authentication-kubeconfig=" + kc,
+		"--authorization-kubeconfig=" + kc,
+		"--bind-address=127.0.0.1",
+		"--secure-port=10259",
+		"--leader-elect=false",
+		"--profiling=false",
+	}, extraArgs(s.o.list("kube-scheduler-arg"))...))
+}
+
 func (s *server) apiReady() bool {
 	cfg := rest.CopyConfig(s.adminCfg)
 	cfg.Timeout = 5 * time.Second
@@ -657,7 +682,18 @@ func (s *server) bootstrapRBAC(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// k3s's flannel reads every Node (their pod CIDRs and VTEPs) as system:k3s-controller;
+	// the stand-in's agents do it with their node certificate, so the role is bound to
+	// the system:nodes group (the Node authorizer lets a node read only its own Node).
+	controllerRole := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "system:k3s-controller", Labels: map[string]string{"objectset.rio.cattle.io/owner-name": "k3s"}},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}},
+	}
+	if _, err := rc.ClusterRoles().Create(ctx, controllerRole, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("clusterrole %s: %w", controllerRole.Name, err)
+	}
 	bindings := []struct{ name, role, kind, subject string }{
+		{"system:k3s-controller", "system:k3s-controller", rbacv1.GroupKind, "system:nodes"},
 		{"k3s:kubelet-bootstrap", "system:node-bootstrapper", rbacv1.GroupKind, "system:bootstrappers"},
 		{"k3s:node-autoapprove-bootstrap", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", rbacv1.GroupKind, "system:bootstrappers"},
 		{"k3s:node-autoapprove-certificate-rotation", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", rbacv1.GroupKind, "system:nodes"},

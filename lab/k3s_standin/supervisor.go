@@ -163,6 +163,9 @@ func (sup *supervisor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case nodePasswordPath:
 		sup.serveNodePassword(w, r)
 		return
+	case clientCAPath:
+		sup.serveClientCA(w, r)
+		return
 	}
 	// Never trust identity headers from outside.
 	for k := range r.Header {
@@ -252,6 +255,21 @@ func (sup *supervisor) serveCACerts(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain")
 	_, _ = w.Write(sup.s.caBundle)
+}
+
+// serveClientCA gives a node (its certificate) the client CA, which its kubelet needs to
+// authenticate the API server's kubelet client certificate (k3s: /v1-k3s/client-ca.crt).
+func (sup *supervisor) serveClientCA(w http.ResponseWriter, r *http.Request) {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		writeStatus(w, http.StatusUnauthorized, "Unauthorized", "Unauthorized")
+		return
+	}
+	if _, groups, err := sup.verifyClient(r.TLS.PeerCertificates); err != nil || !slices.Contains(groups, "system:nodes") {
+		writeStatus(w, http.StatusUnauthorized, "Unauthorized", "Unauthorized")
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain")
+	_, _ = w.Write(sup.s.clientCA.certPEM)
 }
 
 // serveKubeletCert signs a node's CSR for a caller that knows the server token

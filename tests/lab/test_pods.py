@@ -10,16 +10,24 @@ cgroup, mount or process behind.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from lab import pod_hosts
 from lab.hosts import DEFAULT_CACHE_DIR, Host, HostSpec, Lab
+from tests.lab.lab_stack import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
 
 pytestmark = pytest.mark.lab
 
+REPO = Path(__file__).resolve().parents[2]
 RUNTIME = pod_hosts.RUNTIME_BIN_IN_HOST
 # A bare containerd (no CRI, no kubelet) to prove the host runs containers at all.
 CONTAINERD_CONFIG = f"""version = 3
@@ -126,3 +134,154 @@ def test_teardown_removes_pod_hosts_cgroups(lab: Lab, fresh_lab: Lab) -> None:
     fresh_lab.teardown()
     assert not [d for d in dirs.values() if Path(d).exists()]
     assert fresh_lab.leftovers().empty()
+
+
+# --------------------------------------------------------------------------- through the real engine
+
+DEPLOYMENT = """apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: default}
+spec:
+  replicas: 4
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      nodeSelector: {node-role.kubernetes.io/worker: "true"}
+      topologySpreadConstraints:
+        - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: web}}}
+      terminationGracePeriodSeconds: 2
+      containers:
+        - name: web
+          image: IMAGE
+          imagePullPolicy: Never
+          command: ["sh", "-c", "mkdir -p /www && hostname > /www/index.html && echo serving $(hostname) && exec httpd -f -p 8080 -h /www"]
+          readinessProbe:
+            exec: {command: ["cat", "/www/index.html"]}
+            periodSeconds: 2
+"""
+
+
+def _busybox_image() -> str:
+    out = subprocess.run(
+        ["bash", str(REPO / "lab/build/pod_runtime.sh"), "--print-images"], capture_output=True, text=True, check=True
+    ).stdout
+    return next(line.split()[1] for line in out.splitlines() if line.startswith("busybox.tar "))
+
+
+def _kubectl(server: Host, *args: str, timeout: float = 60) -> str:
+    return server.run(["/usr/local/bin/k3s", "kubectl", *args], timeout=timeout).stdout
+
+
+def _place_airgap_images(host: Host) -> None:
+    """The image tarballs into k3s's air-gap folder, as an air-gapped operator does."""
+    folder = host.root / "var/lib/rancher/k3s/agent/images"
+    folder.mkdir(parents=True, exist_ok=True)
+    for archive in pod_hosts.image_archives(DEFAULT_CACHE_DIR):
+        shutil.copyfile(archive, folder / f".{archive.name}.part")
+        os.replace(folder / f".{archive.name}.part", folder / archive.name)
+
+
+def _wait(what: str, check: Callable[[], bool], timeout: float, diagnose: Callable[[], str]) -> float:
+    started = time.monotonic()
+    while not check():
+        if time.monotonic() - started > timeout:
+            pytest.fail(f"{what}: not within {timeout:.0f}s\n{diagnose()}")
+        time.sleep(1)
+    return time.monotonic() - started
+
+
+def _pods(server: Host) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = json.loads(_kubectl(server, "get", "pods", "-l", "app=web", "-o", "json"))["items"]
+    return items
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions", [])
+    return pod.get("status", {}).get("phase") == "Running" and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in conditions
+    )
+
+
+def _running_container_ids(host: Host) -> set[str]:
+    return set(host.run(["/usr/local/bin/k3s", "crictl", "ps", "-q", "--state", "Running"]).stdout.split())
+
+
+def _diagnose(server: Host, workers: list[Host]) -> Callable[[], str]:
+    def text() -> str:
+        parts = [_kubectl(server, "get", "pods,nodes", "-o", "wide"), _kubectl(server, "get", "events", "-A")[-3000:]]
+        for w in workers:
+            parts.append(w.run("journalctl -u k3s-agent --no-pager | tail -n 30", check=False).stdout)
+            parts.append(w.run("tail -n 30 /var/lib/rancher/k3s/agent/kubelet.log", check=False).stdout)
+        return "\n".join(parts)
+
+    return text
+
+
+def test_deployment_runs_on_two_joined_pod_workers(lab: Lab, tmp_path: Path) -> None:
+    skip_without_lab_binaries()
+    reason = _runtime_built()
+    if reason:
+        pytest.skip(reason)
+    server = lab.add_host(server_spec("pods-srv"))
+    workers = [lab.add_host(worker_spec(f"pods-w{i}", pods=True)) for i in (1, 2)]
+    lab.wait_ssh_ready([server, *workers])
+    stack = LabStack(tmp_path)
+    stack.write_config(base_config(lab, server, workers))
+    up_or_fail(stack)
+    diagnose = _diagnose(server, workers)
+    for worker in workers:
+        info = json.loads(_kubectl(server, "get", "node", worker.name, "-o", "json"))["status"]["nodeInfo"]
+        assert info["containerRuntimeVersion"].startswith("containerd://"), info
+        assert info["kubeletVersion"].endswith("+k3s1"), info
+        _place_airgap_images(worker)
+    image = _busybox_image()
+    for worker in workers:
+        _wait(
+            f"{worker.name} imports the air-gap images",
+            lambda w=worker: image in w.run(["/usr/local/bin/k3s", "ctr", "images", "ls", "-q"]).stdout,  # type: ignore[misc]
+            60,
+            diagnose,
+        )
+
+    (server.root / "root/web.yaml").write_text(DEPLOYMENT.replace("IMAGE", image))
+    _kubectl(server, "apply", "-f", "/root/web.yaml")
+    seconds = _wait("4 web pods Running and Ready", lambda: sum(map(_ready, _pods(server))) == 4, 180, diagnose)
+    print(f"4 pods Running and Ready {seconds:.1f}s after the Deployment was created")
+    pods = _pods(server)
+    by_node: dict[str, list[str]] = {}
+    for pod in pods:
+        by_node.setdefault(pod["spec"]["nodeName"], []).append(pod["metadata"]["name"])
+    assert sorted(by_node) == sorted(w.name for w in workers), by_node
+    assert all(len(names) == 2 for names in by_node.values()), by_node
+    # Logs and exec go through the API server to the kubelets.
+    name = pods[0]["metadata"]["name"]
+    assert f"serving {name}" in _kubectl(server, "logs", name)
+    assert _kubectl(server, "exec", name, "--", "cat", "/www/index.html").strip() == name
+    # A pod on one worker reaches a pod on the other by pod IP (the VXLAN pod network).
+    here = pods[0]
+    there = next(p for p in pods if p["spec"]["nodeName"] != here["spec"]["nodeName"])
+    url = f"http://{there['status']['podIP']}:8080/"
+    answer = _kubectl(server, "exec", here["metadata"]["name"], "--", "timeout", "10", "wget", "-q", "-O", "-", url)
+    assert answer.strip() == there["metadata"]["name"], (url, answer)
+
+    # Stopping the agent leaves the containers running, as on k3s; starting it again keeps them.
+    first, second = workers
+    before = _running_container_ids(first)
+    assert len(before) >= 2, before
+    first.run(["systemctl", "stop", "k3s-agent"])
+    assert first.run(["pgrep", "-x", "containerd"], check=False).returncode != 0, "containerd outlived the agent"
+    assert first.run(["pgrep", "-x", "kubelet"], check=False).returncode != 0, "the kubelet outlived the agent"
+    assert len(first.run(["pgrep", "-x", "httpd"]).stdout.split()) == 2, "the pods' processes stopped with the agent"
+    first.run(["systemctl", "start", "k3s-agent"], timeout=120)
+    _wait(
+        "the restarted agent's containers listed again", lambda: _running_container_ids(first) == before, 60, diagnose
+    )
+    _wait("4 web pods Ready after the restart", lambda: sum(map(_ready, _pods(server))) == 4, 120, diagnose)
+
+    # k3s-killall.sh stops every container, shim and pod mount.
+    second.run(["/usr/local/bin/k3s-killall.sh"], timeout=120)
+    assert second.run(["pgrep", "-f", "containerd-shim"], check=False).returncode != 0
+    assert second.run(["pgrep", "-x", "httpd"], check=False).returncode != 0
+    mounts = second.run(["cat", "/proc/self/mounts"]).stdout
+    assert not [m for m in mounts.splitlines() if " /run/k3s" in m or "/var/lib/kubelet/pods" in m], mounts
