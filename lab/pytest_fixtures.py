@@ -4,8 +4,9 @@ Use from a conftest (or a test module)::
 
     from lab.pytest_fixtures import lab, fresh_lab  # noqa: F401
 
-``lab`` is session-scoped: one set of bridges and one base tree for the whole
-run, torn down at the end whatever happened (failures, Ctrl-C, SIGTERM).
+``lab`` is module-scoped: one set of bridges per test module (the base tree is
+cached for all), torn down when the module ends whatever happened (failures,
+Ctrl-C, SIGTERM).
 It skips, with the reason, when the machine cannot run lab hosts (not root,
 no systemd-nspawn, no debootstrap, ...).  Tests add their hosts with
 ``lab.add_host(HostSpec(...))`` and ``lab.wait_ssh_ready([...])``.
@@ -79,9 +80,11 @@ def _make_lab() -> Iterator[Lab]:
             the_lab.teardown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    """One lab for the session; always torn down."""
+    """One lab per test module (its tests share the hosts they add); always torn down.
+    Per module, not per session: a lab holds at most MAX_HOSTS hosts, fewer than the
+    whole suite adds."""
     yield from _make_lab()
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.loopback_sshd import SSHD, LoopbackSshd
 
-# One lab (bridges, base tree) per test session, always torn down.
+# One lab (bridges; the base tree is cached) per test module, always torn down.
 pytest_plugins = ["lab.pytest_fixtures"]
 
 
