@@ -137,6 +137,8 @@ class WorkerNode(pulumi.ComponentResource):
                 "recorded_nodes": sorted([settings.server.name, *(w.name for w in settings.workers)]),
                 "network_mode": plan.mode,
                 "node_ip": server.node_ip(worker.name),
+                # Where peers reach it (differs from the node IP behind a 1:1 NAT).
+                "cluster_address": own_address,
                 "node_external_ip": self.endpoint.public_address,
                 "labels": dict(worker.labels),
                 "validation_taint": VALIDATION_TAINT,

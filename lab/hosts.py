@@ -899,10 +899,11 @@ class Host:
         if self.is_running and self.leader_pid is not None:
             self.run(["systemctl", "reload-or-restart", "ssh.service"], check=False, timeout=30)
             # sshd re-executes on reload: wait until it listens again.
-            self._wait_sshd_listening("after the host key change")
+            self.wait_sshd_listening("after the host key change")
         return self.ssh_host_key_fingerprint
 
-    def _wait_sshd_listening(self, after: str, timeout: float = 15) -> None:
+    def wait_sshd_listening(self, after: str, timeout: float = 15) -> None:
+        """Wait until sshd accepts connections again (it re-executes itself on a reload)."""
         probe = "import socket; socket.create_connection(('127.0.0.1', 22), 1).close()"
         deadline = time.monotonic() + timeout
         while self.run(["python3", "-c", probe], check=False).returncode != 0:
@@ -917,7 +918,7 @@ class Host:
         conf.write_text("".join(f"{line}\n" for line in lines))
         self.run(["sshd", "-t"], timeout=30)
         self.run(["systemctl", "restart", "ssh.service"], timeout=30)
-        self._wait_sshd_listening("with the new options")
+        self.wait_sshd_listening("with the new options")
 
     def sshd_log(self, since: float | None = None) -> list[str]:
         """sshd's journal lines, each led by its UNIX time (``journalctl -o short-unix``)."""

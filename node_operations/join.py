@@ -119,6 +119,9 @@ class JoinSpec:
     validation_taint: str
     labels: dict[str, str] = field(default_factory=dict)
     recorded_nodes: tuple[str, ...] = ()  # the server and every worker of the stack
+    # The address the other nodes reach this one at (its node IP, or behind a 1:1 NAT the
+    # public address the NAT forwards); empty: the node IP.
+    cluster_address: str = ""
     registry: str | None = None
     removed_labels: tuple[str, ...] = ()  # labels an earlier config set and this one drops
     # Every other recorded node (not the server): the program must reach each over SSH,
@@ -580,15 +583,21 @@ class Joiner:
                 raise JoinError(
                     self.spec.node,
                     "kubelet-reachable",
-                    f"{self.server.target.node} cannot connect to the kubelet at {self.spec.node_ip}:{KUBELET_PORT} "
+                    f"{self.server.target.node} cannot connect to the kubelet at {self.kubelet_address}:{KUBELET_PORT} "
                     f"({failure}); metrics and anything else that dials a kubelet directly need it. Open "
                     f"{KUBELET_PORT}/tcp from the other nodes to {self.spec.node} in its host and cloud firewalls",
                 )
             await asyncio.sleep(POLL_SECONDS)
-        self.checks["kubelet-reachable"] = f"ok (through the API and at {self.spec.node_ip}:{KUBELET_PORT})"
+        self.checks["kubelet-reachable"] = f"ok (through the API and at {self.kubelet_address}:{KUBELET_PORT})"
         if not node.container_runtime:
             # Where no pods can run (no container runtime reported), there is no validation pod to start.
             self.checks["validation-pod"] = "skipped: the node reports no container runtime"
+
+    @property
+    def kubelet_address(self) -> str:
+        """Where the other nodes dial this node's kubelet: its cluster address (behind a 1:1 NAT
+        the forwarded public address, not the node IP the NAT hides)."""
+        return self.spec.cluster_address or self.spec.node_ip
 
     async def _kubelet_port_from_server(self) -> str | None:
         """A TCP connection from the server to the node's kubelet port; None when it opens,
@@ -601,7 +610,7 @@ class Joiner:
                 "-c",
                 'exec 3<>"/dev/tcp/$1/$2"',
                 "-",
-                self.spec.node_ip,
+                self.kubelet_address,
                 str(KUBELET_PORT),
             ],
             deadline=KUBELET_DIAL_SECONDS + 15,

@@ -91,6 +91,7 @@ class NodeJoinProvider(NodeProvider):
             node=node,
             node_ip=str(props["node_ip"]),
             external_ip=str(props["node_external_ip"]),
+            cluster_address=str(props.get("cluster_address") or ""),
             server_url=str(props["server_url"]),
             ca_hash=str(props["ca_hash"]),
             binary=K3sBinary(
@@ -139,6 +140,8 @@ class NodeJoinProvider(NodeProvider):
             ignore=(
                 "recorded_host_key",
                 "recorded_nodes",
+                # Derived from the network plan, for the join's checks; never a reason to rejoin.
+                "cluster_address",
                 "peers",
                 "operator_firewall_rules",
                 "server_firewall_managed",

@@ -101,7 +101,10 @@ def test_a_setting_read_before_the_dropin_fails_the_step_naming_it(lab: Lab) -> 
     (host.root / "etc/ssh/sshd_config.d/10-hk3s-lab.conf").unlink()
     config = host.root / "etc/ssh/sshd_config"
     config.write_text("PasswordAuthentication yes\n" + config.read_text())
-    host.run(["systemctl", "reload", "ssh.service"])
+    # A restart, not a reload: systemctl returns once the new sshd is up (a reloading sshd
+    # re-executes itself and refuses connections for a moment), and then it listens.
+    host.run(["systemctl", "restart", "ssh.service"])
+    host.wait_sshd_listening("after its restart")
     target = SshTarget(
         node=host.name,
         address=host.ssh_ip,
