@@ -14,6 +14,17 @@ from tests.loopback_sshd import SSHD, LoopbackSshd
 pytest_plugins = ["lab.pytest_fixtures"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _attended_unless_the_test_says() -> Iterator[None]:
+    """The suite behaves the same on a CI machine as on a laptop. CI systems set CI,
+    which marks a run as one nobody watches (a first SSH contact then refuses to
+    record an unpinned host key); a test that exercises that sets it itself."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("CI", raising=False)
+        patch.delenv("HK3S_NON_INTERACTIVE", raising=False)
+        yield
+
+
 @pytest.fixture
 def sshd(tmp_path: Path) -> Iterator[LoopbackSshd]:
     if not SSHD.exists():
