@@ -124,6 +124,9 @@ IPv4Addr = Annotated[str, AfterValidator(_ipv4_address)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
+# An OCI image reference as containerd resolves it: lower-case name components, then a tag
+# or a digest.
+IMAGE_REFERENCE = re.compile(r"^[a-z0-9]([a-z0-9._/:-]*[a-z0-9])?(:[\w][\w.-]{0,127}|@sha256:[0-9a-f]{64})$")
 # Bounds of hk3s:cluster.api_wait_seconds (see ClusterSettings).
 API_WAIT_MIN = 5.0
 API_WAIT_MAX = 3600.0
@@ -196,6 +199,15 @@ class ClusterSettings(StrictModel):
         "server) before the run stops. 5-3600 s.",
     )
 
+    # The join runs one pod on each new worker before it takes workloads. The default is the
+    # busybox k3s's own air-gap image tarball carries (its local-path provisioner's helper),
+    # so a node that imported k3s's images runs it without a registry.
+    validation_image: str = Field(
+        "docker.io/rancher/mirrored-library-busybox:1.36.1",
+        description="Image of the validation pod the join runs on each new worker (needs sh and echo). "
+        "Pulled only when the node lacks it: on an air-gapped cluster, an image in k3s's air-gap images.",
+    )
+
     protect_control_plane: bool = Field(
         True,
         description="Protect the Hetzner server of the control plane, the private network and its subnet: "
@@ -209,6 +221,16 @@ class ClusterSettings(StrictModel):
             raise ValueError(
                 f"{value:g} s is outside {API_WAIT_MIN:g}-{API_WAIT_MAX:g} s: a k3s restart keeps the API away "
                 "10-30 s (longer on small servers), so set about 120"
+            )
+        return value
+
+    @field_validator("validation_image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        if not IMAGE_REFERENCE.match(value):
+            raise ValueError(
+                f"{value!r} is not an image reference: give registry/name:tag or name@sha256:digest, "
+                "e.g. 'docker.io/rancher/mirrored-library-busybox:1.36.1'"
             )
         return value
 

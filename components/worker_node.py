@@ -145,6 +145,7 @@ class WorkerNode(pulumi.ComponentResource):
                 "registry": settings.cluster.registry,
                 "pod_network": settings.cluster.pod_network,
                 "api_wait_seconds": settings.cluster.api_wait_seconds,
+                "validation_image": settings.cluster.validation_image,
             },
             opts=self.endpoint.options(self, [self.endpoint.probe, plan, server.k3s, *after, *checks]),
         )

@@ -43,6 +43,9 @@ done
 # State left by an earlier Kubernetes install makes a join loop on a CA mismatch.
 for path in /etc/rancher/k3s /var/lib/rancher/k3s/agent /var/lib/rancher/k3s/server \
   /etc/kubernetes/kubelet.conf /var/lib/kubelet/pki /etc/cni/net.d; do
+  # k3s's air-gap images folder alone (agent/images, placed before the install as k3s's
+  # air-gap instructions say) is no earlier install.
+  if [ "$path" = /var/lib/rancher/k3s/agent ] && [ "$(ls -A "$path" 2>/dev/null)" = images ]; then continue; fi
   if [ -e "$path" ]; then fact kubernetes_state "$path"; fi
 done
 fact complete yes

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from host_scripts import script_path
 from node_operations.firewall_plan import PortRule
@@ -33,8 +35,8 @@ from node_operations.k3s_install import K3sBinary, agent_config, install_k3s, pa
 from node_operations.network_mode import check_connection
 from node_operations.node_access import NodeAccessError, RecordedNode, check_recorded_nodes
 from node_operations.preflight import PreflightRequirements, evaluate_preflight
-from remote_access.kube import API_WAIT_SECONDS, ApiUnavailableError, ClusterApi, JoinToken, NodeStatus, Taint
-from remote_access.ssh import SshError, SshSession, SshTarget, open_session
+from remote_access.kube import API_WAIT_SECONDS, ApiUnavailableError, ClusterApi, JoinToken, NodeStatus, Repeat, Taint
+from remote_access.ssh import RemoteCommandError, SshError, SshSession, SshTarget, open_session
 
 Progress = Callable[[str], None]
 
@@ -49,6 +51,8 @@ VALIDATE_DEADLINE_SECONDS = 120.0
 KUBELET_REACH_SECONDS = 30.0
 KUBELET_PORT = 10250
 KUBELET_DIAL_SECONDS = 5
+VALIDATION_POD_SECONDS = 90.0
+VALIDATION_POD_NAMESPACE = "kube-system"
 PERMITS_CONFIGMAP = "hk3s-join-permits"
 PERMIT_POLICY = "hk3s-node-join-permits"
 
@@ -117,6 +121,8 @@ class JoinSpec:
     pod_network: str
     network_mode: str
     validation_taint: str
+    # The validation pod's image (hk3s:cluster.validation_image); pulled only when absent.
+    validation_image: str
     labels: dict[str, str] = field(default_factory=dict)
     recorded_nodes: tuple[str, ...] = ()  # the server and every worker of the stack
     # The address the other nodes reach this one at (its node IP, or behind a 1:1 NAT the
@@ -592,6 +598,101 @@ class Joiner:
         if not node.container_runtime:
             # Where no pods can run (no container runtime reported), there is no validation pod to start.
             self.checks["validation-pod"] = "skipped: the node reports no container runtime"
+        else:
+            await self._validation_pod()
+
+    async def _last_warning(self, pod: str) -> str | None:
+        """The pod's latest Warning event (a sandbox or image failure shows there, not in
+        the pod's status), as "reason: message"."""
+        with contextlib.suppress(RemoteCommandError, ApiUnavailableError, ValueError):
+            out = await self.cluster.kubectl(
+                [
+                    "get",
+                    "events",
+                    "-n",
+                    VALIDATION_POD_NAMESPACE,
+                    "--field-selector",
+                    f"involvedObject.name={pod}",
+                    "-o",
+                    "json",
+                ],
+                repeat=Repeat.READ,
+            )
+            warnings = [e for e in json.loads(out).get("items", []) if e.get("type") == "Warning"]
+            if warnings:
+                last = max(warnings, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+                return f"{last.get('reason', 'Warning')}: {str(last.get('message', '')).strip()}"
+        return None
+
+    def _validation_pod_manifest(self, name: str) -> dict[str, Any]:
+        taint = Taint.parse(self.spec.validation_taint)
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": VALIDATION_POD_NAMESPACE,
+                "labels": {"app.kubernetes.io/managed-by": "hk3s", "hk3s.dev/validation-pod": self.spec.node},
+            },
+            "spec": {
+                # Straight onto the node, tolerating the validation taint it runs under.
+                "nodeName": self.spec.node,
+                "tolerations": [{"key": taint.key, "operator": "Exists"}],
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 0,
+                "automountServiceAccountToken": False,
+                "containers": [
+                    {
+                        "name": "validate",
+                        "image": self.spec.validation_image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": ["sh", "-c", "echo hk3s validation pod ran on $(hostname)"],
+                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}},
+                    }
+                ],
+            },
+        }
+
+    async def _validation_pod(self) -> None:
+        """A pod runs to completion on the tainted node: its runtime, pod sandbox and image
+        work. One that does not complete stops the join naming the pod and the reason."""
+        name = f"hk3s-validate-{self.spec.node}"
+        self.progress(f"starting validation pod {VALIDATION_POD_NAMESPACE}/{name} ({self.spec.validation_image})")
+        delete = ["delete", "pod", "-n", VALIDATION_POD_NAMESPACE, name, "--ignore-not-found", "--wait=true"]
+        await self.cluster.kubectl(delete, repeat=Repeat.IDEMPOTENT)  # one left by an interrupted run
+        await self.cluster.kubectl(
+            ["create", "-f", "-"], stdin=json.dumps(self._validation_pod_manifest(name)), repeat=Repeat.ONCE
+        )
+        started = time.monotonic()
+        deadline = self._paused_clock(VALIDATION_POD_SECONDS)
+        why = "not started"
+        try:
+            while True:
+                out = await self.cluster.kubectl(
+                    ["get", "pod", "-n", VALIDATION_POD_NAMESPACE, name, "-o", "json"], repeat=Repeat.READ
+                )
+                pod = json.loads(out)
+                phase, why = _pod_progress(pod)
+                if phase == "Succeeded":
+                    self.checks["validation-pod"] = f"ok ({time.monotonic() - started:.1f}s)"
+                    self.progress(f"validation pod {name} ran in {time.monotonic() - started:.1f}s")
+                    return
+                if phase == "Failed" or time.monotonic() > deadline():
+                    why = await self._last_warning(name) or why
+                    raise JoinError(
+                        self.spec.node,
+                        "validation-pod",
+                        f"the validation pod {VALIDATION_POD_NAMESPACE}/{name} did not run ({why}); the node's "
+                        f"container runtime must run image {self.spec.validation_image}: import k3s's air-gap "
+                        "images on the node (/var/lib/rancher/k3s/agent/images) or let it reach the registry",
+                    )
+                await asyncio.sleep(POLL_SECONDS)
+        finally:
+            with contextlib.suppress(RemoteCommandError, ApiUnavailableError):
+                await self.cluster.kubectl(
+                    ["delete", "pod", "-n", VALIDATION_POD_NAMESPACE, name, "--ignore-not-found", "--wait=false"],
+                    repeat=Repeat.IDEMPOTENT,
+                )
 
     @property
     def kubelet_address(self) -> str:
@@ -681,3 +782,21 @@ async def read_node(server: SshTarget, node: str, api_wait: float = API_WAIT_SEC
     """The Node's status as the server sees it (for refresh)."""
     async with open_session(server) as session:
         return await ClusterApi(session, api_wait=api_wait).get_node(node)
+
+
+def _pod_progress(pod: dict[str, Any]) -> tuple[str, str]:
+    """A pod's phase and, for one not done, why: the container's waiting or terminated
+    reason and message (ErrImagePull, ...) or the pod's condition."""
+    status = pod.get("status", {})
+    phase = str(status.get("phase", "Pending"))
+    for container in status.get("containerStatuses", []):
+        state = container.get("state", {})
+        for kind in ("waiting", "terminated"):
+            detail = state.get(kind)
+            if detail and detail.get("reason") not in (None, "Completed"):
+                message = str(detail.get("message", "")).strip()
+                return phase, f"{phase}, {detail['reason']}" + (f": {message}" if message else "")
+    for condition in status.get("conditions", []):
+        if condition.get("status") == "False" and condition.get("message"):
+            return phase, f"{phase}, {condition.get('reason', condition['type'])}: {condition['message']}"
+    return phase, phase

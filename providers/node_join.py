@@ -15,7 +15,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
-from cluster_settings.models import K3S_VERSION
+from cluster_settings.models import K3S_VERSION, ClusterSettings
 from node_operations.firewall_plan import PortRule
 from node_operations.join import JoinSpec, join_worker, read_node
 from node_operations.k3s_install import K3sBinary
@@ -49,6 +49,9 @@ def other_node(props: dict[str, Any], node: Any, address: Any, port: Any, host_k
         port=int(port or 22),
         recorded_host_key=host_key or None,
     )
+
+
+DEFAULT_VALIDATION_IMAGE = ClusterSettings.model_fields["validation_image"].default
 
 
 def _api_wait(props: dict[str, Any]) -> float:
@@ -107,6 +110,8 @@ class NodeJoinProvider(NodeProvider):
             recorded_nodes=tuple(props.get("recorded_nodes") or ()),
             registry=props.get("registry") or None,
             api_wait=_api_wait(props),
+            # Absent in a state written before the setting existed.
+            validation_image=str(props.get("validation_image") or DEFAULT_VALIDATION_IMAGE),
             # The recorded nodes were checked once for the whole run (NodeAccessCheck), not per join.
             unmanaged_firewall_nodes=(
                 (str(props["server_node"]),) if props.get("server_firewall_managed") is False else ()
@@ -147,6 +152,8 @@ class NodeJoinProvider(NodeProvider):
                 "server_firewall_managed",
                 # How long API calls wait through an outage: a setting of the run, not of this node.
                 "api_wait_seconds",
+                # Checked at the join only: a new image must not rejoin a running node.
+                "validation_image",
             ),
         )
 

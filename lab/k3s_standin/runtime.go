@@ -157,7 +157,14 @@ func runPodAgent(ctx context.Context, cfg *rest.Config, spec nodeSpec, serverURL
 		return fmt.Errorf("containerd did not open %s within a minute; see %s", containerdSocket, filepath.Join(spec.dataDir, "containerd", "containerd.log"))
 	}
 	infof("containerd is now running")
-	go pa.importImages(ctx)
+	// As k3s: the air-gap images are imported before the kubelet starts, then watched.
+	seen := map[string]string{}
+	pa.importImages(ctx, seen)
+	go func() {
+		for sleepCtx(ctx, imagePoll) {
+			pa.importImages(ctx, seen)
+		}
+	}()
 	kubelet, err := pa.startChild(ctx, "kubelet", filepath.Join(spec.dataDir, "kubelet.log"),
 		filepath.Join(runtimeBinDir, "kubelet"), pa.kubeletArgs()...)
 	if err != nil {
@@ -374,45 +381,39 @@ func (pa *podAgent) startChild(ctx context.Context, name, logPath, path string, 
 	return cmd, nil
 }
 
-// importImages imports every *.tar in the air-gap folder, then again each one that changes.
-func (pa *podAgent) importImages(ctx context.Context) {
+// importImages imports each *.tar in the air-gap folder that is new or changed since seen.
+func (pa *podAgent) importImages(ctx context.Context, seen map[string]string) {
 	dir := filepath.Join(pa.spec.dataDir, "images")
-	seen := map[string]string{}
-	for {
-		entries, _ := os.ReadDir(dir)
-		names := []string{}
-		for _, e := range entries {
-			if !e.IsDir() && (strings.HasSuffix(e.Name(), ".tar") || strings.HasSuffix(e.Name(), ".tar.gz") || strings.HasSuffix(e.Name(), ".tar.zst")) {
-				names = append(names, e.Name())
-			}
+	entries, _ := os.ReadDir(dir)
+	names := []string{}
+	for _, e := range entries {
+		if !e.IsDir() && (strings.HasSuffix(e.Name(), ".tar") || strings.HasSuffix(e.Name(), ".tar.gz") || strings.HasSuffix(e.Name(), ".tar.zst")) {
+			names = append(names, e.Name())
 		}
-		sort.Strings(names)
-		for _, n := range names {
-			path := filepath.Join(dir, n)
-			fi, err := os.Stat(path)
-			if err != nil {
-				continue
-			}
-			stamp := strconv.FormatInt(fi.Size(), 10) + "@" + fi.ModTime().String()
-			if seen[n] == stamp {
-				continue
-			}
-			started := time.Now()
-			out, err := exec.CommandContext(ctx, filepath.Join(runtimeBinDir, "ctr"), "--address", containerdSocket,
-				"-n", "k8s.io", "images", "import", "--local", path).CombinedOutput()
-			if ctx.Err() != nil {
-				return
-			}
-			if err != nil {
-				errorf("Unable to import images from %s: %v: %s", path, err, strings.TrimSpace(string(out)))
-				continue
-			}
-			seen[n] = stamp
-			infof("Imported images from %s in %s", path, time.Since(started).Round(time.Millisecond))
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		path := filepath.Join(dir, n)
+		fi, err := os.Stat(path)
+		if err != nil {
+			continue
 		}
-		if !sleepCtx(ctx, imagePoll) {
+		stamp := strconv.FormatInt(fi.Size(), 10) + "@" + fi.ModTime().String()
+		if seen[n] == stamp {
+			continue
+		}
+		started := time.Now()
+		out, err := exec.CommandContext(ctx, filepath.Join(runtimeBinDir, "ctr"), "--address", containerdSocket,
+			"-n", "k8s.io", "images", "import", "--local", path).CombinedOutput()
+		if ctx.Err() != nil {
 			return
 		}
+		if err != nil {
+			errorf("Unable to import images from %s: %v: %s", path, err, strings.TrimSpace(string(out)))
+			continue
+		}
+		seen[n] = stamp
+		infof("Imported images from %s in %s", path, time.Since(started).Round(time.Millisecond))
 	}
 }
 

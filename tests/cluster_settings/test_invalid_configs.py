@@ -212,6 +212,12 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("registry-malformed", {"cluster.registry": "https://registry:5000/"}, "hk3s:cluster.registry", "host[:port]"),
     ("api-wait-too-short", {"cluster.api_wait_seconds": 1}, "hk3s:cluster.api_wait_seconds", "set about 120"),
     ("api-wait-too-long", {"cluster.api_wait_seconds": 86400}, "hk3s:cluster.api_wait_seconds", "outside 5-3600 s"),
+    (
+        "validation-image-malformed",
+        {"cluster.validation_image": "Busybox latest"},
+        "hk3s:cluster.validation_image",
+        "registry/name:tag",
+    ),
     ("ssh-port-out-of-range", {"workers.1.ssh_port": 70000}, "hk3s:workers[1].ssh_port", "65535"),
     ("too-many-hetzner-servers", {"workers": [{"name": f"w{i}"} for i in range(100)]}, "hk3s:workers", "at most 100"),
 ]

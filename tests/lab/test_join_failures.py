@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from cluster_settings.models import ClusterSettings
 from lab.hosts import Host, Lab
 from node_operations.join import (
     JOIN_PERMIT_POLICY,
@@ -105,6 +106,7 @@ def spec_for(cluster: Cluster, worker: Host, **overrides: Any) -> JoinSpec:
         pod_network="vxlan",
         network_mode="public",
         validation_taint=TAINT,
+        validation_image=ClusterSettings.model_fields["validation_image"].default,
         recorded_nodes=(cluster.server.name, worker.name),
         register_deadline=30,
         ready_deadline=15,

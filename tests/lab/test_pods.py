@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pulumi import automation as auto
 
 from lab import pod_hosts
 from lab.hosts import DEFAULT_CACHE_DIR, Host, HostSpec, Lab
@@ -226,6 +227,8 @@ def test_deployment_runs_on_two_joined_pod_workers(lab: Lab, tmp_path: Path) -> 
     server = lab.add_host(server_spec("pods-srv"))
     workers = [lab.add_host(worker_spec(f"pods-w{i}", pods=True)) for i in (1, 2)]
     lab.wait_ssh_ready([server, *workers])
+    for worker in workers:  # before k3s is installed, as k3s's air-gap instructions say
+        _place_airgap_images(worker)
     stack = LabStack(tmp_path)
     stack.write_config(base_config(lab, server, workers))
     up_or_fail(stack)
@@ -234,7 +237,9 @@ def test_deployment_runs_on_two_joined_pod_workers(lab: Lab, tmp_path: Path) -> 
         info = json.loads(_kubectl(server, "get", "node", worker.name, "-o", "json"))["status"]["nodeInfo"]
         assert info["containerRuntimeVersion"].startswith("containerd://"), info
         assert info["kubeletVersion"].endswith("+k3s1"), info
-        _place_airgap_images(worker)
+        # The join's validation pod ran on the node while it was tainted, and was removed.
+        assert f"[{worker.name}] validation pod hk3s-validate-{worker.name} ran in" in stack.text(), stack.text()
+    assert not _kubectl(server, "get", "pods", "-n", "kube-system", "-o", "name").strip()
     image = _busybox_image()
     for worker in workers:
         _wait(
@@ -285,3 +290,25 @@ def test_deployment_runs_on_two_joined_pod_workers(lab: Lab, tmp_path: Path) -> 
     assert second.run(["pgrep", "-x", "httpd"], check=False).returncode != 0
     mounts = second.run(["cat", "/proc/self/mounts"]).stdout
     assert not [m for m in mounts.splitlines() if " /run/k3s" in m or "/var/lib/kubelet/pods" in m], mounts
+
+
+def test_join_stops_when_the_validation_pod_cannot_run(lab: Lab, tmp_path: Path) -> None:
+    """A pod-capable worker without the validation pod's image (no air-gap images, no
+    registry): the join stops naming the node, the pod and the reason."""
+    skip_without_lab_binaries()
+    reason = _runtime_built()
+    if reason:
+        pytest.skip(reason)
+    server = lab.add_host(server_spec("pods-srv2"))
+    worker = lab.add_host(worker_spec("pods-noimg", pods=True))
+    lab.wait_ssh_ready([server, worker])
+    stack = LabStack(tmp_path)
+    stack.write_config(base_config(lab, server, [worker]))
+    with pytest.raises(auto.CommandError):
+        stack.up()
+    text = stack.text()
+    assert (
+        "pods-noimg: join stopped at validation-pod: the validation pod kube-system/hk3s-validate-pods-noimg" in text
+    ), text[-4000:]
+    # The reason: the image (here the sandbox's too) could not be pulled without a registry.
+    assert "pull" in text.split("join stopped at validation-pod", 1)[1].lower(), text[-4000:]
