@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -129,12 +130,41 @@ def test_teardown_removes_pod_hosts_cgroups(lab: Lab, fresh_lab: Lab) -> None:
     fresh_lab.wait_ssh_ready([host], timeout=120)
     _start_containerd(host)
     host.run(["mkdir", "-p", "/sys/fs/cgroup/pids/deep/deeper"])
+    # A running container (its shim and process) at teardown.
+    archive = next(a for a in pod_hosts.image_archives(DEFAULT_CACHE_DIR) if a.name.startswith("busybox"))
+    (host.root / "root" / archive.name).write_bytes(archive.read_bytes())
+    host.run([f"{RUNTIME}/ctr", "-n", "k8s.io", "images", "import", "--local", f"/root/{archive.name}"])
+    image = next(
+        i for i in host.run([f"{RUNTIME}/ctr", "-n", "k8s.io", "images", "ls", "-q"]).stdout.split() if "busybox" in i
+    )
+    host.run([f"{RUNTIME}/ctr", "-n", "k8s.io", "run", "-d", image, "td-sleeper", "sleep", "3601"], timeout=60)
     dirs = dict(host.cgroup_dirs)
     assert all(Path(d).is_dir() for d in dirs.values())
+    container_pids = _pids_in_cgroups(dirs)
+    assert any(_cmdline(pid) == ["sleep", "3601"] for pid in container_pids), container_pids
+    assert any("containerd-shim" in " ".join(_cmdline(pid)) for pid in container_pids), container_pids
     assert fresh_lab.leftovers().cgroups
     fresh_lab.teardown()
     assert not [d for d in dirs.values() if Path(d).exists()]
+    assert not [pid for pid in container_pids if Path(f"/proc/{pid}").exists()]
+    assert not [m for m in Path("/proc/self/mountinfo").read_text().splitlines() if "td-sleeper" in m]
     assert fresh_lab.leftovers().empty()
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def _pids_in_cgroups(dirs: dict[str, str]) -> set[int]:
+    """Every process of the machine inside the host's cgroup subtrees."""
+    pids: set[int] = set()
+    for directory in dirs.values():
+        for procs in Path(directory).rglob("cgroup.procs"):
+            pids.update(int(p) for p in procs.read_text().split())
+    return pids
 
 
 # --------------------------------------------------------------------------- through the real engine
@@ -219,7 +249,24 @@ def _diagnose(server: Host, workers: list[Host]) -> Callable[[], str]:
     return text
 
 
-def test_deployment_runs_on_two_joined_pod_workers(lab: Lab, tmp_path: Path) -> None:
+@dataclass
+class PodCluster:
+    server: Host
+    first: Host
+    second: Host
+    stack: LabStack
+    config: dict[str, Any]
+    diagnose: Callable[[], str]
+
+    @property
+    def workers(self) -> list[Host]:
+        return [self.first, self.second]
+
+
+@pytest.fixture(scope="module")
+def pod_cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> PodCluster:
+    """A server and two pod-capable workers joined through the real engine, running a
+    Deployment of 4 web pods spread over the workers. The tests below run in order."""
     skip_without_lab_binaries()
     reason = _runtime_built()
     if reason:
@@ -229,10 +276,19 @@ def test_deployment_runs_on_two_joined_pod_workers(lab: Lab, tmp_path: Path) -> 
     lab.wait_ssh_ready([server, *workers])
     for worker in workers:  # before k3s is installed, as k3s's air-gap instructions say
         _place_airgap_images(worker)
-    stack = LabStack(tmp_path)
-    stack.write_config(base_config(lab, server, workers))
+    stack = LabStack(tmp_path_factory.mktemp("pods-stack"))
+    config = base_config(lab, server, workers)
+    stack.write_config(config)
     up_or_fail(stack)
-    diagnose = _diagnose(server, workers)
+    return PodCluster(server, workers[0], workers[1], stack, config, _diagnose(server, workers))
+
+
+def _pod_uids(server: Host) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in _pods(server)}
+
+
+def test_deployment_runs_on_two_joined_pod_workers(pod_cluster: PodCluster) -> None:
+    server, workers, diagnose, stack = pod_cluster.server, pod_cluster.workers, pod_cluster.diagnose, pod_cluster.stack
     for worker in workers:
         info = json.loads(_kubectl(server, "get", "node", worker.name, "-o", "json"))["status"]["nodeInfo"]
         assert info["containerRuntimeVersion"].startswith("containerd://"), info
@@ -271,7 +327,7 @@ def test_deployment_runs_on_two_joined_pod_workers(lab: Lab, tmp_path: Path) -> 
     assert answer.strip() == there["metadata"]["name"], (url, answer)
 
     # Stopping the agent leaves the containers running, as on k3s; starting it again keeps them.
-    first, second = workers
+    first = pod_cluster.first
     before = _running_container_ids(first)
     assert len(before) >= 2, before
     first.run(["systemctl", "stop", "k3s-agent"])
@@ -284,7 +340,58 @@ def test_deployment_runs_on_two_joined_pod_workers(lab: Lab, tmp_path: Path) -> 
     )
     _wait("4 web pods Ready after the restart", lambda: sum(map(_ready, _pods(server))) == 4, 120, diagnose)
 
-    # k3s-killall.sh stops every container, shim and pod mount.
+
+def test_rejoin_keeps_the_pods_running(pod_cluster: PodCluster) -> None:
+    """A rejoin (here: a new label) cordons the worker for its checks and leaves its pods
+    alone: the same pods with the same containers, Ready throughout the run's end."""
+    server, first = pod_cluster.server, pod_cluster.first
+    containers = {w.name: _running_container_ids(w) for w in pod_cluster.workers}
+    uids = _pod_uids(server)
+    pod_cluster.config["workers"][0]["labels"] = {"tier": "web"}
+    pod_cluster.stack.write_config(pod_cluster.config)
+    result = up_or_fail(pod_cluster.stack)
+    updates = {str(getattr(op, "value", op)): n for op, n in (result.summary.resource_changes or {}).items()}
+    assert updates.get("update", 0) >= 1, updates
+    node = json.loads(_kubectl(server, "get", "node", first.name, "-o", "json"))
+    assert node["metadata"]["labels"]["tier"] == "web" and not node["spec"].get("unschedulable")
+    assert {w.name: _running_container_ids(w) for w in pod_cluster.workers} == containers
+    assert _pod_uids(server) == uids
+    assert sum(map(_ready, _pods(server))) == 4
+
+
+def test_a_powered_off_workers_pods_are_seen_by_the_controller_manager(pod_cluster: PodCluster) -> None:
+    """The real controller manager marks a powered-off worker's node unreachable and its
+    pods not Ready (it deletes none: they wait for the node or a fence)."""
+    server, first, second = pod_cluster.server, pod_cluster.first, pod_cluster.second
+    uids = _pod_uids(server)
+    second.power_off()
+
+    def unreachable() -> bool:
+        node = json.loads(_kubectl(server, "get", "node", second.name, "-o", "json"))
+        taints = {t["key"] for t in node["spec"].get("taints", [])}
+        ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+        return ready["status"] == "Unknown" and "node.kubernetes.io/unreachable" in taints
+
+    _wait(f"{second.name} marked unreachable", unreachable, 120, pod_cluster.diagnose)
+    _wait(
+        f"{second.name}'s pods marked not Ready",
+        lambda: all(not _ready(p) for p in _pods(server) if p["spec"]["nodeName"] == second.name),
+        60,
+        pod_cluster.diagnose,
+    )
+    pods = _pods(server)
+    assert sum(1 for p in pods if p["spec"]["nodeName"] == first.name and _ready(p)) == 2, pods
+    assert _pod_uids(server) == uids  # none deleted or replaced
+    second.power_on(wait=True)
+    _wait(
+        "4 web pods Ready after the power-on", lambda: sum(map(_ready, _pods(server))) == 4, 180, pod_cluster.diagnose
+    )
+    assert _pod_uids(server) == uids
+
+
+def test_killall_stops_every_container_shim_and_pod_mount(pod_cluster: PodCluster) -> None:
+    second = pod_cluster.second
+    assert second.run(["pgrep", "-x", "httpd"], check=False).returncode == 0
     second.run(["/usr/local/bin/k3s-killall.sh"], timeout=120)
     assert second.run(["pgrep", "-f", "containerd-shim"], check=False).returncode != 0
     assert second.run(["pgrep", "-x", "httpd"], check=False).returncode != 0
