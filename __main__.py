@@ -33,7 +33,7 @@ pulumi.export(
                 "ssh_address": worker.endpoint.ssh_address,
                 "network_mode": worker.network_mode,
                 "k3s_version": worker.k3s_version,
-                "holds_copies": spec.holds_copies,
+                **worker.copies_output(),
                 "fenced": spec.name in settings.fences,
                 "state": worker.state,
             }

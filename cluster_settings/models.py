@@ -130,6 +130,10 @@ IMAGE_REFERENCE = re.compile(r"^[a-z0-9]([a-z0-9._/:-]*[a-z0-9])?(:[\w][\w.-]{0,
 # Bounds of hk3s:cluster.api_wait_seconds (see ClusterSettings).
 API_WAIT_MIN = 5.0
 API_WAIT_MAX = 3600.0
+# hk3s:storage.disk_sync_p99_ms: etcd's guidance for its WAL's fdatasync, and the range accepted.
+DISK_SYNC_P99_DEFAULT_MS = 10.0
+DISK_SYNC_P99_MIN_MS = 0.5
+DISK_SYNC_P99_MAX_MS = 1000.0
 
 
 class StrictModel(BaseModel):
@@ -370,6 +374,26 @@ class StorageSettings(StrictModel):
     minimal_available_percent: int = Field(
         25, ge=0, le=90, description="A new copy needs more than this share of the disk available."
     )
+    # A copy on a disk that syncs slowly slows every write to its volume: Longhorn acknowledges
+    # a write once every copy has it. The disk probe holds the same bar etcd holds its own WAL to.
+    disk_sync_p99_ms: float = Field(
+        DISK_SYNC_P99_DEFAULT_MS,
+        description="A worker holds volume copies only when the 99th percentile of its Longhorn disk's sync time "
+        "(2300-byte writes, each followed by fdatasync) is at most this many ms; 0.5-1000. Default 10: etcd's "
+        "documented guidance that the 99th percentile of its WAL fdatasync stay under 10 ms (measured with fio's "
+        "2300-byte synced writes).",
+    )
+
+    @field_validator("disk_sync_p99_ms")
+    @classmethod
+    def _disk_sync(cls, value: float) -> float:
+        if not DISK_SYNC_P99_MIN_MS <= value <= DISK_SYNC_P99_MAX_MS:
+            raise ValueError(
+                f"{value:g} ms is outside {DISK_SYNC_P99_MIN_MS:g}-{DISK_SYNC_P99_MAX_MS:g} ms: a local SSD syncs a "
+                "small write in well under 1 ms and a disk over 1000 ms stalls every volume; keep the default 10 "
+                "(etcd's guidance) or set a value in that range"
+            )
+        return value
 
     @field_validator("max_copies")
     @classmethod
@@ -413,7 +437,9 @@ class WorkerSettings(HostSettings):
 
     holds_copies: bool = Field(True, description="False opts the worker out of holding volume copies (no disk check).")
     ignore_slow_disk: bool = Field(
-        False, description="Accept a disk that fails the sync-latency check (recorded as an override)."
+        False,
+        description="Let the worker hold copies on a disk over storage.disk_sync_p99_ms (recorded as an override), "
+        "unless one sync stalled for half of Longhorn's replica timeout (4 of engine-replica-timeout's 8 s) or more.",
     )
     firewall: bool | None = Field(
         None, description="Override firewall.managed for this node: true, false, or unset to follow it."

@@ -17,6 +17,7 @@ from components.private_network import PrivateNetwork
 from components.provider_shards import OperationShards
 from node_operations.firewall_plan import KUBE_API_PORT
 from providers.connectivity_check import ConnectivityCheck
+from providers.disk_probe import OUTPUTS as DISK_PROBE_OUTPUTS
 from providers.disk_probe import DiskProbe
 from providers.node_fence import NodeFence
 from providers.node_join import NodeJoin
@@ -71,6 +72,7 @@ class WorkerNode(pulumi.ComponentResource):
             shards=args.shards,
         )
         self.join_resource: NodeJoin | None = None
+        self.disk_probe: DiskProbe | None = None
 
     def join(
         self,
@@ -150,9 +152,16 @@ class WorkerNode(pulumi.ComponentResource):
             opts=self.endpoint.options(self, [self.endpoint.probe, plan, server.k3s, *after, *checks]),
         )
         if worker.holds_copies:
-            DiskProbe(
+            # At the end of the join, and again at every rejoin (join_run changes with each run of it).
+            self.disk_probe = DiskProbe(
                 f"{worker.name}-disk",
-                {**connection, "disk_path": LONGHORN_DISK_PATH, "ignore_slow_disk": worker.ignore_slow_disk},
+                {
+                    **connection,
+                    "disk_path": LONGHORN_DISK_PATH,
+                    "ignore_slow_disk": worker.ignore_slow_disk,
+                    "threshold_ms": settings.storage.disk_sync_p99_ms,
+                    "join_run": self.join_resource.join_run,
+                },
                 opts=self.endpoint.options(self, [self.join_resource]),
             )
         fence = settings.fences.get(worker.name)
@@ -182,3 +191,11 @@ class WorkerNode(pulumi.ComponentResource):
                 "state": self.state,
             }
         )
+
+    def copies_output(self) -> dict[str, Any]:
+        """The worker's entries about volume copies in the stack's `nodes` output: whether it may
+        hold them (its disk probe's verdict) and the probe's figures."""
+        probe = self.disk_probe
+        if probe is None:
+            return {"holds_copies": False, "disk": None}
+        return {"holds_copies": probe.eligible, "disk": {name: getattr(probe, name) for name in DISK_PROBE_OUTPUTS}}

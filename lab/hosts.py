@@ -67,7 +67,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from lab import pod_hosts
+from lab import pod_hosts, slow_disk
 
 log = logging.getLogger("lab.hosts")
 
@@ -456,6 +456,8 @@ class HostSpec:
     * ``pods``: the host can run pods (LAB ONLY, see :mod:`lab.pod_hosts`): its own
       writable cgroup subtree, plain directories for containerd and the kubelet, the
       runtime built by ``lab/build/pod_runtime.sh`` where k3s keeps its bundled binaries.
+    * ``disk_sync_delay_ms``: ``/var/lib/longhorn`` is a disk whose every sync waits this
+      long (LAB ONLY, see :mod:`lab.slow_disk`; changeable while the host runs).
     """
 
     name: str
@@ -469,6 +471,7 @@ class HostSpec:
     extra_packages: tuple[str, ...] = ()
     extra_nspawn_args: tuple[str, ...] = ()
     pods: bool = False
+    disk_sync_delay_ms: float | None = None
     private_mtu: int = PRIVATE_MTU
     index: int | None = None
 
@@ -1399,6 +1402,9 @@ class Lab:
                 self._prepare_root(host, base)
                 if spec.pods:
                     self._prepare_pods(host)
+                if spec.disk_sync_delay_ms is not None:
+                    (host.root / slow_disk.DISK_PATH_IN_HOST.lstrip("/")).mkdir(parents=True, exist_ok=True)
+                    slow_disk.of_host_dir(host.dir).start(self.cache_dir, spec.disk_sync_delay_ms)
                 self._save_state()
             except BaseException:
                 self._save_state()
@@ -1634,6 +1640,8 @@ class Lab:
             argv.append(f"--bind={Path(src).resolve()}:{dst}")
         if host.spec.pods:
             argv += pod_hosts.nspawn_args(host.dir, host.dir / "cgroup", self.run_dir / "pod-runtime")
+        if host.spec.disk_sync_delay_ms is not None:
+            argv.append(slow_disk.of_host_dir(host.dir).nspawn_bind())
         argv += list(host.spec.extra_nspawn_args)
         return argv
 
@@ -1844,7 +1852,7 @@ class Lab:
                         if leader is not None:
                             with contextlib.suppress(ProcessLookupError):
                                 os.kill(leader, signal.SIGKILL)
-                    if NETDELAY.name in " ".join(argv):
+                    if NETDELAY.name in " ".join(argv) or (argv and Path(argv[0]).name == slow_disk.BINARY_NAME):
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(pid, signal.SIGKILL)
                 time.sleep(0.1)

@@ -4,6 +4,7 @@
 #   - kube-apiserver, kube-controller-manager, kubectl and kine (lab/build/kube.sh)
 #   - the Pulumi CLI and its Python language host (lab/build/pulumi.sh)
 #   - the k3s stand-in (lab/build/k3s_standin.sh)
+#   - the slow disk, a FUSE filesystem whose syncs wait (lab/build/slow_disk.sh)
 #   - the pod runtime of pod-capable hosts: runc, containerd, CNI plugins, crictl and the
 #     pause and test images (lab/build/pod_runtime.sh; the kubelet comes from kube.sh)
 #   - the Debian base tree lab hosts boot from (lab.hosts.Lab.ensure_base)
@@ -42,6 +43,7 @@ step "python environment" bash scripts/setup_python.sh requirements-dev.txt
 step "kubernetes control plane" bash lab/build/kube.sh
 step "pulumi cli" bash lab/build/pulumi.sh
 step "k3s stand-in" bash lab/build/k3s_standin.sh
+step "slow disk" bash lab/build/slow_disk.sh
 step "pod runtime" bash lab/build/pod_runtime.sh
 step "host base tree" venv/bin/python -c '
 import os, pathlib, tempfile

@@ -24,13 +24,14 @@ from .errors import (
     UnknownWorkerError,
 )
 from .events import PlannedChange, RunRecord
-from .nodes import ClusterStatus, LastRun, Node
+from .nodes import ClusterStatus, DiskCheck, LastRun, Node
 from .stack_file import StackDocument, StackFile
 
 __all__ = [
     "REPO",
     "ClusterStack",
     "ClusterStatus",
+    "DiskCheck",
     "DuplicateWorkerError",
     "LastRun",
     "LockHolder",

@@ -42,11 +42,18 @@ from pulumi import automation as auto
 
 from cluster_settings import SettingProblem
 
-from .errors import LockHolder, RefusedError, SettingsRejectedError, StackBusyError, StackError
+from .errors import (
+    LockHolder,
+    RefusedError,
+    SettingsRejectedError,
+    StackBusyError,
+    StackError,
+    UnknownWorkerError,
+)
 from .events import EventCallback, PlannedChange, RunRecord
 from .locks import OperatorLock, backend_directory, read_pulumi_locks
-from .nodes import ClusterStatus, LastRun, Node
-from .stack_file import StackDocument, StackFile
+from .nodes import ClusterStatus, DiskCheck, LastRun, Node
+from .stack_file import WORKERS_KEY, StackDocument, StackFile
 
 REPO = Path(__file__).resolve().parents[1]
 LAB_CACHE = Path(os.environ.get("HK3S_LAB_CACHE", "/var/cache/hk3s-lab"))
@@ -55,6 +62,7 @@ OutputCallback = Callable[[str], None]
 API_RESTART_TYPES = ("K3sServer",)
 _LOCK_LINE = re.compile(r"created by (?P<user>[^@\s]+)@(?P<host>\S+) \(pid (?P<pid>\d+)\) at (?P<since>\S+)")
 _OUTPUT_TAIL = 400
+DISK_PROBE_TYPE = "pulumi-python:dynamic/hk3s:DiskProbe"
 
 
 @dataclass(frozen=True)
@@ -415,7 +423,75 @@ class ClusterStack:
                 self.file.write_bytes(before)
                 raise
 
+    def check_disk(
+        self, name: str, *, on_event: EventCallback | None = None, on_output: OutputCallback | None = None
+    ) -> DiskCheck:
+        """Probe one worker's Longhorn disk again and return the verdict (also in `nodes()` after).
+
+        An `up` that replaces that worker's `DiskProbe` and targets it and the stack's root (whose
+        `nodes` output carries the verdict): no other resource is read or changed, and the stack
+        file is not touched."""
+        action = f"checking the disk of {name}"
+        settings = self.settings_document().validate(action)
+        names = [worker.name for worker in settings.workers]
+        if name not in names:
+            raise UnknownWorkerError(
+                [
+                    SettingProblem(
+                        WORKERS_KEY,
+                        f"there is no worker named {name!r} in {WORKERS_KEY} (workers: {', '.join(names) or 'none'})",
+                    )
+                ],
+                action=action,
+            )
+        index = names.index(name)
+        if not settings.workers[index].holds_copies:
+            raise SettingsRejectedError(
+                [
+                    SettingProblem(
+                        f"{WORKERS_KEY}[{index}].holds_copies",
+                        f"{name} holds no volume copies (holds_copies: false), so it has no disk probe; set "
+                        "holds_copies: true and run up, which probes its disk at the end",
+                    )
+                ],
+                action=action,
+            )
+        with self._exclusive(action, on_output) as recovery:
+            stack = self._stack()
+            urn = self._resource_urn(stack, DISK_PROBE_TYPE, f"{name}-disk")
+            if urn is None:
+                raise StackError(
+                    f"{name}'s disk has not been probed yet: it is probed at the end of its join; run up first"
+                )
+            self._engine_run("up", recovery, on_event, on_output, replace=[urn], target=[urn, self._stack_urn(stack)])
+            outputs = self._resource_outputs(stack, urn)
+        return DiskCheck.from_output(outputs)
+
     # --- internals ----------------------------------------------------------------------
+    @staticmethod
+    def _resources(stack: auto.Stack) -> list[dict[str, Any]]:
+        deployment = stack.export_stack().deployment or {}
+        return list(deployment.get("resources") or [])
+
+    def _resource_urn(self, stack: auto.Stack, type_: str, name: str) -> str | None:
+        for resource in self._resources(stack):
+            urn = str(resource.get("urn", ""))
+            if resource.get("type") == type_ and urn.endswith(f"::{name}"):
+                return urn
+        return None
+
+    def _stack_urn(self, stack: auto.Stack) -> str:
+        for resource in self._resources(stack):
+            if resource.get("type") == "pulumi:pulumi:Stack":
+                return str(resource["urn"])
+        raise StackError(f"stack {self.env} has no root resource; run up first")
+
+    def _resource_outputs(self, stack: auto.Stack, urn: str) -> dict[str, Any]:
+        for resource in self._resources(stack):
+            if resource.get("urn") == urn:
+                return dict(resource.get("outputs") or {})
+        raise StackError(f"{urn} is no longer in the stack's state after the run")
+
     def _up(self, recovery: Recovery, on_event: EventCallback | None, on_output: OutputCallback | None) -> RunResult:
         return self._engine_run("up", recovery, on_event, on_output)
 
@@ -425,22 +501,31 @@ class ClusterStack:
         recovery: Recovery,
         on_event: EventCallback | None,
         on_output: OutputCallback | None,
+        *,
+        replace: list[str] | None = None,
+        target: list[str] | None = None,
     ) -> RunResult:
+        """`up` or `refresh`; `replace` and `target` narrow an `up` to the resources they name."""
         stack = self._stack()
         record = RunRecord()
-        command = stack.up if kind == "up" else stack.refresh
-        self._run(
-            kind,
-            record,
-            on_output,
-            lambda output: command(
+
+        def run(output: OutputCallback) -> object:
+            events = self._events(record, on_event)
+            if kind == "refresh":
+                return stack.refresh(
+                    color="never", on_output=output, on_error=output, on_event=events, parallel=self.parallel
+                )
+            return stack.up(
                 color="never",
                 on_output=output,
                 on_error=output,
-                on_event=self._events(record, on_event),
+                on_event=events,
                 parallel=self.parallel,
-            ),
-        )
+                replace=replace,
+                target=target,
+            )
+
+        self._run(kind, record, on_output, run)
         return RunResult(kind, record.summary, record.changes, recovery, keys_recorded_on_first_use(record))
 
     @staticmethod

@@ -8,6 +8,44 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class DiskCheck:
+    """A worker's last disk probe: may it hold volume copies, and what was measured.
+
+    `eligible` false with `override` false: the disk was refused (`verdict` says why and the
+    fix). `override` true: the disk was over the threshold and ignore_slow_disk accepted it."""
+
+    eligible: bool
+    override: bool
+    sync_p99_ms: float | None
+    sync_worst_ms: float | None
+    writes: int | None
+    threshold_ms: float | None
+    verdict: str | None
+    probe_seconds: float | None = None
+
+    @classmethod
+    def from_output(cls, data: Mapping[str, Any]) -> DiskCheck:
+        def number(key: str) -> float | None:
+            value = data.get(key)
+            return None if value is None else float(value)
+
+        writes = data.get("writes")
+        return cls(
+            eligible=bool(data.get("eligible", False)),
+            override=bool(data.get("override", False)),
+            sync_p99_ms=number("sync_p99_ms"),
+            sync_worst_ms=number("sync_worst_ms"),
+            writes=None if writes is None else int(writes),
+            threshold_ms=number("threshold_ms"),
+            verdict=None if data.get("verdict") is None else str(data["verdict"]),
+            probe_seconds=number("probe_seconds"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Node:
     """One node of the stack's `nodes` output.
 
@@ -24,7 +62,11 @@ class Node:
     network_mode: str | None
     k3s_version: str | None
     holds_copies: bool
+    """Whether the node may hold volume copies now: the server always; a worker whose disk passed
+    its probe or was accepted by ignore_slow_disk."""
     fenced: bool
+    disk: DiskCheck | None = None
+    """A worker's last disk probe; None for the server and for a worker with holds_copies: false."""
 
     @classmethod
     def from_output(cls, data: Mapping[str, Any]) -> Node:
@@ -43,6 +85,7 @@ class Node:
             k3s_version=text("k3s_version"),
             holds_copies=bool(data.get("holds_copies", False)),
             fenced=bool(data.get("fenced", False)),
+            disk=DiskCheck.from_output(data["disk"]) if isinstance(data.get("disk"), Mapping) else None,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The operator CLI: `scripts/hk3s [--stack ENV] [--json] COMMAND`.
 
-Commands: `node add|list|fence|unfence|remove`, `status`, `preview`, `up`. Tables for people by
+Commands: `node add|list|check-disk|fence|unfence|remove`, `status`, `preview`, `up`. Tables for people by
 default, `--json` for programs (on stdout; progress and messages go to stderr).
 
 Exit codes: 0 done; 1 failed part-way (fix the cause and run again: it continues);
@@ -29,6 +29,7 @@ from pulumi.automation import events as auto_events
 from operator_api import (
     REPO,
     ClusterStack,
+    DiskCheck,
     Node,
     PlannedChange,
     Preview,
@@ -99,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     fence.add_argument("--yes", action="store_true", help="no question (needed with --accept-stale-data)")
     unfence = node_commands.add_parser("unfence", parents=[common], help="lift a worker's fence")
     unfence.add_argument("name")
+    check_disk = node_commands.add_parser(
+        "check-disk", parents=[common], help="probe a worker's Longhorn disk again: may it hold volume copies?"
+    )
+    check_disk.add_argument("name")
     remove = node_commands.add_parser("remove", parents=[common], help="remove a worker (releases its data)")
     remove.add_argument("name")
     remove.add_argument("--yes", action="store_true", help="no question")
@@ -177,6 +182,23 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def copies_cell(node: Node) -> str:
+    """COPIES: may the node hold volume copies, and why not or on whose word."""
+    disk = node.disk
+    if disk is None or node.role == "server":
+        return "yes" if node.holds_copies else "no"
+    if disk.override:
+        return "yes(override)"
+    return "yes" if disk.eligible else "no(slow-disk)"
+
+
+def disk_sync_cell(disk: DiskCheck | None) -> str:
+    """DISK_SYNC: p99/worst sync time of a worker's Longhorn disk at its last probe."""
+    if disk is None or disk.sync_p99_ms is None or disk.sync_worst_ms is None:
+        return "-"
+    return f"{disk.sync_p99_ms:.1f}/{disk.sync_worst_ms:.1f}ms"
+
+
 def nodes_table(nodes: Sequence[Node]) -> str:
     if not nodes:
         return "No nodes yet: the stack has not been deployed (run up)."
@@ -189,14 +211,31 @@ def nodes_table(nodes: Sequence[Node]) -> str:
             node.ssh_address or "-",
             node.private_address or "-",
             node.network_mode or "-",
-            "yes" if node.holds_copies else "no",
+            copies_cell(node),
+            disk_sync_cell(node.disk),
             "yes" if node.fenced else "no",
             node.k3s_version or "-",
         ]
         for node in nodes
     ]
-    headers = ["NAME", "ROLE", "STATE", "ADDRESS", "SSH", "PRIVATE", "NETWORK", "COPIES", "FENCED", "K3S"]
+    headers = ["NAME", "ROLE", "STATE", "ADDRESS", "SSH", "PRIVATE", "NETWORK", "COPIES", "DISK_SYNC", "FENCED", "K3S"]
     return table(headers, rows)
+
+
+def disk_notes(nodes: Sequence[Node]) -> list[str]:
+    """One line per worker whose disk was refused or accepted by an override: the probe's verdict."""
+    return [
+        f"{node.name}: {'override' if node.disk.override else 'no copies'}: {node.disk.verdict}"
+        for node in nodes
+        if node.disk is not None and node.disk.verdict and (node.disk.override or not node.disk.eligible)
+    ]
+
+
+def disk_check_text(name: str, disk: DiskCheck) -> str:
+    state = "may hold volume copies" if disk.eligible else "holds no volume copies"
+    if disk.override:
+        state += " (ignore_slow_disk override)"
+    return f"{name} {state}\n{disk.verdict or ''}".rstrip()
 
 
 def changes_table(changes: Sequence[PlannedChange]) -> str:
@@ -259,6 +298,9 @@ def status_text(stack: ClusterStack) -> tuple[dict[str, Any], str]:
         "",
         nodes_table(status.nodes),
     ]
+    notes = disk_notes(status.nodes)
+    if notes:
+        lines += ["", "Disks (COPIES, DISK_SYNC: p99/worst sync time at the last probe):", *notes]
     return status.to_dict(), "\n".join(lines)
 
 
@@ -301,7 +343,12 @@ def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack)
     elif args.command == "node":
         if args.node_command == "list":
             nodes = stack.nodes()
-            console.result([node.to_dict() for node in nodes], nodes_table(nodes))
+            notes = disk_notes(nodes)
+            console.result([node.to_dict() for node in nodes], "\n".join([nodes_table(nodes), *notes]))
+            return EXIT_OK
+        if args.node_command == "check-disk":
+            disk = stack.check_disk(args.name, on_event=console.event, on_output=console.output_line)
+            console.result({"name": args.name, **asdict(disk)}, disk_check_text(args.name, disk))
             return EXIT_OK
         name = args.name
         if args.node_command == "add":

@@ -1,8 +1,13 @@
 """DiskProbe: measures how long the worker's Longhorn disk takes to sync small
 writes and decides whether the worker may hold volume copies: a disk too slow to
-sync small writes makes every volume with a copy on it slow, so it holds none.
+sync small writes makes every volume with a copy on it slow, so it holds none
+(node_operations/disk_probe.py has the measurement and the rules).
 
-Inputs are validated now; the measurement is a later capability.
+It runs at the end of the worker's join and again at every rejoin (its `join_run`
+input is the join's run stamp), when its settings change, and on demand (an `up`
+that replaces it: `ClusterStack.check_disk`, `scripts/hk3s node check-disk`). A
+slow disk is recorded as `eligible: false` with the figures and the reason; the
+worker stays joined. A probe that cannot measure fails the run, naming the host.
 """
 
 from __future__ import annotations
@@ -10,11 +15,60 @@ from __future__ import annotations
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, Resource, UpdateResult
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, UpdateResult
 
-from providers.base import CapabilityMissingError, NodeProvider, check_connection_inputs, resource_inputs
+from cluster_settings.models import DISK_SYNC_P99_DEFAULT_MS, DISK_SYNC_P99_MAX_MS, DISK_SYNC_P99_MIN_MS
+from node_operations.disk_probe import LONGHORN_DISK_PATH, probe_disk
+from providers.base import (
+    NodeProvider,
+    check_connection_inputs,
+    diff_inputs,
+    progress,
+    resource_inputs,
+    run_operation,
+    ssh_target,
+)
 
-PROBE_CAPABILITY = "the disk probe for volume copies; set holds_copies: false on the worker to join it without one"
+OUTPUTS = (
+    "eligible",
+    "sync_p99_ms",
+    "sync_worst_ms",
+    "writes",
+    "threshold_ms",
+    "override",
+    "verdict",
+    "probe_seconds",
+    "filesystem",
+)
+
+
+def _threshold(props: dict[str, Any]) -> float:
+    return float(props.get("threshold_ms") or DISK_SYNC_P99_DEFAULT_MS)
+
+
+def _probe(props: dict[str, Any]) -> dict[str, Any]:
+    node = str(props["node"])
+    measurement, verdict = run_operation(
+        probe_disk(
+            ssh_target(props),
+            threshold_ms=_threshold(props),
+            ignore_slow_disk=bool(props.get("ignore_slow_disk")),
+            path=str(props.get("disk_path") or LONGHORN_DISK_PATH),
+            progress=lambda line: progress(node, line),
+        )
+    )
+    return {
+        **props,
+        "eligible": verdict.eligible,
+        "sync_p99_ms": round(verdict.p99_ms, 3),
+        "sync_worst_ms": round(verdict.worst_ms, 3),
+        "writes": verdict.writes,
+        "threshold_ms": verdict.threshold_ms,
+        "override": verdict.override,
+        "verdict": verdict.message,
+        "probe_seconds": round(measurement.seconds, 3),
+        "filesystem": measurement.filesystem,
+    }
 
 
 class DiskProbeProvider(NodeProvider):
@@ -25,16 +79,31 @@ class DiskProbeProvider(NodeProvider):
         path = news.get("disk_path")
         if isinstance(path, str) and not path.startswith("/"):
             failures.append(CheckFailure("disk_path", f"{path!r} is not an absolute path"))
+        threshold = news.get("threshold_ms")
+        if isinstance(threshold, (int, float)) and not DISK_SYNC_P99_MIN_MS <= threshold <= DISK_SYNC_P99_MAX_MS:
+            failures.append(
+                CheckFailure(
+                    "threshold_ms",
+                    f"{threshold:g} ms is outside {DISK_SYNC_P99_MIN_MS:g}-{DISK_SYNC_P99_MAX_MS:g} ms "
+                    "(hk3s:storage.disk_sync_p99_ms)",
+                )
+            )
         return CheckResult(news, failures)
 
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        # Measured again when the disk path, the threshold or ignore_slow_disk change, and at
+        # every run of the join (join_run): a rejoin may follow a change of the host.
+        return diff_inputs(olds, news, replace_on=self.replace_on, ignore=("recorded_host_key",))
+
     def create(self, props: dict[str, Any]) -> CreateResult:
-        raise CapabilityMissingError(props["node"], "probing the disk for volume copies", PROBE_CAPABILITY)
+        # Deterministic id: the probe of one node's disk, whichever run made it.
+        return CreateResult(id_=f"{props['node']}-disk", outs=_probe(props))
 
     def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        raise CapabilityMissingError(news["node"], "re-probing the disk", PROBE_CAPABILITY)
+        return UpdateResult(outs=_probe(news))
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        # The probe's test file is removed by the probe itself; nothing stays behind.
+        # The probe removes its test file itself; nothing of it stays on the host.
         return None
 
 
@@ -43,7 +112,15 @@ class DiskProbe(Resource, module="hk3s", name="DiskProbe"):
 
     eligible: pulumi.Output[bool]
     sync_p99_ms: pulumi.Output[float]
+    sync_worst_ms: pulumi.Output[float]
+    writes: pulumi.Output[int]
+    threshold_ms: pulumi.Output[float]
+    override: pulumi.Output[bool]
+    verdict: pulumi.Output[str]
+    probe_seconds: pulumi.Output[float]
+    filesystem: pulumi.Output[str]
 
     def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        inputs = resource_inputs(props, ["eligible", "sync_p99_ms"])
+        # threshold_ms is an input (hk3s:storage.disk_sync_p99_ms) and comes back as the one judged by.
+        inputs = resource_inputs(props, [name for name in OUTPUTS if name != "threshold_ms"])
         super().__init__(DiskProbeProvider(), resource_name, inputs, opts)

@@ -9,6 +9,7 @@ orphaned.
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,8 @@ class NodeJoinProvider(NodeProvider):
             "k3s_version_in_use": result.k3s_version,
             "state": result.state,
             "checks": result.checks,
+            # When this join last ran: what runs after every join (the disk probe) takes it as an input.
+            "join_run": datetime.now(UTC).isoformat(timespec="seconds"),
         }
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
@@ -190,9 +193,10 @@ class NodeJoin(Resource, module="hk3s", name="NodeJoin"):
     network_mode_in_use: pulumi.Output[str]
     k3s_version_in_use: pulumi.Output[str]
     state: pulumi.Output[str]
+    join_run: pulumi.Output[str]
 
     def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
         inputs = resource_inputs(
-            props, ["name", "addresses", "network_mode_in_use", "k3s_version_in_use", "state", "checks"]
+            props, ["name", "addresses", "network_mode_in_use", "k3s_version_in_use", "state", "checks", "join_run"]
         )
         super().__init__(NodeJoinProvider(), resource_name, inputs, opts)

@@ -219,6 +219,24 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "registry/name:tag",
     ),
     ("ssh-port-out-of-range", {"workers.1.ssh_port": 70000}, "hk3s:workers[1].ssh_port", "65535"),
+    (
+        "disk-sync-threshold-zero",
+        {"storage.disk_sync_p99_ms": 0},
+        "hk3s:storage.disk_sync_p99_ms",
+        "keep the default 10",
+    ),
+    (
+        "disk-sync-threshold-over-a-second",
+        {"storage.disk_sync_p99_ms": 5000},
+        "hk3s:storage.disk_sync_p99_ms",
+        "outside 0.5-1000 ms",
+    ),
+    (
+        "disk-sync-threshold-not-a-number",
+        {"storage.disk_sync_p99_ms": "fast"},
+        "hk3s:storage.disk_sync_p99_ms",
+        "number",
+    ),
     ("too-many-hetzner-servers", {"workers": [{"name": f"w{i}"} for i in range(100)]}, "hk3s:workers", "at most 100"),
 ]
 
@@ -243,6 +261,13 @@ def test_there_are_at_least_thirty_cases() -> None:
 def test_the_base_config_is_valid(ssh_key_file: Path) -> None:
     settings = load_settings(_base(ssh_key_file))
     assert [w.name for w in settings.workers] == ["worker-1", "metal-1"]
+
+
+def test_disk_sync_threshold_defaults_to_etcds_10_ms_and_takes_another(ssh_key_file: Path) -> None:
+    assert load_settings(_base(ssh_key_file)).storage.disk_sync_p99_ms == 10.0
+    config = _base(ssh_key_file)
+    config["storage"] = {"disk_sync_p99_ms": 25}
+    assert load_settings(config).storage.disk_sync_p99_ms == 25.0
 
 
 def test_every_problem_is_reported_at_once(ssh_key_file: Path) -> None:

@@ -20,6 +20,7 @@ from operator_cli.cli import (
     ConfirmationMissingError,
     Console,
     build_parser,
+    disk_notes,
     main,
     nodes_table,
     parse_arguments,
@@ -186,6 +187,7 @@ def test_node_table_and_json_come_from_the_same_nodes() -> None:
         "k3s_version": "v1.31.4+k3s1",
         "holds_copies": False,
         "fenced": False,
+        "disk": None,
     }
     lines = nodes_table(nodes).splitlines()
     assert lines[0].split() == [
@@ -197,6 +199,7 @@ def test_node_table_and_json_come_from_the_same_nodes() -> None:
         "PRIVATE",
         "NETWORK",
         "COPIES",
+        "DISK_SYNC",
         "FENCED",
         "K3S",
     ]
@@ -209,8 +212,64 @@ def test_node_table_and_json_come_from_the_same_nodes() -> None:
         "-",
         "public",
         "no",
+        "-",
         "no",
         "v1.31.4+k3s1",
+    ]
+
+
+def _worker_with_disk(name: str, eligible: bool, override: bool, p99: float, worst: float) -> dict:
+    return {
+        "name": name,
+        "role": "worker",
+        "state": "ready",
+        "holds_copies": eligible,
+        "disk": {
+            "eligible": eligible,
+            "override": override,
+            "sync_p99_ms": p99,
+            "sync_worst_ms": worst,
+            "writes": 300,
+            "threshold_ms": 10.0,
+            "verdict": f"{name}: the disk at /var/lib/longhorn ... p99 {p99} ms",
+            "probe_seconds": 0.4,
+            "filesystem": "/dev/sda1 (ext4 on /)",
+        },
+    }
+
+
+def test_node_table_shows_who_may_hold_copies_the_disk_figures_and_overrides() -> None:
+    output = [
+        {"name": "s", "role": "server", "state": "server", "holds_copies": True},
+        _worker_with_disk("fast", True, False, 0.42, 1.3),
+        _worker_with_disk("slow", False, False, 25.0, 31.5),
+        _worker_with_disk("accepted", True, True, 24.0, 30.0),
+        {"name": "opted-out", "role": "worker", "state": "ready", "holds_copies": False, "disk": None},
+    ]
+    nodes = [Node.from_output(item) for item in output]
+    assert nodes[1].disk is not None and nodes[1].disk.to_dict() == {
+        "eligible": True,
+        "override": False,
+        "sync_p99_ms": 0.42,
+        "sync_worst_ms": 1.3,
+        "writes": 300,
+        "threshold_ms": 10.0,
+        "verdict": "fast: the disk at /var/lib/longhorn ... p99 0.42 ms",
+        "probe_seconds": 0.4,
+    }
+    rows = {line.split()[0]: line.split() for line in nodes_table(nodes).splitlines()[1:]}
+    copies = {name: (row[7], row[8]) for name, row in rows.items()}
+    assert copies == {
+        "s": ("yes", "-"),
+        "fast": ("yes", "0.4/1.3ms"),
+        "slow": ("no(slow-disk)", "25.0/31.5ms"),
+        "accepted": ("yes(override)", "24.0/30.0ms"),
+        "opted-out": ("no", "-"),
+    }
+    # The refused and the overridden disk get their verdict under the table; the others do not.
+    assert disk_notes(nodes) == [
+        "slow: no copies: slow: the disk at /var/lib/longhorn ... p99 25.0 ms",
+        "accepted: override: accepted: the disk at /var/lib/longhorn ... p99 24.0 ms",
     ]
 
 
