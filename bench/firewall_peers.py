@@ -31,13 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lab.hosts import DEFAULT_CACHE_DIR, Host, HostSpec, Lab, missing_prerequisites
 from node_operations.firewall_plan import inbound_rules
-from node_operations.host_firewall import (
-    FirewallBackend,
-    FleetFirewallResult,
-    NodeFirewallJob,
-    NodeFirewallPlan,
-    apply_firewalls,
-)
+from node_operations.host_firewall.fleet import FleetFirewallResult, NodeFirewallJob, apply_firewalls
+from node_operations.host_firewall.inspection import FirewallBackend
+from node_operations.host_firewall.plan import NodeFirewallPlan
 from remote_access.ssh import SshTarget
 
 BACKEND_PACKAGES: dict[FirewallBackend, tuple[str, ...]] = {

@@ -30,7 +30,8 @@ from typing import Any
 from host_scripts import script_path
 from node_operations.firewall_plan import PortRule
 from node_operations.host_facts import HostFacts, gather_facts, interface_of
-from node_operations.host_firewall import evaluate_operator_firewall, inspect_firewall
+from node_operations.host_firewall.inspection import inspect_firewall
+from node_operations.host_firewall.operator_firewall import evaluate_operator_firewall
 from node_operations.k3s_install import K3sBinary, agent_config, install_k3s, parse_results
 from node_operations.network_mode import check_connection
 from node_operations.node_access import NodeAccessError, RecordedNode, check_recorded_nodes

@@ -18,13 +18,13 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
 from node_operations.firewall_plan import PortRule
-from node_operations.host_firewall import (
+from node_operations.host_firewall.apply import (
     AppliedFirewall,
-    NodeFirewallPlan,
     apply_node_firewall,
     read_node_firewall,
     remove_node_firewall,
 )
+from node_operations.host_firewall.plan import NodeFirewallPlan
 from providers.base import (
     NodeProvider,
     check_connection_inputs,

@@ -33,7 +33,8 @@ import pytest
 
 from lab.hosts import Host, HostSpec, Lab
 from node_operations.firewall_plan import Role, inbound_rules
-from node_operations.host_firewall import NodeFirewallJob, NodeFirewallPlan, apply_firewalls
+from node_operations.host_firewall.fleet import NodeFirewallJob, apply_firewalls
+from node_operations.host_firewall.plan import NodeFirewallPlan
 from tests.lab.test_host_firewall import (
     FIREWALLD_PACKAGES,
     UFW_PACKAGES,
@@ -202,7 +203,7 @@ def test_with_the_guard_a_worker_answers_on_ssh_alone_and_the_server_on_ssh_and_
 
 
 def test_reapplying_changes_nothing_and_refresh_sees_a_missing_guard(cluster: ExposedCluster) -> None:
-    from node_operations.host_firewall import read_node_firewall  # noqa: PLC0415
+    from node_operations.host_firewall.apply import read_node_firewall  # noqa: PLC0415
 
     assert cluster.apply() == dict.fromkeys((host.name for host in cluster.members), False)
     host = cluster.workers["firewalld"]

@@ -30,18 +30,13 @@ import pytest
 
 from lab.hosts import Host, HostSpec, Lab
 from node_operations.firewall_plan import PortRule, inbound_rules
-from node_operations.host_firewall import (
-    FirewallBackend,
-    FirewallError,
-    NodeFirewallJob,
-    NodeFirewallPlan,
-    apply_firewalls,
-    apply_node_firewall,
-    check_operator_firewall,
-    read_node_firewall,
-)
+from node_operations.host_firewall.apply import apply_node_firewall, read_node_firewall
+from node_operations.host_firewall.fleet import NodeFirewallJob, apply_firewalls
+from node_operations.host_firewall.inspection import FirewallBackend, inspect_firewall
+from node_operations.host_firewall.operator_firewall import OperatorFirewallReport, evaluate_operator_firewall
+from node_operations.host_firewall.plan import FirewallError, NodeFirewallPlan
 from providers.host_firewall import HostFirewallProvider
-from remote_access.ssh import SshTarget
+from remote_access.ssh import SshTarget, open_session
 
 pytestmark = pytest.mark.lab
 
@@ -613,6 +608,13 @@ def _operator_rules(cluster: Cluster, host: Host) -> list[PortRule]:
     return inbound_rules(
         role="worker", node=host.name, peers=peers, server=cluster.server.name, pod_network="wireguard"
     )
+
+
+async def check_operator_firewall(target: SshTarget, required: Sequence[PortRule]) -> OperatorFirewallReport:
+    """Read the node's firewall as the join does (changing nothing) and judge it against `required`."""
+    async with open_session(target) as session:
+        inspection = await inspect_firewall(session, operator=True)
+    return evaluate_operator_firewall(inspection, required)
 
 
 def _missing(report: Any) -> set[tuple[str, str, tuple[str, ...]]]:

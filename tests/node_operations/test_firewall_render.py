@@ -18,23 +18,14 @@ from collections.abc import Iterator
 import pytest
 
 from node_operations.firewall_plan import PortRule, inbound_rules
-from node_operations.host_firewall import (
-    SESSION_SSH_PURPOSE,
-    FirewallError,
-    NodeFirewallPlan,
-    UfwRule,
-    align_rules,
-    evaluate_operator_firewall,
-    existing_ufw_rules,
-    observe_nftables,
-    observe_ufw,
-    parse_inspection,
-    render_dnat_guard,
-    render_firewalld,
-    render_nftables,
-    render_ufw,
-    ufw_changes,
-)
+from node_operations.host_firewall.dnat_guard import render_dnat_guard
+from node_operations.host_firewall.drift import align_rules
+from node_operations.host_firewall.firewalld import FIREWALLD
+from node_operations.host_firewall.inspection import parse_inspection
+from node_operations.host_firewall.nftables import NFTABLES
+from node_operations.host_firewall.operator_firewall import evaluate_operator_firewall
+from node_operations.host_firewall.plan import SESSION_SSH_PURPOSE, FirewallError, NodeFirewallPlan
+from node_operations.host_firewall.ufw import UFW, UfwRule, existing_ufw_rules, ufw_changes
 
 SERVER = "srv"
 
@@ -106,7 +97,7 @@ def inspection_of(ruleset: list[dict[str, object]], **facts: str) -> object:
 )
 def test_the_kernel_accepts_the_rendered_table(netns: str, node: str, options: dict[str, object]) -> None:
     plan = plan_for(node, cluster_peers(5), **options)
-    for ruleset in (render_nftables(plan), render_dnat_guard(plan)):
+    for ruleset in (NFTABLES.render(plan), render_dnat_guard(plan)):
         checked = nft(netns, "-c", "-f", "-", stdin=ruleset.text)
         assert checked.returncode == 0, checked.stderr
     # Check mode changed nothing.
@@ -117,26 +108,26 @@ def test_loading_twice_is_idempotent_and_a_removed_peer_is_really_gone(netns: st
     big = plan_for("w1", cluster_peers(5))
     small = plan_for("w1", {name: address for name, address in cluster_peers(5).items() if name != "w3"})
     for _ in range(2):
-        assert nft(netns, "-f", "-", stdin=render_nftables(big).text).returncode == 0
-    observed = observe_nftables(inspection_of(ruleset_json(netns)))  # type: ignore[arg-type]
-    assert observed.present and observed.rule_count == render_nftables(big).rule_count
+        assert nft(netns, "-f", "-", stdin=NFTABLES.render(big).text).returncode == 0
+    observed = NFTABLES.observe(inspection_of(ruleset_json(netns)))  # type: ignore[arg-type]
+    assert observed.present and observed.rule_count == NFTABLES.render(big).rule_count
     assert align_rules(observed.rules, big.rules) == list(big.rules)
 
-    assert nft(netns, "-f", "-", stdin=render_nftables(small).text).returncode == 0
+    assert nft(netns, "-f", "-", stdin=NFTABLES.render(small).text).returncode == 0
     listed = nft(netns, "list", "table", "inet", "hk3s_node").stdout
     # `flush table` alone would have kept w3's address in the set.
     assert cluster_peers(5)["w3"] not in listed
-    observed = observe_nftables(inspection_of(ruleset_json(netns)))  # type: ignore[arg-type]
+    observed = NFTABLES.observe(inspection_of(ruleset_json(netns)))  # type: ignore[arg-type]
     assert align_rules(observed.rules, small.rules) == list(small.rules)
 
 
 def test_another_table_survives_and_a_hand_made_rule_shows_as_drift(netns: str) -> None:
     assert nft(netns, "add", "table", "inet", "operator").returncode == 0
     plan = plan_for("w1", cluster_peers(3))
-    assert nft(netns, "-f", "-", stdin=render_nftables(plan).text).returncode == 0
+    assert nft(netns, "-f", "-", stdin=NFTABLES.render(plan).text).returncode == 0
     assert "table inet operator" in nft(netns, "list", "tables").stdout
     assert nft(netns, "add", "rule", "inet", "hk3s_node", "input", "tcp", "dport", "8888", "accept").returncode == 0
-    observed = observe_nftables(inspection_of(ruleset_json(netns)))  # type: ignore[arg-type]
+    observed = NFTABLES.observe(inspection_of(ruleset_json(netns)))  # type: ignore[arg-type]
     aligned = align_rules(observed.rules, plan.rules)
     assert aligned[: len(plan.rules)] == list(plan.rules)
     assert aligned[len(plan.rules) :] == [PortRule("8888", "tcp", ("0.0.0.0/0",), "found on the host")]
@@ -146,7 +137,7 @@ def test_another_table_survives_and_a_hand_made_rule_shows_as_drift(netns: str) 
 
 
 def test_the_table_has_the_recipes_shape() -> None:
-    text = render_nftables(plan_for("w1", cluster_peers(3))).text
+    text = NFTABLES.render(plan_for("w1", cluster_peers(3))).text
     lines = [line.strip() for line in text.splitlines()]
     assert lines[lines.index("table inet hk3s_node {}") + 1] == "delete table inet hk3s_node"
     body = lines[lines.index("type filter hook input priority filter; policy drop;") + 1 :]
@@ -165,15 +156,15 @@ def test_the_table_has_the_recipes_shape() -> None:
 
 
 def test_rule_count_does_not_grow_with_the_peers() -> None:
-    few = render_nftables(plan_for("w1", cluster_peers(3)))
-    many = render_nftables(plan_for("w1", cluster_peers(100)))
+    few = NFTABLES.render(plan_for("w1", cluster_peers(3)))
+    many = NFTABLES.render(plan_for("w1", cluster_peers(100)))
     assert few.rule_count == many.rule_count
     assert many.text.count("set peers_v4_") == 2  # the other nodes; the server (node metrics)
     assert many.text.count("10.0.") > 100
 
 
 def test_nodeports_open_opens_them_to_everyone_also_through_the_dnat_guard() -> None:
-    text = render_nftables(plan_for("w1", cluster_peers(3), nodeports_open=True)).text
+    text = NFTABLES.render(plan_for("w1", cluster_peers(3), nodeports_open=True)).text
     assert "tcp dport 30000-32767 accept" in text and "udp dport 30000-32767 accept" in text
     assert "ct status dnat meta l4proto tcp ct original proto-dst 30000-32767 accept" in text
 
@@ -189,7 +180,7 @@ def test_the_dnat_guard_follows_the_plan_on_every_backend() -> None:
     assert "ip saddr @peers_v4_1 meta l4proto udp ct original proto-dst 51820 accept" in guard.text
     assert "proto-dst 80 " not in guard.text and "proto-dst 443 " not in guard.text
     server = plan_for(SERVER, cluster_peers(3), ingress=True)
-    text = render_nftables(server).text
+    text = NFTABLES.render(server).text
     assert 'tcp dport 80 accept comment "ingress (Traefik through ServiceLB)"' in text
     assert "ct status dnat meta l4proto tcp ct original proto-dst 443 accept" in text
     # The worker's plan never opens 80/443, even with ingress on.
@@ -215,7 +206,7 @@ def test_plan_refuses_what_must_stay_closed() -> None:
         problems = plan.problems()
         assert any(expected in problem for problem in problems), (expected, problems)
         with pytest.raises(FirewallError, match="w1: the firewall plan is refused"):
-            render_nftables(plan)
+            NFTABLES.render(plan)
     assert base.problems() == []
     server = plan_for(SERVER, cluster_peers(3), operator_access=["0.0.0.0/0"])
     assert server.problems() == []
@@ -226,7 +217,7 @@ def test_the_session_port_stays_open() -> None:
     assert plan.with_session_port(22) == plan
     moved = plan.with_session_port(2222)
     assert moved.rules[0] == PortRule("2222", "tcp", ("0.0.0.0/0",), SESSION_SSH_PURPOSE)
-    assert 'tcp dport 2222 accept comment "SSH (the port hk3s logs in on)"' in render_nftables(moved).text
+    assert 'tcp dport 2222 accept comment "SSH (the port hk3s logs in on)"' in NFTABLES.render(moved).text
 
 
 # --------------------------------------------------------------------------- UFW
@@ -234,7 +225,7 @@ def test_the_session_port_stays_open() -> None:
 
 def test_ufw_rules_and_changes() -> None:
     plan = plan_for("w1", cluster_peers(3))
-    wanted = render_ufw(plan)
+    wanted = UFW.render(plan)
     assert UfwRule("port", "tcp", "22", "any", "-", "hk3s: SSH") in wanted
     assert UfwRule("port", "udp", "51820", "10.0.0.2", "-", "hk3s: pod network (WireGuard)") in wanted
     assert all(rule.comment.startswith("hk3s") for rule in wanted)
@@ -245,7 +236,7 @@ def test_ufw_rules_and_changes() -> None:
 
     # A peer moves: the new address is added before the old one is deleted.
     moved = plan_for("w1", {**cluster_peers(3), "w2": "10.0.9.9"})
-    changes = ufw_changes(wanted, render_ufw(moved))
+    changes = ufw_changes(wanted, UFW.render(moved))
     lines = changes.file_text().splitlines()
     assert [line.split("\t")[0] for line in lines] == ["add"] * len(changes.add) + ["delete"] * len(changes.delete)
     assert {rule.source for rule in changes.add} == {"10.0.9.9"}
@@ -273,7 +264,7 @@ def test_ufw_tuples_read_back() -> None:
     )
     inspection = parse_inspection("w1", output + "\n")
     assert inspection.backend() == "ufw"
-    observed = observe_ufw(inspection)
+    observed = UFW.observe(inspection)
     assert observed.rule_count == 4  # the operator's 8080 is not the program's
     assert set(observed.rules) == {
         PortRule("10250", "tcp", ("10.0.0.2/32", "10.0.0.3/32"), "kubelet"),
@@ -286,7 +277,7 @@ def test_ufw_tuples_read_back() -> None:
 
 
 def test_firewalld_zone_and_ipsets() -> None:
-    files = render_firewalld(plan_for(SERVER, cluster_peers(3), operator_access=["203.0.113.0/24"]))
+    files = FIREWALLD.render(plan_for(SERVER, cluster_peers(3), operator_access=["203.0.113.0/24"]))
     zone = ET.fromstring(files["zones/hk3s.xml"])
     assert [(port.get("port"), port.get("protocol")) for port in zone.findall("port")] == [("22", "tcp")]
     used = {rule.find("source").get("ipset") for rule in zone.findall("rule")}  # type: ignore[union-attr]

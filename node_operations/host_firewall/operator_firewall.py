@@ -1,0 +1,121 @@
+"""Judging a firewall the operator runs (hk3s:firewall.managed or
+workers[].firewall false) against the rules the cluster needs from it.
+
+The join reads the node with `inspect_firewall(session, operator=True)` and
+calls `evaluate_operator_firewall(inspection, required)`, `required` being the
+node's `inbound_rules(...)`. SSH rules and NodePort rules are not checked (the
+join reached SSH already; NodePorts are the operator's call). The report's
+`stops_join` is true when an active firewall (UFW active, firewalld running,
+or an nftables input hook with a drop policy or drop rules) misses rules;
+`missing` lists them (all required rules when it cannot tell, `determined`
+false and `reason` saying why); `message()` is the text to show.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from node_operations.firewall_plan import PortRule
+from node_operations.host_firewall.backend import Probe, UndeterminedError
+from node_operations.host_firewall.backends import BACKENDS
+from node_operations.host_firewall.inspection import FirewallBackend, FirewallInspection
+from node_operations.host_firewall.plan import is_nodeport_rule, is_ssh_rule, port_range, source_networks
+
+OperatorFirewallKind = Literal["none", "ufw", "firewalld", "nftables"]
+# UFW and firewalld run on nftables (or iptables) themselves: their own rules
+# are what the operator reads and edits, so they are judged before raw nftables.
+_JUDGED_IN_ORDER: tuple[FirewallBackend, ...] = ("ufw", "firewalld", "nftables")
+
+
+@dataclass(frozen=True)
+class OperatorFirewallReport:
+    """A firewall the operator runs, checked against what the cluster needs."""
+
+    node: str
+    firewall: OperatorFirewallKind
+    active: bool
+    determined: bool
+    missing: tuple[PortRule, ...]
+    reason: str = ""
+
+    @property
+    def stops_join(self) -> bool:
+        """The join must stop: an active firewall lacks (or may lack) rules."""
+        return self.active and bool(self.missing)
+
+    def message(self) -> str:
+        """What to tell the operator, naming the node, the rules and the way out."""
+        if not self.active:
+            return f"{self.node}: no active host firewall found"
+        if not self.missing:
+            return f"{self.node}: the {self.firewall} firewall allows every port the cluster needs"
+        listing = "; ".join(
+            f"{rule.port}/{rule.protocol} from {', '.join(rule.sources)} ({rule.purpose})" for rule in self.missing
+        )
+        head = f"{self.node}: the host firewall ({self.firewall}) is not managed by hk3s and " + (
+            f"does not allow: {listing}."
+            if self.determined
+            else f"could not be checked ({self.reason}); make sure it allows: {listing}."
+        )
+        commands = self.suggested_commands()
+        hint = f" For example: {' ; '.join(commands)}." if commands else ""
+        return (
+            f"{head}{hint} Then run again, or let hk3s run this node's firewall (hk3s:workers[].firewall or "
+            "hk3s:firewall.managed true). Keep 8888/tcp closed to outside traffic and NodePorts limited."
+        )
+
+    def suggested_commands(self) -> list[str]:
+        """Commands that add the missing rules, for UFW and firewalld."""
+        commands: list[str] = []
+        for rule in self.missing:
+            for source in rule.sources:
+                if self.firewall == "ufw":
+                    port = rule.port.replace("-", ":")
+                    commands.append(
+                        shlex.join(["ufw", "allow", "proto", rule.protocol, "from", source, "to", "any", "port", port])
+                    )
+                elif self.firewall == "firewalld":
+                    family = "ipv6" if ":" in source else "ipv4"
+                    rich = (
+                        f'rule family="{family}" source address="{source}" '
+                        f'port port="{rule.port}" protocol="{rule.protocol}" accept'
+                    )
+                    commands.append(shlex.join(["firewall-cmd", "--permanent", f"--add-rich-rule={rich}"]))
+        if self.firewall == "firewalld" and commands:
+            commands.append("firewall-cmd --reload")
+        return commands
+
+
+def _operator_probes(required: Sequence[PortRule]) -> list[tuple[PortRule, list[Probe]]]:
+    probes: list[tuple[PortRule, list[Probe]]] = []
+    for rule in required:
+        if is_ssh_rule(rule) or is_nodeport_rule(rule):
+            continue
+        first, last = port_range(rule.port)
+        networks = source_networks(rule.sources)
+        probes.append((rule, [Probe(network, rule.protocol, first, last) for network in networks]))
+    return probes
+
+
+def evaluate_operator_firewall(inspection: FirewallInspection, required: Sequence[PortRule]) -> OperatorFirewallReport:
+    """Check an operator-run firewall against `required` (see the module docstring)."""
+    node = inspection.node
+    probes = _operator_probes(required)
+    kind = next((name for name in _JUDGED_IN_ORDER if BACKENDS[name].filtering(inspection)), None)
+    if kind is None:
+        return OperatorFirewallReport(node, "none", False, True, ())
+    backend = BACKENDS[kind]
+    missing: list[PortRule] = []
+    try:
+        for rule, rule_probes in probes:
+            blocked = [probe for probe in rule_probes if not backend.allows(inspection, probe)]
+            if blocked:
+                missing.append(PortRule(rule.port, rule.protocol, tuple(str(p.source) for p in blocked), rule.purpose))
+    except UndeterminedError as why:
+        return OperatorFirewallReport(
+            node, kind, True, False, tuple(rule for rule, _ in probes), f"cannot tell from the {kind} rules: {why}"
+        )
+    return OperatorFirewallReport(node, kind, True, True, tuple(missing))
