@@ -4,6 +4,7 @@ real Pulumi engine, and shows them; `scripts/demo.sh down` leaves nothing behind
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -46,8 +47,11 @@ def test_the_demo_joins_two_workers_and_removes_everything(tmp_path: Path) -> No
         # A second up is refused until the first is removed.
         again = _demo("up", demo_dir)
         assert again.returncode == 1 and "scripts/demo.sh down" in again.stderr
+        demo_lab = json.loads((demo_dir / "demo.json").read_text())["lab_id"]
+        assert demo_lab not in labs_before
     finally:
         down = _demo("down", demo_dir)
     assert down.returncode == 0, down.stdout + down.stderr
     assert not demo_dir.exists()
-    assert {path.name for path in all_lab_dirs(DEFAULT_RUN_ROOT)} <= labs_before
+    # The demo's lab is gone (other labs may come and go on the machine meanwhile).
+    assert demo_lab not in {path.name for path in all_lab_dirs(DEFAULT_RUN_ROOT)}

@@ -115,7 +115,7 @@ def test_a_busy_stack_exits_4_naming_the_holder(
     write_lock(backend, "dev", running_pulumi.pid)
     code, out, err = run(project, capsys, "--json", "up", "--yes")
     data = json.loads(out)
-    assert code == EXIT_BUSY and data["error"] == "StackBusyError"
+    assert code == EXIT_BUSY and data["error"] == "StackBusyError", (code, data, err)
     assert data["holders"][0]["pid"] == running_pulumi.pid and data["holders"][0]["hostname"] == socket.gethostname()
     assert "is busy" in err
 
