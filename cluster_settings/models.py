@@ -212,11 +212,30 @@ class ClusterSettings(StrictModel):
         "Pulled only when the node lacks it: on an air-gapped cluster, an image in k3s's air-gap images.",
     )
 
+    # A teardown deletes every host's k3s and data and every Hetzner resource of the stack, with
+    # no move of any copy (the data goes with the cluster). Like a cloud's deletion protection,
+    # it is lifted by an ordinary `up` first, so a stray `pulumi destroy` changes nothing.
+    teardown: Literal["refused", "allowed"] = Field(
+        "refused",
+        description="refused: pulumi destroy is refused before anything changes. allowed (then `up`, then "
+        "`pulumi destroy`): the destroy wipes k3s, its data and the program's files and rules from every host and "
+        "deletes the stack's Hetzner resources, lifting protect_control_plane; no volume's data is moved or kept.",
+    )
+
     protect_control_plane: bool = Field(
         True,
         description="Protect the Hetzner server of the control plane, the private network and its subnet: "
         "pulumi destroy and any change that would delete them are refused. Set false only for throw-away stacks.",
     )
+
+    @property
+    def teardown_allowed(self) -> bool:
+        return self.teardown == "allowed"
+
+    @property
+    def control_plane_protected(self) -> bool:
+        """Whether the server, network and subnet carry Pulumi's protect (a teardown lifts it)."""
+        return self.protect_control_plane and not self.teardown_allowed
 
     @field_validator("api_wait_seconds")
     @classmethod

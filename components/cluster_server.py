@@ -197,6 +197,8 @@ class ClusterServer(pulumi.ComponentResource):
                 "network_mode": self.network.mode,
                 "approve_restart": settings.network.approve_server_restart,
                 "registry": cluster.registry,
+                # Read by delete: a teardown wipes k3s and its data instead of only stopping it.
+                "teardown_allowed": cluster.teardown_allowed,
             },
             opts=self.endpoint.options(self, [self.endpoint.probe, self.network, *after]),
         )

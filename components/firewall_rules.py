@@ -133,6 +133,8 @@ class FirewallRules(pulumi.ComponentResource):
                 "role": node.role,
                 "rules": rules_data,
                 "nodeports_open": settings.firewall.nodeports_open,
+                # Read by delete: a teardown goes on without a host it cannot reach.
+                "teardown_allowed": settings.cluster.teardown_allowed,
             }
             self.host_firewalls[node.name] = HostFirewall(
                 f"{node.name}-firewall", props, opts=node.options(self, [node.probe])

@@ -101,7 +101,7 @@ def provision_machine(
                 # Creation-only in Hetzner's provider: a change would replace the machine (or, for the
                 # type, power it off). Later values apply to servers created later (report_creation_drift).
                 ignore_changes=[*CREATION_ONLY_SERVER_INPUTS, *CREATION_FIREWALL_INPUTS],
-                protect=role == "server" and settings.cluster.protect_control_plane,
+                protect=role == "server" and settings.cluster.control_plane_protected,
                 additional_secret_outputs=["user_data"],
             ),
         )

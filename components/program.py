@@ -18,6 +18,7 @@ from components.private_network import PrivateNetwork, PrivateNetworkArgs
 from components.provider_shards import OperationShards
 from components.storage_copies import StorageCopies, StorageCopiesArgs
 from components.worker_node import WorkerNode, WorkerNodeArgs
+from providers.teardown_guard import TeardownGuard
 from providers.worker_roster import WorkerRoster
 
 
@@ -48,12 +49,15 @@ def read_credentials(settings: StackSettings) -> SshCredentials:
 
 
 def _after_roster(
-    roster: WorkerRoster, args: pulumi.ResourceTransformationArgs
+    roster: WorkerRoster, registered: list[pulumi.Resource], args: pulumi.ResourceTransformationArgs
 ) -> pulumi.ResourceTransformationResult | None:
     """Every resource waits for the roster: Pulumi runs updates before deletes, so a
-    refused removal must stop the run before any peer's firewall drops the worker."""
+    refused removal must stop the run before any peer's firewall drops the worker.
+    Every custom resource is also listed in `registered`, for the teardown guard."""
     if args.resource is roster:
         return None
+    if isinstance(args.resource, pulumi.CustomResource):
+        registered.append(args.resource)
     return pulumi.ResourceTransformationResult(
         args.props, pulumi.ResourceOptions.merge(args.opts, pulumi.ResourceOptions(depends_on=[roster]))
     )
@@ -70,7 +74,8 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
         settings, pulumi.get_stack(), planned_names(settings, pulumi.get_stack(), uses_private_network)
     )
     roster = WorkerRoster("workers", [worker.name for worker in settings.workers])
-    pulumi.runtime.register_stack_transformation(functools.partial(_after_roster, roster))
+    registered: list[pulumi.Resource] = [roster]
+    pulumi.runtime.register_stack_transformation(functools.partial(_after_roster, roster, registered))
     network = None
     if uses_private_network:
         network = PrivateNetwork(
@@ -80,7 +85,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
                 ip_range=settings.network.private_network_cidr,
                 subnet_range=settings.network.private_subnet_cidr,
                 network_zone=NETWORK_ZONE_OF_LOCATION[settings.server.location or settings.cluster.location],
-                protect=settings.cluster.protect_control_plane,
+                protect=settings.cluster.control_plane_protected,
             ),
         )
     shards = OperationShards()
@@ -128,5 +133,12 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
     # Last: a rotated login key leaves the nodes only once every resource holds the new one.
     retire_previous_login_keys(
         [server.endpoint, *(w.endpoint for w in workers)], credentials, [server, *workers, firewall]
+    )
+    # Very last, depending on everything: in a destroy its delete runs first and alone, and
+    # refuses unless hk3s:cluster.teardown allowed it (providers.teardown_guard).
+    TeardownGuard(
+        "teardown-guard",
+        {"teardown_allowed": settings.cluster.teardown_allowed, "stack": pulumi.get_stack()},
+        opts=pulumi.ResourceOptions(depends_on=list(registered)),
     )
     return BuiltCluster(network, server, workers, firewall, storage)

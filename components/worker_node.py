@@ -148,6 +148,8 @@ class WorkerNode(pulumi.ComponentResource):
                 "pod_network": settings.cluster.pod_network,
                 "api_wait_seconds": settings.cluster.api_wait_seconds,
                 "validation_image": settings.cluster.validation_image,
+                # Read by delete: only a teardown wipes a joined worker (no copy moved).
+                "teardown_allowed": settings.cluster.teardown_allowed,
             },
             opts=self.endpoint.options(self, [self.endpoint.probe, plan, server.k3s, *after, *checks]),
         )

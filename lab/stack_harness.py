@@ -186,6 +186,9 @@ class LabStack:
     def preview(self) -> auto.PreviewResult:
         return self.stack().preview(color="never", on_output=self.log.append)
 
+    def destroy(self) -> auto.DestroyResult:
+        return self.stack().destroy(color="never", on_output=self.log.append, parallel=PARALLEL)
+
     def refresh(self, *args: str) -> auto.RefreshResult:
         return self.stack().refresh(color="never", on_output=self.log.append)
 

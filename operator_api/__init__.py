@@ -21,6 +21,7 @@ from .errors import (
     SettingsRejectedError,
     StackBusyError,
     StackError,
+    TeardownNotConfirmedError,
     UnknownWorkerError,
 )
 from .events import PlannedChange, RunRecord
@@ -50,5 +51,6 @@ __all__ = [
     "StackDocument",
     "StackError",
     "StackFile",
+    "TeardownNotConfirmedError",
     "UnknownWorkerError",
 ]

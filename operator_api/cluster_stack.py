@@ -48,6 +48,7 @@ from .errors import (
     SettingsRejectedError,
     StackBusyError,
     StackError,
+    TeardownNotConfirmedError,
     UnknownWorkerError,
 )
 from .events import EventCallback, PlannedChange, RunRecord
@@ -101,7 +102,7 @@ class Recovery:
 
 @dataclass(frozen=True)
 class RunResult:
-    """A finished `up` or `refresh`."""
+    """A finished `up`, `refresh` or `destroy`."""
 
     command: str
     summary: dict[str, int]
@@ -311,6 +312,22 @@ class ClusterStack:
         with self._exclusive("refresh", on_output) as recovery:
             return self._engine_run("refresh", recovery, on_event, on_output)
 
+    def destroy_stack(
+        self, *, confirm: str, on_event: EventCallback | None = None, on_output: OutputCallback | None = None
+    ) -> RunResult:
+        """Tear the stack down (`pulumi destroy`): k3s and every volume's data wiped from every
+        host, the stack's Hetzner resources deleted, no copy moved. `confirm` must be the
+        stack's name. Refused before anything changes unless the stack's hk3s:cluster.teardown
+        is `allowed` and an `up` applied it (providers.teardown_guard)."""
+        if confirm != self.env:
+            raise TeardownNotConfirmedError(
+                f"destroying stack {self.env} needs confirm={self.env!r} (got {confirm!r}); nothing was changed"
+            )
+        # An interrupted destroy is finished by the next one: its pending deletes run again, and
+        # a refresh first would read hosts the destroy already wiped.
+        with self._exclusive("destroy", on_output, clear_pending=False) as recovery:
+            return self._engine_run("destroy", recovery, on_event, on_output)
+
     # --- changes ------------------------------------------------------------------------
     def add_worker(
         self,
@@ -497,7 +514,7 @@ class ClusterStack:
 
     def _engine_run(
         self,
-        kind: Literal["up", "refresh"],
+        kind: Literal["up", "refresh", "destroy"],
         recovery: Recovery,
         on_event: EventCallback | None,
         on_output: OutputCallback | None,
@@ -505,7 +522,7 @@ class ClusterStack:
         replace: list[str] | None = None,
         target: list[str] | None = None,
     ) -> RunResult:
-        """`up` or `refresh`; `replace` and `target` narrow an `up` to the resources they name."""
+        """`up`, `refresh` or `destroy`; `replace` and `target` narrow an `up` to the resources they name."""
         stack = self._stack()
         record = RunRecord()
 
@@ -513,6 +530,10 @@ class ClusterStack:
             events = self._events(record, on_event)
             if kind == "refresh":
                 return stack.refresh(
+                    color="never", on_output=output, on_error=output, on_event=events, parallel=self.parallel
+                )
+            if kind == "destroy":
+                return stack.destroy(
                     color="never", on_output=output, on_error=output, on_event=events, parallel=self.parallel
                 )
             return stack.up(
@@ -573,7 +594,9 @@ class ClusterStack:
             Path(path).unlink(missing_ok=True)
 
     @contextlib.contextmanager
-    def _exclusive(self, action: str, on_output: OutputCallback | None) -> Iterator[Recovery]:
+    def _exclusive(
+        self, action: str, on_output: OutputCallback | None, *, clear_pending: bool = True
+    ) -> Iterator[Recovery]:
         """Hold the stack for one change; clean up after an interrupted run first."""
         backend = backend_directory(self.backend_url)
         operator_lock = OperatorLock(backend, self.project, self.env) if backend else None
@@ -589,7 +612,7 @@ class ClusterStack:
                     stale.append(lock.holder)
                     _say(on_output, f"removed the lock of an interrupted run: {lock.holder} is no longer running")
             stack = self._stack()
-            pending = self.pending_operations(stack)
+            pending = self.pending_operations(stack) if clear_pending else []
             if pending:
                 _say(on_output, f"clearing {len(pending)} pending operation(s) of an interrupted run (refresh)")
                 record = RunRecord()

@@ -39,6 +39,10 @@ class SettingsRejectedError(StackError):
         return [problem.key for problem in self.problems]
 
 
+class TeardownNotConfirmedError(StackError):
+    """A destroy whose confirmation does not name the stack; nothing was run."""
+
+
 class UnknownWorkerError(SettingsRejectedError):
     """The named worker is not in `hk3s:workers`."""
 

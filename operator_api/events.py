@@ -31,6 +31,8 @@ _REFUSALS = (
     ("settings", "problem(s); nothing was changed"),
     # A host key nobody pinned in a run nobody watches (providers.host_probe).
     ("host-key", "no SSH host key is pinned for"),
+    # A destroy of a stack whose teardown was not allowed (providers.teardown_guard).
+    ("teardown", "pulumi destroy is refused: hk3s:cluster.teardown"),
 )
 
 

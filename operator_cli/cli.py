@@ -41,6 +41,7 @@ from operator_api import (
     StackBusyError,
     StackDocument,
     StackError,
+    TeardownNotConfirmedError,
 )
 from operator_api.events import PROGRESS_LINE, UNCHANGED_OPS
 
@@ -112,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("preview", parents=[common], help="what up would change, per resource")
     up = commands.add_parser("up", parents=[common], help="bring the cluster to the stack file")
     up.add_argument("--yes", action="store_true", help="no question when the plan restarts the API or deletes")
+    destroy = commands.add_parser(
+        "destroy", parents=[common], help="tear the stack down: every host wiped, its data not kept (see README)"
+    )
+    destroy.add_argument("--confirm", metavar="STACK", default="", help="the stack's name, to say you mean it")
     return parser
 
 
@@ -340,6 +345,10 @@ def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack)
                     console.say(preview_text(preview))
                     console.confirm(f"This up {what}. Go ahead?", yes=False)
         runs["up"] = lambda: stack.up(on_event=console.event, on_output=console.output_line)
+    elif args.command == "destroy":
+        runs["up"] = lambda: stack.destroy_stack(
+            confirm=args.confirm, on_event=console.event, on_output=console.output_line
+        )
     elif args.command == "node":
         if args.node_command == "list":
             nodes = stack.nodes()
@@ -426,7 +435,7 @@ def main(argv: Sequence[str] | None = None, *, stdin: TextIO | None = None) -> i
         return run_command(args, console, stack)
     except ConfirmationMissingError as error:
         return _fail(console, error, EXIT_REFUSED)
-    except (SettingsRejectedError, RefusedError) as error:
+    except (SettingsRejectedError, RefusedError, TeardownNotConfirmedError) as error:
         return _fail(console, error, EXIT_REFUSED)
     except StackBusyError as error:
         return _fail(console, error, EXIT_BUSY)

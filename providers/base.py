@@ -25,6 +25,7 @@ from cluster_settings.loading import SettingsError
 from cluster_settings.models import DNS_1123_LABEL
 from node_operations.join import JoinError
 from node_operations.network_mode import NetworkRefusedError
+from node_operations.teardown import WipeError
 from remote_access.ssh import SshError, SshTarget
 
 T = TypeVar("T")
@@ -54,6 +55,7 @@ PROGRAM_ERRORS: list[type[BaseException]] = [
     JoinError,
     SshError,
     CapabilityMissingError,
+    WipeError,
 ]
 
 E = TypeVar("E", bound=type[BaseException])
@@ -200,25 +202,42 @@ def resource_inputs(props: Mapping[str, Any], outputs: Iterable[str], secrets: I
     return inputs
 
 
-def login_change_only(
+# Inputs that only the state keeps, never a reason to act on a host: the login key (its
+# rotation is NodeLoginKey's work) and whether a teardown may wipe the node (read by delete).
+STATE_ONLY_INPUTS = ("private_key", "teardown_allowed")
+
+
+def teardown_allowed(props: Mapping[str, Any]) -> bool:
+    """Whether the state says a teardown may wipe this node (hk3s:cluster.teardown: allowed,
+    applied by an `up`). A destroy runs no program: the state is all a delete sees."""
+    return props.get("teardown_allowed") is True
+
+
+def state_only_change(
     provider: ResourceProvider, id_: str, olds: Mapping[str, Any], news: Mapping[str, Any]
 ) -> UpdateResult | None:
-    """The update for a change of the login key alone (hk3s:ssh.private_key_file rotated): the
-    state keeps the new key, and nothing runs on any host. None when anything else changed too
-    (by the provider's own diff), so the provider's real update runs."""
-    if "private_key" not in olds or olds.get("private_key") == news.get("private_key"):
+    """The update for a change of state-only inputs alone (hk3s:ssh.private_key_file rotated,
+    hk3s:cluster.teardown set): the state keeps the new values, and nothing runs on any host.
+    None when anything else changed too (by the provider's own diff), so the provider's real
+    update runs."""
+    changed = [
+        key
+        for key in STATE_ONLY_INPUTS
+        if key in news and olds.get(key) != news.get(key) and (key != "private_key" or key in olds)
+    ]
+    if not changed:
         return None
-    if provider.diff(id_, dict(olds), {**news, "private_key": olds["private_key"]}).changes:
+    if provider.diff(id_, dict(olds), {**news, **{key: olds.get(key) for key in changed}}).changes:
         return None
     outs = dict(olds)
     outs.update({key: value for key, value in news.items() if value is not None and key != "__provider"})
     return UpdateResult(outs=outs)
 
 
-def _login_change_off_host(update: Callable[..., UpdateResult]) -> Callable[..., UpdateResult]:
+def _state_only_off_host(update: Callable[..., UpdateResult]) -> Callable[..., UpdateResult]:
     @functools.wraps(update)
     def guarded(self: ResourceProvider, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        return login_change_only(self, id_, olds, news) or update(self, id_, olds, news)
+        return state_only_change(self, id_, olds, news) or update(self, id_, olds, news)
 
     return guarded
 
@@ -241,7 +260,7 @@ class NodeProvider(ResourceProvider):
         super().__init_subclass__(**kwargs)
         if "update" in cls.__dict__ and not cls.acts_on_login_change:
             # setattr: a method assigned on a class is a type error to mypy, not to Python.
-            setattr(cls, "update", _login_change_off_host(cls.__dict__["update"]))  # noqa: B010
+            setattr(cls, "update", _state_only_off_host(cls.__dict__["update"]))  # noqa: B010
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         return CheckResult(news, check_connection_inputs(news))

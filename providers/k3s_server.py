@@ -17,6 +17,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 from cluster_settings.models import K3S_VERSION
 from node_operations.host_preparation import prepare_host
 from node_operations.k3s_install import K3sBinary, ServerSpec, install_server, read_server_state, stop_server
+from node_operations.teardown import wipe_node
 from providers.base import (
     NodeProvider,
     check_connection_inputs,
@@ -26,6 +27,7 @@ from providers.base import (
     resource_inputs,
     run_operation,
     ssh_target,
+    teardown_allowed,
 )
 
 # Changing these on a running server restarts k3s: the API is down for 10-30 s.
@@ -151,6 +153,11 @@ class K3sServerProvider(NodeProvider):
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         node = str(props["node"])
+        if teardown_allowed(props):
+            # The stack's teardown: the cluster's data goes with it.
+            outcome = run_operation(wipe_node(ssh_target(props), lambda line: progress(node, line)))
+            progress(node, outcome.report())
+            return
         run_operation(stop_server(ssh_target(props)))
         progress(
             node, "k3s stopped and disabled; its data stays (rm -rf /var/lib/rancher/k3s /etc/rancher/k3s wipes it)"

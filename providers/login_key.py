@@ -10,7 +10,7 @@ reaches and a killed run resumes:
    authorized_keys and checks a login with the new key. Its `retiring_keys` output
    lists the previous key's public line.
 2. `RetiredLoginKeys` comes after every resource of the run (they all store the new
-   key first, touching no host: providers.base.login_change_only). It logs in with
+   key first, touching no host: providers.base.state_only_change). It logs in with
    the new key, pinned to the host key the node's probe recorded, and removes the
    retiring keys.
 

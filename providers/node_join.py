@@ -20,6 +20,7 @@ from cluster_settings.models import K3S_VERSION, ClusterSettings
 from node_operations.firewall_plan import PortRule
 from node_operations.join import JoinSpec, join_worker, read_node
 from node_operations.k3s_install import K3sBinary
+from node_operations.teardown import wipe_node
 from providers.base import (
     CapabilityMissingError,
     NodeProvider,
@@ -31,6 +32,7 @@ from providers.base import (
     resource_inputs,
     run_operation,
     ssh_target,
+    teardown_allowed,
 )
 from remote_access.kube import API_WAIT_SECONDS
 from remote_access.ssh import SshTarget
@@ -182,7 +184,12 @@ class NodeJoinProvider(NodeProvider):
         )
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
-        raise CapabilityMissingError(props["node"], "removing the worker", REMOVE_CAPABILITY)
+        node = str(props["node"])
+        if not teardown_allowed(props):
+            raise CapabilityMissingError(node, "removing the worker", REMOVE_CAPABILITY)
+        # The stack's teardown: no drain, no copy moved (the data goes with the cluster).
+        outcome = run_operation(wipe_node(ssh_target(props), lambda line: progress(node, line)))
+        progress(node, outcome.report())
 
 
 class NodeJoin(Resource, module="hk3s", name="NodeJoin"):

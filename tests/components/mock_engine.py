@@ -152,6 +152,7 @@ class Registration:
     provider: str
     protect: bool = False
     ignore_changes: list[str] = field(default_factory=list)
+    custom: bool = True
 
     def is_secret(self, key: str) -> bool:
         value = self.raw.fields.get(key)
@@ -291,6 +292,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     provider=request.provider,
                     protect=bool(request.protect),
                     ignore_changes=list(request.ignoreChanges),
+                    custom=bool(request.custom),
                 )
             )
         return response

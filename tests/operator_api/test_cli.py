@@ -282,3 +282,14 @@ def test_the_wrapper_script_runs_the_cli(tmp_path: Path) -> None:
     assert "Exit codes: 0 done, 1 failed, 2 usage, 3 refused" in result.stdout
     bad = subprocess.run([str(REPO / "scripts" / "hk3s"), "bogus"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2
+
+
+def test_destroy_needs_the_stack_named(project: Path, cli_env: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --confirm naming the stack, nothing runs (no Pulumi command, no state read)."""
+    before = (project / "Pulumi.dev.yaml").read_bytes()
+    for confirm in ([], ["--confirm", "prod"]):
+        code, out, err = run(project, capsys, "--json", "destroy", *confirm)
+        data = json.loads(out)
+        assert code == EXIT_REFUSED and data["error"] == "TeardownNotConfirmedError", data
+        assert "destroying stack dev needs confirm='dev'" in err and "nothing was changed" in err
+    assert (project / "Pulumi.dev.yaml").read_bytes() == before

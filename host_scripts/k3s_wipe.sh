@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Wipes k3s and what the program installed from a node, for a stack's teardown:
+#   k3s_wipe.sh
+# Idempotent: a wipe interrupted anywhere and run again finishes; on a clean host it
+# changes nothing. Prints "result <name> <value>" lines.
+#
+# The program installs k3s itself (no k3s-install.sh, so no k3s-uninstall.sh on the host):
+# this does what that uninstall does, in its order. Stopping the k3s unit leaves the
+# containers running (KillMode=process), so their shims are killed before the mounts and
+# folders under them go. The host firewall's rules are removed by their own resource
+# (HostFirewall), which runs after this; its state under /var/lib/hk3s/firewall stays for it.
+# The SSH hardening drop-in stays: removing it would weaken the host's login.
+set -uo pipefail
+
+result() { printf 'result %s %s\n' "$1" "$2"; }
+
+# --- k3s units stopped, disabled, removed -----------------------------------
+units=""
+for unit_file in /etc/systemd/system/k3s*.service; do
+  [ -e "$unit_file" ] || continue
+  unit=$(basename "$unit_file")
+  units="$units ${unit%.service}"
+  systemctl disable --now "$unit" >/dev/null 2>&1 || true
+done
+result units "${units# }"
+[ -x /usr/local/bin/k3s-killall.sh ] && /usr/local/bin/k3s-killall.sh >/dev/null 2>&1
+
+# --- every container: its shim and the processes under it --------------------
+descendants() {
+  local pid child
+  for pid in "$@"; do
+    echo "$pid"
+    for child in $(ps -e -o ppid= -o pid= | awk -v p="$pid" '$1 == p {print $2}'); do
+      descendants "$child"
+    done
+  done
+}
+shims=$(ps -e -o pid= -o args= | awk '$2 ~ /containerd-shim/ {print $1}')
+if [ -n "$shims" ]; then
+  # shellcheck disable=SC2046,SC2086  # one PID per word
+  kill -9 $(descendants $shims) 2>/dev/null || true
+fi
+result shims_killed "$(echo "$shims" | wc -w)"
+
+# --- mounts under k3s's and the kubelet's folders, deepest first -------------
+mounted=$(awk '{print $2}' /proc/self/mounts |
+  grep -E '^(/run/k3s|/var/lib/rancher/k3s|/var/lib/kubelet|/run/netns/cni-)' | sort -r)
+for path in $mounted; do
+  umount -l "$path" 2>/dev/null || true
+done
+result unmounted "$(echo "$mounted" | wc -w)"
+
+# --- the pod network's interfaces --------------------------------------------
+for iface in cni0 flannel.1 flannel-v6.1 flannel-wg flannel-wg-v6 kube-ipvs0; do
+  ip link delete "$iface" 2>/dev/null || true
+done
+for netns in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ {print $1}'); do
+  ip netns delete "$netns" 2>/dev/null || true
+done
+
+# --- files: k3s's data and config, the binary and its links, the program's ---
+removed=""
+for path in /etc/systemd/system/k3s.service /etc/systemd/system/k3s-agent.service \
+  /etc/systemd/system/k3s.service.env /etc/systemd/system/k3s-agent.service.env \
+  /etc/systemd/system/k3s.service.d /etc/systemd/system/k3s-agent.service.d \
+  /etc/rancher/k3s /etc/rancher/node /var/lib/rancher/k3s /var/lib/kubelet /run/k3s /run/flannel \
+  /var/lib/cni /etc/cni/net.d/10-flannel.conflist \
+  /usr/local/bin/k3s.hk3s-upload /usr/local/bin/k3s.hk3s-upload.gz /usr/local/bin/k3s-killall.sh \
+  /etc/modules-load.d/hk3s.conf /etc/sysctl.d/90-hk3s.conf /var/lib/hk3s/journal; do
+  if [ -e "$path" ]; then rm -rf "$path" && removed="$removed $path"; fi
+done
+# The command links only where they point at k3s: an operator's own kubectl stays.
+for link in /usr/local/bin/kubectl /usr/local/bin/crictl /usr/local/bin/ctr; do
+  if [ -L "$link" ] && [ "$(readlink "$link")" = /usr/local/bin/k3s ]; then rm -f "$link" && removed="$removed $link"; fi
+done
+if [ -e /usr/local/bin/k3s ]; then rm -f /usr/local/bin/k3s && removed="$removed /usr/local/bin/k3s"; fi
+systemctl daemon-reload >/dev/null 2>&1 || true
+result removed "${removed# }"
+
+# --- nothing of k3s left ------------------------------------------------------
+left=""
+pgrep -x k3s-server >/dev/null 2>&1 && left="$left k3s-server"
+pgrep -f '^/usr/local/bin/k3s ' >/dev/null 2>&1 && left="$left k3s"
+pgrep -f containerd-shim >/dev/null 2>&1 && left="$left containerd-shim"
+[ -e /var/lib/rancher/k3s ] && left="$left /var/lib/rancher/k3s"
+result left "${left# }"
+if [ -n "$left" ]; then
+  printf 'error still on the host after the wipe:%s\n' "$left" >&2
+  exit 1
+fi

@@ -1,0 +1,184 @@
+"""Tearing a stack down through the real engine, on booted lab hosts with the k3s
+stand-in and a real Kubernetes API server. Nothing is mocked. The tests of this
+module share one stack (a server and two workers) and run in order."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from pulumi import automation as auto
+
+from lab.hosts import Host, Lab
+from lab.stack_harness import (
+    CACHE,
+    LabStack,
+    base_config,
+    run_cli,
+    server_spec,
+    skip_without_lab_binaries,
+    up_or_fail,
+    worker_spec,
+)
+from operator_api import ClusterStack, RefusedError
+
+pytestmark = pytest.mark.lab
+K3S = "/usr/local/bin/k3s"
+KUBELET_PORT = 10250
+
+
+@dataclass
+class Stack:
+    lab: Lab
+    server: Host
+    w1: Host
+    w2: Host
+    outsider: Host
+    stack: LabStack
+
+    @property
+    def nodes(self) -> list[Host]:
+        return [self.server, self.w1, self.w2]
+
+    def api(self) -> ClusterStack:
+        """The operator API on the same stack, as another service would drive it."""
+        return ClusterStack(
+            self.stack.name,
+            project_dir=self.stack.project,
+            env_vars=self.stack.env,
+            pulumi_command_root=CACHE,
+            pulumi_home=self.stack.directory / "pulumi-home",
+        )
+
+    def config(self, **cluster: Any) -> dict[str, Any]:
+        config = base_config(self.lab, self.server, [self.w1, self.w2], firewall={"managed": True})
+        config["cluster"].update(cluster)
+        return config
+
+
+@pytest.fixture(scope="module")
+def teardown_stack(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    skip_without_lab_binaries()
+    server = lab.add_host(server_spec("td-server"))
+    w1, w2 = lab.add_host(worker_spec("td-w1")), lab.add_host(worker_spec("td-w2"))
+    outsider = lab.add_host(worker_spec("td-outsider"))  # not in the stack: probes from outside
+    lab.wait_ssh_ready([server, w1, w2, outsider])
+    stack = Stack(lab, server, w1, w2, outsider, LabStack(tmp_path_factory.mktemp("teardown-stack")))
+    stack.stack.write_config(stack.config())
+    up_or_fail(stack.stack)
+    yield stack
+
+
+def reaches(source: Host, target: Host, port: int) -> bool:
+    """A real TCP connection attempt from one host to another's port."""
+    assert target.public_ip
+    probe = f"timeout 3 bash -c '</dev/tcp/{target.public_ip}/{port}'"
+    return source.run(["sh", "-c", probe], check=False).returncode == 0
+
+
+def host_state(host: Host) -> str:
+    """k3s's binary, config, unit start time and the program's firewall table, as on the host."""
+    script = (
+        f"sha256sum {K3S} /etc/rancher/k3s/config.yaml 2>/dev/null; "
+        "systemctl show k3s k3s-agent -p ActiveState -p ActiveEnterTimestamp; "
+        "nft list table inet hk3s_node 2>/dev/null | sha256sum"
+    )
+    return host.run(["sh", "-c", script]).stdout
+
+
+def cluster_objects(server: Host) -> list[str]:
+    out = server.run([K3S, "kubectl", "get", "nodes,namespaces,secrets,configmaps", "-A", "-o", "json"]).stdout
+    return sorted(
+        f"{i['kind']}/{i['metadata'].get('namespace', '')}/{i['metadata']['name']}" for i in json.loads(out)["items"]
+    )
+
+
+def snapshot(stack: Stack) -> dict[str, Any]:
+    return {
+        "hosts": {h.name: host_state(h) for h in stack.nodes},
+        "objects": cluster_objects(stack.server),
+        "ports": {
+            "w2->w1 kubelet": reaches(stack.w2, stack.w1, KUBELET_PORT),
+            "outsider->w1 kubelet": reaches(stack.outsider, stack.w1, KUBELET_PORT),
+            "w1->server api": reaches(stack.w1, stack.server, 6443),
+            "outsider->server api": reaches(stack.outsider, stack.server, 6443),
+        },
+    }
+
+
+def resources_in_state(stack: LabStack) -> list[str]:
+    deployment = stack.stack().export_stack().deployment
+    return [r["type"] for r in (deployment or {}).get("resources", []) if r["type"] != "pulumi:pulumi:Stack"]
+
+
+def test_destroy_is_refused_without_the_setting_and_changes_nothing(teardown_stack: Stack) -> None:
+    before = snapshot(teardown_stack)
+    assert before["ports"] == {
+        "w2->w1 kubelet": True,
+        "outsider->w1 kubelet": False,
+        "w1->server api": True,
+        "outsider->server api": False,
+    }
+    count = len(resources_in_state(teardown_stack.stack))
+    with pytest.raises(auto.CommandError):
+        teardown_stack.stack.destroy()
+    text = teardown_stack.stack.text()
+    refusal = "pulumi destroy is refused: hk3s:cluster.teardown is not 'allowed'. Nothing was changed"
+    assert refusal in text, text[-3000:]
+    assert "set hk3s:cluster.teardown: allowed and run pulumi up" in text
+    assert "Traceback" not in text
+    # The same through the operator API: a refusal, typed.
+    with pytest.raises(RefusedError) as refused:
+        teardown_stack.api().destroy_stack(confirm="lab")
+    assert refused.value.reason == "teardown", refused.value
+    assert snapshot(teardown_stack) == before
+    assert len(resources_in_state(teardown_stack.stack)) == count
+
+
+def test_allowing_the_teardown_changes_nothing_on_any_host(teardown_stack: Stack) -> None:
+    before = snapshot(teardown_stack)
+    teardown_stack.stack.write_config(teardown_stack.config(teardown="allowed"))
+    result = up_or_fail(teardown_stack.stack)
+    changes = {str(getattr(op, "value", op)): n for op, n in (result.summary.resource_changes or {}).items()}
+    assert changes.get("update", 0) >= 4 and not changes.get("replace") and not changes.get("create"), changes
+    text = teardown_stack.stack.text()
+    for worker in ("td-w1", "td-w2"):
+        assert f"[{worker}] preflight" not in text.split("Updating (")[-1]  # no rejoin
+    assert snapshot(teardown_stack) == before
+
+
+def test_destroy_with_the_setting_wipes_every_host_despite_a_kill_and_an_unreachable_worker(
+    teardown_stack: Stack,
+) -> None:
+    stack, w2 = teardown_stack.stack, teardown_stack.w2
+    w2.power_off()  # unreachable for the whole teardown
+    killed = run_cli(stack, ["destroy", "--yes", "--skip-preview"], kill_when="wiping k3s")
+    assert killed.killed, killed.output[-3000:]
+    assert run_cli(stack, ["cancel", "--yes"]).returncode == 0
+    final = run_cli(stack, ["destroy", "--yes", "--skip-preview"])
+    assert final.returncode == 0, final.output[-5000:]
+    both = killed.output + final.output  # td-w2's turn may come before or after the kill
+    assert "[td-w2] could not be reached" in both and "remove by hand on it" in both, both
+    assert "interrupted while deleting" in final.output  # the resumed run finished what the killed one began
+    assert resources_in_state(stack) == []
+    for host in (teardown_stack.server, teardown_stack.w1):
+        left = host.run(
+            [
+                "sh",
+                "-c",
+                f"ls -d {K3S} /var/lib/rancher/k3s /etc/rancher/k3s /var/lib/hk3s/journal "
+                "/etc/systemd/system/k3s.service /etc/systemd/system/k3s-agent.service 2>/dev/null; "
+                "pgrep -a k3s; nft list tables | grep hk3s",
+            ],
+            check=False,
+        ).stdout
+        assert left.strip() == "", f"{host.name} keeps: {left}"
+    # A second destroy finds nothing to do.
+    again = teardown_stack.api().destroy_stack(confirm="lab")
+    assert not {op: n for op, n in again.summary.items() if op != "same"}, again.summary
+    # The unreachable worker kept everything: a person finishes it (the message said what).
+    w2.power_on(wait=True)
+    assert w2.run(["test", "-e", K3S], check=False).returncode == 0
