@@ -123,6 +123,12 @@ def test_destroy_is_refused_without_the_setting_and_changes_nothing(teardown_sta
         "outsider->server api": False,
     }
     count = len(resources_in_state(teardown_stack.stack))
+    # What a destroy would delete, per host, without deleting anything.
+    planned = run_cli(teardown_stack.stack, ["destroy", "--preview-only"])
+    assert planned.returncode == 0, planned.output[-3000:]
+    for resource in ("td-server-k3s", "td-w1-join", "td-w2-join", "td-w1-firewall", "teardown-guard"):
+        assert resource in planned.output, planned.output[-3000:]
+    assert f"- {count} to delete" in planned.output, planned.output[-1500:]
     with pytest.raises(auto.CommandError):
         teardown_stack.stack.destroy()
     text = teardown_stack.stack.text()
