@@ -99,11 +99,10 @@ def base_config(lab: Lab, server: Host, workers: Sequence[Host], **sections: Any
         "ssh": {"private_key_file": str(lab.ssh_private_key_path), "trust_on_first_use": True},
         "network": {"mode": "public"},
         "firewall": {"managed": False, "cloud_firewall": False},
+        # Longhorn's chart cannot be fetched here; the workers' disks are still probed at each join
+        # (on a plain lab host that is this machine's disk under the host's overlay root).
         "storage": {"install_longhorn": False},
-        # The disk probe for volume copies is not in this release: the lab workers hold none.
-        "workers": [
-            {"name": w.name, "kind": "existing", "address": w.public_ip, "holds_copies": False} for w in workers
-        ],
+        "workers": [{"name": w.name, "kind": "existing", "address": w.public_ip} for w in workers],
     }
     for key, value in sections.items():
         if isinstance(value, dict) and isinstance(config.get(key), dict):

@@ -183,6 +183,27 @@ def test_the_on_demand_check_follows_the_disk(cluster: Cluster) -> None:
     assert "dp-accepted: override: " in status.stdout
 
 
+def test_a_rejoin_probes_the_disk_again(cluster: Cluster) -> None:
+    """The probe runs at the end of every join: a rejoin (a new label) of dp-slow, whose disk is
+    slow again, takes its copies away; the other workers are neither rejoined nor probed."""
+    before = {name: cluster.probe_outputs(name)["probe_seconds"] for name in ("dp-fast", "dp-accepted", "dp-stall")}
+    disk_of(cluster.slow).set_delay(SLOW_MS)
+    config = json.loads(json.dumps(cluster.config))
+    config["workers"][1]["labels"] = {"tier": "batch"}
+    cluster.stack.write_config(config)
+    start = len(cluster.stack.log)
+    try:
+        up_or_fail(cluster.stack)
+    finally:
+        cluster.stack.write_config(cluster.config)
+    log = "\n".join(cluster.stack.log[start:])
+    assert "[dp-slow] probing the disk at /var/lib/longhorn" in log
+    assert "[dp-fast] probing" not in log and "[dp-accepted] probing" not in log
+    slow = cluster.nodes()["dp-slow"]
+    assert not slow.holds_copies and slow.disk is not None and not slow.disk.eligible
+    assert {name: cluster.probe_outputs(name)["probe_seconds"] for name in before} == before
+
+
 def test_check_disk_refuses_an_unknown_worker_and_one_without_copies(cluster: Cluster) -> None:
     unknown = cluster.hk3s("node", "check-disk", "dp-ghost")
     assert unknown.returncode == 3 and "there is no worker named 'dp-ghost'" in unknown.stderr
