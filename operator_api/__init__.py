@@ -25,7 +25,7 @@ from .errors import (
     UnknownWorkerError,
 )
 from .events import PlannedChange, RunRecord
-from .nodes import ClusterStatus, DiskCheck, LastRun, Node
+from .nodes import ClusterStatus, DiskCheck, HostCheck, LastRun, Node
 from .stack_file import StackDocument, StackFile
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "ClusterStatus",
     "DiskCheck",
     "DuplicateWorkerError",
+    "HostCheck",
     "LastRun",
     "LockHolder",
     "Node",

@@ -25,6 +25,7 @@ then continues where the interrupted one stopped.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -41,6 +42,8 @@ import yaml
 from pulumi import automation as auto
 
 from cluster_settings import SettingProblem
+from node_operations.health import check_hosts as check_hosts_of
+from remote_access.ssh import SshTarget
 
 from .errors import (
     LockHolder,
@@ -53,7 +56,7 @@ from .errors import (
 )
 from .events import EventCallback, PlannedChange, RunRecord
 from .locks import OperatorLock, backend_directory, read_pulumi_locks
-from .nodes import ClusterStatus, DiskCheck, LastRun, Node
+from .nodes import ClusterStatus, DiskCheck, HostCheck, LastRun, Node
 from .stack_file import WORKERS_KEY, StackDocument, StackFile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -234,9 +237,11 @@ class ClusterStack:
         outputs = stack.outputs() if stack is not None else {}
         return str(outputs["kubeconfig"].value) if "kubeconfig" in outputs else None
 
-    def status(self) -> ClusterStatus:
+    def status(self, *, check_hosts: bool = False) -> ClusterStatus:
         """Endpoint, version, nodes, the last run, pending operations and current lock holders.
-        Carries no secret."""
+        Carries no secret. With `check_hosts`, also read-only checks of every node over SSH
+        (k3s running, disk space, the clock, the client certificate's expiry); a node that
+        cannot be reached is named in `warnings`, not fatal."""
         stack = self._existing_stack()
         outputs = stack.outputs() if stack is not None else {}
 
@@ -255,6 +260,7 @@ class ClusterStack:
             )
         backend = backend_directory(self.backend_url)
         locks = read_pulumi_locks(backend, self.project, self.env) if backend else []
+        health = asyncio.run(check_hosts_of(self._host_targets(stack))) if check_hosts and stack is not None else []
         return ClusterStatus(
             stack=self.env,
             api_endpoint=output("api_endpoint"),
@@ -264,7 +270,32 @@ class ClusterStack:
             last_run=last,
             pending_operations=self.pending_operations(stack) if stack is not None else [],
             locked_by=[f"{lock.holder} ({lock.state})" for lock in locks],
+            host_checks=[HostCheck.from_health(item) for item in health],
+            warnings=[warning for item in health for warning in item.warnings],
         )
+
+    def _host_targets(self, stack: auto.Stack) -> list[SshTarget]:
+        """Each recorded node's SSH target: its address, port and pinned host key from the
+        state (the host probes' outputs), the login key from the stack's hk3s:ssh settings."""
+        settings = self.settings_document().validate("checking the hosts")
+        private_key = settings.ssh.private_key_file.expanduser().read_text()
+        deployment = stack.export_stack().deployment or {}
+        targets = []
+        for resource in deployment.get("resources") or []:
+            if not str(resource.get("type", "")).endswith(":HostProbe"):
+                continue
+            outputs = resource.get("outputs") or {}
+            targets.append(
+                SshTarget(
+                    node=str(outputs["node"]),
+                    address=str(outputs["address"]),
+                    private_key=private_key,
+                    port=int(outputs.get("ssh_port") or 22),
+                    user=settings.ssh.user,
+                    recorded_host_key=outputs.get("host_key") or outputs.get("recorded_host_key") or None,
+                )
+            )
+        return sorted(targets, key=lambda target: target.node)
 
     def pending_operations(self, stack: auto.Stack | None = None) -> list[str]:
         """`<op> <urn>` for each operation an interrupted run started and never saw finish."""

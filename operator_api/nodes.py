@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from node_operations.health import HostHealth
+
 
 @dataclass(frozen=True)
 class DiskCheck:
@@ -104,6 +106,33 @@ class LastRun:
 
 
 @dataclass(frozen=True)
+class HostCheck:
+    """One node's read-only host checks (`status(check_hosts=True)`)."""
+
+    node: str
+    reachable: bool
+    error: str | None
+    k3s_unit: str | None
+    k3s_active: bool | None
+    disk_free_percent: dict[str, int]
+    time_synced: bool | None
+    cert_expires_in_days: int | None
+
+    @classmethod
+    def from_health(cls, health: HostHealth) -> HostCheck:
+        return cls(
+            node=health.node,
+            reachable=health.reachable,
+            error=health.error,
+            k3s_unit=health.k3s_unit,
+            k3s_active=health.k3s_active,
+            disk_free_percent=dict(health.disk_free_percent),
+            time_synced=health.time_synced,
+            cert_expires_in_days=health.cert_expires_in_days,
+        )
+
+
+@dataclass(frozen=True)
 class ClusterStatus:
     """The stack at a glance. Holds no secret: the kubeconfig is not part of it."""
 
@@ -115,6 +144,10 @@ class ClusterStatus:
     last_run: LastRun | None
     pending_operations: list[str]
     locked_by: list[str]
+    host_checks: list[HostCheck] = field(default_factory=list)
+    """Filled by `status(check_hosts=True)` only."""
+    warnings: list[str] = field(default_factory=list)
+    """What the host checks found wrong, one line per finding, naming the node."""
 
     @property
     def deployed(self) -> bool:

@@ -30,6 +30,7 @@ from operator_api import (
     REPO,
     ClusterStack,
     DiskCheck,
+    HostCheck,
     Node,
     PlannedChange,
     Preview,
@@ -109,7 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     remove.add_argument("name")
     remove.add_argument("--yes", action="store_true", help="no question")
 
-    commands.add_parser("status", parents=[common], help="endpoint, version, nodes, last run, locks")
+    status = commands.add_parser("status", parents=[common], help="endpoint, version, nodes, last run, locks")
+    status.add_argument(
+        "--check", action="store_true", help="also check every node over SSH (k3s, disk, clock, certificate)"
+    )
     commands.add_parser("preview", parents=[common], help="what up would change, per resource")
     up = commands.add_parser("up", parents=[common], help="bring the cluster to the stack file")
     up.add_argument("--yes", action="store_true", help="no question when the plan restarts the API or deletes")
@@ -289,8 +293,8 @@ def run_text(result: RunResult) -> str:
     return f"{result.command} succeeded: {counts}{notes}"
 
 
-def status_text(stack: ClusterStack) -> tuple[dict[str, Any], str]:
-    status = stack.status()
+def status_text(stack: ClusterStack, *, check_hosts: bool = False) -> tuple[dict[str, Any], str]:
+    status = stack.status(check_hosts=check_hosts)
     last = status.last_run
     lines = [
         f"Stack:        {status.stack}",
@@ -306,7 +310,28 @@ def status_text(stack: ClusterStack) -> tuple[dict[str, Any], str]:
     notes = disk_notes(status.nodes)
     if notes:
         lines += ["", "Disks (COPIES, DISK_SYNC: p99/worst sync time at the last probe):", *notes]
+    if check_hosts:
+        lines += ["", host_checks_table(status.host_checks)]
+        lines += ["", *(f"warning: {w}" for w in status.warnings)] if status.warnings else ["", "No warnings."]
     return status.to_dict(), "\n".join(lines)
+
+
+def host_checks_table(checks: Sequence[HostCheck]) -> str:
+    def yes_no(value: bool | None) -> str:
+        return "-" if value is None else "yes" if value else "no"
+
+    rows = [
+        [
+            check.node,
+            "yes" if check.reachable else "no",
+            f"{check.k3s_unit} {yes_no(check.k3s_active)}" if check.k3s_unit else "-",
+            " ".join(f"{mount}:{free}%" for mount, free in sorted(check.disk_free_percent.items())) or "-",
+            yes_no(check.time_synced),
+            "-" if check.cert_expires_in_days is None else f"{check.cert_expires_in_days}d",
+        ]
+        for check in checks
+    ]
+    return table(["NODE", "REACHED", "K3S ACTIVE", "DISK FREE", "CLOCK SYNCED", "CERT EXPIRES"], rows)
 
 
 def _confirm_plan(console: Console, stack: ClusterStack, proposed: StackDocument, question: str, yes: bool) -> None:
@@ -324,7 +349,7 @@ def _confirm_plan(console: Console, stack: ClusterStack, proposed: StackDocument
 def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack) -> int:
     runs: dict[str, Callable[[], RunResult]] = {}
     if args.command == "status":
-        data, human = status_text(stack)
+        data, human = status_text(stack, check_hosts=args.check)
         console.result(data, human)
         return EXIT_OK
     if args.command == "preview":

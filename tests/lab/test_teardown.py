@@ -5,6 +5,8 @@ module share one stack (a server and two workers) and run in order."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,9 +17,11 @@ from pulumi import automation as auto
 from lab.hosts import Host, Lab
 from lab.stack_harness import (
     CACHE,
+    CliRun,
     LabStack,
     base_config,
     run_cli,
+    run_killable,
     server_spec,
     skip_without_lab_binaries,
     up_or_fail,
@@ -52,6 +56,12 @@ class Stack:
             pulumi_command_root=CACHE,
             pulumi_home=self.stack.directory / "pulumi-home",
         )
+
+    def hk3s(self, *args: str) -> CliRun:
+        """The operator CLI on this stack, as a person runs it."""
+        env = {**os.environ, **self.stack.env, "PULUMI_HOME": str(self.stack.directory / "pulumi-home")}
+        argv = [str(self.stack.project / "scripts" / "hk3s"), "--stack", self.stack.name, *args]
+        return run_killable(argv, cwd=self.stack.project, env=env, timeout=300, split_stderr=True)
 
     def config(self, **cluster: Any) -> dict[str, Any]:
         config = base_config(self.lab, self.server, [self.w1, self.w2], firewall={"managed": True})
@@ -112,6 +122,51 @@ def snapshot(stack: Stack) -> dict[str, Any]:
 def resources_in_state(stack: LabStack) -> list[str]:
     deployment = stack.stack().export_stack().deployment
     return [r["type"] for r in (deployment or {}).get("resources", []) if r["type"] != "pulumi:pulumi:Stack"]
+
+
+def test_status_checks_every_host_over_ssh(teardown_stack: Stack) -> None:
+    """`status(check_hosts=True)` reads each node's health over SSH, read-only, and names
+    what is wrong: a stopped agent, a certificate close to expiry, a host it cannot reach."""
+    api, w1, w2 = teardown_stack.api(), teardown_stack.w1, teardown_stack.w2
+    before = snapshot(teardown_stack)
+    checks = {c.node: c for c in api.status(check_hosts=True).host_checks}
+    assert sorted(checks) == ["td-server", "td-w1", "td-w2"]
+    assert checks["td-server"].k3s_unit == "k3s" and checks["td-w1"].k3s_unit == "k3s-agent"
+    for check in checks.values():
+        assert check.reachable and check.k3s_active, check
+        assert check.cert_expires_in_days is not None and 300 < check.cert_expires_in_days <= 366, check
+        assert 0 < check.disk_free_percent["/"] <= 100, check
+    assert snapshot(teardown_stack) == before  # read-only
+
+    cert = "/var/lib/rancher/k3s/agent/client-kubelet.crt"
+    w1.run(["cp", "-p", cert, "/root/client-kubelet.crt.kept"])
+    w1.run(
+        f"openssl req -x509 -newkey rsa:2048 -days 12 -nodes -subj /CN=short -keyout /root/short.key -out {cert}",
+        timeout=60,
+    )
+    w1.run(["systemctl", "stop", "k3s-agent"])
+    w2.power_off()
+    try:
+        status = api.status(check_hosts=True)
+    finally:
+        w1.run(["cp", "-p", "/root/client-kubelet.crt.kept", cert])
+        w1.run(["systemctl", "start", "k3s-agent"], timeout=120)
+        w2.power_on(wait=True)
+    warnings = "\n".join(status.warnings)
+    assert "td-w1: k3s-agent is inactive; see journalctl -u k3s-agent" in warnings, warnings
+    assert "td-w1: its k3s client certificate expires in 11 days; reboot it" in warnings, warnings
+    assert "td-w2: could not be checked" in warnings, warnings
+    assert not [w for w in status.warnings if w.startswith("td-server") and "clock" not in w], warnings
+    # The CLI shows the same, as a table and the warnings.
+    cli = teardown_stack.hk3s("status", "--check")
+    assert cli.returncode == 0 and "CERT EXPIRES" in cli.stdout, cli.stdout + cli.stderr
+    for name in ("td-server", "td-w1", "td-w2"):
+        assert name in cli.stdout.split("CERT EXPIRES", 1)[1]
+    # The cluster is as it was once the agent is back.
+    deadline = time.monotonic() + 120
+    while snapshot(teardown_stack)["ports"] != before["ports"]:
+        assert time.monotonic() < deadline, "the restarted worker did not come back"
+        time.sleep(2)
 
 
 def test_destroy_is_refused_without_the_setting_and_changes_nothing(teardown_stack: Stack) -> None:

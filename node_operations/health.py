@@ -1,0 +1,95 @@
+"""Read-only health checks of the nodes, over SSH: k3s running, disk space, the clock,
+and how long the node's k3s client certificate has left.
+
+k3s's certificates last a year; k3s renews one that expires within 90 days when it
+starts (docs.k3s.io, "Certificate rotation"), so a node that has run for most of a year
+without a restart needs one: the check warns 30 days ahead and says to reboot it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from host_scripts import script_path
+from node_operations.k3s_install import parse_results
+from remote_access.ssh import SshError, SshTarget, open_session
+
+HEALTH_DEADLINE_SECONDS = 60.0
+CERT_WARN_DAYS = 30
+DISK_WARN_FREE_PERCENT = 10
+
+
+@dataclass(frozen=True)
+class HostHealth:
+    """One node's checks; `error` says why the node could not be checked at all."""
+
+    node: str
+    reachable: bool
+    error: str | None = None
+    k3s_unit: str | None = None
+    k3s_active: bool | None = None
+    disk_free_percent: dict[str, int] = field(default_factory=dict)
+    time_synced: bool | None = None
+    cert_expires_in_days: int | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def judge(node: str, results: dict[str, str]) -> HostHealth:
+    """The checks' verdicts from the facts `host_health.sh` printed."""
+    warnings: list[str] = []
+    unit = results.get("unit")
+    active = results.get("active") == "active" if unit else None
+    if unit is None:
+        warnings.append(f"{node}: no k3s unit is installed (neither k3s nor k3s-agent)")
+    elif not active:
+        warnings.append(f"{node}: {unit} is {results.get('active') or 'not active'}; see journalctl -u {unit}")
+    disks = {
+        key.split(":", 1)[1]: int(value)
+        for key, value in results.items()
+        if key.startswith("disk_free_percent:") and value.isdigit()
+    }
+    for mount, free in sorted(disks.items()):
+        if free < DISK_WARN_FREE_PERCENT:
+            warnings.append(f"{node}: only {free}% of {mount} is free; the kubelet evicts pods below 10%")
+    synced = {"yes": True, "no": False}.get(results.get("time_synced", ""))
+    if synced is False:
+        warnings.append(f"{node}: the clock is not synchronised (timedatectl: NTPSynchronized=no)")
+    days = None
+    if results.get("cert_expires_epoch", "").isdigit() and results.get("now_epoch", "").isdigit():
+        days = (int(results["cert_expires_epoch"]) - int(results["now_epoch"])) // 86400
+        if days < CERT_WARN_DAYS:
+            warnings.append(
+                f"{node}: its k3s client certificate expires in {days} days; reboot it (k3s renews a certificate "
+                "that expires within 90 days when it starts)"
+            )
+    return HostHealth(
+        node=node,
+        reachable=True,
+        k3s_unit=unit,
+        k3s_active=active,
+        disk_free_percent=disks,
+        time_synced=synced,
+        cert_expires_in_days=days,
+        warnings=tuple(warnings),
+    )
+
+
+async def check_host(target: SshTarget) -> HostHealth:
+    try:
+        async with open_session(target) as session:
+            result = await session.run_script(script_path("host_health.sh"), deadline=HEALTH_DEADLINE_SECONDS)
+    except SshError as error:
+        return HostHealth(
+            node=target.node,
+            reachable=False,
+            error=str(error),
+            warnings=(f"{target.node}: could not be checked: {error}",),
+        )
+    return judge(target.node, parse_results(result.stdout))
+
+
+async def check_hosts(targets: Sequence[SshTarget]) -> list[HostHealth]:
+    """Every node at once; one that cannot be reached is named, not fatal."""
+    return list(await asyncio.gather(*(check_host(target) for target in targets)))

@@ -1,0 +1,46 @@
+"""The host checks' verdicts from the facts host_scripts/host_health.sh prints (the
+script itself runs on lab hosts in tests/lab/test_teardown.py)."""
+
+from __future__ import annotations
+
+from node_operations.health import judge
+
+NOW = 1_800_000_000
+HEALTHY = {
+    "unit": "k3s-agent",
+    "active": "active",
+    "disk_free_percent:/": "62",
+    "disk_free_percent:/var/lib/rancher": "62",
+    "time_synced": "yes",
+    "cert_expires_epoch": str(NOW + 200 * 86400),
+    "now_epoch": str(NOW),
+}
+
+
+def test_a_healthy_node_has_no_warning() -> None:
+    health = judge("w1", dict(HEALTHY))
+    assert health.warnings == ()
+    assert health.k3s_active is True and health.time_synced is True and health.cert_expires_in_days == 200
+    assert health.disk_free_percent == {"/": 62, "/var/lib/rancher": 62}
+
+
+def test_each_finding_is_one_warning_naming_the_node_and_what_to_do() -> None:
+    facts = {
+        **HEALTHY,
+        "active": "failed",
+        "disk_free_percent:/var/lib/rancher": "7",
+        "time_synced": "no",
+        "cert_expires_epoch": str(NOW + 12 * 86400 + 5),
+    }
+    warnings = judge("w1", facts).warnings
+    assert len(warnings) == 4, warnings
+    assert warnings[0] == "w1: k3s-agent is failed; see journalctl -u k3s-agent"
+    assert "only 7% of /var/lib/rancher is free" in warnings[1]
+    assert "clock is not synchronised" in warnings[2]
+    assert "expires in 12 days; reboot it" in warnings[3]
+
+
+def test_a_node_without_k3s_or_facts_says_so() -> None:
+    health = judge("w2", {"time_synced": "unknown", "now_epoch": str(NOW)})
+    assert health.warnings == ("w2: no k3s unit is installed (neither k3s nor k3s-agent)",)
+    assert health.time_synced is None and health.cert_expires_in_days is None
