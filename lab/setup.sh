@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The lab's one set-up command: installs the Debian packages it needs, then
 # builds or reuses (cached outside the repository, in $HK3S_LAB_CACHE):
-#   - kube-apiserver, kube-controller-manager, kubectl and kine (lab/build/kube.sh)
+#   - kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kine (lab/build/kube.sh)
 #   - the Pulumi CLI and its Python language host (lab/build/pulumi.sh)
 #   - the k3s stand-in (lab/build/k3s_standin.sh)
 #   - the slow disk, a FUSE filesystem whose syncs wait (lab/build/slow_disk.sh)
-#   - the pod runtime of pod-capable hosts: runc, containerd, CNI plugins, crictl and the
-#     pause and test images (lab/build/pod_runtime.sh; the kubelet comes from kube.sh)
+#   - the pod runtime of pod-capable hosts: runc, containerd, CNI plugins, crictl, the kubelet and the
+#     pause and test images (lab/build/pod_runtime.sh; the kubelet at kube.sh's Kubernetes release)
 #   - the Debian base tree lab hosts boot from (lab.hosts.Lab.ensure_base)
 # Prints each step and its time; `--timings FILE` also writes them as JSON.
 set -euo pipefail
