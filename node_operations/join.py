@@ -15,29 +15,32 @@ register the node it was made for: Node creation by a kubelet is admitted only
 for names holding a join permit (a ValidatingAdmissionPolicy the program
 installs); the program grants the permit when it joins that node and keeps it
 while the Node exists, since its kubelet creates the Node at every start.
+
+The checks of the tainted node live in node_operations.join_validation, what
+the agent's log says went wrong in node_operations.agent_log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from host_scripts import script_path
+from node_operations.agent_log import agent_log, agent_log_diagnosis, agent_since, log_message
 from node_operations.firewall_plan import PortRule
 from node_operations.host_facts import HostFacts, gather_facts, interface_of
 from node_operations.host_firewall.inspection import inspect_firewall
 from node_operations.host_firewall.operator_firewall import evaluate_operator_firewall
-from node_operations.k3s_install import K3sBinary, agent_config, install_k3s, parse_results
+from node_operations.join_validation import POLL_SECONDS, TaintedNodeValidation, ValidatedNode, ValidationError
+from node_operations.k3s_install import K3sBinary, agent_config, install_k3s
 from node_operations.network_mode import check_connection
 from node_operations.node_access import NodeAccessError, RecordedNode, check_recorded_nodes
 from node_operations.preflight import PreflightRequirements, evaluate_preflight
-from remote_access.kube import API_WAIT_SECONDS, ApiUnavailableError, ClusterApi, JoinToken, NodeStatus, Repeat, Taint
-from remote_access.ssh import RemoteCommandError, SshError, SshSession, SshTarget, open_session
+from remote_access.kube import API_WAIT_SECONDS, ClusterApi, JoinToken, NodeStatus, Taint
+from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
 Progress = Callable[[str], None]
 
@@ -47,13 +50,6 @@ WORKER_ROLE_LABEL = "node-role.kubernetes.io/worker"
 MANAGED_LABEL = "hk3s.dev/managed"
 REGISTER_DEADLINE_SECONDS = 120.0
 READY_DEADLINE_SECONDS = 120.0
-POLL_SECONDS = 2.0
-VALIDATE_DEADLINE_SECONDS = 120.0
-KUBELET_REACH_SECONDS = 30.0
-KUBELET_PORT = 10250
-KUBELET_DIAL_SECONDS = 5
-VALIDATION_POD_SECONDS = 90.0
-VALIDATION_POD_NAMESPACE = "kube-system"
 PERMITS_CONFIGMAP = "hk3s-join-permits"
 PERMIT_POLICY = "hk3s-node-join-permits"
 
@@ -157,71 +153,10 @@ class JoinResult:
     checks: dict[str, str]
 
 
-# Agent log lines -> (check, what to do). First match wins; order matters.
-AGENT_LOG_DIAGNOSES: list[tuple[tuple[str, ...], str, str]] = [
-    (
-        ("token CA hash does not match",),
-        "ca-hash",
-        "the agent refuses the server's CA ({line}). The host holds a token or state from another cluster: "
-        "reset it (systemctl stop k3s-agent, then rm -rf /var/lib/rancher/k3s/agent /etc/rancher/k3s) and run "
-        "pulumi up again",
-    ),
-    (
-        ("Node password rejected",),
-        "node-password",
-        "the server refuses this host under the name of a node registered from another host ({line}). If "
-        "that node is gone, delete its Node (kubectl delete node <name>) and run pulumi up again; if it still "
-        "runs, give this host another name in hk3s:workers",
-    ),
-    (
-        ("holds no join permit",),
-        "token-node",
-        "the server refused to register this node ({line}): the token was made for another node name. "
-        "Run pulumi up again: the program makes a token for this node",
-    ),
-    (
-        # Older k3s prints the HTTP status ("401 Unauthorized"); newer decodes the server's
-        # Status object into its message ("Unauthorized", "not authorized").
-        ("401 Unauthorized", "Unauthorized", "not authorized"),
-        "token",
-        "the server rejected the join token ({line}): it expired (ten minutes), was already used and deleted, "
-        "or belongs to another cluster. Run pulumi up again: a new token is made for this node",
-    ),
-    (
-        ("connection refused", "no route to host", "i/o timeout", "network is unreachable", "no such host"),
-        "api-reachable",
-        "the node cannot reach the Kubernetes API ({line}): open 6443/tcp from this node to the server in the "
-        "cloud and host firewalls, and check its route to the server",
-    ),
-]
-
-
 def diagnose_agent_log(node: str, lines: Sequence[str]) -> JoinError | None:
     """The most specific diagnosis the agent's log lines support, if any."""
-    for needles, check, advice in AGENT_LOG_DIAGNOSES:
-        for line in reversed(lines):
-            if any(needle in line for needle in needles):
-                return JoinError(node, check, advice.format(line=_log_message(line)))
-    return None
-
-
-def _log_message(line: str) -> str:
-    marker = 'msg="'
-    if marker in line:
-        return line.split(marker, 1)[1].rstrip('"').replace('\\"', '"')
-    return line.strip()
-
-
-async def _agent_log(worker: SshSession, since: str) -> list[str]:
-    result = await worker.run(
-        ["journalctl", "-u", "k3s-agent", "--no-pager", "-o", "cat", "--since", since], deadline=30, check=False
-    )
-    return result.stdout.splitlines()[-200:]
-
-
-async def agent_since(worker: SshSession) -> str:
-    result = await worker.run(["date", "+%Y-%m-%d %H:%M:%S"], deadline=15)
-    return result.stdout.strip()
+    found = agent_log_diagnosis(lines)
+    return None if found is None else JoinError(node, *found)
 
 
 class Joiner:
@@ -470,13 +405,13 @@ class Joiner:
 
     async def wait_registered(self, since: str) -> NodeStatus:
         """Wait for the Node, diagnosing from the agent's log what keeps it away."""
-        deadline = self._paused_clock(self.spec.register_deadline)
+        deadline = self.paused_clock(self.spec.register_deadline)
         self.progress("waiting for the node to register")
         while True:
             node = await self.cluster.get_node(self.spec.node)
             if node is not None:
                 return node
-            lines = await _agent_log(self.worker, since)
+            lines = await agent_log(self.worker, since)
             diagnosis = diagnose_agent_log(self.spec.node, lines)
             # A CA mismatch or a refused node never heals by waiting (k3s would retry forever).
             if diagnosis is not None and diagnosis.check in ("ca-hash", "token-node", "node-password"):
@@ -489,7 +424,7 @@ class Joiner:
                 unreachable = await self._api_unreachable_from_node()
                 if unreachable is not None:
                     raise unreachable
-                tail = " | ".join(_log_message(line) for line in lines[-3:]) or "no agent log lines"
+                tail = " | ".join(log_message(line) for line in lines[-3:]) or "no agent log lines"
                 raise JoinError(
                     self.spec.node,
                     "register",
@@ -512,14 +447,14 @@ class Joiner:
             "node to the server in the cloud and host firewalls, and check its route to the server",
         )
 
-    def _paused_clock(self, seconds: float) -> Callable[[], float]:
+    def paused_clock(self, seconds: float) -> Callable[[], float]:
         """A wait's deadline that stands still while the API is away: time spent waiting for
         the API (a k3s restart on the server) is no evidence that the node is not coming."""
         started, waited = time.monotonic(), self.cluster.waited_seconds
         return lambda: started + seconds + (self.cluster.waited_seconds - waited)
 
     async def wait_ready(self) -> NodeStatus:
-        deadline = self._paused_clock(self.spec.ready_deadline)
+        deadline = self.paused_clock(self.spec.ready_deadline)
         while True:
             node = await self.cluster.get_node(self.spec.node)
             if node is not None and node.ready:
@@ -538,195 +473,24 @@ class Joiner:
 
     # --- validate while tainted ---------------------------------------------------------
     async def validate(self, node: NodeStatus) -> None:
-        self.progress("validating while tainted")
-        server_host = self.spec.server_url.removeprefix("https://").split(":")[0]
-        result = await self.worker.run_script(
-            script_path("node_validate.sh"),
-            [server_host, self.spec.registry or "-"],
-            deadline=VALIDATE_DEADLINE_SECONDS,
-            check=False,
+        target = ValidatedNode(
+            node=self.spec.node,
+            server_url=self.spec.server_url,
+            registry=self.spec.registry,
+            validation_taint=self.spec.validation_taint,
+            validation_image=self.spec.validation_image,
+            kubelet_address=self.kubelet_address,
         )
-        if parse_results(result.stdout).get("api-from-node", "").startswith("failed"):
-            # From the node, an API restarting on the server looks the same as a blocked 6443:
-            # wait for the API (through an outage) and check once more before it counts.
-            await self.cluster.wait_api()
-            result = await self.worker.run_script(
-                script_path("node_validate.sh"),
-                [server_host, self.spec.registry or "-"],
-                deadline=VALIDATE_DEADLINE_SECONDS,
-                check=False,
-            )
-        results = parse_results(result.stdout)
-        self.checks.update(results)
-        failed = {name: value for name, value in results.items() if value.startswith("failed")}
-        if result.exit_status != 0 or failed:
-            detail = "; ".join(f"{name}: {value}" for name, value in failed.items()) or result.stderr.strip()
-            raise JoinError(self.spec.node, "validation", detail)
-        # The API server reaching the kubelet: what logs and exec need. A kubelet that
-        # was just restarted (rejoin with a changed config) gets a short while to listen.
-        # The API itself being away is waited for by the API layer (and not counted here);
-        # past its deadline that error stands on its own.
-        deadline = self._paused_clock(KUBELET_REACH_SECONDS)
-        while True:
-            try:
-                await self.cluster.kubelet_healthz(self.spec.node)
-                break
-            except ApiUnavailableError:
-                raise
-            except SshError as error:
-                if time.monotonic() > deadline():
-                    raise JoinError(
-                        self.spec.node,
-                        "kubelet-reachable",
-                        f"the API server cannot reach the kubelet on port 10250 ({error}); check the firewall "
-                        "rules for 10250/tcp between the nodes",
-                    ) from None
-                await asyncio.sleep(POLL_SECONDS)
-        # k3s carries the API server's own kubelet traffic (logs, exec, the node proxy) through the
-        # agent's tunnel over 6443, so the check above passes with 10250 blocked; metrics-server
-        # and anything else that dials a kubelet directly does not. So dial it from the server.
-        while (failure := await self._kubelet_port_from_server()) is not None:
-            if time.monotonic() > deadline():
-                raise JoinError(
-                    self.spec.node,
-                    "kubelet-reachable",
-                    f"{self.server.target.node} cannot connect to the kubelet at {self.kubelet_address}:{KUBELET_PORT} "
-                    f"({failure}); metrics and anything else that dials a kubelet directly need it. Open "
-                    f"{KUBELET_PORT}/tcp from the other nodes to {self.spec.node} in its host and cloud firewalls",
-                )
-            await asyncio.sleep(POLL_SECONDS)
-        self.checks["kubelet-reachable"] = f"ok (through the API and at {self.kubelet_address}:{KUBELET_PORT})"
-        if not node.container_runtime:
-            # Where no pods can run (no container runtime reported), there is no validation pod to start.
-            self.checks["validation-pod"] = "skipped: the node reports no container runtime"
-        else:
-            await self._validation_pod()
-
-    async def _last_warning(self, pod: str) -> str | None:
-        """The pod's latest Warning event (a sandbox or image failure shows there, not in
-        the pod's status), as "reason: message"."""
-        with contextlib.suppress(RemoteCommandError, ApiUnavailableError, ValueError):
-            out = await self.cluster.kubectl(
-                [
-                    "get",
-                    "events",
-                    "-n",
-                    VALIDATION_POD_NAMESPACE,
-                    "--field-selector",
-                    f"involvedObject.name={pod}",
-                    "-o",
-                    "json",
-                ],
-                repeat=Repeat.READ,
-            )
-            warnings = [e for e in json.loads(out).get("items", []) if e.get("type") == "Warning"]
-            if warnings:
-                last = max(warnings, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
-                return f"{last.get('reason', 'Warning')}: {str(last.get('message', '')).strip()}"
-        return None
-
-    def _validation_pod_manifest(self, name: str) -> dict[str, Any]:
-        taint = Taint.parse(self.spec.validation_taint)
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": VALIDATION_POD_NAMESPACE,
-                "labels": {"app.kubernetes.io/managed-by": "hk3s", "hk3s.dev/validation-pod": self.spec.node},
-            },
-            "spec": {
-                # Straight onto the node, tolerating the validation taint it runs under.
-                "nodeName": self.spec.node,
-                "tolerations": [{"key": taint.key, "operator": "Exists"}],
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 0,
-                "automountServiceAccountToken": False,
-                "containers": [
-                    {
-                        "name": "validate",
-                        "image": self.spec.validation_image,
-                        "imagePullPolicy": "IfNotPresent",
-                        "command": ["sh", "-c", "echo hk3s validation pod ran on $(hostname)"],
-                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}},
-                    }
-                ],
-            },
-        }
-
-    async def _validation_pod(self) -> None:
-        """A pod runs to completion on the tainted node: its runtime, pod sandbox and image
-        work. One that does not complete stops the join naming the pod and the reason."""
-        name = f"hk3s-validate-{self.spec.node}"
-        self.progress(f"starting validation pod {VALIDATION_POD_NAMESPACE}/{name} ({self.spec.validation_image})")
-        delete = ["delete", "pod", "-n", VALIDATION_POD_NAMESPACE, name, "--ignore-not-found", "--wait=true"]
-        await self.cluster.kubectl(delete, repeat=Repeat.IDEMPOTENT)  # one left by an interrupted run
-        await self.cluster.kubectl(
-            ["create", "-f", "-"], stdin=json.dumps(self._validation_pod_manifest(name)), repeat=Repeat.ONCE
-        )
-        started = time.monotonic()
-        deadline = self._paused_clock(VALIDATION_POD_SECONDS)
-        why = "not started"
         try:
-            while True:
-                out = await self.cluster.kubectl(
-                    ["get", "pod", "-n", VALIDATION_POD_NAMESPACE, name, "-o", "json"], repeat=Repeat.READ
-                )
-                pod = json.loads(out)
-                phase, why = _pod_progress(pod)
-                if phase == "Succeeded":
-                    self.checks["validation-pod"] = f"ok ({time.monotonic() - started:.1f}s)"
-                    self.progress(f"validation pod {name} ran in {time.monotonic() - started:.1f}s")
-                    return
-                if phase == "Failed" or time.monotonic() > deadline():
-                    why = await self._last_warning(name) or why
-                    raise JoinError(
-                        self.spec.node,
-                        "validation-pod",
-                        f"the validation pod {VALIDATION_POD_NAMESPACE}/{name} did not run ({why}); the node's "
-                        f"container runtime must run image {self.spec.validation_image}: import k3s's air-gap "
-                        "images on the node (/var/lib/rancher/k3s/agent/images) or let it reach the registry",
-                    )
-                await asyncio.sleep(POLL_SECONDS)
-        finally:
-            with contextlib.suppress(RemoteCommandError, ApiUnavailableError):
-                await self.cluster.kubectl(
-                    ["delete", "pod", "-n", VALIDATION_POD_NAMESPACE, name, "--ignore-not-found", "--wait=false"],
-                    repeat=Repeat.IDEMPOTENT,
-                )
+            await TaintedNodeValidation(target, self).run(node)
+        except ValidationError as failure:
+            raise JoinError(self.spec.node, failure.check, failure.message) from None
 
     @property
     def kubelet_address(self) -> str:
         """Where the other nodes dial this node's kubelet: its cluster address (behind a 1:1 NAT
         the forwarded public address, not the node IP the NAT hides)."""
         return self.spec.cluster_address or self.spec.node_ip
-
-    async def _kubelet_port_from_server(self) -> str | None:
-        """A TCP connection from the server to the node's kubelet port; None when it opens,
-        else why not."""
-        result = await self.server.run(
-            [
-                "timeout",
-                str(KUBELET_DIAL_SECONDS),
-                "bash",
-                "-c",
-                'exec 3<>"/dev/tcp/$1/$2"',
-                "-",
-                self.kubelet_address,
-                str(KUBELET_PORT),
-            ],
-            deadline=KUBELET_DIAL_SECONDS + 15,
-            check=False,
-        )
-        if result.exit_status == 0:
-            return None
-        if result.exit_status == 124:
-            return f"no answer within {KUBELET_DIAL_SECONDS} s"
-        stderr = result.stderr.lower()
-        for reason in ("connection refused", "no route to host", "network is unreachable"):
-            if reason in stderr:
-                return reason
-        return result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.exit_status}"
 
     # --- release ------------------------------------------------------------------
     async def release(self, rejoin: bool) -> NodeStatus:
@@ -783,21 +547,3 @@ async def read_node(server: SshTarget, node: str, api_wait: float = API_WAIT_SEC
     """The Node's status as the server sees it (for refresh)."""
     async with open_session(server) as session:
         return await ClusterApi(session, api_wait=api_wait).get_node(node)
-
-
-def _pod_progress(pod: dict[str, Any]) -> tuple[str, str]:
-    """A pod's phase and, for one not done, why: the container's waiting or terminated
-    reason and message (ErrImagePull, ...) or the pod's condition."""
-    status = pod.get("status", {})
-    phase = str(status.get("phase", "Pending"))
-    for container in status.get("containerStatuses", []):
-        state = container.get("state", {})
-        for kind in ("waiting", "terminated"):
-            detail = state.get(kind)
-            if detail and detail.get("reason") not in (None, "Completed"):
-                message = str(detail.get("message", "")).strip()
-                return phase, f"{phase}, {detail['reason']}" + (f": {message}" if message else "")
-    for condition in status.get("conditions", []):
-        if condition.get("status") == "False" and condition.get("message"):
-            return phase, f"{phase}, {condition.get('reason', condition['type'])}: {condition['message']}"
-    return phase, phase
