@@ -5,9 +5,14 @@ sync small writes makes every volume with a copy on it slow, so it holds none
 
 It runs at the end of the worker's join and again at every rejoin (its `join_run`
 input is the join's run stamp), when its settings change, and on demand (an `up`
-that replaces it: `ClusterStack.check_disk`, `scripts/hk3s node check-disk`). A
-slow disk is recorded as `eligible: false` with the figures and the reason; the
-worker stays joined. A probe that cannot measure fails the run, naming the host.
+that replaces it: `ClusterStack.check_disk`, `scripts/hk3s node check-disk`).
+
+A slow disk is recorded as `eligible: false` with the figures, the reason and the
+fix, and the run goes on: the disk decides only whether the worker holds copies, not
+whether it is a worker (it runs pods as well as any), and a failed `up` would fail
+again at every later run for a worker that works, while `node list` and `status` keep
+saying why it holds none. A probe that cannot measure fails the run, naming the host:
+then nobody knows what the disk can do.
 """
 
 from __future__ import annotations

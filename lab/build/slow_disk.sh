@@ -74,6 +74,7 @@ TMPOUT=$(mktemp "$BIN/.slow-disk-fs.XXXXXX")
 chmod 0755 "$TMPOUT"
 mv -f "$TMPOUT" "$OUT"
 TMPOUT=""
-"$OUT" --help 2>&1 | grep -q -- '-control' || die "$OUT does not run"
+usage=$("$OUT" --help 2>&1 || true)
+[[ $usage == *-control* ]] || die "$OUT does not run: $usage"
 stamp_content >"$STAMP"
 log "built $OUT"
