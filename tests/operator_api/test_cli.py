@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from operator_api import Node
+from operator_api import DiskCheck, Node
 from operator_cli.cli import (
     EXIT_BUSY,
     EXIT_REFUSED,
     ConfirmationMissingError,
     Console,
     build_parser,
+    disk_check_text,
     disk_notes,
     main,
     nodes_table,
@@ -293,3 +294,18 @@ def test_destroy_needs_the_stack_named(project: Path, cli_env: None, capsys: pyt
         assert code == EXIT_REFUSED and data["error"] == "TeardownNotConfirmedError", data
         assert "destroying stack dev needs confirm='dev'" in err and "nothing was changed" in err
     assert (project / "Pulumi.dev.yaml").read_bytes() == before
+
+
+def test_check_disk_is_a_node_command_and_says_the_verdict() -> None:
+    args = parse_arguments(["--stack", "staging", "node", "check-disk", "metal-1"])
+    assert (args.command, args.node_command, args.name) == ("node", "check-disk", "metal-1")
+    with pytest.raises(SystemExit) as usage:
+        parse_arguments(["node", "check-disk"])
+    assert usage.value.code == 2
+    refused = DiskCheck(False, False, 31.0, 40.5, 300, 10.0, "metal-1: the disk ... syncs too slowly", 7.9)
+    assert disk_check_text("metal-1", refused).splitlines() == [
+        "metal-1 holds no volume copies",
+        "metal-1: the disk ... syncs too slowly",
+    ]
+    accepted = DiskCheck(True, True, 31.0, 40.5, 300, 10.0, "metal-1: the disk ... override recorded", 7.9)
+    assert disk_check_text("metal-1", accepted).startswith("metal-1 may hold volume copies (ignore_slow_disk override)")
