@@ -17,6 +17,7 @@ import yaml
 from pulumi import automation as auto
 
 from lab.hosts import Host, HostSpec, Lab
+from operator_api import ClusterStack
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("HK3S_LAB_CACHE", "/var/cache/hk3s-lab"))
@@ -193,6 +194,24 @@ class LabStack:
 
     def text(self) -> str:
         return "\n".join(self.log)
+
+    def api(self) -> ClusterStack:
+        """The operator API on this stack, as another service would make one."""
+        return ClusterStack(
+            self.name,
+            project_dir=self.project,
+            env_vars=self.env,
+            pulumi_command_root=CACHE,
+            pulumi_home=self.directory / "pulumi-home",
+        )
+
+    def hk3s(self, *args: str, timeout: float = 600) -> CliRun:
+        """The operator CLI (`scripts/hk3s --stack <name> ARGS`) in the project copy, as a person
+        runs it: stdin not a terminal, stderr apart."""
+        env = {**os.environ, **self.env, "PULUMI_HOME": str(self.directory / "pulumi-home")}
+        env.pop("HK3S_NON_INTERACTIVE", None)  # the CLI sets it itself
+        argv = [str(self.project / "scripts" / "hk3s"), "--stack", self.name, *args]
+        return run_killable(argv, cwd=self.project, env=env, timeout=timeout, split_stderr=True)
 
 
 @dataclass(frozen=True)

@@ -57,13 +57,7 @@ class Cluster:
 
     def api(self) -> ClusterStack:
         """A fresh API object on the project copy, as another service would make one."""
-        return ClusterStack(
-            self.stack.name,
-            project_dir=self.stack.project,
-            env_vars=self.stack.env,
-            pulumi_command_root=CACHE,
-            pulumi_home=self.stack.directory / "pulumi-home",
-        )
+        return self.stack.api()
 
     @property
     def stack_file(self) -> Path:

@@ -22,10 +22,8 @@ from lab.hosts import DEFAULT_CACHE_DIR, Host, HostSpec, Lab
 from lab.pytest_fixtures import lab_skip_reason
 from operator_api import ClusterStack, Node
 from tests.lab.lab_stack import (
-    CACHE,
     LabStack,
     base_config,
-    run_killable,
     server_spec,
     skip_without_lab_binaries,
     up_or_fail,
@@ -49,21 +47,13 @@ class Cluster:
     config: dict[str, Any]
 
     def api(self) -> ClusterStack:
-        return ClusterStack(
-            self.stack.name,
-            project_dir=self.stack.project,
-            env_vars=self.stack.env,
-            pulumi_command_root=CACHE,
-            pulumi_home=self.stack.directory / "pulumi-home",
-        )
+        return self.stack.api()
 
     def nodes(self) -> dict[str, Node]:
         return {node.name: node for node in self.api().nodes()}
 
     def hk3s(self, *args: str) -> Any:
-        env = {**os.environ, **self.stack.env, "PULUMI_HOME": str(self.stack.directory / "pulumi-home")}
-        argv = [str(self.stack.project / "scripts" / "hk3s"), "--stack", self.stack.name, *args]
-        return run_killable(argv, cwd=self.stack.project, env=env, timeout=600, split_stderr=True)
+        return self.stack.hk3s(*args)
 
     def probe_outputs(self, node: str) -> dict[str, Any]:
         deployment = self.stack.stack().export_stack().deployment or {}

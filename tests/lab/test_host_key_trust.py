@@ -6,7 +6,6 @@ recorded is in the `--json` result and the text summary."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ from tests.lab.lab_stack import (
     CliRun,
     LabStack,
     base_config,
-    run_killable,
     server_spec,
     skip_without_lab_binaries,
     worker_spec,
@@ -26,10 +24,7 @@ pytestmark = pytest.mark.lab
 
 
 def hk3s(stack: LabStack, *args: str) -> CliRun:
-    env = {**os.environ, **stack.env, "PULUMI_HOME": str(stack.directory / "pulumi-home")}
-    env.pop("HK3S_NON_INTERACTIVE", None)  # the CLI sets it itself
-    argv = [str(stack.project / "scripts" / "hk3s"), "--stack", stack.name, *args]
-    return run_killable(argv, cwd=stack.project, env=env, timeout=900, split_stderr=True)
+    return stack.hk3s(*args, timeout=900)
 
 
 def host_public_keys(host: Host) -> set[str]:

@@ -5,7 +5,6 @@ module share one stack (a server and two workers) and run in order."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,12 +15,10 @@ from pulumi import automation as auto
 
 from lab.hosts import Host, Lab
 from lab.stack_harness import (
-    CACHE,
     CliRun,
     LabStack,
     base_config,
     run_cli,
-    run_killable,
     server_spec,
     skip_without_lab_binaries,
     up_or_fail,
@@ -48,20 +45,10 @@ class Stack:
         return [self.server, self.w1, self.w2]
 
     def api(self) -> ClusterStack:
-        """The operator API on the same stack, as another service would drive it."""
-        return ClusterStack(
-            self.stack.name,
-            project_dir=self.stack.project,
-            env_vars=self.stack.env,
-            pulumi_command_root=CACHE,
-            pulumi_home=self.stack.directory / "pulumi-home",
-        )
+        return self.stack.api()
 
     def hk3s(self, *args: str) -> CliRun:
-        """The operator CLI on this stack, as a person runs it."""
-        env = {**os.environ, **self.stack.env, "PULUMI_HOME": str(self.stack.directory / "pulumi-home")}
-        argv = [str(self.stack.project / "scripts" / "hk3s"), "--stack", self.stack.name, *args]
-        return run_killable(argv, cwd=self.stack.project, env=env, timeout=300, split_stderr=True)
+        return self.stack.hk3s(*args, timeout=300)
 
     def config(self, **cluster: Any) -> dict[str, Any]:
         config = base_config(self.lab, self.server, [self.w1, self.w2], firewall={"managed": True})
