@@ -88,10 +88,12 @@ def test_readme_command_reaches_preview(project_copy: Path, tmp_path: Path) -> N
     # per worker a join and two connection checks (mode auto: they run if the network plan
     # decides private); a disk probe for w1 (w2 holds no copies); the network plan; the worker
     # roster and the run's one check of the recorded nodes; per node its login key and the
-    # retirement of replaced keys. Plus one provider process per shard the three nodes fall in.
+    # retirement of replaced keys; the teardown guard. Plus one provider process per shard the
+    # three nodes fall in.
     shards = len({shard_of(name) for name in ("srv", "w1", "w2")})
-    assert f"{29 + shards} to create" in output, output[-2000:]
+    assert f"{30 + shards} to create" in output, output[-2000:]
     assert "hk3s:WorkerRoster" in output and "hk3s:NodeAccessCheck" in output
+    assert "hk3s:TeardownGuard" in output
     assert "hk3s:ConnectivityCheck" in output and "hk3s:NetworkPlan" in output
     # The local backend the README names holds the stack.
     assert list((tmp_path / ".hk3s-state").rglob("local.json*")), "no stack state in ~/.hk3s-state"
