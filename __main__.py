@@ -37,7 +37,7 @@ pulumi.export(
                 "fenced": spec.name in settings.fences,
                 "state": worker.state,
             }
-            for spec, worker in zip(settings.workers, cluster.workers, strict=True)
+            for spec, worker in zip(settings.all_workers(), cluster.workers, strict=True)
         ),
     ],
 )

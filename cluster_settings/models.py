@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -18,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     field_validator,
 )
 
@@ -34,6 +36,15 @@ LABEL_KEY = re.compile(
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 # Labels the program sets itself; a stack may not set or override them.
 RESERVED_LABEL_PREFIXES = ("node-role.kubernetes.io/", "kubernetes.io/", "k8s.io/", "hk3s.dev/")
+# Taints the program or Kubernetes itself sets: the join's validation taint (hk3s.dev/), the
+# node lifecycle controller's (node.kubernetes.io/not-ready, unreachable, out-of-service, ...)
+# and the cloud provider's (node.cloudprovider.kubernetes.io/uninitialized).
+RESERVED_TAINT_PREFIXES = ("hk3s.dev/", "node.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+# A pool's workers are named <pool>-<n>: the pool name leaves room for the number in a node name.
+POOL_NAME_MAX = 56
+# Hetzner refuses an eleventh server in one spread placement group.
+HETZNER_SPREAD_GROUP_MAX = 10
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$"
@@ -115,7 +126,68 @@ def _ipv4_address(value: str) -> str:
     return str(address)
 
 
+def _pool_name(value: str) -> str:
+    _node_name(value)
+    if len(value) > POOL_NAME_MAX:
+        raise ValueError(
+            f"{value!r} is longer than {POOL_NAME_MAX} characters; its workers are named <pool>-<n>, "
+            "which must stay a node name of at most 63"
+        )
+    return value
+
+
+def _taint(value: str) -> str:
+    """`key=value:Effect` or `key:Effect`, by Kubernetes' rules for taint keys, values and effects."""
+    head, sep, effect = value.rpartition(":")
+    if not sep or effect not in TAINT_EFFECTS:
+        raise ValueError(
+            f"taint {value!r} needs an effect: write key=value:Effect or key:Effect with Effect one of "
+            + ", ".join(TAINT_EFFECTS)
+        )
+    key, _, taint_value = head.partition("=")
+    if not LABEL_KEY.match(key) or len(key.rpartition("/")[2]) > 63:
+        raise ValueError(f"taint key {key!r} of {value!r} is not a valid Kubernetes key")
+    if key.startswith(RESERVED_TAINT_PREFIXES):
+        raise ValueError(
+            f"taint {value!r} uses a key the program or Kubernetes sets; choose a key outside "
+            + ", ".join(RESERVED_TAINT_PREFIXES)
+        )
+    if not LABEL_VALUE.match(taint_value):
+        raise ValueError(f"taint value {taint_value!r} of {value!r} is not a valid Kubernetes label value")
+    return value
+
+
+def _unique_taints(taints: list[str]) -> list[str]:
+    # Kubernetes refuses a node with two taints of one key and effect.
+    seen: set[tuple[str, str]] = set()
+    for taint in taints:
+        head, _, effect = taint.rpartition(":")
+        pair = (head.partition("=")[0], effect)
+        if pair in seen:
+            raise ValueError(f"two taints with key {pair[0]!r} and effect {effect}; keep one")
+        seen.add(pair)
+    return taints
+
+
+def _labels(value: dict[str, str]) -> dict[str, str]:
+    for key, label in value.items():
+        if not LABEL_KEY.match(key) or len(key.rpartition("/")[2]) > 63:
+            raise ValueError(f"label key {key!r} is not a valid Kubernetes label key")
+        if key.startswith(RESERVED_LABEL_PREFIXES):
+            raise ValueError(
+                f"label {key!r} is set by the program or Kubernetes; choose a key outside "
+                + ", ".join(RESERVED_LABEL_PREFIXES)
+            )
+        if not LABEL_VALUE.match(label):
+            raise ValueError(f"label value {label!r} of {key!r} is not a valid Kubernetes label value")
+    return value
+
+
 NodeName = Annotated[str, AfterValidator(_node_name)]
+PoolName = Annotated[str, AfterValidator(_pool_name)]
+Taint = Annotated[str, AfterValidator(_taint)]
+Taints = Annotated[list[Taint], AfterValidator(_unique_taints)]
+Labels = Annotated[dict[str, str], AfterValidator(_labels)]
 K3sVersion = Annotated[str, AfterValidator(_k3s_version)]
 Location = Annotated[str, AfterValidator(_location)]
 SshAddress = Annotated[str, AfterValidator(_ssh_address)]
@@ -452,8 +524,13 @@ class ServerSettings(HostSettings):
 
 
 class WorkerSettings(HostSettings):
-    """One entry of `hk3s:workers`."""
+    """One entry of `hk3s:workers`, or one worker of a pool in `hk3s:worker_pools`."""
 
+    pool: PoolName | None = Field(
+        None,
+        description="A pool of hk3s:worker_pools whose labels, taints and settings this worker takes; "
+        "its own fields win.",
+    )
     holds_copies: bool = Field(True, description="False opts the worker out of holding volume copies (no disk check).")
     ignore_slow_disk: bool = Field(
         False,
@@ -463,22 +540,62 @@ class WorkerSettings(HostSettings):
     firewall: bool | None = Field(
         None, description="Override firewall.managed for this node: true, false, or unset to follow it."
     )
-    labels: dict[str, str] = Field(default_factory=dict, description="Extra node labels.")
+    labels: Labels = Field(default_factory=dict, description="Extra node labels.")
+    taints: Taints = Field(
+        default_factory=list,
+        description="Node taints, key=value:Effect or key:Effect (NoSchedule, PreferNoSchedule, NoExecute); "
+        "given at registration, before any pod can land.",
+    )
 
-    @field_validator("labels")
+
+class PoolSettings(StrictModel):
+    """One entry of `hk3s:worker_pools`: Hetzner servers named `<pool>-<n>`, as many as `count`."""
+
+    name: PoolName = Field(..., description="Pool name; its workers are <name>-1, <name>-2, ...")
+    count: int = Field(0, ge=0, description="How many workers the pool has; lowering it removes the highest numbers.")
+    retire: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=list,
+        description="Worker numbers the pool does not use: lowering count with a number here removes that "
+        "worker instead of the highest-numbered one.",
+    )
+    server_type: str | None = Field(None, description="Hetzner server type; default cluster.server_type.")
+    image: str | None = Field(None, description="Hetzner image; default cluster.image.")
+    locations: list[Location] = Field(
+        default_factory=list,
+        description="Hetzner locations the workers are spread over (worker n in the (n-1) mod len-th); "
+        "default [cluster.location].",
+    )
+    labels: Labels = Field(default_factory=dict, description="Node labels of every worker of the pool.")
+    taints: Taints = Field(default_factory=list, description="Node taints of every worker of the pool.")
+    holds_copies: bool = Field(True, description="False: the pool's workers hold no volume copies.")
+    ignore_slow_disk: bool = Field(False, description="As for a worker, for every worker of the pool.")
+    firewall: bool | None = Field(None, description="Override firewall.managed for the pool's workers.")
+    placement: bool = Field(
+        True,
+        description="Spread the pool's workers over Hetzner hosts: one spread placement group per location "
+        "for every 10 workers (Hetzner's limit).",
+    )
+
+    @field_validator("retire")
     @classmethod
-    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, label in value.items():
-            if not LABEL_KEY.match(key) or len(key.rpartition("/")[2]) > 63:
-                raise ValueError(f"label key {key!r} is not a valid Kubernetes label key")
-            if key.startswith(RESERVED_LABEL_PREFIXES):
-                raise ValueError(
-                    f"label {key!r} is set by the program or Kubernetes; choose a key outside "
-                    + ", ".join(RESERVED_LABEL_PREFIXES)
-                )
-            if not LABEL_VALUE.match(label):
-                raise ValueError(f"label value {label!r} of {key!r} is not a valid Kubernetes label value")
+    def _retire(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value):
+            raise ValueError("a worker number is listed twice; list each once")
         return value
+
+    def numbers(self) -> list[int]:
+        """The numbers of the pool's workers: the first `count` not retired."""
+        numbers: list[int] = []
+        candidate = 1
+        retired = set(self.retire)
+        while len(numbers) < self.count:
+            if candidate not in retired:
+                numbers.append(candidate)
+            candidate += 1
+        return numbers
+
+    def worker_name(self, number: int) -> str:
+        return f"{self.name}-{number}"
 
 
 class FenceSettings(StrictModel):
@@ -493,6 +610,34 @@ class FenceSettings(StrictModel):
     )
 
 
+@dataclass(frozen=True)
+class PoolMember:
+    """Where a pool's worker sits: its pool, number, location and spread placement group."""
+
+    pool: str
+    number: int
+    location: str
+    # "<pool>-<location>-<k>": the k-th group of the pool in that location, or None without placement.
+    placement_group: str | None
+
+
+def _member_of(pool: PoolSettings, number: int, default_location: str) -> PoolMember:
+    locations = pool.locations or [default_location]
+    location = locations[(number - 1) % len(locations)]
+    # Numbers are dealt to locations in turn, so the ordinal within its location follows from the
+    # number alone: groups fill to Hetzner's limit of 10 and a worker's group never moves when
+    # others are retired or added.
+    ordinal = (number - 1) // len(locations)
+    group = f"{pool.name}-{location}-{ordinal // HETZNER_SPREAD_GROUP_MAX + 1}" if pool.placement else None
+    return PoolMember(pool.name, number, location, group)
+
+
+# A pool's settings an entry of hk3s:workers takes with `pool:` when it does not set them itself
+# (labels merge, the worker's own keys winning); the Hetzner ones only for a Hetzner server.
+_POOL_FIELDS = ("labels", "taints", "holds_copies", "ignore_slow_disk", "firewall")
+_POOL_HETZNER_FIELDS = ("server_type", "image")
+
+
 class StackSettings(StrictModel):
     """The whole stack configuration (namespace `hk3s`)."""
 
@@ -503,12 +648,72 @@ class StackSettings(StrictModel):
     firewall: FirewallSettings = Field(default_factory=FirewallSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     workers: list[WorkerSettings] = Field(default_factory=list)
+    worker_pools: list[PoolSettings] = Field(default_factory=list)
     fences: dict[str, FenceSettings] = Field(default_factory=dict)
+
+    # Every worker as the cluster runs it (the entries of `workers` with their pool's settings,
+    # then each pool's workers), each with the config key it comes from; built once.
+    _resolved: list[tuple[WorkerSettings, str, PoolMember | None]] = PrivateAttr(default_factory=list)
+
+    def model_post_init(self, context: object, /) -> None:
+        pools = {pool.name: pool for pool in self.worker_pools}
+        resolved: list[tuple[WorkerSettings, str, PoolMember | None]] = []
+        for index, worker in enumerate(self.workers):
+            pool = pools.get(worker.pool) if worker.pool else None
+            resolved.append((_with_pool(worker, pool) if pool else worker, f"hk3s:workers[{index}]", None))
+        for index, pool in enumerate(self.worker_pools):
+            for number in pool.numbers():
+                member = _member_of(pool, number, self.cluster.location)
+                worker = WorkerSettings(
+                    name=pool.worker_name(number),
+                    pool=pool.name,
+                    server_type=pool.server_type,
+                    image=pool.image,
+                    location=member.location,
+                    labels=dict(pool.labels),
+                    taints=list(pool.taints),
+                    holds_copies=pool.holds_copies,
+                    ignore_slow_disk=pool.ignore_slow_disk,
+                    firewall=pool.firewall,
+                )
+                resolved.append((worker, f"hk3s:worker_pools[{index}]", member))
+        self._resolved = resolved
+
+    def all_workers(self) -> list[WorkerSettings]:
+        """Every worker of the cluster: the entries of `workers` (with their pool's settings), then
+        each pool's workers in order."""
+        return [worker for worker, _, _ in self._resolved]
+
+    def worker_config_key(self, worker: WorkerSettings) -> str:
+        """The config key a worker comes from: `hk3s:workers[i]` or `hk3s:worker_pools[i]`."""
+        return next(key for candidate, key, _ in self._resolved if candidate is worker)
+
+    def pool_member(self, worker: WorkerSettings) -> PoolMember | None:
+        """The pool, number, location and placement group of a pool's worker; None for the others."""
+        return next((member for candidate, _, member in self._resolved if candidate is worker), None)
+
+    def placement_groups(self) -> dict[str, list[str]]:
+        """Each spread placement group the pools need, with its workers' names (at most 10)."""
+        groups: dict[str, list[str]] = {}
+        for worker, _, member in self._resolved:
+            if member is not None and member.placement_group is not None:
+                groups.setdefault(member.placement_group, []).append(worker.name)
+        return groups
 
     def hetzner_hosts(self) -> list[HostSettings]:
         """The server and workers the program creates in Hetzner Cloud."""
-        return [host for host in [self.server, *self.workers] if host.kind == "hetzner"]
+        return [host for host in [self.server, *self.all_workers()] if host.kind == "hetzner"]
 
     def worker_firewall_managed(self, worker: WorkerSettings) -> bool:
         """Whether the program runs this worker's host firewall."""
         return self.firewall.managed if worker.firewall is None else worker.firewall
+
+
+def _with_pool(worker: WorkerSettings, pool: PoolSettings) -> WorkerSettings:
+    """An entry of hk3s:workers with the settings of the pool it names that it does not set."""
+    fields = [*_POOL_FIELDS, *(_POOL_HETZNER_FIELDS if worker.kind == "hetzner" else ())]
+    update = {field: getattr(pool, field) for field in fields if field not in worker.model_fields_set}
+    update["labels"] = {**pool.labels, **worker.labels}
+    if worker.kind == "hetzner" and "location" not in worker.model_fields_set and pool.locations:
+        update["location"] = pool.locations[0]
+    return worker.model_copy(update=update)

@@ -20,6 +20,7 @@ from .models import (
     FenceSettings,
     FirewallSettings,
     NetworkSettings,
+    PoolSettings,
     ServerSettings,
     SshSettings,
     StorageSettings,
@@ -37,6 +38,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("hk3s:firewall", FirewallSettings),
     ("hk3s:storage", StorageSettings),
     ("hk3s:workers[]", WorkerSettings),
+    ("hk3s:worker_pools[]", PoolSettings),
     ("hk3s:fences.<worker>", FenceSettings),
 ]
 
@@ -44,6 +46,8 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
 # Friendly names of the constrained types, by their validator.
 _VALIDATED_TYPE_NAMES = {
     "_node_name": "node name",
+    "_pool_name": "pool name",
+    "_taint": "taint",
     "_k3s_version": "k3s version",
     "_location": "location",
     "_ssh_address": "host or IP",

@@ -9,7 +9,7 @@ import ipaddress
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .models import NETWORK_ZONE_OF_LOCATION, HostSettings, StackSettings
+from .models import NETWORK_ZONE_OF_LOCATION, HostSettings, StackSettings, WorkerSettings
 
 # A Hetzner Cloud network holds at most 100 servers.
 HETZNER_NETWORK_MAX_SERVERS = 100
@@ -37,11 +37,18 @@ def _key(*parts: str | int) -> str:
     return text
 
 
+# A pool's worker takes these settings from the pool under another name.
+_POOL_FIELD_NAMES = {"location": "locations"}
+
+
 def _host_key(settings: StackSettings, host: HostSettings, field: str) -> str:
     if host is settings.server:
         return _key("server", field)
-    index = next(i for i, worker in enumerate(settings.workers) if worker is host)
-    return _key("workers", index, field)
+    assert isinstance(host, WorkerSettings)
+    origin = settings.worker_config_key(host)
+    if settings.pool_member(host) is not None:
+        return f"{origin}.{_POOL_FIELD_NAMES.get(field, field)}"
+    return f"{origin}.{field}"
 
 
 def host_setting_key(settings: StackSettings, host: HostSettings, field: str) -> str:
@@ -64,29 +71,43 @@ def check_stack_rules(settings: StackSettings) -> list[SettingProblem]:
         *_check_cluster(settings),
         *_check_fences(settings),
         *_check_workers(settings),
+        *_check_pools(settings),
     ]
+
+
+def _name_source(settings: StackSettings, worker: WorkerSettings) -> str:
+    """Where a worker's name comes from, e.g. `hk3s:workers[1].name` or `worker 3 of pool batch
+    (hk3s:worker_pools[0])`."""
+    member = settings.pool_member(worker)
+    if member is None:
+        return f"{settings.worker_config_key(worker)}.name"
+    return f"worker {member.number} of pool {member.pool} ({settings.worker_config_key(worker)})"
 
 
 def _check_names(settings: StackSettings) -> Iterator[SettingProblem]:
     seen: dict[str, str] = {settings.server.name: _key("server", "name")}
-    for index, worker in enumerate(settings.workers):
-        key = _key("workers", index, "name")
+    for worker in settings.all_workers():
+        member = settings.pool_member(worker)
+        key = _host_key(settings, worker, "name") if member is None else settings.worker_config_key(worker) + ".name"
+        source = _name_source(settings, worker)
         if worker.name == settings.server.name:
             yield SettingProblem(
                 key,
-                f"{worker.name!r} is the server's name (hk3s:server.name); give the worker another name",
+                f"{worker.name!r} ({source}) is the server's name (hk3s:server.name); "
+                "give the worker or the pool another name",
             )
         elif worker.name in seen:
             yield SettingProblem(
                 key,
-                f"{worker.name!r} is already the name of {seen[worker.name]}; node names must be unique",
+                f"{worker.name!r} ({source}) is already the name of {seen[worker.name]}; node names must be "
+                "unique: rename one of them",
             )
         else:
-            seen[worker.name] = key
+            seen[worker.name] = source
 
 
 def _check_hosts(settings: StackSettings) -> Iterator[SettingProblem]:
-    for host in [settings.server, *settings.workers]:
+    for host in [settings.server, *settings.all_workers()]:
         if host.kind == "existing":
             if host.address is None:
                 yield SettingProblem(
@@ -113,7 +134,7 @@ def _check_hosts(settings: StackSettings) -> Iterator[SettingProblem]:
 def _check_addresses(settings: StackSettings) -> Iterator[SettingProblem]:
     seen: dict[str, str] = {}
     cluster = settings.cluster
-    for host in [settings.server, *settings.workers]:
+    for host in [settings.server, *settings.all_workers()]:
         for field in ("address", "private_address"):
             value = getattr(host, field)
             if value is None:
@@ -165,7 +186,7 @@ def _check_networks(settings: StackSettings) -> Iterator[SettingProblem]:
             "mode is public, so the nodes never use a private network; remove private_network or set mode: private",
         )
     if network.private_network is not None:
-        for host in [settings.server, *settings.workers]:
+        for host in [settings.server, *settings.all_workers()]:
             if host.private_address and ipaddress.ip_address(host.private_address) not in ipaddress.ip_network(
                 network.private_network
             ):
@@ -218,7 +239,7 @@ def _check_ssh(settings: StackSettings) -> Iterator[SettingProblem]:
             _key("ssh", "hetzner_key"),
             "no node is a Hetzner server the program creates (kind: hetzner), so no key is given to one; remove it",
         )
-    names = {settings.server.name, *(worker.name for worker in settings.workers)}
+    names = {settings.server.name, *(worker.name for worker in settings.all_workers())}
     for node in settings.ssh.host_keys:
         if node not in names:
             yield SettingProblem(
@@ -244,7 +265,7 @@ def _check_cluster(settings: StackSettings) -> Iterator[SettingProblem]:
 
 
 def _check_fences(settings: StackSettings) -> Iterator[SettingProblem]:
-    workers = {worker.name for worker in settings.workers}
+    workers = {worker.name for worker in settings.all_workers()}
     for name in settings.fences:
         if name == settings.server.name:
             yield SettingProblem(
@@ -254,15 +275,39 @@ def _check_fences(settings: StackSettings) -> Iterator[SettingProblem]:
         elif name not in workers:
             yield SettingProblem(
                 _key("fences", name),
-                f"there is no worker named {name!r} in hk3s:workers; fix the name or remove the entry",
+                f"there is no worker named {name!r} in hk3s:workers or hk3s:worker_pools; fix the name or "
+                "remove the entry",
             )
 
 
 def _check_workers(settings: StackSettings) -> Iterator[SettingProblem]:
-    for index, worker in enumerate(settings.workers):
-        if worker.ignore_slow_disk and not worker.holds_copies:
+    reported: set[str] = set()
+    for worker in settings.all_workers():
+        key = _host_key(settings, worker, "ignore_slow_disk")
+        if worker.ignore_slow_disk and not worker.holds_copies and key not in reported:
+            reported.add(key)
             yield SettingProblem(
-                _key("workers", index, "ignore_slow_disk"),
+                key,
                 f"{worker.name} does not hold copies (holds_copies: false), so there is no disk check "
                 "to override; remove ignore_slow_disk",
+            )
+
+
+def _check_pools(settings: StackSettings) -> Iterator[SettingProblem]:
+    seen: dict[str, str] = {}
+    for index, pool in enumerate(settings.worker_pools):
+        key = _key("worker_pools", index, "name")
+        if pool.name in seen:
+            yield SettingProblem(
+                key, f"{pool.name!r} is already the name of {seen[pool.name]}; pool names must be unique"
+            )
+        else:
+            seen[pool.name] = key
+    for index, worker in enumerate(settings.workers):
+        if worker.pool is not None and worker.pool not in seen:
+            known = ", ".join(pool.name for pool in settings.worker_pools) or "none"
+            yield SettingProblem(
+                _key("workers", index, "pool"),
+                f"there is no pool named {worker.pool!r} in hk3s:worker_pools (pools: {known}); "
+                "fix the name or remove pool",
             )

@@ -54,7 +54,7 @@ def ownership_labels(cluster: str, stack: str) -> dict[str, str]:
 class PlannedName:
     """A name the stack will give a Hetzner resource, and the setting behind it."""
 
-    kind: str  # "server", "network", "firewall"
+    kind: str  # "server", "network", "firewall", "placement group"
     name: str
     setting: str
 
@@ -173,6 +173,11 @@ def planned_names(settings: StackSettings, stack: str, private_network: bool) ->
     ]
     if private_network:
         planned.append(PlannedName("network", hetzner_name(cluster, stack, "network"), "hk3s:cluster.name"))
+    for group, members in settings.placement_groups().items():
+        worker = next(w for w in settings.all_workers() if w.name == members[0])
+        planned.append(
+            PlannedName("placement group", hetzner_name(cluster, stack, group), settings.worker_config_key(worker))
+        )
     if settings.hetzner_hosts() and settings.firewall.cloud_firewall:
         planned += [
             PlannedName("firewall", hetzner_name(cluster, stack, part), "hk3s:cluster.name")
@@ -185,7 +190,7 @@ HetznerReads = Callable[[], tuple[Sequence[Any], Sequence[Any], Mapping[str, Seq
 
 
 def read_hetzner_project() -> tuple[Sequence[Any], Sequence[Any], Mapping[str, Sequence[Any]]]:
-    """Server types, images, and the servers, networks and firewalls the project holds."""
+    """Server types, images, and the servers, networks, firewalls and placement groups the project holds."""
     return (
         hcloud.get_server_types().server_types,
         hcloud.get_images(include_deprecated=False).images,
@@ -193,6 +198,7 @@ def read_hetzner_project() -> tuple[Sequence[Any], Sequence[Any], Mapping[str, S
             "server": hcloud.get_servers().servers,
             "network": hcloud.get_networks().networks,
             "firewall": hcloud.get_firewalls().firewalls,
+            "placement group": hcloud.get_placement_groups().placement_groups,
         },
     )
 

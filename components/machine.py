@@ -24,6 +24,10 @@ CREATION_ONLY_SERVER_INPUTS = ("ssh_keys", "image", "location", "datacenter", "u
 # Set at creation only, so a new server is never on the internet without a cloud firewall; later the
 # cluster's firewalls are attached by FirewallRules (a FirewallAttachment), which firewall_ids must not undo.
 CREATION_FIREWALL_INPUTS = ("firewall_ids",)
+# Hetzner moves a server into or out of a placement group only while it is powered off: a running
+# worker keeps the group it was created in (a group's size or a pool's locations changing later
+# applies to servers created later).
+CREATION_PLACEMENT_INPUTS = ("placement_group_id",)
 
 
 def report_creation_drift(server: hcloud.Server, node: str, role: str, wanted: dict[str, str]) -> None:
@@ -57,6 +61,7 @@ def provision_machine(
     credentials: SshCredentials,
     ssh_key_id: pulumi.Output[str] | None,
     creation_firewall_id: pulumi.Output[str] | None = None,
+    placement_group_id: pulumi.Output[str] | None = None,
     private_network: PrivateNetwork | None,
     firewall_managed: bool,
     shards: OperationShards,
@@ -96,11 +101,12 @@ def provision_machine(
             # On the internet from its first boot: an SSH-only cloud firewall is attached at creation,
             # the cluster's full one (FirewallRules) once every address is known.
             firewall_ids=[creation_firewall_id.apply(int)] if creation_firewall_id is not None else None,
+            placement_group_id=placement_group_id.apply(int) if placement_group_id is not None else None,
             opts=pulumi.ResourceOptions(
                 parent=parent,
                 # Creation-only in Hetzner's provider: a change would replace the machine (or, for the
                 # type, power it off). Later values apply to servers created later (report_creation_drift).
-                ignore_changes=[*CREATION_ONLY_SERVER_INPUTS, *CREATION_FIREWALL_INPUTS],
+                ignore_changes=[*CREATION_ONLY_SERVER_INPUTS, *CREATION_FIREWALL_INPUTS, *CREATION_PLACEMENT_INPUTS],
                 protect=role == "server" and settings.cluster.control_plane_protected,
                 additional_secret_outputs=["user_data"],
             ),

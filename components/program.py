@@ -7,11 +7,12 @@ import functools
 from dataclasses import dataclass
 
 import pulumi
+import pulumi_hcloud as hcloud
 
 from cluster_settings.models import NETWORK_ZONE_OF_LOCATION, StackSettings
 from components.cluster_server import ClusterServer, ClusterServerArgs
 from components.firewall_rules import FirewallRules, FirewallRulesArgs
-from components.hetzner_project import check_hetzner_project, planned_names
+from components.hetzner_project import check_hetzner_project, hetzner_name, ownership_labels, planned_names
 from components.login_key_rotation import retire_previous_login_keys
 from components.node_endpoint import SshCredentials
 from components.private_network import PrivateNetwork, PrivateNetworkArgs
@@ -63,6 +64,22 @@ def _after_roster(
     )
 
 
+def placement_groups(settings: StackSettings) -> dict[str, hcloud.PlacementGroup]:
+    """One Hetzner spread placement group per pool, location and 10 workers (Hetzner's limit),
+    so a pool's workers run on different physical hosts. A group exists while one of its
+    workers does: created before its first server, deleted after its last."""
+    stack = pulumi.get_stack()
+    return {
+        group: hcloud.PlacementGroup(
+            f"placement-{group}",
+            name=hetzner_name(settings.cluster.name, stack, group),
+            type="spread",
+            labels=ownership_labels(settings.cluster.name, stack),
+        )
+        for group in settings.placement_groups()
+    }
+
+
 def build_cluster(settings: StackSettings, credentials: SshCredentials) -> BuiltCluster:
     """The roster first (a removal is judged before anything changes), then machines
     (so every address is known), then the network decision, then firewalls, then k3s
@@ -73,7 +90,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
     check_hetzner_project(
         settings, pulumi.get_stack(), planned_names(settings, pulumi.get_stack(), uses_private_network)
     )
-    roster = WorkerRoster("workers", [worker.name for worker in settings.workers])
+    roster = WorkerRoster("workers", [worker.name for worker in settings.all_workers()])
     registered: list[pulumi.Resource] = [roster]
     pulumi.runtime.register_stack_transformation(functools.partial(_after_roster, roster, registered))
     network = None
@@ -93,21 +110,26 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
         settings.server.name,
         ClusterServerArgs(settings=settings, credentials=credentials, private_network=network, shards=shards),
     )
-    workers = [
-        WorkerNode(
-            worker.name,
-            WorkerNodeArgs(
-                settings=settings,
-                worker=worker,
-                credentials=credentials,
-                ssh_key_id=server.ssh_key_id,
-                creation_firewall_id=server.creation_firewall_id,
-                private_network=network,
-                shards=shards,
-            ),
+    placement = placement_groups(settings)
+    workers: list[WorkerNode] = []
+    for spec in settings.all_workers():
+        member = settings.pool_member(spec)
+        group = placement.get(member.placement_group) if member and member.placement_group else None
+        workers.append(
+            WorkerNode(
+                spec.name,
+                WorkerNodeArgs(
+                    settings=settings,
+                    worker=spec,
+                    credentials=credentials,
+                    ssh_key_id=server.ssh_key_id,
+                    creation_firewall_id=server.creation_firewall_id,
+                    private_network=network,
+                    shards=shards,
+                    placement_group_id=group.id if group is not None else None,
+                ),
+            )
         )
-        for worker in settings.workers
-    ]
     network_plan = server.plan_network([worker.endpoint for worker in workers])
     firewall = FirewallRules(
         "firewall",

@@ -44,6 +44,8 @@ class WorkerNodeArgs:
     """The provider processes node operations run in."""
     creation_firewall_id: pulumi.Output[str] | None = None
     """The SSH-only cloud firewall a created worker carries from its first boot."""
+    placement_group_id: pulumi.Output[str] | None = None
+    """The spread placement group a created worker of a pool starts in."""
 
 
 class WorkerNode(pulumi.ComponentResource):
@@ -67,6 +69,7 @@ class WorkerNode(pulumi.ComponentResource):
             credentials=args.credentials,
             ssh_key_id=args.ssh_key_id,
             creation_firewall_id=args.creation_firewall_id,
+            placement_group_id=args.placement_group_id,
             private_network=args.private_network,
             firewall_managed=args.settings.worker_firewall_managed(args.worker),
             shards=args.shards,
@@ -136,13 +139,15 @@ class WorkerNode(pulumi.ComponentResource):
                 "k3s_sha256": settings.cluster.k3s_sha256,
                 # Checked against the host's own firewall when the operator runs it.
                 "operator_firewall_rules": None if self.endpoint.firewall_managed else firewall_rules,
-                "recorded_nodes": sorted([settings.server.name, *(w.name for w in settings.workers)]),
+                "recorded_nodes": sorted([settings.server.name, *(w.name for w in settings.all_workers())]),
                 "network_mode": plan.mode,
                 "node_ip": server.node_ip(worker.name),
                 # Where peers reach it (differs from the node IP behind a 1:1 NAT).
                 "cluster_address": own_address,
                 "node_external_ip": self.endpoint.public_address,
                 "labels": dict(worker.labels),
+                # Given at registration beside the validation taint: no ordinary pod lands first.
+                "taints": list(worker.taints),
                 "validation_taint": VALIDATION_TAINT,
                 "registry": settings.cluster.registry,
                 "pod_network": settings.cluster.pod_network,

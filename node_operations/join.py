@@ -127,6 +127,10 @@ class JoinSpec:
     cluster_address: str = ""
     registry: str | None = None
     removed_labels: tuple[str, ...] = ()  # labels an earlier config set and this one drops
+    # The stack's taints (key=value:Effect), registered with the validation taint; and the keys
+    # of those an earlier config set and this one drops. Taints set by anyone else stay.
+    taints: tuple[str, ...] = ()
+    removed_taints: tuple[str, ...] = ()
     # Every other recorded node (not the server): the program must reach each over SSH,
     # since a join changes their firewalls too.
     peers: tuple[SshTarget, ...] = ()
@@ -295,7 +299,7 @@ class Joiner:
                 external_ip=spec.external_ip,
                 flannel_iface=interface_of(facts, spec.node_ip),
                 labels={**spec.labels, MANAGED_LABEL: "true"},
-                taints=[spec.validation_taint],
+                taints=[spec.validation_taint, *spec.taints],
                 token_file=token_file,
             )
 
@@ -501,6 +505,12 @@ class Joiner:
         labels: dict[str, str | None] = {key: None for key in self.spec.removed_labels}
         labels.update({**self.spec.labels, MANAGED_LABEL: "true", WORKER_ROLE_LABEL: "true"})
         await self.cluster.set_labels(self.spec.node, labels)
+        # Likewise --node-taint: a rejoin (or a join that registered under an older config) puts
+        # the stack's taints in step; a taint whose key the config dropped goes.
+        for key in self.spec.removed_taints:
+            await self.cluster.remove_taint(self.spec.node, key)
+        for text in self.spec.taints:
+            await self.cluster.add_taint(self.spec.node, Taint.parse(text))
         if rejoin:
             await self.cluster.cordon(self.spec.node, False)
         node = await self.cluster.get_node(self.spec.node)

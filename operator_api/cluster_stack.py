@@ -481,7 +481,8 @@ class ClusterStack:
         file is not touched."""
         action = f"checking the disk of {name}"
         settings = self.settings_document().validate(action)
-        names = [worker.name for worker in settings.workers]
+        workers = settings.all_workers()
+        names = [worker.name for worker in workers]
         if name not in names:
             raise UnknownWorkerError(
                 [
@@ -492,12 +493,12 @@ class ClusterStack:
                 ],
                 action=action,
             )
-        index = names.index(name)
-        if not settings.workers[index].holds_copies:
+        worker = workers[names.index(name)]
+        if not worker.holds_copies:
             raise SettingsRejectedError(
                 [
                     SettingProblem(
-                        f"{WORKERS_KEY}[{index}].holds_copies",
+                        f"{settings.worker_config_key(worker)}.holds_copies",
                         f"{name} holds no volume copies (holds_copies: false), so it has no disk probe; set "
                         "holds_copies: true and run up, which probes its disk at the end",
                     )

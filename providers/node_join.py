@@ -34,7 +34,7 @@ from providers.base import (
     ssh_target,
     teardown_allowed,
 )
-from remote_access.kube import API_WAIT_SECONDS
+from remote_access.kube import API_WAIT_SECONDS, Taint
 from remote_access.ssh import SshTarget
 
 REMOVE_CAPABILITY = (
@@ -68,6 +68,13 @@ def _server(props: dict[str, Any]) -> SshTarget:
     )
 
 
+def removed_taint_keys(old: list[str], new: list[str]) -> tuple[str, ...]:
+    """Keys of the taints an earlier config set and this one no longer has (a changed value or
+    effect under a kept key is overwritten, not removed)."""
+    kept = {Taint.parse(text).key for text in new}
+    return tuple(sorted({Taint.parse(text).key for text in old} - kept))
+
+
 class NodeJoinProvider(NodeProvider):
     """Dynamic provider of `NodeJoin`."""
 
@@ -90,7 +97,9 @@ class NodeJoinProvider(NodeProvider):
             )
         return CheckResult(pin_recorded_host_key(olds, dict(news)), failures)
 
-    def _join(self, props: dict[str, Any], old_labels: dict[str, str] | None = None) -> dict[str, Any]:
+    def _join(
+        self, props: dict[str, Any], old_labels: dict[str, str] | None = None, old_taints: list[str] | None = None
+    ) -> dict[str, Any]:
         node = str(props["node"])
         operator_rules = props.get("operator_firewall_rules")
         spec = JoinSpec(
@@ -110,6 +119,8 @@ class NodeJoinProvider(NodeProvider):
             validation_taint=str(props["validation_taint"]),
             labels=dict(props.get("labels") or {}),
             removed_labels=tuple(sorted(set(old_labels or {}) - set(props.get("labels") or {}))),
+            taints=tuple(props.get("taints") or ()),
+            removed_taints=removed_taint_keys(old_taints or [], props.get("taints") or []),
             recorded_nodes=tuple(props.get("recorded_nodes") or ()),
             registry=props.get("registry") or None,
             api_wait=_api_wait(props),
@@ -143,9 +154,10 @@ class NodeJoinProvider(NodeProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # The list of recorded nodes is context for preflight, not this node's configuration:
         # adding or removing another worker must not rejoin this one.
+        # A state written before taints existed has none: the same as an empty list.
         return diff_inputs(
-            olds,
-            news,
+            {**olds, "taints": olds.get("taints") or []},
+            {**news, "taints": news.get("taints") or []},
             replace_on=self.replace_on,
             ignore=(
                 "recorded_host_key",
@@ -168,7 +180,9 @@ class NodeJoinProvider(NodeProvider):
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         # A rejoin: cordoned for the checks, running pods untouched, uncordoned after.
-        return UpdateResult(outs=self._join(news, old_labels=dict(olds.get("labels") or {})))
+        return UpdateResult(
+            outs=self._join(news, old_labels=dict(olds.get("labels") or {}), old_taints=list(olds.get("taints") or []))
+        )
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         status = run_operation(read_node(_server(props), str(props["node"]), _api_wait(props)))

@@ -47,7 +47,13 @@ def _run_main(config: dict[str, Any], recording: Recording | None = None) -> Rec
 def test_main_builds_the_dev_stack(ssh_key_file: Path) -> None:
     recording = _run_main(_with_key(_stack_config("dev"), ssh_key_file))
     components = sorted(r.name for r in recording.registrations if r.type == "hk3s:index:WorkerNode")
-    assert components == ["dev-metal-1", "dev-worker-1", "dev-worker-2"]
+    assert components == ["batch-1", "batch-2", "dev-metal-1", "dev-worker-1", "dev-worker-2"]
+    # The example's pool: its two servers in turn over its locations, its taint on the existing
+    # host that names it too.
+    servers = {r.name: r for r in recording.registrations if r.type == "hcloud:index/server:Server"}
+    assert [servers[name].inputs["location"] for name in ("batch-1", "batch-2")] == ["fsn1", "nbg1"]
+    joins = {r.name: r for r in recording.registrations if r.type.endswith("hk3s:NodeJoin")}
+    assert joins["dev-metal-1-join"].inputs["taints"] == ["dedicated=batch:NoSchedule"]
 
 
 def test_invalid_config_fails_before_any_resource(ssh_key_file: Path) -> None:

@@ -135,6 +135,10 @@ def _network(name: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def _placement_group(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"id": int(fake_id(name)), "labels": labels, "name": name, "servers": [], "type": "spread"}
+
+
 def _firewall(name: str, labels: dict[str, str]) -> dict[str, Any]:
     return {"name": name, "applyTos": [], "id": int(fake_id(name)), "labels": labels, "rules": []}
 
@@ -199,6 +203,7 @@ class ClusterMocks(pulumi.runtime.Mocks):
         self.hetzner_servers: list[tuple[str, dict[str, str]]] = []
         self.hetzner_networks: list[tuple[str, dict[str, str]]] = []
         self.hetzner_firewalls: list[tuple[str, dict[str, str]]] = []
+        self.hetzner_placement_groups: list[tuple[str, dict[str, str]]] = []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
         outputs = dict(args.inputs)
@@ -268,6 +273,9 @@ class ClusterMocks(pulumi.runtime.Mocks):
             return {"id": "networks", "networks": [_network(*held) for held in self.hetzner_networks]}, []
         if args.token == "hcloud:index/getFirewalls:getFirewalls":
             return {"id": "firewalls", "firewalls": [_firewall(*held) for held in self.hetzner_firewalls]}, []
+        if args.token == "hcloud:index/getPlacementGroups:getPlacementGroups":
+            groups = [_placement_group(*held) for held in self.hetzner_placement_groups]
+            return {"id": "placement-groups", "placementGroups": groups}, []
         return {}, []
 
 

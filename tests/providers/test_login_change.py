@@ -40,7 +40,9 @@ def test_a_key_change_alone_touches_no_host(monkeypatch: pytest.MonkeyPatch) -> 
 def test_a_key_change_with_a_real_change_runs_the_update(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict[str, Any]] = []
 
-    def join(_self: NodeJoinProvider, props: dict[str, Any], old_labels: Any = None) -> dict[str, Any]:
+    def join(
+        _self: NodeJoinProvider, props: dict[str, Any], old_labels: Any = None, old_taints: Any = None
+    ) -> dict[str, Any]:
         calls.append(props)
         return props
 
