@@ -1,13 +1,18 @@
-"""Shared fixtures: a real sshd on loopback, a valid key file, and the lab."""
+"""Shared fixtures: a real sshd on loopback, a valid key file, a project directory with the
+example stacks and a process that looks like a running Pulumi CLI (for the operator API and
+CLI tests), and the lab."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from operator_api import REPO
 from tests.loopback_sshd import SSHD, LoopbackSshd
 
 # One lab (bridges; the base tree is cached) per test module, always torn down.
@@ -46,6 +51,42 @@ def ssh_key_file(tmp_path: Path) -> Path:
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDummyDummyDummyDummyDummyDummyDummyDumm test\n"
     )
     return key
+
+
+def example_text(env: str, key_file: Path) -> str:
+    text = (REPO / f"Pulumi.{env}.yaml").read_text()
+    return text.replace("private_key_file: ~/.ssh/id_ed25519", f"private_key_file: {key_file}")
+
+
+@pytest.fixture
+def project(tmp_path: Path, ssh_key_file: Path) -> Path:
+    directory = tmp_path / "project"
+    directory.mkdir()
+    shutil.copy(REPO / "Pulumi.yaml", directory / "Pulumi.yaml")
+    for env in ("dev", "staging"):
+        (directory / f"Pulumi.{env}.yaml").write_text(example_text(env, ssh_key_file))
+    return directory
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> Path:
+    directory = tmp_path / "state"
+    directory.mkdir()
+    return directory
+
+
+@pytest.fixture
+def running_pulumi(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A live process whose name is `pulumi`, as a running CLI's is."""
+    binary = tmp_path / "bin" / "pulumi"
+    binary.parent.mkdir()
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", binary)
+    process = subprocess.Popen([str(binary), "300"])
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -18,7 +18,7 @@ from operator_api import (
     StackError,
     UnknownWorkerError,
 )
-from tests.operator_api.conftest import example_text
+from tests.conftest import example_text
 
 
 @pytest.mark.parametrize("env", ["dev", "staging"])
