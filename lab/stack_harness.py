@@ -29,18 +29,23 @@ LONGHORN_PACKAGES = ("open-iscsi", "nfs-common")
 PARALLEL = 32
 
 
-def lab_binaries_missing() -> list[str]:
-    wanted = ("pulumi", "pulumi-language-python", "k3s", "k3s.sha256", "kube-apiserver", "kine")
-    return [name for name in wanted if not (BIN / name).exists()]
+#: What lab/setup.sh builds into BIN that a stack on lab hosts needs.
+STACK_BINARIES = ("pulumi", "pulumi-language-python", "k3s", "k3s.sha256", "kube-apiserver", "kine")
 
 
-def skip_without_lab_binaries() -> None:
-    """Skip (a failure under HK3S_LAB_REQUIRED) when lab/setup.sh has not built the binaries."""
+def lab_binaries_missing(names: Sequence[str] = STACK_BINARIES) -> list[str]:
+    """Which of `names` lab/setup.sh has not built into BIN."""
+    return [name for name in names if not (BIN / name).exists()]
+
+
+def skip_without_lab_binaries(*names: str) -> None:
+    """Skip (a failure under HK3S_LAB_REQUIRED) when lab/setup.sh has not built the binaries
+    (`names`, by default those a stack on lab hosts needs)."""
     import pytest  # noqa: PLC0415
 
-    missing = lab_binaries_missing()
+    missing = lab_binaries_missing(names or STACK_BINARIES)
     if missing:
-        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+        pytest.skip(f"lab binaries missing from {BIN} ({', '.join(missing)}); run lab/setup.sh")
 
 
 def up_or_fail(stack: LabStack) -> auto.UpResult:

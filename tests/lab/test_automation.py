@@ -21,6 +21,16 @@ import pytest
 from pulumi.automation import events as auto_events
 
 from lab.hosts import Host, Lab
+from lab.stack_harness import (
+    CACHE,
+    CliRun,
+    LabStack,
+    base_config,
+    run_killable,
+    server_spec,
+    skip_without_lab_binaries,
+    worker_spec,
+)
 from operator_api import (
     ClusterStack,
     DuplicateWorkerError,
@@ -31,16 +41,6 @@ from operator_api import (
     UnknownWorkerError,
 )
 from operator_api.locks import backend_directory, pulumi_lock_files
-from tests.lab.lab_stack import (
-    CACHE,
-    CliRun,
-    LabStack,
-    base_config,
-    lab_binaries_missing,
-    run_killable,
-    server_spec,
-    worker_spec,
-)
 
 pytestmark = pytest.mark.lab
 K3S = "/usr/local/bin/k3s"
@@ -96,9 +96,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    missing = lab_binaries_missing()
-    if missing:
-        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+    skip_without_lab_binaries()
     server = lab.add_host(server_spec("au-server"))
     workers = [lab.add_host(worker_spec(f"au-worker-{i}")) for i in (1, 2, 3)]
     lab.wait_ssh_ready([server, *workers])

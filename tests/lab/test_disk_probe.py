@@ -20,8 +20,7 @@ import pytest
 from lab import slow_disk
 from lab.hosts import DEFAULT_CACHE_DIR, Host, HostSpec, Lab
 from lab.pytest_fixtures import lab_skip_reason
-from operator_api import ClusterStack, Node
-from tests.lab.lab_stack import (
+from lab.stack_harness import (
     LabStack,
     base_config,
     server_spec,
@@ -29,6 +28,7 @@ from tests.lab.lab_stack import (
     up_or_fail,
     worker_spec,
 )
+from operator_api import ClusterStack, Node
 
 pytestmark = pytest.mark.lab
 SLOW_MS = 25.0  # a network block device's sync, over the 10 ms threshold

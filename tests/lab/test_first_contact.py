@@ -16,7 +16,7 @@ import pytest
 from pulumi import automation as auto
 
 from lab.hosts import Host, Lab
-from tests.lab.lab_stack import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
+from lab.stack_harness import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
 
 pytestmark = pytest.mark.lab
 SSHD_LATE_SECONDS = 40

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from lab.hosts import Host, Lab
+from lab.stack_harness import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
 from node_operations.host_preparation import prepare_host
 from remote_access.ssh import SshError, SshTarget
-from tests.lab.lab_stack import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
 
 pytestmark = pytest.mark.lab
 

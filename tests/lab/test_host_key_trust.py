@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lab.hosts import Host, Lab
-from tests.lab.lab_stack import (
+from lab.stack_harness import (
     CliRun,
     LabStack,
     base_config,

@@ -16,7 +16,7 @@ import pytest
 from pulumi import automation as auto
 
 from lab.hosts import Host, Lab
-from tests.lab.lab_stack import LabStack, base_config, lab_binaries_missing, run_cli, server_spec, worker_spec
+from lab.stack_harness import LabStack, base_config, run_cli, server_spec, skip_without_lab_binaries, worker_spec
 
 pytestmark = pytest.mark.lab
 K3S = "/usr/local/bin/k3s"
@@ -56,9 +56,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    missing = lab_binaries_missing()
-    if missing:
-        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+    skip_without_lab_binaries()
     server = lab.add_host(server_spec("jn-server"))
     w1, w2 = lab.add_host(worker_spec("jn-worker-1")), lab.add_host(worker_spec("jn-worker-2"))
     # jn-worker-3 boots from the plain base: its join installs Longhorn's packages itself.

@@ -15,6 +15,14 @@ import pytest
 
 from cluster_settings.models import ClusterSettings
 from lab.hosts import Host, Lab
+from lab.stack_harness import (
+    LONGHORN_PACKAGES,
+    k3s_snapshot,
+    k3s_version,
+    server_spec,
+    skip_without_lab_binaries,
+    worker_spec,
+)
 from node_operations.join import (
     JOIN_PERMIT_POLICY,
     PERMITS_CONFIGMAP,
@@ -34,14 +42,6 @@ from node_operations.k3s_install import (
 )
 from remote_access.kube import ClusterApi
 from remote_access.ssh import SshTarget, open_session
-from tests.lab.lab_stack import (
-    LONGHORN_PACKAGES,
-    k3s_snapshot,
-    k3s_version,
-    lab_binaries_missing,
-    server_spec,
-    worker_spec,
-)
 
 pytestmark = pytest.mark.lab
 TAINT = "hk3s.dev/validating=true:NoSchedule"
@@ -81,9 +81,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(lab: Lab) -> Iterator[Cluster]:
-    missing = lab_binaries_missing()
-    if missing:
-        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+    skip_without_lab_binaries()
     server = lab.add_host(server_spec("jf-server"))
     other = lab.add_host(server_spec("jf-other"))
     lab.wait_ssh_ready([server, other])

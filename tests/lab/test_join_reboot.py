@@ -12,15 +12,13 @@ import pytest
 from pulumi import automation as auto
 
 from lab.hosts import Lab
-from tests.lab.lab_stack import LabStack, base_config, lab_binaries_missing, server_spec, worker_spec
+from lab.stack_harness import LabStack, base_config, server_spec, skip_without_lab_binaries, worker_spec
 
 pytestmark = pytest.mark.lab
 
 
 def test_reboot_mid_prepare_converges(lab: Lab, tmp_path: Path) -> None:
-    missing = lab_binaries_missing()
-    if missing:
-        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+    skip_without_lab_binaries()
     server = lab.add_host(server_spec("rb-server"))
     # The plain base: preparing it means downloading and installing packages (tens of seconds).
     worker = lab.add_host(worker_spec("rb-worker", extra_packages=()))

@@ -16,7 +16,7 @@ import pytest
 from pulumi import automation as auto
 
 from lab.hosts import Host, Lab
-from tests.lab.lab_stack import (
+from lab.stack_harness import (
     LabStack,
     base_config,
     run_cli,

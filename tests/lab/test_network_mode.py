@@ -16,7 +16,7 @@ import pytest
 from pulumi import automation as auto
 
 from lab.hosts import Host, Lab
-from tests.lab.lab_stack import LabStack, base_config, lab_binaries_missing, server_spec, worker_spec
+from lab.stack_harness import LabStack, base_config, server_spec, skip_without_lab_binaries, worker_spec
 
 pytestmark = pytest.mark.lab
 K3S = "/usr/local/bin/k3s"
@@ -57,9 +57,7 @@ class Stack:
 
 
 def _stack(lab: Lab, tmp: pytest.TempPathFactory, name: str, **server: Any) -> Stack:
-    missing = lab_binaries_missing()
-    if missing:
-        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+    skip_without_lab_binaries()
     host = lab.add_host(server_spec(name, **server))
     lab.wait_ssh_ready([host])
     return Stack(lab, host, LabStack(tmp.mktemp(name)))

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from components.provider_shards import shard_of
+from lab.stack_harness import BIN, skip_without_lab_binaries
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE_BIN = Path(os.environ.get("HK3S_LAB_CACHE", "/var/cache/hk3s-lab")) / "bin"
+CACHE_BIN = BIN
 
 pytestmark = pytest.mark.lab
 
@@ -47,8 +48,7 @@ config:
 
 @pytest.fixture
 def project_copy(tmp_path: Path) -> Path:
-    if not (CACHE_BIN / "pulumi").exists():
-        pytest.skip(f"the Pulumi CLI is not built in {CACHE_BIN}; run lab/build/pulumi.sh")
+    skip_without_lab_binaries("pulumi")
     copy = tmp_path / "project"
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     for name in files:

@@ -20,23 +20,16 @@ from cryptography import x509
 
 from lab import controlplane
 from lab.controlplane import ApiError, ControlPlane
+from lab.stack_harness import BIN, skip_without_lab_binaries
 
 pytestmark = pytest.mark.lab
 
-BIN_DIR = Path(os.environ.get("HK3S_LAB_CACHE", "/var/cache/hk3s-lab")) / "bin"
+BIN_DIR = BIN
 T = TypeVar("T")
 
 
 def _require_binaries() -> None:
-    missing = [
-        b
-        for b in ("kine", "kube-apiserver", "kube-controller-manager", "kubectl")
-        if not os.access(BIN_DIR / b, os.X_OK)
-    ]
-    if missing:
-        pytest.skip(
-            f"control-plane binaries absent from {BIN_DIR} ({', '.join(missing)}); build them with lab/build/kube.sh"
-        )
+    skip_without_lab_binaries("kine", "kube-apiserver", "kube-controller-manager", "kubectl")
 
 
 def _wait_for(what: str, fn: Callable[[], T | None], timeout: float, cp: ControlPlane) -> T:

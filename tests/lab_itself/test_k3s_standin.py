@@ -35,9 +35,11 @@ from typing import Any, TypeVar
 import pytest
 from cryptography import x509
 
+from lab.stack_harness import BIN, skip_without_lab_binaries
+
 pytestmark = pytest.mark.lab
 
-BIN_DIR = Path(os.environ.get("HK3S_LAB_CACHE", "/var/cache/hk3s-lab")) / "bin"
+BIN_DIR = BIN
 K3S = BIN_DIR / "k3s"
 REPO = Path(__file__).resolve().parents[2]
 GRACE_PERIOD = 20  # seconds; the server passes it to the controller-manager
@@ -46,16 +48,7 @@ T = TypeVar("T")
 
 
 def _require_binaries() -> None:
-    missing = [
-        b
-        for b in ("k3s", "kine", "kube-apiserver", "kube-controller-manager", "kubectl")
-        if not os.access(BIN_DIR / b, os.X_OK)
-    ]
-    if missing:
-        pytest.skip(
-            f"binaries absent from {BIN_DIR} ({', '.join(missing)}); "
-            "build them with lab/build/kube.sh and lab/build/k3s_standin.sh"
-        )
+    skip_without_lab_binaries("k3s", "kine", "kube-apiserver", "kube-controller-manager", "kubectl")
 
 
 def _free_port() -> int:

@@ -25,7 +25,7 @@ from pulumi import automation as auto
 
 from lab import pod_hosts
 from lab.hosts import DEFAULT_CACHE_DIR, Host, HostSpec, Lab
-from tests.lab.lab_stack import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
+from lab.stack_harness import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
 
 pytestmark = pytest.mark.lab
 

@@ -26,12 +26,13 @@ from pathlib import Path
 import pytest
 from pulumi import automation as auto
 
+from lab.stack_harness import BIN, CACHE, skip_without_lab_binaries
+
 pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "lab" / "build" / "pulumi.sh"
-CACHE = Path(os.environ.get("HK3S_LAB_CACHE", "/var/cache/hk3s-lab"))
-BIN_DIR = CACHE / "bin"
+BIN_DIR = BIN
 FILES = ("pulumi", "pulumi-language-python", "pulumi-language-python-exec", "pulumi-resource-pulumi-python")
 
 PROJECT = "hk3s-lab-cli-check"
@@ -84,9 +85,7 @@ PROGRAM = textwrap.dedent(
 
 
 def _require_binaries() -> None:
-    missing = [f for f in FILES if not os.access(BIN_DIR / f, os.X_OK)]
-    if missing:
-        pytest.skip(f"Pulumi lab binaries absent from {BIN_DIR} ({', '.join(missing)}); build them with {BUILD_SCRIPT}")
+    skip_without_lab_binaries(*FILES)
 
 
 def _venv() -> Path:

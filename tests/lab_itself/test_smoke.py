@@ -13,7 +13,7 @@ import pytest
 from pulumi import automation as auto
 
 from lab.hosts import Host, HostSpec, Lab
-from tests.lab.lab_stack import BIN, CACHE, KUBE_BIN_IN_HOST, REPO, lab_binaries_missing
+from lab.stack_harness import BIN, CACHE, KUBE_BIN_IN_HOST, REPO, skip_without_lab_binaries
 
 pytestmark = pytest.mark.lab
 K3S = f"{KUBE_BIN_IN_HOST}/k3s"
@@ -57,9 +57,7 @@ pulumi.export("os_id", probe.os_id)
 
 
 def test_smoke(lab: Lab, tmp_path: Path) -> None:
-    missing = lab_binaries_missing()
-    if missing:
-        pytest.skip(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh")
+    skip_without_lab_binaries()
     bind = [(BIN, KUBE_BIN_IN_HOST)]
     server = lab.add_host(HostSpec("smoke-server", extra_binds=bind))
     routed = lab.add_host(HostSpec("smoke-routed", private_default_route=True, extra_binds=bind))
