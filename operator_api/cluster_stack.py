@@ -60,7 +60,6 @@ from .nodes import ClusterStatus, DiskCheck, HostCheck, LastRun, Node
 from .stack_file import WORKERS_KEY, StackDocument, StackFile
 
 REPO = Path(__file__).resolve().parents[1]
-LAB_CACHE = Path(os.environ.get("HK3S_LAB_CACHE", "/var/cache/hk3s-lab"))
 OutputCallback = Callable[[str], None]
 # Resource types whose update or replacement restarts the Kubernetes API.
 API_RESTART_TYPES = ("K3sServer",)
@@ -123,7 +122,7 @@ class ClusterStack:
     `env_vars` add to the environment of every Pulumi command; `PULUMI_BACKEND_URL` defaults,
     as in scripts/stack.sh, to `file://$HOME/.hk3s-state`, and `PULUMI_CONFIG_PASSPHRASE` (or
     `_FILE`) must be set. `pulumi_command_root` picks a Pulumi CLI (`<root>/bin/pulumi`);
-    without it the one on PATH, else the lab's, is used.
+    without it the one on PATH is used.
     """
 
     def __init__(
@@ -162,8 +161,6 @@ class ClusterStack:
         path = env.get("PATH") or os.environ.get("PATH", "")
         if root is not None:
             path = f"{Path(root) / 'bin'}{os.pathsep}{path}"
-        elif shutil.which("pulumi", path=path) is None and (LAB_CACHE / "bin" / "pulumi").exists():
-            path = f"{LAB_CACHE / 'bin'}{os.pathsep}{path}"
         env["PATH"] = path
         return env
 
