@@ -22,5 +22,6 @@ shellcheck host_scripts/*.sh scripts/*.sh scripts/hk3s lab/*.sh lab/build/*.sh .
 echo "== tests"
 # Here the lab is set up, so a lab test that skips is a failure, not a pass.
 export HK3S_LAB_REQUIRED=1
-venv/bin/python -m pytest "$@"
+# --durations: CI prints the 40 slowest tests, so the time budget can be read from every run.
+venv/bin/python -m pytest --durations=40 "$@"
 echo "== done in $(($(date +%s) - start)) s"
