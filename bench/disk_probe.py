@@ -1,7 +1,7 @@
 """How long the disk probe takes per node, and how much its figures spread over runs on one disk.
 
-    sudo venv/bin/python bench/disk_probe.py --out bench/results/disk_probe.json
-    sudo venv/bin/python bench/disk_probe.py --runs 5 --kinds real,fast,slow
+    sudo venv/bin/python -m bench.disk_probe --out bench/results/disk_probe.json
+    sudo venv/bin/python -m bench.disk_probe --runs 5 --kinds real,fast,slow
 
 One lab host per kind of disk, each probed `--runs` times in a row, one host after the
 other (never two probes at once), with the same operation a `DiskProbe` runs at the end
@@ -27,8 +27,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lab.hosts import DEFAULT_CACHE_DIR, Host, HostSpec, Lab, missing_prerequisites
 from node_operations.disk_probe import probe_disk

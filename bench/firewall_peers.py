@@ -1,7 +1,7 @@
 """How long a peer change takes on host firewalls, and how many rules it leaves.
 
-    sudo venv/bin/python bench/firewall_peers.py --out results/firewall_peers.json
-    sudo venv/bin/python bench/firewall_peers.py --nodes 6 --peers 50 --out /tmp/f.json
+    sudo venv/bin/python -m bench.firewall_peers --out bench/results/firewall_peers.json
+    sudo venv/bin/python -m bench.firewall_peers --nodes 6 --peers 50 --out /tmp/f.json
 
 * fleet: N lab nodes (a third each with plain nftables, UFW and firewalld), one
   of them the server. First the cluster's plan is applied (cold: UFW gets
@@ -26,8 +26,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lab.hosts import DEFAULT_CACHE_DIR, Host, HostSpec, Lab, missing_prerequisites
 from node_operations.firewall_plan import inbound_rules

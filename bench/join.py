@@ -1,7 +1,7 @@
 """What joining workers costs, on lab hosts with an injected round-trip time.
 
-    venv/bin/python bench/join.py --out results/join.json                 # 1, 4 and 12 workers, 50 ms
-    venv/bin/python bench/join.py --sizes 1,4 --rtt-ms 0 --out /tmp/j.json
+    venv/bin/python -m bench.join --out bench/results/join.json                 # 1, 4 and 12 workers, 50 ms
+    venv/bin/python -m bench.join --sizes 1,4 --rtt-ms 0 --out /tmp/j.json
 
 For each size N, a fresh lab: one server and N workers, each host delaying the
 packets it receives by the RTT (lab.hosts netem). `pulumi up` through the real
@@ -36,8 +36,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lab.hosts import DEFAULT_CACHE_DIR, Lab
 from lab.sshd_log import handshake_load

@@ -1,7 +1,7 @@
 """How long lab hosts take: booting N hosts with the base cached, and ensure_base() cold vs warm.
 
-    sudo venv/bin/python bench/lab_boot.py --out results/lab_boot.json
-    sudo venv/bin/python bench/lab_boot.py --skip-cold --rounds 5 --out /tmp/b.json
+    sudo venv/bin/python -m bench.lab_boot --out bench/results/lab_boot.json
+    sudo venv/bin/python -m bench.lab_boot --skip-cold --rounds 5 --out /tmp/b.json
 
 * boot: from the first add_host() until every host answers over real SSH
   (three kinds of host: a normal one, one routing via its private NIC, one
@@ -23,8 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lab.hosts import DEFAULT_CACHE_DIR, HostSpec, Lab, _safe_rmtree, missing_prerequisites
 

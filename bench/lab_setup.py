@@ -1,7 +1,7 @@
 """Cold and warm times of the lab's one set-up command (lab/setup.sh).
 
-    venv/bin/python bench/lab_setup.py --out results/lab_setup.json          # warm only
-    venv/bin/python bench/lab_setup.py --cold --out results/lab_setup.json   # cold too (~20 min on 2 cores)
+    venv/bin/python -m bench.lab_setup --out bench/results/lab_setup.json          # warm only
+    venv/bin/python -m bench.lab_setup --cold --out bench/results/lab_setup.json   # cold too (~20 min on 2 cores)
 
 Cold: an empty, temporary HK3S_LAB_CACHE (every Go module downloaded and every
 binary compiled again, the host base debootstrapped again); warm: the same
