@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lab.hosts import DEFAULT_CACHE_DIR, HostSpec, Lab, _safe_rmtree, missing_prerequisites
+from lab.hosts import DEFAULT_CACHE_DIR, HostSpec, Lab, missing_prerequisites
+from lab.hosts.processes import _safe_rmtree
 
 
 def specs(count: int) -> list[HostSpec]:

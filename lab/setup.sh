@@ -7,7 +7,7 @@
 #   - the slow disk, a FUSE filesystem whose syncs wait (lab/build/slow_disk.sh)
 #   - the pod runtime of pod-capable hosts: runc, containerd, CNI plugins, crictl, the kubelet and the
 #     pause and test images (lab/build/pod_runtime.sh; the kubelet at kube.sh's Kubernetes release)
-#   - the Debian base tree lab hosts boot from (lab.hosts.Lab.ensure_base)
+#   - the Debian base tree lab hosts boot from (lab.hosts.base_tree.ensure_base)
 # Prints each step and its time; `--timings FILE` also writes them as JSON.
 set -euo pipefail
 
@@ -46,10 +46,9 @@ step "k3s stand-in" bash lab/build/k3s_standin.sh
 step "slow disk" bash lab/build/slow_disk.sh
 step "pod runtime" bash lab/build/pod_runtime.sh
 step "host base tree" venv/bin/python -c '
-import os, pathlib, tempfile
-from lab.hosts import Lab
-with tempfile.TemporaryDirectory() as run_dir:
-    print(Lab(pathlib.Path(os.environ["HK3S_LAB_CACHE"]), pathlib.Path(run_dir)).ensure_base())
+import os, pathlib
+from lab.hosts.base_tree import ensure_base
+print(ensure_base(pathlib.Path(os.environ["HK3S_LAB_CACHE"])))
 '
 
 if [ -n "$timings_file" ]; then

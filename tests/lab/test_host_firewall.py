@@ -8,7 +8,7 @@ outside bridge (the root namespace). Before any firewall is applied every
 listener is shown to answer, so a closed port is the firewall's doing.
 
 firewalld needs nothing special at run time in a lab host: systemd-nspawn runs
-it with `--capability=all` (lab/hosts.py passes it), D-Bus is in the base, and
+it with `--capability=all` (lab/hosts/lab.py passes it), D-Bus is in the base, and
 its nftables backend works inside the host's network namespace. Building its
 base tree needs `libpam-systemd` next to it (FIREWALLD_PACKAGES).
 """

@@ -1,0 +1,140 @@
+"""The base tree: a Debian bookworm tree built once by debootstrap into
+``<cache>/base-<hash of the package list>`` and shared read-only by every lab host
+(each overlays it with a directory of its own)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from lab.hosts.processes import _flock, _run, _safe_rmtree, _umount_all
+
+log = logging.getLogger("lab.hosts")
+
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+SECURITY_MIRROR = "http://deb.debian.org/debian-security"
+#: Packages of the base tree, on top of debootstrap's minbase.  No firewall:
+#: tests install ufw/firewalld through NAT, or ask for a variant base.
+BASE_PACKAGES: tuple[str, ...] = (
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "openssh-sftp-server",  # SFTP-based file copies (e.g. pulumi-command CopyToRemote)
+    "iproute2",
+    "iputils-ping",
+    "curl",
+    "ca-certificates",
+    "kmod",
+    "procps",
+    "nftables",
+    "iptables",  # k3s and kube-proxy use it; UFW sits on it
+    "python3",
+    "sudo",
+    "netbase",  # /etc/services, /etc/protocols
+    "netcat-openbsd",
+)
+#: Bump when the post-processing of the base tree changes.
+BASE_LAYOUT = 1
+
+
+def base_packages(extra_packages: Iterable[str] = ()) -> tuple[str, ...]:
+    return tuple(sorted(set(BASE_PACKAGES) | set(extra_packages)))
+
+
+def base_path(cache_dir: Path, mirror: str = MIRROR, extra_packages: Iterable[str] = ()) -> Path:
+    """Where the base tree for this package set lives (built or not)."""
+    packages = base_packages(extra_packages)
+    key = json.dumps({"suite": SUITE, "mirror": mirror, "packages": packages, "layout": BASE_LAYOUT})
+    return cache_dir / f"base-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def ensure_base(cache_dir: Path, mirror: str = MIRROR, extra_packages: Iterable[str] = ()) -> Path:
+    """The base tree for this package set under `cache_dir`, built by debootstrap the first time."""
+    extra = tuple(extra_packages)
+    target = base_path(cache_dir, mirror, extra)
+    if (target / ".hk3s-lab-base.json").exists():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with _flock(cache_dir / ".build.lock"):
+        if (target / ".hk3s-lab-base.json").exists():
+            return target
+        packages = base_packages(extra)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        _safe_rmtree(tmp)
+        for stale in cache_dir.glob(f".{target.name}.tmp-*"):
+            _safe_rmtree(stale)
+        debs = cache_dir / "debs"
+        debs.mkdir(exist_ok=True)
+        log.info("building base %s (debootstrap %s, %d packages)", target.name, SUITE, len(packages))
+        started = time.monotonic()
+        try:
+            _run(
+                [
+                    "debootstrap",
+                    "--variant=minbase",
+                    f"--include={','.join(packages)}",
+                    f"--cache-dir={debs}",
+                    SUITE,
+                    tmp,
+                    mirror,
+                ],
+                timeout=1800,
+            )
+            _umount_all(tmp)
+            _finish_base(tmp, mirror, packages)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                _safe_rmtree(tmp)
+            raise
+        os.rename(tmp, target)
+        log.info("base %s ready in %.0fs", target.name, time.monotonic() - started)
+    return target
+
+
+def _finish_base(root: Path, mirror: str, packages: Sequence[str]) -> None:
+    mirror_root = mirror.rstrip("/")
+    security = SECURITY_MIRROR if mirror_root == MIRROR else mirror_root + "-security"
+    (root / "etc/apt/sources.list").write_text(
+        f"deb {mirror_root} {SUITE} main\n"
+        f"deb {mirror_root} {SUITE}-updates main\n"
+        f"deb {security} {SUITE}-security main\n"
+    )
+    # Per-host identity is written at boot: no shared host keys or machine-id.
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
+    (root / "etc/machine-id").write_text("")
+    with contextlib.suppress(FileNotFoundError):
+        (root / "var/lib/dbus/machine-id").unlink()
+    (root / "etc/hostname").write_text("localhost\n")
+    for deb in (root / "var/cache/apt/archives").glob("*.deb"):
+        deb.unlink()
+    # Timers that would take the apt lock from under tests.
+    for unit in ("apt-daily.timer", "apt-daily-upgrade.timer", "man-db.timer", "e2scrub_all.timer"):
+        mask = root / "etc/systemd/system" / unit
+        with contextlib.suppress(FileNotFoundError):
+            mask.unlink()
+        mask.symlink_to("/dev/null")
+    conf_dir = root / "etc/ssh/sshd_config.d"
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    (conf_dir / "10-hk3s-lab.conf").write_text(
+        "PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\n"
+    )
+    (root / ".hk3s-lab-base.json").write_text(
+        json.dumps(
+            {
+                "suite": SUITE,
+                "mirror": mirror,
+                "packages": list(packages),
+                "layout": BASE_LAYOUT,
+                "built": time.time(),
+            }
+        )
+    )
