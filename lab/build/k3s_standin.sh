@@ -10,7 +10,7 @@
 # release (v0.<minor>.<patch>), which is checked. Only the Go module proxy is used.
 #
 # Idempotent: a stamp next to the binary records a hash of the sources (go.mod,
-# go.sum, non-test *.go, this script) and the pinned versions; when it matches and
+# go.sum, non-test *.go, this script and common.sh) and the pinned versions; when it matches and
 # the binary still has the recorded checksum, nothing is rebuilt. The binary is
 # always smoke-checked (it must report the expected version). A build first runs
 # the stand-in's Go unit tests.
@@ -18,19 +18,16 @@
 # Usage: lab/build/k3s_standin.sh           build if needed, then verify
 #        lab/build/k3s_standin.sh --force   rebuild even when the stamp matches
 set -euo pipefail
+# shellcheck source=lab/build/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-readonly HERE
 readonly SRC="$HERE/../k3s_standin"
-readonly CACHE="${HK3S_LAB_CACHE:-/var/cache/hk3s-lab}"
-readonly BIN="$CACHE/bin"
 readonly OUT="$BIN/k3s"
 readonly SUMFILE="$BIN/k3s.sha256"
 readonly STAMP="$BIN/.k3s-standin-stamp"
 # Bump when the build recipe (flags, layout) changes.
 readonly RECIPE=1
 
-FORCE=0
 case "${1:-}" in
   "") ;;
   --force) FORCE=1 ;;
@@ -38,30 +35,8 @@ case "${1:-}" in
   *) echo "usage: $0 [--force]" >&2; exit 2 ;;
 esac
 
-START_ALL=$(date +%s)
-log() { printf '[k3s_standin.sh %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
-die() { log "ERROR: $*" >&2; exit 1; }
-TMPOUT=""
-on_exit() {
-  local rc=$?
-  [[ -z $TMPOUT ]] || rm -f "$TMPOUT"
-  if [[ $rc -ne 0 ]]; then
-    log "FAILED (exit $rc) after $(( $(date +%s) - START_ALL ))s" >&2
-  fi
-}
-trap on_exit EXIT
-
-command -v go >/dev/null || die "go is not installed"
 [[ -f $SRC/go.mod ]] || die "no Go module at $SRC"
-export GOTOOLCHAIN="${HK3S_GOTOOLCHAIN:-local}"
-export GOFLAGS="-buildvcs=false -mod=readonly"
-# Go's caches live in the lab cache (as kube.sh's), so an empty HK3S_LAB_CACHE is a cold build.
-export GOMODCACHE="$CACHE/go/mod"
-export GOCACHE="$CACHE/go/build"
-export CGO_ENABLED=0
-export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
-GO_VERSION=$(go env GOVERSION)
-readonly GO_VERSION
+go_environment "-buildvcs=false -mod=readonly"
 
 KUBE_VERSION=$(bash "$HERE/kube.sh" --print-version)
 [[ $KUBE_VERSION =~ ^v1\.[0-9]+\.[0-9]+$ ]] || die "kube.sh --print-version gave '$KUBE_VERSION'"
@@ -89,6 +64,7 @@ source_hash() {
     find . -maxdepth 1 -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) ! -name '*_test.go' -print0 \
       | LC_ALL=C sort -z | xargs -0 sha256sum
     sha256sum <"$HERE/k3s_standin.sh"
+    sha256sum <"$HERE/common.sh"
   ) | sha256sum | cut -c1-64
 }
 
@@ -103,15 +79,11 @@ stamp_content() {
 }
 
 mkdir -p "$BIN"
-exec 9>"$CACHE/.k3s-standin.lock"
-if ! flock -n 9; then
-  log "another k3s_standin.sh holds $CACHE/.k3s-standin.lock; waiting"
-  flock 9
-fi
+lock_build k3s-standin
 
 up_to_date() {
-  [[ -f $STAMP && -x $OUT && -f $SUMFILE ]] || return 1
-  [[ "$(cat "$STAMP")" == "$(stamp_content)" ]] || return 1
+  [[ -x $OUT && -f $SUMFILE ]] || return 1
+  stamp_current "$STAMP" || return 1
   [[ "$(cut -d' ' -f1 "$SUMFILE")" == "$(sha256sum "$OUT" | cut -c1-64)" ]]
 }
 

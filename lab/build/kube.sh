@@ -23,6 +23,8 @@
 # download a Go toolchain), GOPROXY.  "$HK3S_LAB_CACHE/bin/.kube-stamp" holds the pins
 # as key=value lines (kubernetes=v1.X.Y is the version kubelets must match).
 set -euo pipefail
+# shellcheck source=lab/build/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 # ---- pins -------------------------------------------------------------------------
 # Newest k8s.io/kubernetes release served by the proxy whose go.mod accepts Go 1.26.x
@@ -32,13 +34,10 @@ readonly KINE_VERSION="v0.17.5"
 # Bump when the build recipe (flags, tags, layout) changes so cached binaries are redone.
 readonly RECIPE=1
 
-readonly CACHE="${HK3S_LAB_CACHE:-/var/cache/hk3s-lab}"
-readonly BIN="$CACHE/bin"
 readonly TOOLS="$CACHE/src/kube-tools"
 readonly STAMP="$BIN/.kube-stamp"
 readonly BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kine)
 
-FORCE=0
 case "${1:-}" in
   "") ;;
   --force) FORCE=1 ;;
@@ -47,43 +46,7 @@ case "${1:-}" in
   *) echo "usage: $0 [--force|--print-version]" >&2; exit 2 ;;
 esac
 
-# ---- logging and timing -----------------------------------------------------------
-START_ALL=$(date +%s)
-log() { printf '[kube.sh %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
-die() { log "ERROR: $*" >&2; exit 1; }
-# timed LABEL CMD...: run CMD and print how long it took (a failure ends the script
-# through set -e; the EXIT trap then reports it).
-timed() {
-  local label=$1 t0
-  shift
-  t0=$(date +%s)
-  log "$label ..."
-  "$@"
-  log "$label done in $(( $(date +%s) - t0 ))s"
-}
-STAGE=""
-on_exit() {
-  local rc=$?
-  [[ -z $STAGE ]] || rm -rf "$STAGE"
-  if [[ $rc -ne 0 ]]; then
-    log "FAILED (exit $rc) after $(( $(date +%s) - START_ALL ))s" >&2
-  fi
-}
-trap on_exit EXIT
-
-# ---- Go environment ---------------------------------------------------------------
-command -v go >/dev/null || die "go is not installed"
-# Never fetch another toolchain behind our back: a pin that needs a newer Go must fail
-# loudly here (set HK3S_GOTOOLCHAIN, e.g. go1.27.3, to allow a download from the proxy).
-export GOTOOLCHAIN="${HK3S_GOTOOLCHAIN:-local}"
-export GOFLAGS="-buildvcs=false"
-# Go's caches live in the lab cache too, so an empty HK3S_LAB_CACHE is a truly cold build.
-export GOMODCACHE="$CACHE/go/mod"
-export GOCACHE="$CACHE/go/build"
-export CGO_ENABLED=0   # static binaries (they run inside Debian bookworm containers)
-export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
-GO_VERSION=$(go env GOVERSION)
-readonly GO_VERSION
+go_environment "-buildvcs=false"
 
 KUBE_MINOR=${KUBE_VERSION#v1.}       # 37.2
 KUBE_MINOR=${KUBE_MINOR%%.*}         # 37
@@ -97,16 +60,11 @@ stamp_content() {
 
 mkdir -p "$BIN" "$TOOLS"
 # Serialise concurrent runs (two lab hosts asking for the binaries at once).
-exec 9>"$CACHE/.kube.lock"
-if ! flock -n 9; then
-  log "another kube.sh holds $CACHE/.kube.lock; waiting"
-  flock 9
-fi
+lock_build kube
 
 up_to_date() {
   local b
-  [[ -f $STAMP ]] || return 1
-  [[ "$(cat "$STAMP")" == "$(stamp_content)" ]] || return 1
+  stamp_current "$STAMP" || return 1
   for b in "${BINARIES[@]}"; do [[ -x $BIN/$b ]] || return 1; done
 }
 

@@ -25,6 +25,8 @@
 #        lab/build/pod_runtime.sh --print-images   print "file image-name" per image
 # Environment: HK3S_LAB_CACHE (cache dir), HK3S_GOTOOLCHAIN (default "local"), GOPROXY.
 set -euo pipefail
+# shellcheck source=lab/build/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 # ---- pins -------------------------------------------------------------------------
 readonly RUNC_VERSION="v1.5.3"
@@ -39,16 +41,11 @@ readonly BUSYBOX_IMAGE="docker.io/rancher/mirrored-library-busybox:1.36.1"
 # Bump when a part's recipe (flags, tags, layout) changes so it is redone.
 readonly RECIPE=1
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-readonly HERE
-readonly CACHE="${HK3S_LAB_CACHE:-/var/cache/hk3s-lab}"
-readonly BIN="$CACHE/bin"
 readonly CNI_BIN="$CACHE/cni/bin"
 readonly IMAGES="$CACHE/images"
 readonly STAMPS="$CACHE/pods"
 readonly CNI_PLUGINS=(bridge host-local loopback portmap)
 
-FORCE=0
 case "${1:-}" in
   "") ;;
   --force) FORCE=1 ;;
@@ -60,39 +57,14 @@ case "${1:-}" in
   *) echo "usage: $0 [--force|--print-images]" >&2; exit 2 ;;
 esac
 
-START_ALL=$(date +%s)
-log() { printf '[pod_runtime.sh %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
-die() { log "ERROR: $*" >&2; exit 1; }
-STAGE=""
-on_exit() {
-  local rc=$?
-  [[ -z $STAGE ]] || rm -rf "$STAGE"
-  if [[ $rc -ne 0 ]]; then
-    log "FAILED (exit $rc) after $(( $(date +%s) - START_ALL ))s" >&2
-  fi
-}
-trap on_exit EXIT
-
-command -v go >/dev/null || die "go is not installed"
-export GOTOOLCHAIN="${HK3S_GOTOOLCHAIN:-local}"
-export GOFLAGS="-buildvcs=false"
-export GOMODCACHE="$CACHE/go/mod"
-export GOCACHE="$CACHE/go/build"
-export CGO_ENABLED=0
-export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
-GO_VERSION=$(go env GOVERSION)
-readonly GO_VERSION
+go_environment "-buildvcs=false"
 KUBE_VERSION=$(bash "$HERE/kube.sh" --print-version)
 readonly KUBE_VERSION
 KUBE_MINOR=${KUBE_VERSION#v1.}
 readonly KUBE_MINOR=${KUBE_MINOR%%.*}
 
 mkdir -p "$BIN" "$CNI_BIN" "$IMAGES" "$STAMPS"
-exec 9>"$CACHE/.pod-runtime.lock"
-if ! flock -n 9; then
-  log "another pod_runtime.sh holds $CACHE/.pod-runtime.lock; waiting"
-  flock 9
-fi
+lock_build pod-runtime
 STAGE=$(mktemp -d "$CACHE/build-pods.XXXXXX")
 
 # part NAME PIN OUTPUT... : true when NAME must be (re)built.

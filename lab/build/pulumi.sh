@@ -26,6 +26,8 @@
 #        lab/build/pulumi.sh --force          rebuild even when the stamp matches
 #        lab/build/pulumi.sh --print-version  print the pinned CLI version and exit
 set -euo pipefail
+# shellcheck source=lab/build/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 # ---- pins -------------------------------------------------------------------------
 # The CLI: newest pkg/v3 tag the proxy serves; it builds with Go 1.26.8 ("go 1.26.6" in
@@ -44,14 +46,11 @@ readonly PYTHON_HOST_SDK_VERSION="v3.79.0"
 # Bump when the build recipe (flags, layout) changes so cached binaries are redone.
 readonly RECIPE=1
 
-readonly CACHE="${HK3S_LAB_CACHE:-/var/cache/hk3s-lab}"
-readonly BIN="$CACHE/bin"
 readonly TOOLS="$CACHE/src/pulumi-tools"
 readonly STAMP="$BIN/.pulumi-stamp"
 readonly FILES=(pulumi pulumi-language-python pulumi-language-python-exec pulumi-resource-pulumi-python)
 readonly VERSION_VAR="github.com/pulumi/pulumi/sdk/v3/go/common/version.Version"
 
-FORCE=0
 case "${1:-}" in
   "") ;;
   --force) FORCE=1 ;;
@@ -60,46 +59,8 @@ case "${1:-}" in
   *) echo "usage: $0 [--force|--print-version]" >&2; exit 2 ;;
 esac
 
-# ---- logging and timing -----------------------------------------------------------
-START_ALL=$(date +%s)
-log() { printf '[pulumi.sh %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
-die() { log "ERROR: $*" >&2; exit 1; }
-TIMINGS=()
-# timed LABEL CMD...: run CMD, print and remember how long it took (a failure ends the
-# script through set -e; the EXIT trap reports it).
-timed() {
-  local label=$1 t0 dt
-  shift
-  t0=$(date +%s)
-  log "$label ..."
-  "$@"
-  dt=$(( $(date +%s) - t0 ))
-  TIMINGS+=("$label: ${dt}s")
-  log "$label done in ${dt}s"
-}
-STAGE=""
-on_exit() {
-  local rc=$?
-  [[ -z $STAGE ]] || rm -rf "$STAGE"
-  if [[ $rc -ne 0 ]]; then
-    log "FAILED (exit $rc) after $(( $(date +%s) - START_ALL ))s" >&2
-  fi
-}
-trap on_exit EXIT
-
-# ---- Go environment ---------------------------------------------------------------
-command -v go >/dev/null || die "go is not installed"
-# Never fetch another toolchain behind our back: a pin that needs a newer Go fails
-# loudly (set HK3S_GOTOOLCHAIN, e.g. go1.27.3, to let the go command fetch that one).
-export GOTOOLCHAIN="${HK3S_GOTOOLCHAIN:-local}"
-export GOMODCACHE="$CACHE/go/mod"
-export GOCACHE="$CACHE/go/build"
 # -modcacherw: module cache files stay writable, so the cache dir can simply be deleted.
-export GOFLAGS="-buildvcs=false -modcacherw"
-export CGO_ENABLED=0   # static binaries, no C toolchain needed
-export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
-GO_VERSION=$(go env GOVERSION)
-readonly GO_VERSION
+go_environment "-buildvcs=false -modcacherw"
 
 stamp_content() {
   printf 'pulumi=%s\npython-host-sdk=%s\ngo=%s\nrecipe=%s\n' \
@@ -107,17 +68,11 @@ stamp_content() {
 }
 
 mkdir -p "$BIN" "$TOOLS"
-# Serialise concurrent runs.
-exec 9>"$CACHE/.pulumi.lock"
-if ! flock -n 9; then
-  log "another pulumi.sh holds $CACHE/.pulumi.lock; waiting"
-  flock 9
-fi
+lock_build pulumi
 
 up_to_date() {
   local f
-  [[ -f $STAMP ]] || return 1
-  [[ "$(cat "$STAMP")" == "$(stamp_content)" ]] || return 1
+  stamp_current "$STAMP" || return 1
   for f in "${FILES[@]}"; do [[ -x $BIN/$f ]] || return 1; done
 }
 

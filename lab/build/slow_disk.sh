@@ -6,22 +6,19 @@
 # (HK3S_LAB_CACHE defaults to /var/cache/hk3s-lab). Only the Go module proxy is used.
 #
 # Idempotent: a stamp next to the binary records a hash of the sources (go.mod,
-# go.sum, non-test *.go, this script) and the Go version; when it matches and the
+# go.sum, non-test *.go, this script and common.sh) and the Go version; when it matches and the
 # binary is there, nothing is rebuilt. A build first runs the Go unit tests.
 #
 # Usage: lab/build/slow_disk.sh           build if needed
 #        lab/build/slow_disk.sh --force   rebuild even when the stamp matches
 set -euo pipefail
+# shellcheck source=lab/build/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-readonly HERE
 readonly SRC="$HERE/../slow_disk_fs"
-readonly CACHE="${HK3S_LAB_CACHE:-/var/cache/hk3s-lab}"
-readonly BIN="$CACHE/bin"
 readonly OUT="$BIN/slow-disk-fs"
 readonly STAMP="$BIN/.slow-disk-fs-stamp"
 
-FORCE=0
 case "${1:-}" in
   "") ;;
   --force) FORCE=1 ;;
@@ -29,20 +26,8 @@ case "${1:-}" in
   *) echo "usage: $0 [--force]" >&2; exit 2 ;;
 esac
 
-log() { printf '[slow_disk.sh %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
-die() { log "ERROR: $*" >&2; exit 1; }
-TMPOUT=""
-trap '[[ -z $TMPOUT ]] || rm -f "$TMPOUT"' EXIT
-
-command -v go >/dev/null || die "go is not installed"
 [[ -f $SRC/go.mod ]] || die "no Go module at $SRC"
-export GOTOOLCHAIN="${HK3S_GOTOOLCHAIN:-local}"
-export GOFLAGS="-buildvcs=false -mod=readonly"
-# Go's caches live in the lab cache (as the other lab builds'), so an empty HK3S_LAB_CACHE is a cold build.
-export GOMODCACHE="$CACHE/go/mod"
-export GOCACHE="$CACHE/go/build"
-export CGO_ENABLED=0
-export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
+go_environment "-buildvcs=false -mod=readonly"
 
 source_hash() {
   (
@@ -50,18 +35,18 @@ source_hash() {
     find . -maxdepth 1 -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) ! -name '*_test.go' -print0 \
       | LC_ALL=C sort -z | xargs -0 sha256sum
     sha256sum <"$HERE/slow_disk.sh"
+    sha256sum <"$HERE/common.sh"
   ) | sha256sum | cut -c1-64
 }
 
 stamp_content() {
-  printf 'source=%s\ngo=%s\n' "$(source_hash)" "$(go env GOVERSION)"
+  printf 'source=%s\ngo=%s\n' "$(source_hash)" "$GO_VERSION"
 }
 
 mkdir -p "$BIN"
-exec 9>"$CACHE/.slow-disk-fs.lock"
-flock 9
+lock_build slow-disk-fs
 
-if [[ $FORCE -eq 0 && -x $OUT && -f $STAMP && "$(cat "$STAMP")" == "$(stamp_content)" ]]; then
+if [[ $FORCE -eq 0 && -x $OUT ]] && stamp_current "$STAMP"; then
   log "$OUT matches the sources; nothing to build"
   exit 0
 fi

@@ -1,0 +1,85 @@
+# Sourced by the lab's build scripts (lab/build/*.sh), not run: what each of them needs
+# before it builds anything.
+#
+#   CACHE, BIN          the lab cache ($HK3S_LAB_CACHE, default /var/cache/hk3s-lab) and its bin/
+#   HERE                lab/build
+#   log MSG / die MSG   "[<script> HH:MM:SS] MSG" on stdout / on stderr, then exit 1
+#   timed LABEL CMD...  run CMD, log how long it took and keep it in TIMINGS
+#   TMPOUT, STAGE       a half-written file / directory, removed when the script exits; a
+#                       script that fails says so with its run time
+#   go_environment GOFLAGS
+#                       Go's module and build caches inside the lab cache (an empty cache is
+#                       a truly cold build), static binaries, no toolchain download unless
+#                       HK3S_GOTOOLCHAIN asks for one; sets GO_VERSION
+#   lock_build NAME     one run of a build at a time ($CACHE/.NAME.lock)
+#   stamp_current FILE  FILE holds what the script's stamp_content prints now: its inputs
+#                       (sources, pins, Go version, recipe) have not changed since the build
+# shellcheck shell=bash
+# The variables set here are read by the sourcing script:
+# shellcheck disable=SC2034
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+readonly HERE
+readonly CACHE="${HK3S_LAB_CACHE:-/var/cache/hk3s-lab}"
+readonly BIN="$CACHE/bin"
+BUILD_SCRIPT=$(basename "${BASH_SOURCE[1]}")
+readonly BUILD_SCRIPT
+START_ALL=$(date +%s)
+readonly START_ALL
+FORCE=0
+
+log() { printf '[%s %s] %s\n' "$BUILD_SCRIPT" "$(date +%H:%M:%S)" "$*"; }
+die() { log "ERROR: $*" >&2; exit 1; }
+
+TIMINGS=()
+# timed LABEL CMD...: a failure of CMD ends the script through set -e; the EXIT trap reports it.
+timed() {
+  local label=$1 t0 dt
+  shift
+  t0=$(date +%s)
+  log "$label ..."
+  "$@"
+  dt=$(( $(date +%s) - t0 ))
+  TIMINGS+=("$label: ${dt}s")
+  log "$label done in ${dt}s"
+}
+
+TMPOUT=""
+STAGE=""
+on_exit() {
+  local rc=$?
+  [[ -z $TMPOUT ]] || rm -f "$TMPOUT"
+  [[ -z $STAGE ]] || rm -rf "$STAGE"
+  if [[ $rc -ne 0 ]]; then
+    log "FAILED (exit $rc) after $(( $(date +%s) - START_ALL ))s" >&2
+  fi
+}
+trap on_exit EXIT
+
+go_environment() {
+  command -v go >/dev/null || die "go is not installed"
+  # Never fetch another toolchain behind our back: a pin that needs a newer Go fails loudly
+  # (set HK3S_GOTOOLCHAIN, e.g. go1.27.3, to let the go command fetch that one).
+  export GOTOOLCHAIN="${HK3S_GOTOOLCHAIN:-local}"
+  export GOFLAGS="$1"
+  export GOMODCACHE="$CACHE/go/mod"
+  export GOCACHE="$CACHE/go/build"
+  export CGO_ENABLED=0  # static binaries: they run inside the lab's Debian hosts
+  export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
+  GO_VERSION=$(go env GOVERSION)
+  readonly GO_VERSION
+}
+
+lock_build() {
+  local lock="$CACHE/.$1.lock"
+  mkdir -p "$CACHE"
+  exec 9>"$lock"
+  if ! flock -n 9; then
+    log "another $BUILD_SCRIPT holds $lock; waiting"
+    flock 9
+  fi
+}
+
+stamp_current() {
+  [[ -f $1 && "$(cat "$1")" == "$(stamp_content)" ]]
+}
