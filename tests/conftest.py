@@ -1,12 +1,13 @@
-"""Shared fixtures: a real sshd on loopback, a valid key file, a project directory with the
-example stacks and a process that looks like a running Pulumi CLI (for the operator API and
-CLI tests), and the lab."""
+"""Shared fixtures: a real sshd on loopback, a throwaway network namespace, a valid key file,
+a project directory with the example stacks and a process that looks like a running Pulumi
+CLI (for the operator API and CLI tests), and the lab."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,6 +41,20 @@ def sshd(tmp_path: Path) -> Iterator[LoopbackSshd]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    """A throwaway network namespace (for nftables rulesets the kernel checks and loads); deleted
+    afterwards, so nothing on this machine changes. Needs root, nft and ip."""
+    if os.geteuid() != 0 or shutil.which("nft") is None or shutil.which("ip") is None:
+        pytest.skip("needs root, nft and ip (scripts/setup_system.sh --lab installs nftables)")
+    name = f"hk3s-fwtest-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=False)
 
 
 @pytest.fixture
@@ -92,12 +107,13 @@ def running_pulumi(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """With HK3S_LAB_REQUIRED=1 (set by scripts/test.sh after the lab set-up),
-    a lab test or an sshd test that skips fails instead: CI must never pass by
-    skipping the real parts."""
+    a lab test, an sshd test or a test in a root network namespace that skips
+    fails instead: CI must never pass by skipping the real parts."""
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
     required = os.environ.get("HK3S_LAB_REQUIRED") == "1"
-    needs_real_parts = item.get_closest_marker("lab") is not None or "sshd" in getattr(item, "fixturenames", ())
+    fixtures = set(getattr(item, "fixturenames", ()))
+    needs_real_parts = item.get_closest_marker("lab") is not None or bool({"sshd", "netns"} & fixtures)
     if required and needs_real_parts and report.skipped:
         report.outcome = "failed"
         report.longrepr = f"skipped although the lab is required (HK3S_LAB_REQUIRED=1): {report.longrepr}"

@@ -1,19 +1,15 @@
 """The host firewall renderers and checkers, without lab hosts.
 
 The nftables file is checked by the kernel itself (`nft -c -f`), and loaded
-and read back, inside a throwaway network namespace, so nothing on this
-machine changes; the namespace is deleted afterwards.
+and read back, inside a throwaway network namespace (the `netns` fixture), so
+nothing on this machine changes; the namespace is deleted afterwards.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 
 import pytest
 
@@ -54,16 +50,7 @@ def plan_for(node: str, peers: dict[str, str], **options: object) -> NodeFirewal
 # --------------------------------------------------------------------------- nftables in a namespace
 
 
-@pytest.fixture
-def netns() -> Iterator[str]:
-    if os.geteuid() != 0 or shutil.which("nft") is None or shutil.which("ip") is None:
-        pytest.skip("needs root, nft and ip (scripts/setup_system.sh --lab installs nftables)")
-    name = f"hk3s-fwtest-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "delete", name], check=False)
+# The `netns` fixture (tests/conftest.py): a throwaway network namespace.
 
 
 def nft(netns: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
