@@ -127,8 +127,8 @@ class JoinSpec:
     cluster_address: str = ""
     registry: str | None = None
     removed_labels: tuple[str, ...] = ()  # labels an earlier config set and this one drops
-    # The stack's taints (key=value:Effect), registered with the validation taint; and the keys
-    # of those an earlier config set and this one drops. Taints set by anyone else stay.
+    # The stack's taints (key=value:Effect), registered with the validation taint; and those an
+    # earlier config set and this one drops (key:Effect). Taints set by anyone else stay.
     taints: tuple[str, ...] = ()
     removed_taints: tuple[str, ...] = ()
     # Every other recorded node (not the server): the program must reach each over SSH,
@@ -507,8 +507,9 @@ class Joiner:
         await self.cluster.set_labels(self.spec.node, labels)
         # Likewise --node-taint: a rejoin (or a join that registered under an older config) puts
         # the stack's taints in step; a taint whose key the config dropped goes.
-        for key in self.spec.removed_taints:
-            await self.cluster.remove_taint(self.spec.node, key)
+        for pair in self.spec.removed_taints:
+            key, _, effect = pair.rpartition(":")
+            await self.cluster.remove_taint(self.spec.node, key, effect)
         for text in self.spec.taints:
             await self.cluster.add_taint(self.spec.node, Taint.parse(text))
         if rejoin:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from host_scripts import script_path
 from node_operations.k3s_install import parse_results
-from remote_access.kube import ApiUnavailableError, ClusterApi, NodeStatus, Repeat, Taint
+from remote_access.kube import ApiUnavailableError, ClusterApi, NodeStatus, Repeat
 from remote_access.ssh import RemoteCommandError, SshError, SshSession
 
 Progress = Callable[[str], None]
@@ -175,7 +175,6 @@ class TaintedNodeValidation:
         return None
 
     def _validation_pod_manifest(self, name: str) -> dict[str, Any]:
-        taint = Taint.parse(self.target.validation_taint)
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -185,9 +184,10 @@ class TaintedNodeValidation:
                 "labels": {"app.kubernetes.io/managed-by": "hk3s", "hk3s.dev/validation-pod": self.target.node},
             },
             "spec": {
-                # Straight onto the node, tolerating the validation taint it runs under.
+                # Straight onto the node, tolerating every taint there: the validation taint it
+                # runs under and the node's own (a pool's NoExecute taint would evict it).
                 "nodeName": self.target.node,
-                "tolerations": [{"key": taint.key, "operator": "Exists"}],
+                "tolerations": [{"operator": "Exists"}],
                 "restartPolicy": "Never",
                 "terminationGracePeriodSeconds": 0,
                 "automountServiceAccountToken": False,

@@ -68,11 +68,14 @@ def _server(props: dict[str, Any]) -> SshTarget:
     )
 
 
-def removed_taint_keys(old: list[str], new: list[str]) -> tuple[str, ...]:
-    """Keys of the taints an earlier config set and this one no longer has (a changed value or
-    effect under a kept key is overwritten, not removed)."""
-    kept = {Taint.parse(text).key for text in new}
-    return tuple(sorted({Taint.parse(text).key for text in old} - kept))
+def removed_taints(old: list[str], new: list[str]) -> tuple[str, ...]:
+    """The taints (`key:Effect`) an earlier config set and this one no longer has. Kubernetes
+    keys a taint by key and effect: a new value under a kept pair is overwritten, not removed."""
+
+    def pairs(texts: list[str]) -> set[str]:
+        return {f"{taint.key}:{taint.effect}" for taint in map(Taint.parse, texts)}
+
+    return tuple(sorted(pairs(old) - pairs(new)))
 
 
 class NodeJoinProvider(NodeProvider):
@@ -120,7 +123,7 @@ class NodeJoinProvider(NodeProvider):
             labels=dict(props.get("labels") or {}),
             removed_labels=tuple(sorted(set(old_labels or {}) - set(props.get("labels") or {}))),
             taints=tuple(props.get("taints") or ()),
-            removed_taints=removed_taint_keys(old_taints or [], props.get("taints") or []),
+            removed_taints=removed_taints(old_taints or [], props.get("taints") or []),
             recorded_nodes=tuple(props.get("recorded_nodes") or ()),
             registry=props.get("registry") or None,
             api_wait=_api_wait(props),

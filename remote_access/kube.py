@@ -165,8 +165,8 @@ class NodeStatus:
             machine_id=status.get("nodeInfo", {}).get("machineID", ""),
         )
 
-    def has_taint(self, key: str) -> bool:
-        return any(taint.key == key for taint in self.taints)
+    def has_taint(self, key: str, effect: str | None = None) -> bool:
+        return any(taint.key == key and effect in (None, taint.effect) for taint in self.taints)
 
 
 @dataclass(frozen=True)
@@ -284,15 +284,17 @@ class ClusterApi:
     async def add_taint(self, name: str, taint: Taint) -> None:
         await self.kubectl(["taint", "node", name, "--overwrite", str(taint)], repeat=Repeat.IDEMPOTENT)
 
-    async def remove_taint(self, name: str, key: str) -> None:
-        """Remove a taint. Not blindly repeatable (a second removal fails: not found), so
-        after the API was away the node is read again to see what the first try did."""
+    async def remove_taint(self, name: str, key: str, effect: str | None = None) -> None:
+        """Remove a taint (with `effect`, only the one of that effect). Not blindly repeatable (a
+        second removal fails: not found), so after the API was away the node is read again to
+        see what the first try did."""
         while True:
             node = await self.get_node(name)
-            if node is None or not node.has_taint(key):
+            if node is None or not node.has_taint(key, effect):
                 return
             try:
-                await self.kubectl(["taint", "node", name, f"{key}-"], repeat=Repeat.ONCE)
+                target = f"{key}:{effect}-" if effect else f"{key}-"
+                await self.kubectl(["taint", "node", name, target], repeat=Repeat.ONCE)
                 return
             except RemoteCommandError as error:
                 if api_unavailable(error) is None:

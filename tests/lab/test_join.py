@@ -30,12 +30,20 @@ class Cluster:
     w2: Host
     w3: Host
     stack: LabStack
+    # jn-worker-2 is an existing host in the pool "web", whose taints it takes.
+    pool_taints: tuple[str, ...] = ("dedicated=web:NoSchedule",)
 
     def config(self, workers: list[Host], labels: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
         config = base_config(self.lab, self.server, workers)
         for worker in config["workers"]:
             worker["labels"] = (labels or {}).get(worker["name"], {})
+            if worker["name"] == "jn-worker-2":
+                worker["pool"] = "web"
+        config["worker_pools"] = [{"name": "web", "count": 0, "taints": list(self.pool_taints)}]
         return config
+
+    def taints(self, node: dict) -> set[str]:
+        return {f"{t['key']}={t.get('value', '')}:{t['effect']}" for t in node["spec"].get("taints", [])}
 
     def kubectl_json(self, *args: str) -> dict:
         return json.loads(self.server.run([K3S, "kubectl", *args, "-o", "json"]).stdout)
@@ -148,12 +156,17 @@ def test_rejoin_cordons_for_the_checks_and_leaves_pods(cluster: Cluster) -> None
     uid = cluster.kubectl_json("get", "pod", "keep-me")["metadata"]["uid"]
     cordoned_seen = threading.Event()
     stop = threading.Event()
+    # jn-worker-2 joins in this run, in the pool "web": every sight of its Node, from the first,
+    # carries the pool's taint (never schedulable for ordinary pods without it).
+    pool_node_seen: list[set[str]] = []
 
     def watch() -> None:
         while not stop.is_set():
-            spec = cluster.node("jn-worker-1")["spec"]
-            if spec.get("unschedulable"):
+            nodes = {n["metadata"]["name"]: n for n in cluster.kubectl_json("get", "nodes")["items"]}
+            if nodes["jn-worker-1"]["spec"].get("unschedulable"):
                 cordoned_seen.set()
+            if "jn-worker-2" in nodes:
+                pool_node_seen.append(cluster.taints(nodes["jn-worker-2"]))
             time.sleep(0.3)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -170,6 +183,10 @@ def test_rejoin_cordons_for_the_checks_and_leaves_pods(cluster: Cluster) -> None
     assert not node["spec"].get("unschedulable") and node["metadata"]["labels"]["tier"] == "web"
     assert cluster.kubectl_json("get", "pod", "keep-me")["metadata"]["uid"] == uid
     assert ready(cluster.node("jn-worker-2"))
+    assert pool_node_seen, "the watcher never saw jn-worker-2's Node"
+    assert all("dedicated=web:NoSchedule" in taints for taints in pool_node_seen), pool_node_seen
+    # Released: the validation taint went, the pool's stays.
+    assert cluster.taints(cluster.node("jn-worker-2")) == {"dedicated=web:NoSchedule"}
 
 
 def test_removing_a_worker_is_refused(cluster: Cluster) -> None:
@@ -183,6 +200,25 @@ def test_removing_a_worker_is_refused(cluster: Cluster) -> None:
     # Put it back: the stack is whole again and nothing changes.
     cluster.stack.write_config(cluster.config([cluster.w1, cluster.w2], labels={"jn-worker-1": {"tier": "web"}}))
     assert changes(cluster.up().summary.resource_changes).get("delete", 0) == 0
+
+
+def test_a_pools_taints_reach_its_running_worker_and_a_hand_set_taint_stays(cluster: Cluster) -> None:
+    cluster.server.run([K3S, "kubectl", "taint", "node", "jn-worker-2", "by-hand=yes:PreferNoSchedule"])
+    cluster.pool_taints = ("dedicated=api:NoSchedule", "spot:PreferNoSchedule")
+    cluster.stack.write_config(cluster.config([cluster.w1, cluster.w2], labels={"jn-worker-1": {"tier": "web"}}))
+    result = cluster.up()
+    summary = changes(result.summary.resource_changes)
+    assert summary.get("delete", 0) == 0 and summary.get("replace", 0) == 0, summary
+    node = cluster.node("jn-worker-2")
+    # The key kept its place with the new value, the new taint came, the hand-set one stayed.
+    assert cluster.taints(node) == {
+        "dedicated=api:NoSchedule",
+        "spot=:PreferNoSchedule",
+        "by-hand=yes:PreferNoSchedule",
+    }
+    assert ready(node) and not node["spec"].get("unschedulable")
+    # jn-worker-1 is in no pool: untouched.
+    assert cluster.taints(cluster.node("jn-worker-1")) == set()
 
 
 PHASES = [
