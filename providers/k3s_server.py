@@ -43,6 +43,34 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in match.groups()) if match else ()
 
 
+def _version_change_failures(old_version: str, new_version: str) -> list[CheckFailure]:
+    """A downgrade, or an upgrade past the next minor release, is refused before anything runs."""
+    old, new = _version_tuple(old_version), _version_tuple(new_version)
+    if not old or not new:
+        return []
+    if new < old:
+        return [
+            CheckFailure(
+                "k3s_version",
+                f"hk3s:cluster.k3s_version {new_version} is older than the running {old_version}; "
+                f"k3s cannot be downgraded in place. Set it back to {old_version} or later",
+            )
+        ]
+    # Kubernetes' version-skew policy: the control plane moves one minor release at a time
+    # (its stored objects are migrated by each release in turn), and kubelets may not be newer.
+    if new[:2] > (old[0], old[1] + 1):
+        step = f"v{old[0]}.{old[1] + 1}"
+        return [
+            CheckFailure(
+                "k3s_version",
+                f"hk3s:cluster.k3s_version {new_version} skips minor releases from the running {old_version}; "
+                f"Kubernetes upgrades one minor release at a time. Set it to the latest {step} release "
+                f"(e.g. {step}.0+k3s1), run up, then go on to the next",
+            )
+        ]
+    return []
+
+
 class K3sServerProvider(NodeProvider):
     """Dynamic provider of `K3sServer`."""
 
@@ -58,18 +86,8 @@ class K3sServerProvider(NodeProvider):
                     )
                 )
         old_version, new_version = olds.get("k3s_version"), news.get("k3s_version")
-        if (
-            isinstance(old_version, str)
-            and isinstance(new_version, str)
-            and _version_tuple(new_version) < _version_tuple(old_version)
-        ):
-            failures.append(
-                CheckFailure(
-                    "k3s_version",
-                    f"hk3s:cluster.k3s_version {new_version} is older than the running {old_version}; "
-                    "k3s cannot be downgraded in place",
-                )
-            )
+        if isinstance(old_version, str) and isinstance(new_version, str):
+            failures += _version_change_failures(old_version, new_version)
         # Compared only once known: at preview an address the network plan is still deciding is unknown.
         restarting = [
             key

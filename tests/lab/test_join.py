@@ -221,6 +221,26 @@ def test_a_pools_taints_reach_its_running_worker_and_a_hand_set_taint_stays(clus
     assert cluster.taints(cluster.node("jn-worker-1")) == set()
 
 
+def test_a_k3s_version_past_the_next_minor_is_refused_at_preview(cluster: Cluster) -> None:
+    config = cluster.config([cluster.w1, cluster.w2], labels={"jn-worker-1": {"tier": "web"}})
+    running = config["cluster"]["k3s_version"]
+    major, minor = (int(part) for part in running.lstrip("v").split(".")[:2])
+    skipping = f"v{major}.{minor + 2}.0+k3s1"
+    config["cluster"]["k3s_version"] = skipping
+    cluster.stack.write_config(config)
+    before = [cluster.node(name)["status"]["nodeInfo"]["kubeletVersion"] for name in ("jn-server", "jn-worker-1")]
+    with pytest.raises(auto.CommandError):
+        cluster.stack.preview()
+    assert (
+        f"hk3s:cluster.k3s_version {skipping} skips minor releases from the running {running}" in cluster.stack.text()
+    )
+    assert f"Set it to the latest v{major}.{minor + 1} release" in cluster.stack.text()
+    after = [cluster.node(name)["status"]["nodeInfo"]["kubeletVersion"] for name in ("jn-server", "jn-worker-1")]
+    assert after == before
+    # Back to the running version: the stack is whole again for the tests after this one.
+    cluster.stack.write_config(cluster.config([cluster.w1, cluster.w2], labels={"jn-worker-1": {"tier": "web"}}))
+
+
 PHASES = [
     "[jn-worker-3] preflight",
     "[jn-worker-3] preparing the host",
