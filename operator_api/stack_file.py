@@ -14,16 +14,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from cluster_settings import SettingProblem, SettingsError, StackSettings, load_settings
+from cluster_settings.models import PoolSettings
 
 from .errors import DuplicateWorkerError, SettingsRejectedError, UnknownWorkerError
 
 NAMESPACE = "hk3s"
 WORKERS_KEY = f"{NAMESPACE}:workers"
 FENCES_KEY = f"{NAMESPACE}:fences"
+POOLS_KEY = f"{NAMESPACE}:worker_pools"
 SERVER_KEY = f"{NAMESPACE}:server"
 
 
@@ -86,6 +89,18 @@ class StackDocument:
         workers = self.config.get(WORKERS_KEY) or []
         return [str(entry.get("name")) for entry in workers if isinstance(entry, Mapping)]
 
+    def pool_workers(self) -> dict[str, tuple[int, PoolSettings, int]]:
+        """The workers the pools make, by name: (the pool's index, the pool, the worker's number).
+        A pool entry that does not parse makes none here (validation names it)."""
+        members: dict[str, tuple[int, PoolSettings, int]] = {}
+        for index, entry in enumerate(self.config.get(POOLS_KEY) or []):
+            try:
+                pool = PoolSettings.model_validate(plain(entry))
+            except ValidationError:
+                continue
+            members.update({pool.worker_name(number): (index, pool, number) for number in pool.numbers()})
+        return members
+
     def server_name(self) -> str:
         server = self.config.get(SERVER_KEY)
         name = server.get("name") if isinstance(server, Mapping) else None
@@ -112,8 +127,22 @@ class StackDocument:
         workers.append(node)
 
     def remove_worker(self, name: str) -> None:
-        """Drop a worker and its fence entry."""
+        """Drop a worker and its fence entry. A pool's worker goes by its pool's count instead."""
         names = self.worker_names()
+        pooled = self.pool_workers().get(name)
+        if name not in names and pooled is not None:
+            index, pool, number = pooled
+            raise SettingsRejectedError(
+                [
+                    SettingProblem(
+                        f"{POOLS_KEY}[{index}].count",
+                        f"{name} is worker {number} of pool {pool.name}, which keeps {pool.count} workers: lower "
+                        f"count to {pool.count - 1} (the highest number goes) or add {number} to its retire list "
+                        "with it",
+                    )
+                ],
+                action=f"removing worker {name}",
+            )
         if name not in names:
             raise UnknownWorkerError(
                 [SettingProblem(WORKERS_KEY, self._unknown(name, names))], action=f"removing worker {name}"
@@ -124,8 +153,8 @@ class StackDocument:
             self._drop_fence(name)
 
     def set_fence(self, name: str, *, powered_off: bool, accept_stale_data: bool) -> None:
-        """Record `hk3s:fences.<name>` for a listed worker."""
-        names = self.worker_names()
+        """Record `hk3s:fences.<name>` for a listed worker or a pool's worker."""
+        names = [*self.worker_names(), *self.pool_workers()]
         if name not in names:
             raise UnknownWorkerError(
                 [SettingProblem(f"{FENCES_KEY}.{name}", self._unknown(name, names))], action=f"fencing {name}"

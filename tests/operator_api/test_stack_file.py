@@ -129,3 +129,21 @@ def test_a_missing_stack_file_is_reported(project: Path, backend: Path) -> None:
     with pytest.raises(StackError, match=r"Pulumi.prod.yaml does not exist: copy Pulumi.dev.yaml"):
         api.add_worker("w", address="198.51.100.21")
     assert not (project / "Pulumi.prod.yaml").exists()
+
+
+def test_a_pools_worker_is_fenced_by_name_and_removed_through_its_pools_count(ssh_key_file: Path) -> None:
+    document = StackDocument(example_text("dev", ssh_key_file))
+    # The example's pool "batch" makes batch-1 and batch-2.
+    assert set(document.pool_workers()) == {"batch-1", "batch-2"}
+    document.set_fence("batch-2", powered_off=True, accept_stale_data=False)
+    assert document.validate().fences["batch-2"].powered_off is True
+    before = document.render()
+    with pytest.raises(SettingsRejectedError) as caught:
+        document.remove_worker("batch-2")
+    assert caught.value.keys == ["hk3s:worker_pools[0].count"]
+    assert "batch-2 is worker 2 of pool batch, which keeps 2 workers: lower count to 1" in str(caught.value)
+    assert "or add 2 to its retire list" in str(caught.value)
+    assert document.render() == before
+    with pytest.raises(UnknownWorkerError) as unknown:
+        document.remove_worker("batch-3")
+    assert "there is no worker named 'batch-3'" in str(unknown.value)
