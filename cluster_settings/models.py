@@ -145,16 +145,28 @@ def _taint(value: str) -> str:
             + ", ".join(TAINT_EFFECTS)
         )
     key, _, taint_value = head.partition("=")
-    if not LABEL_KEY.match(key) or len(key.rpartition("/")[2]) > 63:
-        raise ValueError(f"taint key {key!r} of {value!r} is not a valid Kubernetes key")
-    if key.startswith(RESERVED_TAINT_PREFIXES):
-        raise ValueError(
-            f"taint {value!r} uses a key the program or Kubernetes sets; choose a key outside "
-            + ", ".join(RESERVED_TAINT_PREFIXES)
-        )
-    if not LABEL_VALUE.match(taint_value):
-        raise ValueError(f"taint value {taint_value!r} of {value!r} is not a valid Kubernetes label value")
+    _check_key_and_value(
+        key,
+        taint_value,
+        RESERVED_TAINT_PREFIXES,
+        invalid_key=f"taint key {key!r} of {value!r} is not a valid Kubernetes key",
+        reserved_key=f"taint {value!r} uses a key the program or Kubernetes sets",
+        invalid_value=f"taint value {taint_value!r} of {value!r} is not a valid Kubernetes label value",
+    )
     return value
+
+
+def _check_key_and_value(
+    key: str, value: str, reserved: tuple[str, ...], *, invalid_key: str, reserved_key: str, invalid_value: str
+) -> None:
+    """Kubernetes' rules for a label's or a taint's key and value, and the key prefixes the
+    program or Kubernetes itself sets; each failure raised with its message."""
+    if not LABEL_KEY.match(key) or len(key.rpartition("/")[2]) > 63:
+        raise ValueError(invalid_key)
+    if key.startswith(reserved):
+        raise ValueError(f"{reserved_key}; choose a key outside " + ", ".join(reserved))
+    if not LABEL_VALUE.match(value):
+        raise ValueError(invalid_value)
 
 
 def _unique_taints(taints: list[str]) -> list[str]:
@@ -171,15 +183,14 @@ def _unique_taints(taints: list[str]) -> list[str]:
 
 def _labels(value: dict[str, str]) -> dict[str, str]:
     for key, label in value.items():
-        if not LABEL_KEY.match(key) or len(key.rpartition("/")[2]) > 63:
-            raise ValueError(f"label key {key!r} is not a valid Kubernetes label key")
-        if key.startswith(RESERVED_LABEL_PREFIXES):
-            raise ValueError(
-                f"label {key!r} is set by the program or Kubernetes; choose a key outside "
-                + ", ".join(RESERVED_LABEL_PREFIXES)
-            )
-        if not LABEL_VALUE.match(label):
-            raise ValueError(f"label value {label!r} of {key!r} is not a valid Kubernetes label value")
+        _check_key_and_value(
+            key,
+            label,
+            RESERVED_LABEL_PREFIXES,
+            invalid_key=f"label key {key!r} is not a valid Kubernetes label key",
+            reserved_key=f"label {key!r} is set by the program or Kubernetes",
+            invalid_value=f"label value {label!r} of {key!r} is not a valid Kubernetes label value",
+        )
     return value
 
 
