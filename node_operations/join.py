@@ -35,7 +35,7 @@ from node_operations.host_facts import HostFacts, gather_facts, interface_of
 from node_operations.host_firewall.inspection import inspect_firewall
 from node_operations.host_firewall.operator_firewall import evaluate_operator_firewall
 from node_operations.join_validation import POLL_SECONDS, TaintedNodeValidation, ValidatedNode, ValidationError
-from node_operations.k3s_install import K3sBinary, agent_config, install_k3s
+from node_operations.k3s_install import K3S_BIN, K3sBinary, agent_config, install_k3s
 from node_operations.network_mode import check_connection
 from node_operations.node_access import NodeAccessError, RecordedNode, check_recorded_nodes
 from node_operations.preflight import PreflightRequirements, evaluate_preflight
@@ -45,6 +45,8 @@ from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 Progress = Callable[[str], None]
 
 TOKEN_FILE = "/etc/rancher/k3s/hk3s-join-token"
+# The unit host_scripts/k3s_install.sh writes for a worker's agent.
+AGENT_UNIT = "/etc/systemd/system/k3s-agent.service"
 TOKEN_TTL = "10m"
 WORKER_ROLE_LABEL = "node-role.kubernetes.io/worker"
 MANAGED_LABEL = "hk3s.dev/managed"
@@ -155,6 +157,9 @@ class JoinResult:
     k3s_version: str
     state: str
     checks: dict[str, str]
+    # The joined host's /etc/machine-id as its kubelet reported it: the next run tells a host
+    # rebuilt under the node's name (another machine-id, or no agent at all) from this one.
+    machine_id: str = ""
 
 
 def diagnose_agent_log(node: str, lines: Sequence[str]) -> JoinError | None:
@@ -551,7 +556,43 @@ async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, prog
             k3s_version=node.kubelet_version,
             state="ready" if node.ready else "not-ready",
             checks=dict(joiner.checks),
+            machine_id=node.machine_id,
         )
+
+
+# On one line each: the host's machine-id, then "agent" when the agent this program installed
+# (its binary and unit) is there. Read-only.
+_JOINED_HOST_PROBE = (
+    'id=$(cat /etc/machine-id 2>/dev/null); echo "${id:--}"; '
+    f"if [ -x {K3S_BIN} ] && [ -f {AGENT_UNIT} ]; then echo agent; else echo no-agent; fi"
+)
+
+
+async def joined_host_changed(worker: SshTarget, machine_id: str) -> str | None:
+    """Why `worker` no longer runs the agent its node joined with, or None when it still does.
+
+    A host rebuilt under the node's name (a fresh OS: no k3s, a new machine-id, a new node
+    password) still matches the stack's inputs, so only the host itself can say that the join
+    is gone. `machine_id` is the one recorded at the join ("" for a join recorded before it was
+    kept: then only the agent's presence is checked). A host that cannot be reached says
+    nothing here (None): the run's own checks name it."""
+    try:
+        async with open_session(worker) as session:
+            result = await session.run(["sh", "-c", _JOINED_HOST_PROBE], deadline=20, check=False)
+    except SshError:
+        return None
+    lines = result.stdout.split()
+    if result.exit_status != 0 or len(lines) != 2:
+        return None
+    host_id, agent = lines
+    if machine_id and host_id not in (machine_id, "-"):
+        return (
+            f"the host at {worker.address} is another machine than the one joined as {worker.node} "
+            f"(machine-id {host_id}, joined as {machine_id})"
+        )
+    if agent != "agent":
+        return f"the host at {worker.address} no longer has the k3s agent it joined with ({K3S_BIN}, {AGENT_UNIT})"
+    return None
 
 
 async def read_node(server: SshTarget, node: str, api_wait: float = API_WAIT_SECONDS) -> NodeStatus | None:

@@ -18,7 +18,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 
 from cluster_settings.models import K3S_VERSION, ClusterSettings
 from node_operations.firewall_plan import PortRule
-from node_operations.join import JoinSpec, join_worker, read_node
+from node_operations.join import JoinSpec, join_worker, joined_host_changed, read_node
 from node_operations.k3s_install import K3sBinary
 from node_operations.teardown import wipe_node
 from providers.base import (
@@ -150,11 +150,28 @@ class NodeJoinProvider(NodeProvider):
             "k3s_version_in_use": result.k3s_version,
             "state": result.state,
             "checks": result.checks,
+            "machine_id": result.machine_id,
             # When this join last ran: what runs after every join (the disk probe) takes it as an input.
             "join_run": datetime.now(UTC).isoformat(timespec="seconds"),
         }
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        inputs = self._diff_inputs(olds, news)
+        if inputs.changes or not olds.get("state"):
+            return inputs
+        # Same inputs, but the host may have been rebuilt under the node's name (a fresh OS,
+        # no k3s, a new node password): only the host can tell. Then the next run rejoins it,
+        # and the join settles the node password (see Joiner._settle_node_password): removed
+        # only when the old Node is gone or was this very machine, else the run stops naming
+        # the conflict and its fix.
+        node = str(olds["node"])
+        changed = run_operation(joined_host_changed(ssh_target(olds), str(olds.get("machine_id") or "")))
+        if changed is None:
+            return inputs
+        progress(node, f"{changed}: this run joins it again")
+        return DiffResult(changes=True, replaces=[], delete_before_replace=False)
+
+    def _diff_inputs(self, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # The list of recorded nodes is context for preflight, not this node's configuration:
         # adding or removing another worker must not rejoin this one.
         # A state written before taints existed has none: the same as an empty list.
@@ -218,9 +235,9 @@ class NodeJoin(Resource, module="hk3s", name="NodeJoin"):
     k3s_version_in_use: pulumi.Output[str]
     state: pulumi.Output[str]
     join_run: pulumi.Output[str]
+    machine_id: pulumi.Output[str]
 
     def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        inputs = resource_inputs(
-            props, ["name", "addresses", "network_mode_in_use", "k3s_version_in_use", "state", "checks", "join_run"]
-        )
+        outputs = ["name", "addresses", "network_mode_in_use", "k3s_version_in_use", "state", "checks", "join_run"]
+        inputs = resource_inputs(props, [*outputs, "machine_id"])
         super().__init__(NodeJoinProvider(), resource_name, inputs, opts)
