@@ -30,14 +30,18 @@ AGENT_LOG_DIAGNOSES: list[tuple[tuple[str, ...], str, str]] = [
         "Run pulumi up again: the program makes a token for this node",
     ),
     (
-        # Older k3s prints the HTTP status ("401 Unauthorized"); newer decodes the server's
-        # Status object into its message ("Unauthorized", "not authorized").
+        # A refused token, as the agent's configuration retry words it: older k3s prints the URL
+        # and the HTTP status ("...: 401 Unauthorized"); newer decodes the supervisor's Status
+        # into its message ("not authorized", seen on v1.31.3).
         ("401 Unauthorized", "Unauthorized", "not authorized"),
         "token",
         "the server rejected the join token ({line}): it expired (ten minutes), was already used and deleted, "
         "or belongs to another cluster. Run pulumi up again: a new token is made for this node",
     ),
     (
+        # Rarely in a real agent's log at its default level: once started, it dials the server
+        # through its local load balancer, which logs dial errors at debug level only. The join
+        # also asks the network itself when the node does not register (Joiner.wait_registered).
         ("connection refused", "no route to host", "i/o timeout", "network is unreachable", "no such host"),
         "api-reachable",
         "the node cannot reach the Kubernetes API ({line}): open 6443/tcp from this node to the server in the "

@@ -1,17 +1,16 @@
 package main
 
-// `k3s agent`: check the server's CA against the token, bootstrap a kubelet client
-// certificate with the token (or reuse the stored one), then run the node.
+// `k3s agent`: start the client-side load balancer, check the server's CA against the
+// token, fetch the agent configuration, present the node password, get a kubelet client
+// certificate from the supervisor (or reuse the stored one), then run the node.
 
 import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -25,19 +24,15 @@ import (
 	"syscall"
 	"time"
 
-	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	certificatesclient "k8s.io/client-go/kubernetes/typed/certificates/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 )
 
 const (
-	caRetryInterval  = 2 * time.Second // k3s's token validation loop (pkg/agent/run.go)
-	csrWaitTimeout   = 5 * time.Minute
-	kubeletClientCSR = "kubernetes.io/kube-apiserver-client-kubelet"
+	caRetryInterval = 2 * time.Second // k3s's token validation loop (pkg/agent/run.go)
 )
 
 func runAgentCommand(args []string) int {
@@ -116,26 +111,44 @@ func runAgent(ctx context.Context, o *options) error {
 	}
 	infof("Starting k3s agent %s (%s)", version, gitCommit)
 	o.reportIgnored()
+	port, err := lbServerPort(o)
+	if err != nil {
+		return err
+	}
+	// As k3s: the load balancer first, then everything through it (lb.go).
+	lb, err := startLoadBalancer(ctx, serverURL, port)
+	if err != nil {
+		return err
+	}
+	localURL := lb.URL()
 
 	storedCA, _ := os.ReadFile(filepath.Join(spec.dataDir, "server-ca.crt"))
-	caBundle, ok := waitForCA(ctx, serverURL, token, storedCA)
+	caBundle, ok := waitForCA(ctx, serverURL, localURL, token, storedCA)
 	if !ok {
 		return nil // stopped
 	}
-	cfg, ok, err := agentCredentials(ctx, serverURL, token, caBundle, spec)
+	auth := agentAuth{token: parseToken(token)}
+	if cert, err := tls.LoadX509KeyPair(filepath.Join(spec.dataDir, "client-kubelet.crt"), filepath.Join(spec.dataDir, "client-kubelet.key")); err == nil {
+		auth.cert = &cert
+	}
+	if !waitAgentConfig(ctx, localURL, caBundle, auth) {
+		return nil
+	}
+	pass, ok := waitNodePassword(ctx, localURL, caBundle, auth, spec.name)
+	if !ok {
+		return nil
+	}
+	cfg, ok, err := agentCredentials(ctx, localURL, auth, pass, caBundle, spec)
 	if err != nil {
 		return err
 	}
 	if !ok {
 		return nil
 	}
-	if !waitNodePassword(ctx, serverURL, caBundle, cfg.CertData, cfg.KeyData, spec.name) {
-		return nil
-	}
 	if podRuntimeInstalled() {
 		// The real kubelet serves the kubelet port; the tunnel reaches it on loopback.
-		go runTunnel(ctx, serverURL, caBundle, cfg.CertData, cfg.KeyData, spec.kubeletPort)
-		err := runPodAgent(ctx, cfg, spec, serverURL, caBundle)
+		go runTunnel(ctx, localURL, caBundle, cfg.CertData, cfg.KeyData, spec.kubeletPort)
+		err := runPodAgent(ctx, cfg, spec, localURL, caBundle)
 		infof("k3s agent stopped")
 		return err
 	}
@@ -145,11 +158,42 @@ func runAgent(ctx context.Context, o *options) error {
 	}
 	defer stopPort()
 	// The API server reaches this kubelet through the agent's tunnel (k3s's egress-selector mode "agent").
-	go runTunnel(ctx, serverURL, caBundle, cfg.CertData, cfg.KeyData, spec.kubeletPort)
+	go runTunnel(ctx, localURL, caBundle, cfg.CertData, cfg.KeyData, spec.kubeletPort)
 	infof("Running kubelet stand-in for node %s (server %s)", spec.name, serverURL)
 	err = runNode(ctx, cfg, spec, func(*corev1.Node) { sdNotify("READY=1") })
 	infof("k3s agent stopped")
 	return err
+}
+
+// waitAgentConfig fetches the agent configuration with the token's credentials (and any
+// stored node certificate) until the supervisor accepts them, every 5 s at info level, as
+// k3s's agent (pkg/agent/config/config.go): a deleted or expired token is refused here,
+// worded as this version's agent words it (agentauth.go).
+func waitAgentConfig(ctx context.Context, serverURL string, caBundle []byte, auth agentAuth) bool {
+	client := auth.client(caBundle)
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, serverURL+agentConfigPath, nil)
+		if err != nil {
+			return false
+		}
+		auth.apply(req)
+		resp, err := client.Do(req)
+		if ctx.Err() != nil {
+			return false
+		}
+		if err == nil {
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return true
+			}
+			err = responseError(version, resp, body)
+		}
+		infof("Waiting to retrieve agent configuration; server is not ready: failed to retrieve configuration from server: %v", err)
+		if !sleepCtx(ctx, nodePasswordRetry) {
+			return false
+		}
+	}
 }
 
 // insecureClient fetches /cacerts without verifying the server, as k3s does before
@@ -196,7 +240,9 @@ func getCACerts(ctx context.Context, client *http.Client, serverURL, bearer stri
 // every start, also when node credentials are stored: a token k3s refuses (an empty
 // one: "token must not be empty") is logged as "Failed to validate connection to
 // cluster at <url>: <why>" and retried every 2 s forever, so the kubelet never starts.
-func waitForCA(ctx context.Context, serverURL, token string, storedCA []byte) ([]byte, bool) {
+//
+// The requests go to requestURL (the load balancer); the log names the server, as k3s's does.
+func waitForCA(ctx context.Context, serverURL, requestURL, token string, storedCA []byte) ([]byte, bool) {
 	client := insecureClient()
 	parsed, tokenErr := validateAgentToken(token)
 	want := parsed.caHash
@@ -208,7 +254,7 @@ func waitForCA(ctx context.Context, serverURL, token string, storedCA []byte) ([
 		var body []byte
 		var err error
 		if tokenErr == nil {
-			body, err = getCACerts(ctx, client, serverURL, "")
+			body, err = getCACerts(ctx, client, requestURL, "")
 		}
 		switch {
 		case ctx.Err() != nil:
@@ -237,9 +283,9 @@ func waitForCA(ctx context.Context, serverURL, token string, storedCA []byte) ([
 }
 
 // agentCredentials returns a client config with the node's kubelet client
-// certificate: the stored one when it is still valid for this CA and node,
-// otherwise a new one obtained with the token.
-func agentCredentials(ctx context.Context, serverURL, token string, caBundle []byte, spec nodeSpec) (*rest.Config, bool, error) {
+// certificate: the stored one when it is still valid for this CA and node, otherwise a new
+// one from the supervisor (its handler checks the node password again before it signs).
+func agentCredentials(ctx context.Context, serverURL string, auth agentAuth, pass string, caBundle []byte, spec nodeSpec) (*rest.Config, bool, error) {
 	dir := spec.dataDir
 	kubeconfig := filepath.Join(dir, "kubelet.kubeconfig")
 	certPath, keyPath := filepath.Join(dir, "client-kubelet.crt"), filepath.Join(dir, "client-kubelet.key")
@@ -251,18 +297,11 @@ func agentCredentials(ctx context.Context, serverURL, token string, caBundle []b
 	} else if reason != "" {
 		infof("Stored kubelet credentials not used: %s", reason)
 	}
-	if token == "" {
+	if auth.token.creds == "" {
 		return nil, false, errors.New("--token is required")
 	}
-	t := parseToken(token)
 	for {
-		var certPEM, keyPEM []byte
-		var err error
-		if t.isBootstrap() {
-			certPEM, keyPEM, err = bootstrapWithToken(ctx, serverURL, caBundle, t, spec.name)
-		} else {
-			certPEM, keyPEM, err = certificateFromSupervisor(ctx, serverURL, caBundle, t, spec.name)
-		}
+		certPEM, keyPEM, err := certificateFromSupervisor(ctx, serverURL, caBundle, auth, pass, spec.name)
 		if ctx.Err() != nil {
 			return nil, false, nil
 		}
@@ -282,8 +321,8 @@ func agentCredentials(ctx context.Context, serverURL, token string, caBundle []b
 			infof("Kubelet client certificate for system:node:%s stored in %s", spec.name, certPath)
 			return &rest.Config{Host: serverURL, TLSClientConfig: rest.TLSClientConfig{CAData: caBundle, CertData: certPEM, KeyData: keyPEM}}, true, nil
 		}
-		errorf("Failed to validate connection to cluster at %s: %v", serverURL, err)
-		if !sleepCtx(ctx, caRetryInterval) {
+		infof("Waiting to retrieve agent configuration; server is not ready: %v", err)
+		if !sleepCtx(ctx, nodePasswordRetry) {
 			return nil, false, nil
 		}
 	}
@@ -353,113 +392,33 @@ func newNodeCSR(name string) (csrPEM, keyPEM []byte, err error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), keyPEM, nil
 }
 
-// bootstrapWithToken does kubelet TLS bootstrap: authenticated with the bootstrap
-// token it creates a CertificateSigningRequest for the kubelet client signer and
-// waits until the controller-manager has approved and signed it.
-func bootstrapWithToken(ctx context.Context, serverURL string, caBundle []byte, t parsedToken, name string) ([]byte, []byte, error) {
-	// Validate the token first, as k3s does with an authenticated /cacerts request.
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: mustPool(caBundle)}}}
-	body, err := getCACerts(ctx, client, serverURL, t.creds)
-	if err != nil {
-		if strings.Contains(err.Error(), "401") {
-			return nil, nil, fmt.Errorf("failed to get CA certs: %s/cacerts: 401 Unauthorized", serverURL)
-		}
-		return nil, nil, fmt.Errorf("failed to get CA certs: %w", err)
-	}
-	if !bytes.Equal(body, caBundle) {
-		return nil, nil, errors.New("the cluster CA changed while joining")
-	}
-
-	cfg := clientConfig(&rest.Config{Host: serverURL, BearerToken: t.creds, TLSClientConfig: rest.TLSClientConfig{CAData: caBundle}}, "kubelet-bootstrap")
-	cs, err := certificatesclient.NewForConfig(cfg)
-	if err != nil {
-		return nil, nil, err
-	}
+// certificateFromSupervisor asks the supervisor for the node's kubelet client certificate
+// (k3s's getNodeNamedCrt on /v1-k3s/client-kubelet.crt): a CSR for the node's key, the
+// token's credentials, the node name and password; a refused password is "Node password
+// rejected" (403), as k3s words it.
+func certificateFromSupervisor(ctx context.Context, serverURL string, caBundle []byte, auth agentAuth, pass, name string) ([]byte, []byte, error) {
 	csrPEM, keyPEM, err := newNodeCSR(name)
 	if err != nil {
 		return nil, nil, err
 	}
-	sum := sha256.Sum256(csrPEM)
-	csrName := "node-csr-" + strings.TrimRight(base64.RawURLEncoding.EncodeToString(sum[:]), "=")[:32]
-	// An ECDSA key: digital signature and client auth (key encipherment is for RSA).
-	usages := []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}
-	csr, err := cs.CertificateSigningRequests().Create(ctx, &certificatesv1.CertificateSigningRequest{
-		ObjectMeta: metav1.ObjectMeta{Name: csrName},
-		Spec: certificatesv1.CertificateSigningRequestSpec{
-			Request:    csrPEM,
-			SignerName: kubeletClientCSR,
-			Usages:     usages,
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		if apierrors.IsUnauthorized(err) {
-			return nil, nil, fmt.Errorf("failed to create certificate signing request: Unauthorized")
-		}
-		return nil, nil, fmt.Errorf("failed to create certificate signing request: %w", err)
-	}
-	infof("Waiting for certificate signing request %s (signer %s) to be approved and issued", csr.Name, kubeletClientCSR)
-	wctx, cancel := context.WithTimeout(ctx, csrWaitTimeout)
-	defer cancel()
-	for {
-		got, err := cs.CertificateSigningRequests().Get(wctx, csr.Name, metav1.GetOptions{})
-		if err != nil && wctx.Err() == nil {
-			warnf("Failed to get certificate signing request %s: %v", csr.Name, err)
-		}
-		if got != nil {
-			if got.UID != csr.UID {
-				return nil, nil, fmt.Errorf("certificate signing request %s was replaced", csr.Name)
-			}
-			for _, c := range got.Status.Conditions {
-				switch c.Type {
-				case certificatesv1.CertificateDenied:
-					return nil, nil, fmt.Errorf("certificate signing request %s was denied: %s %s", csr.Name, c.Reason, c.Message)
-				case certificatesv1.CertificateFailed:
-					return nil, nil, fmt.Errorf("certificate signing request %s failed: %s %s", csr.Name, c.Reason, c.Message)
-				}
-			}
-			if len(got.Status.Certificate) > 0 {
-				certs, err := parseCertsPEM(got.Status.Certificate)
-				if err != nil {
-					return nil, nil, fmt.Errorf("certificate signing request %s: %w", csr.Name, err)
-				}
-				if certs[0].Subject.CommonName != "system:node:"+name {
-					return nil, nil, fmt.Errorf("issued certificate is for %s", certs[0].Subject.CommonName)
-				}
-				infof("Certificate signing request %s approved and issued", csr.Name)
-				return got.Status.Certificate, keyPEM, nil
-			}
-		}
-		if !sleepCtx(wctx, time.Second) {
-			if ctx.Err() != nil {
-				return nil, nil, ctx.Err()
-			}
-			return nil, nil, fmt.Errorf("timed out waiting for certificate signing request %s to be approved and issued", csr.Name)
-		}
-	}
-}
-
-// certificateFromSupervisor: with a server token (not a bootstrap token) the
-// supervisor itself signs the node's CSR after checking the token's password.
-func certificateFromSupervisor(ctx context.Context, serverURL string, caBundle []byte, t parsedToken, name string) ([]byte, []byte, error) {
-	csrPEM, keyPEM, err := newNodeCSR(name)
-	if err != nil {
-		return nil, nil, err
-	}
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: mustPool(caBundle)}}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, serverURL+supervisorKubeletCertPath, bytes.NewReader(csrPEM))
 	if err != nil {
 		return nil, nil, err
 	}
-	req.SetBasicAuth("node", t.password)
+	auth.apply(req)
 	req.Header.Set(nodeNameHeader, name)
-	resp, err := client.Do(req)
+	req.Header.Set(nodePasswordHeader, pass)
+	resp, err := auth.client(caBundle).Do(req)
 	if err != nil {
-		return nil, nil, fmt.Errorf("failed to get CA certs: %w", err)
+		return nil, nil, err
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if resp.StatusCode != http.StatusOK {
-		return nil, nil, fmt.Errorf("failed to get CA certs: %s%s: %s", serverURL, supervisorKubeletCertPath, resp.Status)
+	switch {
+	case resp.StatusCode == http.StatusForbidden:
+		return nil, nil, fmt.Errorf(nodePasswordRejected, nodePasswordFile())
+	case resp.StatusCode != http.StatusOK:
+		return nil, nil, responseError(version, resp, body)
 	}
 	if _, err := parseCertsPEM(body); err != nil {
 		return nil, nil, err

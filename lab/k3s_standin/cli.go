@@ -456,7 +456,7 @@ func commonFlags() []*flagDef {
 		ignoredList("kube-proxy-arg"),
 		ignoredBool("protect-kernel-defaults"),
 		ignoredBool("selinux"),
-		ignoredStr("lb-server-port"),
+		str("lb-server-port", nil, "6444", []string{"K3S_LB_SERVER_PORT"}, "(agent/node) Local port for supervisor client load-balancer"),
 		ignoredStr("vpn-auth"),
 		ignoredStr("vpn-auth-file"),
 		ignoredBool("prefer-bundled-bin"),

@@ -49,13 +49,17 @@
 //     (K10<sha256 of the /cacerts bytes>::id.secret,
 //     fetched without verification; on a mismatch it logs "token CA hash does not
 //     match the Cluster CA certificate hash: <token> != <server>" and retries every
-//     2 s forever, sending no credentials), then the real kubelet TLS bootstrap with
-//     a bootstrap token (key, CertificateSigningRequest for signer
-//     kubernetes.io/kube-apiserver-client-kubelet, CN system:node:<name>, approved
-//     and signed by the real controllers; a rejected token is logged as
-//     "failed to get CA certs: ... 401 Unauthorized" and retried), or with the
-//     server token a certificate signed by the supervisor. The credentials are kept
-//     in <data-dir>/agent, so a restart needs no live token (a deleted one is enough:
+//     2 s forever, sending no credentials). All of it goes through the agent's client-side
+//     load balancer on 127.0.0.1:6444 (--lb-server-port), started first as k3s starts it
+//     (lb.go: the dial errors to the server logged at debug level only, as
+//     pkg/agent/loadbalancer does). Then the agent configuration is fetched with the
+//     token's credentials (agentauth.go: a refused token logged at info level every 5 s,
+//     "failed to retrieve configuration from server: not authorized" from v1.31, the URL
+//     and "401 Unauthorized" before), then the node password is presented and the kubelet
+//     client certificate obtained from the supervisor's /v1-k3s/client-kubelet.crt, whose
+//     handler verifies the node password before it signs (as k3s's ClientKubeletCert with
+//     its node auth validator; signed by the client CA, CN system:node:<name>). The
+//     credentials are kept in <data-dir>/agent, so a restart needs no live token (a deleted one is enough:
 //     the node's certificate authenticates it, k3s PRs #6663/#6898). The Node gets the
 //     configured labels (the kubelet's restrictions on kubernetes.io labels apply),
 //     taints, InternalIP (--node-ip, else the --flannel-iface address, else the
@@ -71,14 +75,15 @@
 //     reach a kubelet whose 10250 is blocked between the nodes, as on k3s; only a
 //     direct dial of 10250 fails then. Node passwords (pkg/nodepassword): the agent's
 //     /etc/rancher/node/password checked against kube-system/<node>.node-password.k3s
-//     at every start, another host's refused ("Node password rejected, ..." every 5 s at
+//     at every start, in the handlers that issue the agent's certificates and before they
+//     issue anything, another host's refused ("Node password rejected, ..." every 5 s at
 //     info level), the Secret deleted with its Node (nodepassword.go says how).
 //     READY=1 goes to systemd once the Node is Ready; on
 //     SIGTERM it stops heartbeating and exits, so the Node goes NotReady after the
 //     grace period.
 //   - Pod mode of the agent (runtime.go), only on a host where k3s's bundled runtime is
 //     installed at /var/lib/rancher/k3s/data/current/bin (the lab's pod-capable hosts,
-//     lab/pod_hosts.py): after the same TLS bootstrap, CA pinning, token and node
+//     lab/pod_hosts.py): after the same certificate request, CA pinning, token and node
 //     password handling, the agent registers its Node as above, then runs the real
 //     containerd and kubelet (instead of the heartbeat and the /healthz port) as k3s's
 //     agent does, with the client certificate it obtained; it imports the image
@@ -94,7 +99,7 @@
 // flannel's daemon (pod mode's CNI is bridge + host-local on the Node's pod CIDR), no
 // kube-proxy, no network policy, no CoreDNS/Traefik/local-path/metrics-server/helm
 // add-ons, no cloud controller (a pod-mode Node has no ExternalIP address). No embedded etcd or external datastores, no HA servers,
-// no agent load balancer, no websocket (the tunnel opens one connection per stream),
+// no server list learned by the agent's load balancer (lb.go), no websocket (the tunnel opens one connection per stream),
 // no certificate rotation, no secrets encryption, no etcd snapshots. The server's own
 // node presents no node password.
 package main

@@ -17,9 +17,9 @@ package main
 //     the name of a live Node, or a node whose registration was refused after the
 //     Secret was written, meets the refusal.
 //
-// The stand-in checks the password after the agent holds its client certificate (k3s
-// does it while fetching its certificates); either way no kubelet runs and no Node
-// registers. The password file is $HK3S_LAB_NODE_PASSWORD_FILE when set (the stand-in's
+// As in k3s, the password is checked in the handlers that issue the agent's certificates
+// (the serving certificate first, then the client certificate), before anything is issued:
+// a refused host gets no certificate, runs no kubelet and registers no Node. The password file is $HK3S_LAB_NODE_PASSWORD_FILE when set (the stand-in's
 // own tests run agents on one machine), else /etc/rancher/node/password.
 
 import (
@@ -27,7 +27,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
-	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -79,48 +78,47 @@ func ensureNodePassword(path string) (string, error) {
 	return pass, writeFileAtomic(path, []byte(pass+"\n"), 0o600)
 }
 
-// waitNodePassword sends the node's name and password with its client certificate until
-// the server accepts them (forever, every 5 s, as the k3s agent retries its configuration).
-func waitNodePassword(ctx context.Context, serverURL string, caBundle, certPEM, keyPEM []byte, node string) bool {
+// waitNodePassword presents the node's name and password (with the token's credentials and
+// any stored node certificate) until the server accepts them: forever, every 5 s, as the k3s
+// agent retries its configuration. It comes before any certificate is issued, as in k3s,
+// whose agent asks for its serving certificate first (getServingCert, password checked in
+// the handler) and its client certificate next (checked again).
+func waitNodePassword(ctx context.Context, serverURL string, caBundle []byte, auth agentAuth, node string) (string, bool) {
 	file := nodePasswordFile()
 	pass, err := ensureNodePassword(file)
 	if err != nil {
 		errorf("Failed to read or create the node password in %s: %v", file, err)
-		return false
+		return "", false
 	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		errorf("Node password: %v", err)
-		return false
-	}
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: mustPool(caBundle), Certificates: []tls.Certificate{cert}}}}
+	client := auth.client(caBundle)
 	for {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, serverURL+nodePasswordPath, nil)
 		if err != nil {
-			return false
+			return "", false
 		}
+		auth.apply(req)
 		req.Header.Set(nodeNameHeader, node)
 		req.Header.Set(nodePasswordHeader, pass)
 		resp, err := client.Do(req)
 		switch {
 		case ctx.Err() != nil:
-			return false
+			return "", false
 		case err != nil:
 			infof("Waiting to retrieve agent configuration; server is not ready: %v", err)
 		default:
-			_, _ = io.Copy(io.Discard, resp.Body)
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 			resp.Body.Close()
 			switch resp.StatusCode {
 			case http.StatusOK:
-				return true
+				return pass, true
 			case http.StatusForbidden:
 				infof("Waiting to retrieve agent configuration; server is not ready: "+nodePasswordRejected, file)
 			default:
-				infof("Waiting to retrieve agent configuration; server is not ready: %s%s: %s", serverURL, nodePasswordPath, resp.Status)
+				infof("Waiting to retrieve agent configuration; server is not ready: %v", responseError(version, resp, body))
 			}
 		}
 		if !sleepCtx(ctx, nodePasswordRetry) {
-			return false
+			return "", false
 		}
 	}
 }
@@ -175,33 +173,51 @@ func ensureNodePasswordSecret(ctx context.Context, secrets corev1client.SecretIn
 	return err
 }
 
-// serveNodePassword: an agent with its node certificate presents its password.
-func (sup *supervisor) serveNodePassword(w http.ResponseWriter, r *http.Request) {
-	node := r.Header.Get(nodeNameHeader)
+// nodeAuth verifies the node name and password a request carries, as k3s's
+// nodepassword.GetNodeAuthValidator (pkg/nodepassword/validate.go): both headers required
+// (400), a caller authenticated by a node certificate only for its own name (400), the
+// password checked against the node's record or the record created (Ensure); a password
+// that does not match is refused with 403 and the handler issues nothing. It answers the
+// request itself when it returns false.
+func (sup *supervisor) nodeAuth(w http.ResponseWriter, r *http.Request, user string) (string, bool) {
+	node := strings.ToLower(r.Header.Get(nodeNameHeader))
 	pass := r.Header.Get(nodePasswordHeader)
-	user := ""
-	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-		if u, _, err := sup.verifyClient(r.TLS.PeerCertificates); err == nil {
-			user = u
-		}
+	switch {
+	case node == "":
+		writeStatus(w, http.StatusBadRequest, "BadRequest", "node name not set")
+		return "", false
+	case pass == "":
+		writeStatus(w, http.StatusBadRequest, "BadRequest", "node password not set")
+		return "", false
 	}
-	if node == "" || user != "system:node:"+node {
-		writeStatus(w, http.StatusUnauthorized, "Unauthorized", "Unauthorized")
-		return
-	}
-	if pass == "" {
-		http.Error(w, "missing node password", http.StatusBadRequest)
-		return
+	if name, isNode := strings.CutPrefix(user, "system:node:"); isNode && name != node {
+		writeStatus(w, http.StatusBadRequest, "BadRequest", "header node name does not match auth node name")
+		return "", false
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	if err := ensureNodePasswordSecret(ctx, sup.secrets, node, pass); err != nil {
 		if strings.HasPrefix(err.Error(), "unable to verify password") {
 			warnf("Node password validation failed for '%s': %v", node, err)
-			http.Error(w, err.Error(), http.StatusForbidden)
-			return
+			writeStatus(w, http.StatusForbidden, "Forbidden", err.Error())
+			return "", false
 		}
 		writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", err.Error())
+		return "", false
+	}
+	return node, true
+}
+
+// serveNodePassword answers the agent's serving-certificate request (k3s's
+// ServingKubeletCert, the agent's first certificate request): an agent, then nodeAuth. The
+// stand-in issues no serving certificate (its kubelet port makes its own), so an accepted
+// request gets "ok".
+func (sup *supervisor) serveNodePassword(w http.ResponseWriter, r *http.Request) {
+	user, ok := sup.agentAuthorized(w, r)
+	if !ok {
+		return
+	}
+	if _, ok := sup.nodeAuth(w, r, user); !ok {
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain")

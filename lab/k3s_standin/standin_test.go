@@ -1,12 +1,17 @@
 package main
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 )
@@ -182,5 +187,84 @@ func TestKubeletRestrictedLabels(t *testing.T) {
 		if got := kubeletRestrictedLabel(key); got != want {
 			t.Errorf("kubeletRestrictedLabel(%q) = %v, want %v", key, got, want)
 		}
+	}
+}
+
+// A refused token as the agent words it, by version (agentauth.go): older agents print the
+// URL and the HTTP status, newer ones the decoded Status message.
+func TestRefusedTokenWordingFollowsTheVersion(t *testing.T) {
+	body := []byte(`{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"not authorized","reason":"Unauthorized","code":401}`)
+	req, err := http.NewRequest(http.MethodGet, "https://127.0.0.1:6444/v1-k3s/config", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := &http.Response{StatusCode: http.StatusUnauthorized, Status: "401 Unauthorized", Request: req}
+	for v, want := range map[string]string{
+		"v1.30.14+k3s1": "https://127.0.0.1:6444/v1-k3s/config: 401 Unauthorized",
+		"v1.31.0+k3s1":  "not authorized",
+		"v1.36.1+k3s1":  "not authorized",
+	} {
+		if got := responseError(v, resp, body).Error(); got != want {
+			t.Errorf("%s: %q, want %q", v, got, want)
+		}
+	}
+	// A body that is no Status: the URL and the HTTP status in every version.
+	if got := responseError("v1.36.1+k3s1", resp, []byte("Unauthorized\n")).Error(); got != "https://127.0.0.1:6444/v1-k3s/config: 401 Unauthorized" {
+		t.Errorf("plain body: %q", got)
+	}
+}
+
+// The load balancer passes a connection to the server, and closes the one it accepted when
+// the server cannot be dialled (what the agent's own request then meets).
+func TestLoadBalancerPassesToTheServerAndClosesWhenItCannotDial(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	server, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := server.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(c, c); c.Close() }()
+		}
+	}()
+	lb, err := startLoadBalancer(ctx, "https://"+server.Addr().String(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", lb.local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("echo through the load balancer: %q %v", buf, err)
+	}
+	c.Close()
+
+	addr := server.Addr().String()
+	server.Close() // nothing listens there now
+	lb2, err := startLoadBalancer(ctx, "https://"+addr, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := net.Dial("tcp", lb2.local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	_, _ = c2.Write([]byte("hello"))
+	_ = c2.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c2.Read(buf); err == nil {
+		t.Fatalf("read %d bytes from a load balancer with no server", n)
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("the load balancer kept the connection open: %v", err)
 	}
 }

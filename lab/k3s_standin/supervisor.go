@@ -33,7 +33,10 @@ import (
 
 const (
 	supervisorKubeletCertPath = "/v1-k3s/client-kubelet.crt"
+	agentConfigPath           = "/v1-k3s/config"
 	nodeNameHeader            = "K3s-Node-Name"
+	// The group k3s gives callers of the server token ("node:<password>").
+	agentGroup = "k3s:agent"
 )
 
 type supervisor struct {
@@ -157,6 +160,9 @@ func (sup *supervisor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/cacerts":
 		sup.serveCACerts(w, r)
 		return
+	case agentConfigPath:
+		sup.serveAgentConfig(w, r)
+		return
 	case supervisorKubeletCertPath:
 		sup.serveKubeletCert(w, r)
 		return
@@ -272,25 +278,78 @@ func (sup *supervisor) serveClientCA(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(sup.s.clientCA.certPEM)
 }
 
-// serveKubeletCert signs a node's CSR for a caller that knows the server token
-// (or the agent token). Bootstrap-token callers use the CSR API instead.
+// authenticateAgent: the caller's identity from its client certificate, a bearer token the
+// API's authenticators accept (a bootstrap token), or the server token's password, whichever
+// works (k3s's authenticator is a union); ok false when none does.
+func (sup *supervisor) authenticateAgent(r *http.Request) (user string, groups []string, ok bool) {
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		if u, g, err := sup.verifyClient(r.TLS.PeerCertificates); err == nil {
+			return u, g, true
+		}
+	}
+	if token, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); found && token != "" {
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		review, err := sup.tokenReviews.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
+		if err == nil && review.Status.Authenticated {
+			return review.Status.User.Username, review.Status.User.Groups, true
+		}
+		return "", nil, false
+	}
+	if _, password, found := r.BasicAuth(); found {
+		for _, p := range sup.passwords {
+			if p != "" && subtle.ConstantTimeCompare([]byte(p), []byte(password)) == 1 {
+				return "node", []string{agentGroup}, true
+			}
+		}
+	}
+	return "", nil, false
+}
+
+// agentAuthorized answers the request itself (and returns false) unless the caller is an
+// agent: k3s's HasRole(k3s:agent, system:nodes, system:bootstrappers) on its agent routes,
+// "not authorized" (401) for no identity, "forbidden" (403) for another role.
+func (sup *supervisor) agentAuthorized(w http.ResponseWriter, r *http.Request) (string, bool) {
+	user, groups, ok := sup.authenticateAgent(r)
+	if !ok {
+		writeStatus(w, http.StatusUnauthorized, "Unauthorized", "not authorized")
+		return "", false
+	}
+	if !slices.Contains(groups, agentGroup) && !slices.Contains(groups, "system:nodes") && !slices.Contains(groups, "system:bootstrappers") {
+		writeStatus(w, http.StatusForbidden, "Forbidden", "forbidden")
+		return "", false
+	}
+	return user, true
+}
+
+// serveAgentConfig: the agent configuration, the first request an agent authenticates (k3s
+// serves the control-plane settings here; the stand-in's agent needs none of them).
+func (sup *supervisor) serveAgentConfig(w http.ResponseWriter, r *http.Request) {
+	if _, ok := sup.agentAuthorized(w, r); !ok {
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, "{}\n")
+}
+
+// serveKubeletCert signs a node's kubelet client certificate, as k3s's ClientKubeletCert
+// (pkg/server/handlers/handlers.go): the caller authenticated as an agent, then its node
+// name and password verified (nodepassword.go's nodeAuth: a password that does not match
+// the node's record is refused, 403, and no certificate is issued), then the CSR signed
+// by the client CA.
 func (sup *supervisor) serveKubeletCert(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	_, password, ok := r.BasicAuth()
-	allowed := false
-	for _, p := range sup.passwords {
-		if ok && p != "" && subtle.ConstantTimeCompare([]byte(p), []byte(password)) == 1 {
-			allowed = true
-		}
-	}
-	if !allowed {
-		writeStatus(w, http.StatusUnauthorized, "Unauthorized", "Unauthorized")
+	user, ok := sup.agentAuthorized(w, r)
+	if !ok {
 		return
 	}
-	node := r.Header.Get(nodeNameHeader)
+	node, ok := sup.nodeAuth(w, r, user)
+	if !ok {
+		return
+	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -307,10 +366,6 @@ func (sup *supervisor) serveKubeletCert(w http.ResponseWriter, r *http.Request) 
 	}
 	if err != nil {
 		http.Error(w, "invalid certificate request: "+err.Error(), http.StatusBadRequest)
-		return
-	}
-	if node == "" || csr.Subject.CommonName != "system:node:"+node {
-		http.Error(w, "certificate request does not match the node name", http.StatusBadRequest)
 		return
 	}
 	der, err := signCert(sup.s.clientCA, csr.PublicKey, nil, certSpec{

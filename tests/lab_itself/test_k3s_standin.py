@@ -187,7 +187,9 @@ class Cluster:
         config = data / "config.yaml"
         # Part of the settings come from the config file, as the product writes them.
         port = self.state[f"{name}-kubelet-port"] = _free_port()
-        config.write_text(f"node-ip: 127.0.0.1\nkubelet-arg:\n  - port={port}\n")
+        # Each agent's load balancer on a port of its own (on a host of its own, 6444).
+        lb_port = self.state[f"{name}-lb-port"] = _free_port()
+        config.write_text(f"node-ip: 127.0.0.1\nlb-server-port: {lb_port}\nkubelet-arg:\n  - port={port}\n")
         return [
             "agent",
             "--config",
@@ -409,16 +411,26 @@ def test_agent_joins_with_the_bootstrap_token(cluster: Cluster) -> None:
     assert ("InternalIP", "127.0.0.1") in addresses, addresses  # node-ip from the config file
     _wait_for("the agent to notify READY=1", lambda: _notifications(notify) == [b"READY=1"], 10, agent)
 
-    # The client certificate came from a real CSR, approved and signed by the controllers.
+    # As k3s: the client certificate comes from the supervisor (/v1-k3s/client-kubelet.crt,
+    # signed by the client CA once the node password is verified), not from a CSR.
     csrs = cluster.get("csr")
     assert csrs is not None
     tid = TOKEN_RE.fullmatch(token).group(2)  # type: ignore[union-attr]
-    mine = [c for c in csrs["items"] if c["spec"]["username"] == f"system:bootstrap:{tid}"]
-    assert len(mine) == 1, [c["spec"]["username"] for c in csrs["items"]]
-    assert mine[0]["spec"]["signerName"] == "kubernetes.io/kube-apiserver-client-kubelet"
-    assert {c["type"] for c in mine[0]["status"]["conditions"]} >= {"Approved"}
+    assert not [c for c in csrs["items"] if c["spec"]["username"] == f"system:bootstrap:{tid}"], csrs["items"]
     crt = x509.load_pem_x509_certificate((cluster.tmp / "worker-1" / "agent" / "client-kubelet.crt").read_bytes())
     assert crt.subject.rfc4514_string() == "CN=system:node:worker-1,O=system:nodes"
+    client_ca = x509.load_pem_x509_certificate(
+        (cluster.tmp / "server" / "server" / "tls" / "client-ca.crt").read_bytes()
+    )
+    assert crt.issuer == client_ca.subject
+    assert "Issued kubelet client certificate for node worker-1" in cluster.server.text()  # type: ignore[union-attr]
+    # Through the agent's load balancer on 127.0.0.1:<lb-server-port> (k3s's 6444).
+    lb = f"127.0.0.1:{cluster.state['worker-1-lb-port']}"
+    assert f"Running load balancer k3s-agent-load-balancer {lb} -> [] [default: 127.0.0.1:{cluster.https_port}]" in (
+        agent.text()
+    ), agent.tail()
+    kubeconfig = (cluster.tmp / "worker-1" / "agent" / "kubelet.kubeconfig").read_text()
+    assert f"server: https://{lb}" in kubeconfig, kubeconfig
 
     # The kubelet port answers /healthz over TLS.
     port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
@@ -486,7 +498,34 @@ def test_wrong_ca_hash_is_refused_and_retried_without_joining(cluster: Cluster) 
     csrs = cluster.get("csr")
     assert csrs is not None
     assert not [c for c in csrs["items"] if c["spec"]["username"] == f"system:bootstrap:{m.group(2)}"]
+    assert not (cluster.tmp / "worker-bad" / "agent" / "client-kubelet.crt").exists()
     assert agent.stop() == 0
+
+
+def test_an_unreachable_server_is_named_at_debug_level_only(cluster: Cluster) -> None:
+    """As k3s (pkg/agent/loadbalancer): the agent reaches the server through its load
+    balancer on 127.0.0.1; a server it cannot dial shows at the default level only as the
+    agent's own request failing on the local address, and the dial error naming the server
+    is logged at debug level."""
+    closed = _free_port()  # nothing listens there
+    args = cluster.agent_args("worker-nolb", "K10" + "0" * 64 + "::abcdef.0123456789abcdef")
+    args[args.index("--server") + 1] = f"https://127.0.0.1:{closed}"
+    lb = f"127.0.0.1:{cluster.state['worker-nolb-lb-port']}"
+    failed = f"Failed to validate connection to cluster at https://127.0.0.1:{closed}: failed to get CA certs"
+    quiet = cluster.spawn("worker-nolb", *args)
+    _wait_for("two failed attempts", lambda: quiet.text().count(failed) >= 2, 30, quiet)
+    lines = [line for line in quiet.text().splitlines() if failed in line]
+    assert all(f"https://{lb}/cacerts" in line and "level=error" in line for line in lines), lines
+    assert f"127.0.0.1:{closed}: connect" not in quiet.text() and "connection refused" not in quiet.text()
+    assert quiet.stop() == 0
+
+    loud = cluster.spawn("worker-nolb-debug", "--debug", *args)
+    dial = f"Dial error from server 127.0.0.1:{closed}@STANDBY* after "
+    _wait_for("the dial error at debug level", lambda: dial in loud.text(), 30, loud)
+    lines = [line for line in loud.text().splitlines() if dial in line]
+    assert all("level=debug" in line and "connect: connection refused" in line for line in lines), lines
+    assert "error dialing load balancer servers: all servers failed" in loud.text(), loud.tail()
+    assert loud.stop() == 0
 
 
 def test_deleted_token_is_unauthorized(cluster: Cluster) -> None:
@@ -498,16 +537,20 @@ def test_deleted_token_is_unauthorized(cluster: Cluster) -> None:
     assert m.group(2) in out
     assert m.group(2) not in cluster.run("token", "list", "--data-dir", server_dir).stdout
     agent = cluster.spawn("worker-gone", *cluster.agent_args("worker-gone", token))
-    _wait_for(
-        "the agent to log that the token is unauthorized",
-        lambda: "failed to get CA certs" in agent.text() and "Unauthorized" in agent.text(),
-        60,
-        agent,
+    # As the configured version's agent words the supervisor's 401 (agentauth.go): the decoded
+    # Status message from v1.31, the URL and the HTTP status before; info level, every 5 s.
+    minor = int(cluster.state["version"].split(".")[1])
+    why = (
+        "not authorized"
+        if minor >= 31
+        else f"https://127.0.0.1:{cluster.state['worker-gone-lb-port']}/v1-k3s/config: 401 Unauthorized"
     )
-    time.sleep(6)  # and it keeps retrying
+    refused = f"Waiting to retrieve agent configuration; server is not ready: failed to retrieve configuration from server: {why}"
+    _wait_for("the agent to log that the token is refused twice", lambda: agent.text().count(refused) >= 2, 60, agent)
     assert agent.popen.poll() is None
-    assert agent.text().count("Unauthorized") >= 2, agent.tail()
+    assert all("level=info" in line for line in agent.text().splitlines() if refused in line), agent.tail()
     assert cluster.node("worker-gone") is None
+    assert not (cluster.tmp / "worker-gone" / "agent" / "client-kubelet.crt").exists()
     assert agent.stop() == 0
 
 
@@ -604,6 +647,21 @@ def test_another_hosts_password_is_refused_until_the_node_is_deleted(cluster: Cl
     assert all("level=info" in line for line in agent.text().splitlines() if "Node password rejected" in line)
     assert "Running kubelet stand-in" not in agent.text(), agent.tail()
     assert agent.stop() == 0
+
+    # A fresh host under the name, with a live token: refused before any certificate is
+    # issued, as k3s checks the password in the handlers that issue them.
+    token = cluster.run(
+        "token", "create", "--data-dir", str(cluster.tmp / "server"), "--ttl", "10m", "--description", "worker-1"
+    ).stdout.strip()
+    fresh_args = cluster.agent_args("worker-1-fresh", token)
+    fresh_args[fresh_args.index("--node-name") + 1] = "worker-1"
+    issued = cluster.server.text().count("Issued kubelet client certificate for node worker-1")  # type: ignore[union-attr]
+    fresh = cluster.spawn("worker-1-fresh", *fresh_args, env_extra=rebuilt)
+    _wait_for("the fresh host to be refused twice", lambda: fresh.text().count(rejected) >= 2, 30, fresh)
+    assert not (cluster.tmp / "worker-1-fresh" / "agent" / "client-kubelet.crt").exists()
+    assert cluster.server.text().count("Issued kubelet client certificate for node worker-1") == issued  # type: ignore[union-attr]
+    assert "Running kubelet stand-in" not in fresh.text(), fresh.tail()
+    assert fresh.stop() == 0
 
     cluster.kubectl("delete", "node", "worker-1")
     _wait_for(

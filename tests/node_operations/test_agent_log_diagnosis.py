@@ -25,6 +25,13 @@ def test_a_rejected_token_is_named_in_old_and_new_k3s_wording() -> None:
         'level=error msg="Failed to validate connection to cluster at https://10.0.1.2:6443: failed to get CA certs: '
         'https://10.0.1.2:6443/cacerts: 401 Unauthorized"',
         'level=error msg="Failed to validate connection to cluster at https://10.0.1.2:6443: token is not authorized"',
+        # What the agent logs for a refused token (pkg/agent/config/config.go's retry loop, info
+        # level): before clientaccess decoded the supervisor's Status (seen up to v1.27.5) ...
+        'level=info msg="Waiting to retrieve agent configuration; server is not ready: failed to retrieve '
+        'configuration from server: https://127.0.0.1:6444/v1-k3s/config: 401 Unauthorized"',
+        # ... and after (seen on v1.31.3): the Status message util.SendError wrote.
+        'level=info msg="Waiting to retrieve agent configuration; server is not ready: failed to retrieve '
+        'configuration from server: not authorized"',
     ]
     for line in lines:
         error = diagnose_agent_log("w3", [line])
