@@ -146,8 +146,9 @@ func runAgent(ctx context.Context, o *options) error {
 		return nil
 	}
 	if podRuntimeInstalled() {
-		// The real kubelet serves the kubelet port; the tunnel reaches it on loopback.
-		go runTunnel(ctx, localURL, caBundle, cfg.CertData, cfg.KeyData, spec.kubeletPort)
+		// The real kubelet serves the kubelet port; the tunnel reaches it on loopback. As k3s's
+		// (pkg/agent/tunnel), the tunnel dials the server itself, not the load balancer.
+		go runTunnel(ctx, serverURL, caBundle, cfg.CertData, cfg.KeyData, spec.kubeletPort)
 		err := runPodAgent(ctx, cfg, spec, localURL, caBundle)
 		infof("k3s agent stopped")
 		return err
@@ -157,8 +158,9 @@ func runAgent(ctx context.Context, o *options) error {
 		return err
 	}
 	defer stopPort()
-	// The API server reaches this kubelet through the agent's tunnel (k3s's egress-selector mode "agent").
-	go runTunnel(ctx, localURL, caBundle, cfg.CertData, cfg.KeyData, spec.kubeletPort)
+	// The API server reaches this kubelet through the agent's tunnel (k3s's egress-selector mode
+	// "agent"), dialled to the server itself, not through the load balancer.
+	go runTunnel(ctx, serverURL, caBundle, cfg.CertData, cfg.KeyData, spec.kubeletPort)
 	infof("Running kubelet stand-in for node %s (server %s)", spec.name, serverURL)
 	err = runNode(ctx, cfg, spec, func(*corev1.Node) { sdNotify("READY=1") })
 	infof("k3s agent stopped")
