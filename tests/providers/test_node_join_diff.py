@@ -58,7 +58,12 @@ def test_a_login_key_change_alone_still_asks_the_host(monkeypatch: pytest.Monkey
     # The update of a rotated key alone runs the diff without the key change (state_only_change):
     # a host rebuilt in the same run is joined again rather than only storing the new key.
     joined: list[dict[str, Any]] = []
-    monkeypatch.setattr(NodeJoinProvider, "_join", lambda _self, props, old_labels=None: joined.append(props) or props)
+
+    def join(_self: NodeJoinProvider, props: dict[str, Any], **_olds: Any) -> dict[str, Any]:
+        joined.append(props)
+        return props
+
+    monkeypatch.setattr(NodeJoinProvider, "_join", join)
     _host_says(monkeypatch, "the host at 198.51.100.7 no longer has the k3s agent it joined with")
     NodeJoinProvider().update("w1-join", dict(JOINED), {**INPUTS, "private_key": "new-key"})
     assert [props["private_key"] for props in joined] == ["new-key"]
