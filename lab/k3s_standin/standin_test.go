@@ -2,9 +2,16 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
+	"encoding/pem"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -266,5 +273,48 @@ func TestLoadBalancerPassesToTheServerAndClosesWhenItCannotDial(t *testing.T) {
 		t.Fatalf("read %d bytes from a load balancer with no server", n)
 	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
 		t.Fatalf("the load balancer kept the connection open: %v", err)
+	}
+}
+
+// The CA hash in a token, as k3s's hashCA (pkg/clientaccess/token.go): the bundle's bytes for
+// one certificate; for a chain (a custom CA with an intermediate), the root's DER, so the hash
+// survives a renewed intermediate.
+func TestCAHashIsTheBytesOfOneCertificateAndTheRootOfAChain(t *testing.T) {
+	mk := func(cn string, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+		}
+		if parent == nil {
+			parent, parentKey = tmpl, key
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, err := x509.ParseCertificate(der)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cert, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	}
+	root, rootKey, rootPEM := mk("root", nil, nil)
+	_, _, interPEM := mk("intermediate", root, rootKey)
+	one := sha256.Sum256(rootPEM)
+	if got := caHash(rootPEM); got != hex.EncodeToString(one[:]) {
+		t.Errorf("one certificate: %s, want the hash of its bytes", got)
+	}
+	chain := append(append([]byte{}, interPEM...), rootPEM...)
+	want := sha256.Sum256(root.Raw)
+	if got := caHash(chain); got != hex.EncodeToString(want[:]) {
+		t.Errorf("a chain: %s, want the hash of the root's DER %s", got, hex.EncodeToString(want[:]))
+	}
+	if raw := sha256.Sum256(chain); caHash(chain) == hex.EncodeToString(raw[:]) {
+		t.Errorf("a chain hashed as raw bytes")
 	}
 }
