@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from cluster_settings.models import ClusterSettings
+from host_scripts import script_path
 from lab.hosts import Host, Lab
 from lab.stack_harness import (
     LONGHORN_PACKAGES,
@@ -389,3 +391,46 @@ def test_objects_applied_by_joins_side_by_side_are_created_once(lab: Lab, cluste
             ["/usr/local/bin/k3s", "kubectl", "delete", "configmap", "-n", "kube-system", "hk3s-apply-race"],
             check=False,
         )
+
+
+FAKE_UNAME = """#!/bin/sh
+# This host says it is an arm64 machine (the lab's hosts are x86_64).
+if [ "${1:-}" = -m ]; then echo aarch64; else exec /usr/bin/uname "$@"; fi
+"""
+# GitHub's releases cannot be reached from the lab: a stand-in for curl that records each URL
+# and serves a release whose checksum list names the arm64 binary with another sum.
+FAKE_CURL = """#!/bin/sh
+out=
+for arg in "$@"; do
+  if [ "$prev" = -o ]; then out=$arg; fi
+  prev=$arg
+  url=$arg
+done
+echo "$url" >> /root/curl-urls
+case "$url" in
+  */k3s-arm64) printf 'not k3s' > "$out" ;;
+  */sha256sum-arm64.txt) printf '%064d  k3s-arm64\\n%064d  k3s\\n' 1 2 ;;
+  *) exit 22 ;;
+esac
+"""
+
+
+def test_an_arm64_host_downloads_the_arm64_assets(lab: Lab, cluster: Cluster) -> None:
+    """k3s's release assets per architecture: k3s + sha256sum-amd64.txt on x86_64, k3s-arm64 +
+    sha256sum-arm64.txt on aarch64 (the host's uname and GitHub are faked here: the lab's hosts
+    are x86_64 and cannot reach GitHub). The real install script, on a real host: the arm64
+    binary is fetched and checked against the arm64 list's line for k3s-arm64, and a binary
+    that does not match is refused before anything is installed."""
+    host = fresh_worker(lab, "jf-arm64")
+    (host.root / "opt/fake").mkdir(parents=True)
+    for name, text in (("uname", FAKE_UNAME), ("curl", FAKE_CURL)):
+        (host.root / "opt/fake" / name).write_text(text)
+        (host.root / "opt/fake" / name).chmod(0o755)
+    (host.root / "root/k3s_install.sh").write_text(script_path("k3s_install.sh").read_text())
+    path = "PATH=/opt/fake:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    run = host.run(["env", path, "bash", "/root/k3s_install.sh", "agent", "v1.36.1+k3s1", "-"], check=False)
+    assert run.returncode != 0
+    base = "https://github.com/k3s-io/k3s/releases/download/v1.36.1%2Bk3s1"
+    assert (host.root / "root/curl-urls").read_text().split() == [f"{base}/k3s-arm64", f"{base}/sha256sum-arm64.txt"]
+    assert f"downloaded k3s has SHA-256 {hashlib.sha256(b'not k3s').hexdigest()}, expected {1:064d}" in run.stderr
+    assert host.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
