@@ -14,6 +14,7 @@ from .cluster_stack import REPO, ClusterStack, Preview, Recovery, RunResult
 from .errors import (
     DuplicateWorkerError,
     LockHolder,
+    MaintenanceError,
     RefusedError,
     ResourceFailedError,
     ResourceProblem,
@@ -37,6 +38,7 @@ __all__ = [
     "HostCheck",
     "LastRun",
     "LockHolder",
+    "MaintenanceError",
     "Node",
     "PlannedChange",
     "Preview",

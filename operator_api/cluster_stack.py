@@ -43,10 +43,18 @@ from pulumi import automation as auto
 
 from cluster_settings import SettingProblem
 from node_operations.health import check_hosts as check_hosts_of
-from remote_access.ssh import SshTarget
+from node_operations.reboot import (
+    DRAIN_TIMEOUT_SECONDS,
+    READY_TIMEOUT_SECONDS,
+    RebootRefusedError,
+    RebootReport,
+    reboot_worker,
+)
+from remote_access.ssh import SshError, SshTarget
 
 from .errors import (
     LockHolder,
+    MaintenanceError,
     RefusedError,
     SettingsRejectedError,
     StackBusyError,
@@ -467,6 +475,55 @@ class ClusterStack:
             except StackBusyError:
                 self.file.write_bytes(before)
                 raise
+
+    def reboot_worker(
+        self,
+        name: str,
+        *,
+        drain_timeout: float = DRAIN_TIMEOUT_SECONDS,
+        ready_timeout: float = READY_TIMEOUT_SECONDS,
+        on_output: OutputCallback | None = None,
+    ) -> RebootReport:
+        """Reboot one worker: cordon, drain, reboot, wait for Ready, uncordon, then wait until the
+        workloads that were ready before are ready again (node_operations.reboot). Refused for a
+        fenced worker, a NotReady one, and while another node is down or cordoned. The stack is
+        held against other operations meanwhile; no Pulumi run is made."""
+        action = f"rebooting {name}"
+        settings = self.settings_document().validate(action)
+        names = [worker.name for worker in settings.all_workers()]
+        if name not in names:
+            listed = ", ".join(names) or "none"
+            raise UnknownWorkerError(
+                [SettingProblem(WORKERS_KEY, f"there is no worker named {name!r} (workers: {listed})")], action=action
+            )
+        if name in settings.fences:
+            raise SettingsRejectedError(
+                [SettingProblem(f"hk3s:fences.{name}", f"{name} is fenced: it comes back by a rejoin, not a reboot")],
+                action=action,
+            )
+        with self._exclusive(action, on_output, clear_pending=False):
+            targets = {target.node: target for target in self._host_targets(self._stack())}
+            if name not in targets or settings.server.name not in targets:
+                raise StackError(f"{name} has not joined yet: run up first")
+            try:
+                return asyncio.run(
+                    reboot_worker(
+                        targets[settings.server.name],
+                        targets[name],
+                        api_wait=settings.cluster.api_wait_seconds,
+                        drain_timeout=drain_timeout,
+                        ready_timeout=ready_timeout,
+                        progress=lambda line: _say(on_output, line),
+                    )
+                )
+            except RebootRefusedError as error:
+                raise MaintenanceError(name, str(error), put_back=error.put_back) from None
+            except SshError as error:
+                raise MaintenanceError(
+                    name,
+                    f"{error}; if {name} was cordoned for the reboot it stays so: reboot it again to finish",
+                    put_back=False,
+                ) from None
 
     def check_disk(
         self, name: str, *, on_event: EventCallback | None = None, on_output: OutputCallback | None = None

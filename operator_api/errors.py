@@ -43,6 +43,17 @@ class TeardownNotConfirmedError(StackError):
     """A destroy whose confirmation does not name the stack; nothing was run."""
 
 
+class MaintenanceError(StackError):
+    """A reboot was refused, or stopped part-way. The message says where the worker was left
+    (put back as it was, or still cordoned and recorded as rebooting, which the next call
+    resumes) and what to do next."""
+
+    def __init__(self, node: str, message: str, *, put_back: bool) -> None:
+        self.node = node
+        self.put_back = put_back  # True: nothing is left changed
+        super().__init__(message)
+
+
 class UnknownWorkerError(SettingsRejectedError):
     """The named worker is not in `hk3s:workers`."""
 

@@ -1,6 +1,6 @@
 """The operator CLI: `scripts/hk3s [--stack ENV] [--json] COMMAND`.
 
-Commands: `node add|list|check-disk|fence|unfence|remove`, `status`, `preview`, `up`. Tables for people by
+Commands: `node add|list|check-disk|reboot|fence|unfence|remove`, `status`, `preview`, `up`. Tables for people by
 default, `--json` for programs (on stdout; progress and messages go to stderr).
 
 Exit codes: 0 done; 1 failed part-way (fix the cause and run again: it continues);
@@ -26,11 +26,13 @@ from typing import Any, TextIO
 
 from pulumi.automation import events as auto_events
 
+from node_operations.reboot import DRAIN_TIMEOUT_SECONDS
 from operator_api import (
     REPO,
     ClusterStack,
     DiskCheck,
     HostCheck,
+    MaintenanceError,
     Node,
     PlannedChange,
     Preview,
@@ -106,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
         "check-disk", parents=[common], help="probe a worker's Longhorn disk again: may it hold volume copies?"
     )
     check_disk.add_argument("name")
+    reboot = node_commands.add_parser(
+        "reboot", parents=[common], help="cordon, drain, reboot a worker; uncordon once Ready; wait for its workloads"
+    )
+    reboot.add_argument("name")
+    reboot.add_argument(
+        "--drain-timeout", type=float, default=DRAIN_TIMEOUT_SECONDS, metavar="SECONDS", help="give up the drain after"
+    )
     remove = node_commands.add_parser("remove", parents=[common], help="remove a worker (releases its data)")
     remove.add_argument("name")
     remove.add_argument("--yes", action="store_true", help="no question")
@@ -380,6 +389,10 @@ def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack)
             notes = disk_notes(nodes)
             console.result([node.to_dict() for node in nodes], "\n".join([nodes_table(nodes), *notes]))
             return EXIT_OK
+        if args.node_command == "reboot":
+            report = stack.reboot_worker(args.name, drain_timeout=args.drain_timeout, on_output=console.output_line)
+            console.result(asdict(report), report.summary())
+            return EXIT_OK if not report.not_ready else EXIT_FAILED
         if args.node_command == "check-disk":
             disk = stack.check_disk(args.name, on_event=console.event, on_output=console.output_line)
             console.result({"name": args.name, **asdict(disk)}, disk_check_text(args.name, disk))
@@ -462,6 +475,8 @@ def main(argv: Sequence[str] | None = None, *, stdin: TextIO | None = None) -> i
         return _fail(console, error, EXIT_REFUSED)
     except (SettingsRejectedError, RefusedError, TeardownNotConfirmedError) as error:
         return _fail(console, error, EXIT_REFUSED)
+    except MaintenanceError as error:
+        return _fail(console, error, EXIT_REFUSED if error.put_back else EXIT_FAILED)
     except StackBusyError as error:
         return _fail(console, error, EXIT_BUSY)
     except ResourceFailedError as error:

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,16 @@ from pulumi import automation as auto
 
 from lab import pod_hosts
 from lab.hosts import DEFAULT_CACHE_DIR, Host, HostSpec, Lab
-from lab.stack_harness import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
+from lab.stack_harness import (
+    LabStack,
+    base_config,
+    server_spec,
+    skip_without_lab_binaries,
+    up_or_fail,
+    worker_spec,
+)
+from node_operations.reboot import REBOOT_ANNOTATION
+from operator_api import MaintenanceError
 
 pytestmark = pytest.mark.lab
 
@@ -387,6 +397,89 @@ def test_a_powered_off_workers_pods_are_seen_by_the_controller_manager(pod_clust
         "4 web pods Ready after the power-on", lambda: sum(map(_ready, _pods(server))) == 4, 180, pod_cluster.diagnose
     )
     assert _pod_uids(server) == uids
+
+
+def _node(server: Host, name: str) -> dict[str, Any]:
+    node: dict[str, Any] = json.loads(_kubectl(server, "get", "node", name, "-o", "json"))
+    return node
+
+
+def test_a_reboot_is_refused_while_another_node_is_cordoned(pod_cluster: PodCluster) -> None:
+    """Never two workers down at once: a cordoned peer refuses the reboot, nothing changes."""
+    server, first, second = pod_cluster.server, pod_cluster.first, pod_cluster.second
+    _kubectl(server, "cordon", second.name)
+    try:
+        with pytest.raises(MaintenanceError) as caught:
+            pod_cluster.stack.api().reboot_worker(first.name)
+    finally:
+        _kubectl(server, "uncordon", second.name)
+    assert caught.value.put_back is True
+    assert f"{second.name} is cordoned (draining or in maintenance): never two nodes down at once" in str(caught.value)
+    node = _node(server, first.name)
+    assert not node["spec"].get("unschedulable") and REBOOT_ANNOTATION not in node["metadata"].get("annotations", {})
+    assert pod_cluster.stack.hk3s("node", "reboot", "no-such-worker").returncode == 3
+
+
+def test_a_drain_held_by_a_disruption_budget_names_the_pod_and_budget_and_puts_the_worker_back(
+    pod_cluster: PodCluster,
+) -> None:
+    server, first = pod_cluster.server, pod_cluster.first
+    boots = first.boots
+    budget = "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: web-all, namespace: default}\n"
+    budget += "spec: {minAvailable: 4, selector: {matchLabels: {app: web}}}\n"
+    (server.root / "root/pdb.yaml").write_text(budget)
+    _kubectl(server, "apply", "-f", "/root/pdb.yaml")
+    try:
+        with pytest.raises(MaintenanceError) as caught:
+            pod_cluster.stack.api().reboot_worker(first.name, drain_timeout=15)
+    finally:
+        _kubectl(server, "delete", "-f", "/root/pdb.yaml")
+    message = str(caught.value)
+    on_first = [p["metadata"]["name"] for p in _pods(server) if p["spec"]["nodeName"] == first.name]
+    assert len(on_first) == 2, on_first
+    for pod in on_first:
+        assert f"pod default/{pod} held by PodDisruptionBudget default/web-all (allows 0 disruption(s))" in message
+    assert "is uncordoned again and was not rebooted" in message and caught.value.put_back is True
+    node = _node(server, first.name)
+    assert not node["spec"].get("unschedulable") and REBOOT_ANNOTATION not in node["metadata"].get("annotations", {})
+    assert first.boots == boots
+    assert sum(map(_ready, _pods(server))) == 4
+
+
+def test_a_reboot_drains_reboots_and_brings_the_workloads_back(pod_cluster: PodCluster) -> None:
+    """Cordon, drain, reboot, Ready, uncordon, then the workloads that were ready before are
+    ready again, through the CLI as an operator runs it."""
+    server, first = pod_cluster.server, pod_cluster.first
+    boots = first.boots
+    cordoned = threading.Event()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            if _node(server, first.name)["spec"].get("unschedulable"):
+                cordoned.set()
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        run = pod_cluster.stack.hk3s("node", "reboot", first.name, "--json")
+    finally:
+        stop.set()
+        watcher.join()
+    assert run.returncode == 0, run.stderr[-4000:]
+    report = json.loads(run.stdout)
+    assert first.boots > boots, "the host did not reboot"
+    assert cordoned.is_set(), f"{first.name} was never cordoned"
+    for step in ("draining: 2 pod(s) to evict", "rebooting the host", "the host booted again", "uncordoned"):
+        assert f"[{first.name}] {step}" in run.stderr, run.stderr
+    assert len(report["evicted"]) == 2 and all(pod.startswith("default/web-") for pod in report["evicted"])
+    assert "deployment/default/web" in report["ready_again"] and report["not_ready"] == [], report
+    node = _node(server, first.name)
+    assert not node["spec"].get("unschedulable") and REBOOT_ANNOTATION not in node["metadata"].get("annotations", {})
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+    assert sum(map(_ready, _pods(server))) == 4
+    assert {p["spec"]["nodeName"] for p in _pods(server)} == {w.name for w in pod_cluster.workers}
 
 
 def test_killall_stops_every_container_shim_and_pod_mount(pod_cluster: PodCluster) -> None:

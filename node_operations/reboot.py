@@ -1,0 +1,385 @@
+"""Reboot a worker: cordon, drain, reboot, wait for Ready, uncordon, then wait until the
+workloads that were ready before are ready again.
+
+The rules, and why:
+- Only a Ready worker, and only while every other node is Ready and schedulable: two
+  workers down at once can leave a workload (or a volume's copies) with nowhere to run.
+  A worker that is down is a case for a fence, not a reboot.
+- The reboot is recorded on the Node (an annotation) before anything changes, so an
+  interrupted reboot is visible and the next call resumes it instead of refusing the
+  cordoned node; the record goes when the worker is uncordoned.
+- The drain evicts (PodDisruptionBudgets respected, blocked evictions retried until the
+  deadline); DaemonSet pods stay; emptyDir data goes as with any drain. A drain that cannot
+  finish names each pod left and the budget holding it, and the worker is uncordoned again
+  without a reboot: nothing is left half done.
+- "Back" means the host booted again (its boot marker changed) and the Node is Ready with a
+  kubelet heartbeat from after the reboot was issued: a Node can still read Ready from
+  before the reboot for as long as the node monitor's grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from remote_access.kube import ClusterApi, NodeStatus, Repeat
+from remote_access.ssh import RemoteCommandError, SshError, SshSession, SshTarget, open_session
+
+REBOOT_ANNOTATION = "hk3s.dev/reboot"
+DRAIN_TIMEOUT_SECONDS = 300.0
+READY_TIMEOUT_SECONDS = 600.0
+# The host's boot: the kernel's boot id and when PID 1 started (a machine that boots again
+# changes both; a container host restarted by its supervisor changes the second).
+BOOT_MARKER_COMMAND = "cat /proc/sys/kernel/random/boot_id; cut -d' ' -f22 /proc/1/stat"
+POLL_SECONDS = 2.0
+
+Progress = Callable[[str], None]
+
+
+class RebootRefusedError(SshError):
+    """The reboot was refused or stopped. `put_back`: nothing is left changed (refused before
+    anything, or the worker uncordoned again after a drain that could not finish); otherwise
+    the worker stays cordoned and recorded as rebooting, and the next call resumes."""
+
+    def __init__(self, node: str, message: str, *, put_back: bool) -> None:
+        self.put_back = put_back
+        super().__init__(node, message)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A Deployment, StatefulSet or DaemonSet."""
+
+    kind: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind.lower()}/{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class RebootReport:
+    """What a reboot did."""
+
+    node: str
+    resumed: bool
+    evicted: tuple[str, ...]
+    seconds: float
+    ready_again: tuple[str, ...]
+    not_ready: tuple[str, ...] = field(default_factory=tuple)
+
+    def summary(self) -> str:
+        text = (
+            f"{self.node} rebooted and Ready in {self.seconds:.0f} s; {len(self.evicted)} pod(s) evicted; "
+            f"{len(self.ready_again)} workload(s) ready again"
+        )
+        if self.not_ready:
+            text += f"; NOT ready again: {', '.join(self.not_ready)}"
+        return text
+
+
+def _workload_ready(kind: str, obj: Mapping[str, Any]) -> bool:
+    status, spec = obj.get("status") or {}, obj.get("spec") or {}
+    if kind == "DaemonSet":
+        return int(status.get("numberReady") or 0) >= int(status.get("desiredNumberScheduled") or 0)
+    return int(status.get("readyReplicas") or 0) >= int(spec.get("replicas", 1))
+
+
+async def ready_workloads(api: ClusterApi) -> list[Workload]:
+    """Every Deployment, StatefulSet and DaemonSet that is fully ready now."""
+    out = await api.kubectl(["get", "deployments,statefulsets,daemonsets", "-A", "-o", "json"], repeat=Repeat.READ)
+    ready = []
+    for item in json.loads(out).get("items", []):
+        kind, metadata = item.get("kind", ""), item.get("metadata", {})
+        if _workload_ready(kind, item):
+            ready.append(Workload(kind, metadata.get("namespace", ""), metadata.get("name", "")))
+    return ready
+
+
+async def _boot_marker(target: SshTarget, deadline: float = 20) -> str:
+    async with open_session(target) as session:
+        result = await session.run(["sh", "-c", BOOT_MARKER_COMMAND], deadline=deadline)
+    return " ".join(result.stdout.split())
+
+
+def _matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A label selector (matchLabels and matchExpressions) against a pod's labels."""
+    if any(labels.get(key) != value for key, value in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and labels.get(key) in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+async def _pods_on(api: ClusterApi, node: str) -> list[dict[str, Any]]:
+    """The pods a drain evicts from the node: not DaemonSet-managed, not static (mirror) pods."""
+    out = await api.kubectl(
+        ["get", "pods", "-A", "--field-selector", f"spec.nodeName={node}", "-o", "json"], repeat=Repeat.READ
+    )
+    pods = []
+    for pod in json.loads(out).get("items", []):
+        metadata = pod.get("metadata", {})
+        owners = metadata.get("ownerReferences") or []
+        if any(owner.get("kind") == "DaemonSet" for owner in owners):
+            continue
+        if "kubernetes.io/config.mirror" in (metadata.get("annotations") or {}):
+            continue
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        pods.append(pod)
+    return pods
+
+
+async def _blocking_budgets(api: ClusterApi, node: str) -> list[str]:
+    """Each pod left on the node, with the disruption budgets that allow no eviction of it."""
+    left = await _pods_on(api, node)
+    out = await api.kubectl(["get", "poddisruptionbudgets", "-A", "-o", "json"], repeat=Repeat.READ)
+    budgets = json.loads(out).get("items", [])
+    lines = []
+    for pod in left:
+        metadata = pod["metadata"]
+        holding = [
+            f"{budget['metadata']['namespace']}/{budget['metadata']['name']} "
+            f"(allows {int((budget.get('status') or {}).get('disruptionsAllowed') or 0)} disruption(s))"
+            for budget in budgets
+            if budget["metadata"].get("namespace") == metadata.get("namespace")
+            and _matches((budget.get("spec") or {}).get("selector") or {}, metadata.get("labels") or {})
+        ]
+        if holding:
+            held = f"held by PodDisruptionBudget {', '.join(holding)}"
+        elif not metadata.get("ownerReferences"):
+            held = (
+                "has no controller (a drain would delete it for good: delete it yourself or run it under a Deployment)"
+            )
+        else:
+            held = "not evicted in time"
+        lines.append(f"pod {metadata.get('namespace')}/{metadata.get('name')} {held}")
+    return lines
+
+
+class Reboot:
+    """One worker's reboot (see the module docstring)."""
+
+    def __init__(
+        self,
+        api: ClusterApi,
+        server: SshSession,
+        worker: SshTarget,
+        *,
+        drain_timeout: float,
+        ready_timeout: float,
+        progress: Progress,
+    ) -> None:
+        self.api, self.server, self.worker = api, server, worker
+        self.node = worker.node
+        self.drain_timeout, self.ready_timeout = drain_timeout, ready_timeout
+        self.progress = progress
+
+    async def _record(self, record: Mapping[str, Any] | None) -> None:
+        value = json.dumps(record, sort_keys=True) if record is not None else None
+        # A merge patch of a fixed value (null removes the key): the same result however often it runs.
+        patch = {"metadata": {"annotations": {REBOOT_ANNOTATION: value}}}
+        await self.api.kubectl(
+            ["patch", "node", self.node, "--type", "merge", "-p", json.dumps(patch)], repeat=Repeat.IDEMPOTENT
+        )
+
+    async def _node_object(self) -> dict[str, Any]:
+        out = await self.api.kubectl(["get", "node", self.node, "-o", "json"], repeat=Repeat.READ)
+        node: dict[str, Any] = json.loads(out)
+        return node
+
+    async def _refusals(self, node: NodeStatus) -> list[str]:
+        problems = []
+        if not node.ready:
+            problems.append(
+                f"{self.node} is NotReady ({node.ready_reason or 'no heartbeat'}): only a Ready worker is rebooted; "
+                "a worker that is down is fenced (hk3s:fences) instead"
+            )
+        for other in await self.api.nodes():
+            if other.name == self.node:
+                continue
+            if not other.ready:
+                problems.append(f"{other.name} is NotReady: never two nodes down at once; bring it back first")
+            elif other.unschedulable:
+                problems.append(
+                    f"{other.name} is cordoned (draining or in maintenance): never two nodes down at once; "
+                    f"finish that first, or uncordon it (k3s kubectl uncordon {other.name})"
+                )
+        return problems
+
+    async def _server_now(self) -> float:
+        return float((await self.server.run(["date", "+%s"], deadline=15)).stdout.strip())
+
+    async def _drain(self) -> list[str]:
+        evicted = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in await _pods_on(self.api, self.node)]
+        self.progress(f"[{self.node}] draining: {len(evicted)} pod(s) to evict (DaemonSet pods stay)")
+        try:
+            await self.api.kubectl(
+                [
+                    "drain",
+                    self.node,
+                    "--ignore-daemonsets",
+                    "--delete-emptydir-data",
+                    f"--timeout={int(self.drain_timeout)}s",
+                ],
+                repeat=Repeat.IDEMPOTENT,
+                deadline=self.drain_timeout + 60,
+            )
+        except RemoteCommandError:
+            held = await _blocking_budgets(self.api, self.node)
+            await self.api.cordon(self.node, False)
+            await self._record(None)
+            raise RebootRefusedError(
+                self.node,
+                f"the drain did not finish within {self.drain_timeout:.0f} s: "
+                + ("; ".join(held) or "the pods were not evicted in time")
+                + f". {self.node} is uncordoned again and was not rebooted; scale the workload up or relax its "
+                "budget, then reboot again",
+                put_back=True,
+            ) from None
+        return evicted
+
+    async def _reboot_host(self, record: dict[str, Any]) -> None:
+        record["issued_at"] = await self._server_now()
+        await self._record(record)
+        self.progress(f"[{self.node}] rebooting the host")
+        try:
+            async with open_session(self.worker) as session:
+                await session.run(["systemctl", "reboot", "--no-block"], deadline=30)
+        except SshError as error:
+            # The host may cut the connection as it goes down; whether it rebooted is judged by its
+            # boot marker below.
+            self.progress(f"[{self.node}] the connection ended with the reboot command ({error})")
+
+    async def _still_on(self, boot: str) -> bool:
+        """Whether the host answers from the boot the reboot was recorded in."""
+        try:
+            return await asyncio.wait_for(_boot_marker(self.worker), timeout=30) == boot
+        except (SshError, TimeoutError):
+            return False
+
+    async def _wait_back(self, record: Mapping[str, Any], deadline: float) -> None:
+        while True:
+            try:
+                marker = await asyncio.wait_for(_boot_marker(self.worker), timeout=30)
+                if marker != record["boot"]:
+                    break
+            except (SshError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise RebootRefusedError(
+                    self.node,
+                    f"the host did not come back over SSH within {self.ready_timeout:.0f} s of the reboot; it stays "
+                    "cordoned and recorded as rebooting: check its console, then reboot again to finish",
+                    put_back=False,
+                )
+            await asyncio.sleep(POLL_SECONDS)
+        self.progress(f"[{self.node}] the host booted again; waiting for its Node to be Ready")
+        issued = float(record.get("issued_at") or 0)
+        while True:
+            node = await self._node_object()
+            conditions: list[dict[str, Any]] = node["status"].get("conditions", [])
+            ready: dict[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+            beat = ready.get("lastHeartbeatTime")
+            fresh = beat is not None and datetime.fromisoformat(beat.replace("Z", "+00:00")).timestamp() >= issued
+            if ready.get("status") == "True" and fresh:
+                return
+            if time.monotonic() > deadline:
+                raise RebootRefusedError(
+                    self.node,
+                    f"the Node did not report Ready within {self.ready_timeout:.0f} s of the reboot "
+                    f"({ready.get('reason', 'no heartbeat')}); it stays cordoned and recorded as rebooting: check "
+                    "k3s-agent on the host (journalctl -u k3s-agent), then reboot again to finish",
+                    put_back=False,
+                )
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def _wait_workloads(self, before: list[Workload], deadline: float) -> tuple[list[str], list[str]]:
+        wanted = {str(workload) for workload in before}
+        while True:
+            now = {str(workload) for workload in await ready_workloads(self.api)}
+            missing = sorted(wanted - now)
+            if not missing or time.monotonic() > deadline:
+                return sorted(wanted & now), missing
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def run(self) -> RebootReport:
+        started = time.monotonic()
+        node = await self.api.get_node(self.node)
+        if node is None:
+            raise RebootRefusedError(
+                self.node, f"there is no Node named {self.node} in the cluster; run up to join it", put_back=True
+            )
+        current = await self._node_object()
+        recorded: str | None = (current["metadata"].get("annotations") or {}).get(REBOOT_ANNOTATION)
+        resumed = recorded is not None
+        if recorded is not None:
+            record = json.loads(recorded)
+            self.progress(f"[{self.node}] resuming the reboot recorded on its Node")
+        else:
+            problems = await self._refusals(node)
+            if problems:
+                raise RebootRefusedError(
+                    self.node, "reboot refused, nothing changed: " + "; ".join(problems), put_back=True
+                )
+            record = {
+                "boot": await _boot_marker(self.worker),
+                "workloads": [[w.kind, w.namespace, w.name] for w in await ready_workloads(self.api)],
+            }
+            await self._record(record)
+        before = [Workload(*item) for item in record["workloads"]]
+        await self.api.cordon(self.node, True)
+        evicted: list[str] = []
+        if "issued_at" not in record:
+            evicted = await self._drain()
+            await self._reboot_host(record)
+        elif await self._still_on(record["boot"]):
+            self.progress(f"[{self.node}] the recorded reboot did not happen; rebooting now")
+            await self._reboot_host(record)
+        deadline = time.monotonic() + self.ready_timeout
+        await self._wait_back(record, deadline)
+        await self.api.cordon(self.node, False)
+        await self._record(None)
+        self.progress(f"[{self.node}] uncordoned; waiting for {len(before)} workload(s) to be ready again")
+        ready_again, not_ready = await self._wait_workloads(before, deadline)
+        return RebootReport(
+            node=self.node,
+            resumed=resumed,
+            evicted=tuple(evicted),
+            seconds=time.monotonic() - started,
+            ready_again=tuple(ready_again),
+            not_ready=tuple(not_ready),
+        )
+
+
+async def reboot_worker(
+    server: SshTarget,
+    worker: SshTarget,
+    *,
+    api_wait: float,
+    drain_timeout: float = DRAIN_TIMEOUT_SECONDS,
+    ready_timeout: float = READY_TIMEOUT_SECONDS,
+    progress: Progress | None = None,
+) -> RebootReport:
+    """Reboot one worker (see the module docstring); the Kubernetes calls go through the
+    server's `k3s kubectl` over SSH, as every node operation's do."""
+    say = progress or (lambda _line: None)
+    async with open_session(server) as session:
+        api = ClusterApi(session, say, api_wait)
+        return await Reboot(
+            api, session, worker, drain_timeout=drain_timeout, ready_timeout=ready_timeout, progress=say
+        ).run()
