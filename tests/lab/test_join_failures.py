@@ -164,6 +164,10 @@ def test_api_unreachable_names_the_port(lab: Lab, cluster: Cluster) -> None:
     error = join(lab, cluster, worker)
     assert error.check == "api-reachable", str(error)
     assert "open 6443/tcp" in str(error) and str(error).startswith("jf-noapi:")
+    # The agent's log names no server (it reaches it through its load balancer on 127.0.0.1,
+    # whose dial errors are debug-level, as k3s's): the join's own connection from the node
+    # to the API port names the address and the port.
+    assert f"cannot reach the Kubernetes API at {cluster.server.public_ip}:6443" in str(error), str(error)
 
     # Real k3s logs the dial errors of a bootstrapped agent (through its local load balancer) at
     # debug level only, so the diagnosis also asks the network itself: a connection from the
