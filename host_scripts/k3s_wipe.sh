@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Wipes k3s and what the program installed from a node, for a stack's teardown:
-#   k3s_wipe.sh
+#   k3s_wipe.sh            wipe this host
+#   k3s_wipe.sh --by-hand  print what a wipe does, as one "result by_hand" line, and change
+#                          nothing (what a person runs on a host the program cannot reach)
 # Idempotent: a wipe interrupted anywhere and run again finishes; on a clean host it
 # changes nothing. Prints "result <name> <value>" lines.
 #
@@ -13,6 +15,24 @@
 set -uo pipefail
 
 result() { printf 'result %s %s\n' "$1" "$2"; }
+
+# The files a wipe removes: k3s's data and config, its units, and the program's files on the host.
+WIPED_PATHS=(
+  /etc/systemd/system/k3s.service /etc/systemd/system/k3s-agent.service
+  /etc/systemd/system/k3s.service.env /etc/systemd/system/k3s-agent.service.env
+  /etc/systemd/system/k3s.service.d /etc/systemd/system/k3s-agent.service.d
+  /etc/rancher/k3s /etc/rancher/node /var/lib/rancher/k3s /var/lib/kubelet /run/k3s /run/flannel
+  /var/lib/cni /etc/cni/net.d/10-flannel.conflist
+  /usr/local/bin/k3s.hk3s-upload /usr/local/bin/k3s.hk3s-upload.gz /usr/local/bin/k3s-killall.sh
+  /etc/modules-load.d/hk3s.conf /etc/sysctl.d/90-hk3s.conf /var/lib/hk3s/journal
+)
+# Removed only where they point at k3s: an operator's own kubectl stays.
+K3S_LINKS=(/usr/local/bin/kubectl /usr/local/bin/crictl /usr/local/bin/ctr)
+
+if [ "${1:-}" = --by-hand ]; then
+  result by_hand "systemctl disable --now k3s k3s-agent; kill the containerd-shim processes; rm -rf ${WIPED_PATHS[*]} /usr/local/bin/k3s (and ${K3S_LINKS[*]} where they link to it)"
+  exit 0
+fi
 
 # --- k3s units stopped, disabled, removed -----------------------------------
 units=""
@@ -60,17 +80,10 @@ done
 
 # --- files: k3s's data and config, the binary and its links, the program's ---
 removed=""
-for path in /etc/systemd/system/k3s.service /etc/systemd/system/k3s-agent.service \
-  /etc/systemd/system/k3s.service.env /etc/systemd/system/k3s-agent.service.env \
-  /etc/systemd/system/k3s.service.d /etc/systemd/system/k3s-agent.service.d \
-  /etc/rancher/k3s /etc/rancher/node /var/lib/rancher/k3s /var/lib/kubelet /run/k3s /run/flannel \
-  /var/lib/cni /etc/cni/net.d/10-flannel.conflist \
-  /usr/local/bin/k3s.hk3s-upload /usr/local/bin/k3s.hk3s-upload.gz /usr/local/bin/k3s-killall.sh \
-  /etc/modules-load.d/hk3s.conf /etc/sysctl.d/90-hk3s.conf /var/lib/hk3s/journal; do
+for path in "${WIPED_PATHS[@]}"; do
   if [ -e "$path" ]; then rm -rf "$path" && removed="$removed $path"; fi
 done
-# The command links only where they point at k3s: an operator's own kubectl stays.
-for link in /usr/local/bin/kubectl /usr/local/bin/crictl /usr/local/bin/ctr; do
+for link in "${K3S_LINKS[@]}"; do
   if [ -L "$link" ] && [ "$(readlink "$link")" = /usr/local/bin/k3s ]; then rm -f "$link" && removed="$removed $link"; fi
 done
 if [ -e /usr/local/bin/k3s ]; then rm -f /usr/local/bin/k3s && removed="$removed /usr/local/bin/k3s"; fi

@@ -1,9 +1,8 @@
-"""Which ports a node opens to whom: seed 000's port table, as data.
+"""Which ports a node opens to whom (the product's port table), as data.
 
 Both the Hetzner cloud firewall and each host firewall are built from this
-plan, so the two layers always agree (seed 003: a cloud firewall in silent
-disagreement with the host is why a node joins and is unreachable an hour
-later).
+plan, so the two layers always agree: a cloud firewall in silent disagreement
+with the host firewall is how a node joins and is unreachable an hour later.
 """
 
 from __future__ import annotations

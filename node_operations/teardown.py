@@ -9,6 +9,8 @@ reported by name with what to remove on it by hand.
 from __future__ import annotations
 
 import contextlib
+import functools
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,15 +19,23 @@ from node_operations.k3s_install import parse_results
 from remote_access.ssh import RemoteCommandError, SshError, SshTarget, open_session
 
 WIPE_DEADLINE_SECONDS = 300.0
-# What the wipe removes, for a person finishing it on a host the program could not reach.
-BY_HAND = (
-    "systemctl disable --now k3s k3s-agent; kill the containerd-shim processes; "
-    "rm -rf /etc/rancher/k3s /var/lib/rancher/k3s /var/lib/kubelet /run/k3s /usr/local/bin/k3s "
-    "/etc/systemd/system/k3s*.service /var/lib/hk3s /etc/hk3s /etc/modules-load.d/hk3s.conf "
-    "/etc/sysctl.d/90-hk3s.conf, and the program's host firewall (nft delete table inet hk3s_node, the "
+# What a person removes on a host the program could not reach, besides what the wipe script
+# lists: the program's host firewall (HostFirewall removes it on a reachable host) and its state.
+FIREWALL_BY_HAND = (
+    "rm -rf /var/lib/hk3s /etc/hk3s, and the program's host firewall (nft delete table inet hk3s_node, the "
     "units hk3s-host-firewall and hk3s-dnat-guard; with UFW its hk3s rules; with firewalld the zones hk3s "
     "and hk3s-fabric) — or rebuild the host"
 )
+
+
+@functools.cache
+def by_hand() -> str:
+    """What to remove by hand on a host the wipe could not reach: the wipe script's own list
+    (`k3s_wipe.sh --by-hand`, which changes nothing), so the two never disagree."""
+    listed = subprocess.run(
+        ["bash", str(script_path("k3s_wipe.sh")), "--by-hand"], capture_output=True, text=True, check=True, timeout=30
+    )
+    return f"{parse_results(listed.stdout)['by_hand']}; {FIREWALL_BY_HAND}"
 
 
 class WipeError(RuntimeError):
@@ -41,7 +51,7 @@ class WipeOutcome:
 
     def report(self) -> str:
         if self.unreachable is not None:
-            return f"could not be reached ({self.unreachable}); remove by hand on it: {BY_HAND}"
+            return f"could not be reached ({self.unreachable}); remove by hand on it: {by_hand()}"
         return f"k3s wiped ({len(self.removed)} paths removed)"
 
 
