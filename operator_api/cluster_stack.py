@@ -28,13 +28,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import shutil
 import sys
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,6 +50,7 @@ from node_operations.reboot import (
 )
 from remote_access.ssh import SshError, SshTarget
 
+from .deployment import Deployment
 from .errors import (
     LockHolder,
     MaintenanceError,
@@ -62,65 +61,16 @@ from .errors import (
     TeardownNotConfirmedError,
     UnknownWorkerError,
 )
-from .events import EventCallback, PlannedChange, RunRecord
+from .events import EventCallback, RunRecord
 from .locks import OperatorLock, backend_directory, read_pulumi_locks
 from .nodes import ClusterStatus, DiskCheck, HostCheck, LastRun, Node
-from .stack_file import WORKERS_KEY, StackDocument, StackFile
+from .runs import Preview, Recovery, RunResult, holders_from_message, keys_recorded_on_first_use
+from .stack_file import WORKERS_KEY, StackDocument, StackFile, check_stack_name
 
 REPO = Path(__file__).resolve().parents[1]
 OutputCallback = Callable[[str], None]
-# Resource types whose update or replacement restarts the Kubernetes API.
-API_RESTART_TYPES = ("K3sServer",)
-_LOCK_LINE = re.compile(r"created by (?P<user>[^@\s]+)@(?P<host>\S+) \(pid (?P<pid>\d+)\) at (?P<since>\S+)")
 _OUTPUT_TAIL = 400
 DISK_PROBE_TYPE = "pulumi-python:dynamic/hk3s:DiskProbe"
-
-
-@dataclass(frozen=True)
-class Preview:
-    """The planned change of every resource, and the engine's summary."""
-
-    steps: list[PlannedChange]
-    summary: dict[str, int]
-
-    @property
-    def changes(self) -> list[PlannedChange]:
-        """The steps that change something (not `same`)."""
-        return [step for step in self.steps if step.changes]
-
-    @property
-    def restarts_api(self) -> bool:
-        """The server's k3s is updated or replaced: the Kubernetes API goes down for a while."""
-        return any(step.type.endswith(API_RESTART_TYPES) and step.op != "create" for step in self.changes)
-
-    @property
-    def deletes(self) -> list[PlannedChange]:
-        return [step for step in self.changes if step.op in ("delete", "replace")]
-
-
-@dataclass(frozen=True)
-class Recovery:
-    """What was cleaned up after an interrupted run before this one started."""
-
-    stale_locks: list[LockHolder] = field(default_factory=list)
-    cleared_pending: list[str] = field(default_factory=list)
-
-    @property
-    def needed(self) -> bool:
-        return bool(self.stale_locks or self.cleared_pending)
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """A finished `up`, `refresh` or `destroy`."""
-
-    command: str
-    summary: dict[str, int]
-    changes: list[PlannedChange]
-    recovery: Recovery
-    # Hosts whose SSH key this run accepted on first use (hk3s:ssh.trust_on_first_use): node -> key.
-    # Compare each with the host's key read over a channel you trust, then pin it (hk3s:ssh.host_keys).
-    host_keys_recorded: dict[str, str] = field(default_factory=dict)
 
 
 class ClusterStack:
@@ -265,7 +215,9 @@ class ClusterStack:
             )
         backend = backend_directory(self.backend_url)
         locks = read_pulumi_locks(backend, self.project, self.env) if backend else []
-        health = asyncio.run(check_hosts_of(self._host_targets(stack))) if check_hosts and stack is not None else []
+        # One export of the state serves the pending operations and the hosts to check.
+        deployment = Deployment.export(stack) if stack is not None else None
+        health = asyncio.run(check_hosts_of(self._host_targets(deployment))) if check_hosts and deployment else []
         return ClusterStatus(
             stack=self.env,
             api_endpoint=output("api_endpoint"),
@@ -273,42 +225,21 @@ class ClusterStack:
             storage_classes=list(output("storage_classes") or []),
             nodes=[Node.from_output(item) for item in output("nodes") or []],
             last_run=last,
-            pending_operations=self.pending_operations(stack) if stack is not None else [],
+            pending_operations=deployment.pending_operations() if deployment is not None else [],
             locked_by=[f"{lock.holder} ({lock.state})" for lock in locks],
             host_checks=[HostCheck.from_health(item) for item in health],
             warnings=[warning for item in health for warning in item.warnings],
         )
 
-    def _host_targets(self, stack: auto.Stack) -> list[SshTarget]:
-        """Each recorded node's SSH target: its address, port and pinned host key from the
-        state (the host probes' outputs), the login key from the stack's hk3s:ssh settings."""
+    def _host_targets(self, deployment: Deployment) -> list[SshTarget]:
+        """Each recorded node's SSH target, logging in with the stack's hk3s:ssh settings."""
         settings = self.settings_document().validate("checking the hosts")
         private_key = settings.ssh.private_key_file.expanduser().read_text()
-        deployment = stack.export_stack().deployment or {}
-        targets = []
-        for resource in deployment.get("resources") or []:
-            if not str(resource.get("type", "")).endswith(":HostProbe"):
-                continue
-            outputs = resource.get("outputs") or {}
-            targets.append(
-                SshTarget(
-                    node=str(outputs["node"]),
-                    address=str(outputs["address"]),
-                    private_key=private_key,
-                    port=int(outputs.get("ssh_port") or 22),
-                    user=settings.ssh.user,
-                    recorded_host_key=outputs.get("host_key") or outputs.get("recorded_host_key") or None,
-                )
-            )
-        return sorted(targets, key=lambda target: target.node)
+        return deployment.host_targets(private_key, settings.ssh.user)
 
     def pending_operations(self, stack: auto.Stack | None = None) -> list[str]:
         """`<op> <urn>` for each operation an interrupted run started and never saw finish."""
-        deployment = (stack or self._stack()).export_stack().deployment or {}
-        return [
-            f"{item.get('type', '?')} {item.get('resource', {}).get('urn', '?')}"
-            for item in deployment.get("pending_operations") or []
-        ]
+        return Deployment.export(stack or self._stack()).pending_operations()
 
     # --- runs ---------------------------------------------------------------------------
     def preview(
@@ -560,41 +491,18 @@ class ClusterStack:
                 action=action,
             )
         with self._exclusive(action, on_output) as recovery:
-            stack = self._stack()
-            urn = self._resource_urn(stack, DISK_PROBE_TYPE, f"{name}-disk")
+            deployment = Deployment.export(self._stack())
+            urn = deployment.resource_urn(DISK_PROBE_TYPE, f"{name}-disk")
             if urn is None:
                 raise StackError(
                     f"{name}'s disk has not been probed yet: it is probed at the end of its join; run up first"
                 )
-            self._engine_run("up", recovery, on_event, on_output, replace=[urn], target=[urn, self._stack_urn(stack)])
-            outputs = self._resource_outputs(stack, urn)
+            target = [urn, deployment.stack_urn()]
+            self._engine_run("up", recovery, on_event, on_output, replace=[urn], target=target)
+            outputs = Deployment.export(self._stack()).resource_outputs(urn)
         return DiskCheck.from_output(outputs)
 
     # --- internals ----------------------------------------------------------------------
-    @staticmethod
-    def _resources(stack: auto.Stack) -> list[dict[str, Any]]:
-        deployment = stack.export_stack().deployment or {}
-        return list(deployment.get("resources") or [])
-
-    def _resource_urn(self, stack: auto.Stack, type_: str, name: str) -> str | None:
-        for resource in self._resources(stack):
-            urn = str(resource.get("urn", ""))
-            if resource.get("type") == type_ and urn.endswith(f"::{name}"):
-                return urn
-        return None
-
-    def _stack_urn(self, stack: auto.Stack) -> str:
-        for resource in self._resources(stack):
-            if resource.get("type") == "pulumi:pulumi:Stack":
-                return str(resource["urn"])
-        raise StackError(f"stack {self.env} has no root resource; run up first")
-
-    def _resource_outputs(self, stack: auto.Stack, urn: str) -> dict[str, Any]:
-        for resource in self._resources(stack):
-            if resource.get("urn") == urn:
-                return dict(resource.get("outputs") or {})
-        raise StackError(f"{urn} is no longer in the stack's state after the run")
-
     def _up(self, recovery: Recovery, on_event: EventCallback | None, on_output: OutputCallback | None) -> RunResult:
         return self._engine_run("up", recovery, on_event, on_output)
 
@@ -661,7 +569,7 @@ class ClusterStack:
         try:
             call(output)
         except auto.ConcurrentUpdateError as error:
-            raise StackBusyError(self.env, _holders_from_message(str(error)), "held by a Pulumi run") from None
+            raise StackBusyError(self.env, holders_from_message(str(error)), "held by a Pulumi run") from None
         except auto.CommandError as error:
             text = "\n".join(tail) or str(error)
             raise record.to_error(command, text) from None
@@ -717,43 +625,6 @@ class ClusterStack:
             yield Recovery(stale_locks=stale, cleared_pending=pending)
 
 
-# Pulumi's own rule for stack names, without which `Pulumi.<env>.yaml`, the backend's state and lock
-# paths are built from a name that could climb out of the project or the backend (`../../x`).
-STACK_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
-FIRST_USE_PREFIX = "recorded SSH host key on first use: "
-
-
-def check_stack_name(env: str) -> None:
-    """Refuse a stack name that is not a plain name before it reaches any path."""
-    if not STACK_NAME.match(env) or ".." in env:
-        raise SettingsRejectedError(
-            [
-                SettingProblem(
-                    "stack",
-                    f"{env!r} is not a stack name: use letters, digits, '-', '_' and '.', "
-                    "no path separator and no '..' (e.g. 'staging')",
-                )
-            ],
-            action="choosing the stack",
-        )
-
-
-def keys_recorded_on_first_use(record: RunRecord) -> dict[str, str]:
-    """node -> host key, from the probes' "recorded SSH host key on first use" lines."""
-    found: dict[str, str] = {}
-    for node, message in record.progress:
-        if message.startswith(FIRST_USE_PREFIX):
-            found[node] = message.removeprefix(FIRST_USE_PREFIX).split(" (pin it", 1)[0].strip()
-    return found
-
-
 def _say(on_output: OutputCallback | None, message: str) -> None:
     if on_output is not None:
         on_output(f"hk3s: {message}")
-
-
-def _holders_from_message(text: str) -> list[LockHolder]:
-    return [
-        LockHolder(user=m["user"], hostname=m["host"], pid=int(m["pid"]), since=m["since"])
-        for m in _LOCK_LINE.finditer(text)
-    ]

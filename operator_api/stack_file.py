@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +29,24 @@ WORKERS_KEY = f"{NAMESPACE}:workers"
 FENCES_KEY = f"{NAMESPACE}:fences"
 POOLS_KEY = f"{NAMESPACE}:worker_pools"
 SERVER_KEY = f"{NAMESPACE}:server"
+# Pulumi's own rule for stack names, without which `Pulumi.<env>.yaml`, the backend's state and lock
+# paths are built from a name that could climb out of the project or the backend (`../../x`).
+STACK_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
+
+
+def check_stack_name(env: str) -> None:
+    """Refuse a stack name that is not a plain name before it reaches any path."""
+    if not STACK_NAME.match(env) or ".." in env:
+        raise SettingsRejectedError(
+            [
+                SettingProblem(
+                    "stack",
+                    f"{env!r} is not a stack name: use letters, digits, '-', '_' and '.', "
+                    "no path separator and no '..' (e.g. 'staging')",
+                )
+            ],
+            action="choosing the stack",
+        )
 
 
 def _yaml() -> YAML:
