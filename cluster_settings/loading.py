@@ -13,6 +13,8 @@ from pulumi.errors import RunError
 from pulumi.runtime import config as runtime_config
 from pydantic import BaseModel, ValidationError
 
+from node_operations.refusal import tagged
+
 from .models import StackSettings
 from .rules import NAMESPACE, SettingProblem, check_stack_rules
 
@@ -30,7 +32,9 @@ class SettingsError(ValueError, RunError):
     def __init__(self, problems: list[SettingProblem]) -> None:
         self.problems = problems
         lines = "\n".join(f"  - {problem}" for problem in problems)
-        super().__init__(f"The stack configuration has {len(problems)} problem(s); nothing was changed:\n{lines}")
+        super().__init__(
+            tagged(f"The stack configuration has {len(problems)} problem(s); nothing was changed:\n{lines}", "settings")
+        )
 
 
 def _union_tags() -> set[str]:

@@ -39,6 +39,7 @@ from node_operations.k3s_install import K3S_BIN, K3sBinary, agent_config, instal
 from node_operations.network_mode import check_connection
 from node_operations.node_access import NodeAccessError, RecordedNode, check_recorded_nodes
 from node_operations.preflight import PreflightRequirements, evaluate_preflight
+from node_operations.refusal import tagged
 from remote_access.kube import API_WAIT_SECONDS, ClusterApi, JoinToken, NodeStatus, Taint
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
@@ -104,7 +105,9 @@ class JoinError(RuntimeError):
     def __init__(self, node: str, check: str, message: str) -> None:
         self.node = node
         self.check = check
-        super().__init__(f"{node}: join stopped at {check}: {message}")
+        text = f"{node}: join stopped at {check}: {message}"
+        # Preflight reads the host and changes nothing on it: stopping there is a refusal.
+        super().__init__(tagged(text, "preflight") if check == "preflight" else text)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 The engine reports a provider's exception as a diagnostic (severity ``error``) carrying the
 resource's URN; a Python dynamic provider sends its whole traceback, whose last exception
 line (``providers.base.CapabilityMissingError: worker-2: ... is not available in this
-release ...``) is the message worth showing.
+release ...``) is the message worth showing. A refusal (the program stopped before changing
+anything) is known by the code its message carries (``[refused: <code>]``,
+node_operations.refusal), never by its wording.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 
 from pulumi.automation import events as auto_events
 
+from node_operations.refusal import refusal_code, untagged
+
 from .errors import RefusedError, ResourceFailedError, ResourceProblem, RunFailedError
 
 # Ops that belong to one replacement, reported as "replace".
@@ -24,16 +28,6 @@ UNCHANGED_OPS = {"same", "read", "refresh"}
 # `[node] message`: the progress lines node operations print.
 PROGRESS_LINE = re.compile(r"\[(?P<node>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\] (?P<message>\S.*)")
 _EXCEPTION_LINE = re.compile(r"^(?P<type>(?:[A-Za-z_][\w.]*)?(Error|Exception|Exit|Interrupt)): ?(?P<message>.*)$")
-# Substrings that mark a refusal: the program stopped before changing the host.
-_REFUSALS = (
-    ("capability-missing", "is not available in this release"),
-    ("preflight", "join stopped at preflight"),
-    ("settings", "problem(s); nothing was changed"),
-    # A host key nobody pinned in a run nobody watches (providers.host_probe).
-    ("host-key", "no SSH host key is pinned for"),
-    # A destroy of a stack whose teardown was not allowed (providers.teardown_guard).
-    ("teardown", "pulumi destroy is refused: hk3s:cluster.teardown"),
-)
 
 
 # Hetzner's API errors that mean a limit of the project, not a fault of the stack: the
@@ -156,17 +150,18 @@ class RunRecord:
             if not message:
                 continue
             message = hetzner_limit(message) or message
-            found.append(ResourceProblem(urn=urn, type=type_, name=name, message=message))
+            found.append(ResourceProblem(urn=urn, type=type_, name=name, message=untagged(message)))
         with_urn = [problem for problem in found if problem.urn and "pulumi:pulumi:Stack" not in problem.type]
         return with_urn or found
 
     def to_error(self, command: str, output: str) -> RunFailedError:
         """The typed error for a run that ended in error."""
         problems = self.problems()
-        text = "\n".join(problem.message for problem in problems) or output
-        for reason, marker in _REFUSALS:
-            if marker in text:
-                return RefusedError(f"{command} was refused ({reason})", problems, reason=reason, output=output)
+        # A refusal says so by its code (`[refused: <code>]`, node_operations.refusal), whatever its wording.
+        texts = [text for _urn, text in self.errors] if problems else [output]
+        reason = next((code for code in map(refusal_code, texts) if code is not None), None)
+        if reason is not None:
+            return RefusedError(f"{command} was refused ({reason})", problems, reason=reason, output=output)
         return ResourceFailedError(f"{command} failed", problems, output=output)
 
 

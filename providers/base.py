@@ -25,6 +25,7 @@ from cluster_settings.loading import SettingsError
 from cluster_settings.models import DNS_1123_LABEL
 from node_operations.join import JoinError
 from node_operations.network_mode import NetworkRefusedError
+from node_operations.refusal import tagged
 from node_operations.teardown import WipeError
 from remote_access.ssh import SshError, SshTarget
 
@@ -39,9 +40,12 @@ class CapabilityMissingError(RuntimeError):
 
     def __init__(self, node: str, action: str, capability: str) -> None:
         super().__init__(
-            f"{node}: {action} is not available in this release: {capability}. "
-            "Nothing was changed on the host; `pulumi preview` shows the plan, `pulumi up` cannot "
-            "complete this step until the capability lands."
+            tagged(
+                f"{node}: {action} is not available in this release: {capability}. "
+                "Nothing was changed on the host; `pulumi preview` shows the plan, `pulumi up` cannot "
+                "complete this step until the capability lands.",
+                "capability-missing",
+            )
         )
 
 

@@ -19,6 +19,7 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
 from node_operations.host_facts import HostFacts, ObservedHost, read_host_facts
+from node_operations.refusal import tagged
 from providers.base import (
     NodeProvider,
     check_connection_inputs,
@@ -57,12 +58,13 @@ def first_use_refusal(props: dict[str, Any]) -> str | None:
     if marker is None:
         return None
     node = props.get("node")
-    return (
+    return tagged(
         f"{node}: no SSH host key is pinned for {props.get('address')}, and this run is non-interactive "
         f"({marker} is set), so nobody would see the key a first contact accepts; whoever sits on the path "
         f"could pose as the host. Pin it: set hk3s:ssh.host_keys.{node} to the host's key read over a channel "
         "you trust (its console: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub), or accept this risk with "
-        "hk3s:ssh.trust_on_first_use: true (every key recorded that way is listed in the run's result)"
+        "hk3s:ssh.trust_on_first_use: true (every key recorded that way is listed in the run's result)",
+        "host-key",
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
+from node_operations.refusal import tagged
 from providers.base import program_error
 
 
@@ -25,11 +26,12 @@ class TeardownRefusedError(RuntimeError):
 
 
 def refusal(stack: str) -> str:
-    return (
+    return tagged(
         f"stack {stack}: pulumi destroy is refused: hk3s:cluster.teardown is not 'allowed'. Nothing was changed. "
         "A teardown wipes k3s and every volume's data from every host and deletes the stack's Hetzner servers, "
         "network and firewalls, moving no copy. To tear the stack down: 1. set hk3s:cluster.teardown: allowed "
-        "and run pulumi up (it changes nothing on any host, and lifts protect_control_plane); 2. run pulumi destroy"
+        "and run pulumi up (it changes nothing on any host, and lifts protect_control_plane); 2. run pulumi destroy",
+        "teardown",
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
+from node_operations.refusal import tagged
 from providers.node_join import REMOVE_CAPABILITY
 
 
@@ -33,8 +34,11 @@ class WorkerRosterProvider(ResourceProvider):
         failures = [
             CheckFailure(
                 "workers",
-                f"{name}: removing the worker is not available in this release: {REMOVE_CAPABILITY}. "
-                "Nothing was changed: the removal is judged before any other step of the run",
+                tagged(
+                    f"{name}: removing the worker is not available in this release: {REMOVE_CAPABILITY}. "
+                    "Nothing was changed: the removal is judged before any other step of the run",
+                    "capability-missing",
+                ),
             )
             for name in refused_removals(list(olds.get("workers") or []), list(news.get("workers") or []))
         ]

@@ -9,9 +9,14 @@ from typing import Any
 
 from pulumi.automation import events as auto_events
 
+from cluster_settings import SettingProblem
+from cluster_settings.loading import SettingsError
+from node_operations.join import JoinError
 from operator_api import RefusedError, ResourceFailedError
 from operator_api.cluster_stack import Preview
 from operator_api.events import PlannedChange, RunRecord, hetzner_limit, parse_urn, provider_message
+from providers.base import CapabilityMissingError
+from providers.node_join import REMOVE_CAPABILITY
 
 JOIN_URN = "urn:pulumi:lab::hk3s::hk3s:index:WorkerNode$pulumi-python:dynamic/hk3s:NodeJoin::au-worker-2-join"
 JOIN_TYPE = "pulumi-python:dynamic/hk3s:NodeJoin"
@@ -29,10 +34,9 @@ REMOVAL_REFUSED = (
     "    provider.delete(id_, props)\n"
     '  File "/tmp/pytest-of-root/pytest-118/automation-stack0/project/providers/node_join.py", line 157, in delete\n'
     '    raise CapabilityMissingError(props["node"], "removing the worker", REMOVE_CAPABILITY)\n'
-    "providers.base.CapabilityMissingError: au-worker-2: removing the worker is not available in this release: "
-    "removing a worker (drain, move copies, wipe, deregister); put the worker back in hk3s:workers to keep it. "
-    "Nothing was changed on the host; `pulumi preview` shows the plan, `pulumi up` cannot complete this step "
-    "until the capability lands.\n\n"
+    # The message is the real class's, with the refusal code it carries.
+    f"providers.base.CapabilityMissingError: {CapabilityMissingError('au-worker-2', 'removing the worker', REMOVE_CAPABILITY)}"
+    "\n\n"
 )
 
 
@@ -88,7 +92,7 @@ def test_a_capability_refusal_is_refused_naming_the_resource() -> None:
 def test_a_failed_preflight_is_a_refusal() -> None:
     text = (
         'Traceback (most recent call last):\n  File "x.py", line 1, in create\n'
-        "node_operations.join.JoinError: w3: join stopped at preflight: swap: swap is on; turn it off (swapoff -a)\n"
+        f"node_operations.join.JoinError: {JoinError('w3', 'preflight', 'swap: swap is on; turn it off (swapoff -a)')}\n"
     )
     error = failed_run(text, op="create").to_error("up", "")
     assert isinstance(error, RefusedError) and error.reason == "preflight"
@@ -107,8 +111,8 @@ def test_a_failure_part_way_is_resource_failed() -> None:
 def test_settings_the_program_rejects_are_a_refusal() -> None:
     message = (
         'Program failed with an unhandled exception:\nTraceback (most recent call last):\n  File "__main__.py"\n'
-        "cluster_settings.loading.SettingsError: The stack configuration has 1 problem(s); nothing was changed:\n"
-        "  - hk3s:workers[0].address: '1.2.3' is not an IPv4 address\n"
+        f"cluster_settings.loading.SettingsError: "
+        f"{SettingsError([SettingProblem('hk3s:workers[0].address', repr('1.2.3') + ' is not an IPv4 address')])}\n"
     )
     record = feed(
         event(1, diagnosticEvent={"urn": STACK_URN, "message": message, "color": "never", "severity": "error"})
@@ -185,3 +189,14 @@ def test_hetzner_limit_errors_read_as_one_line_naming_the_limit() -> None:
     assert "Ask Hetzner for a higher limit" in problem.message and problem.name == "dev-worker-9"
     assert "3600 requests an hour" in (hetzner_limit("... (rate_limit_exceeded)") or "")
     assert hetzner_limit("dial tcp: connection refused") is None
+
+
+def test_a_refusal_is_known_by_its_code_not_its_wording() -> None:
+    reworded = "w3: this step is refused for reasons of its own [refused: capability-missing]\n"
+    error = failed_run(reworded, op="create").to_error("up", "")
+    assert isinstance(error, RefusedError) and error.reason == "capability-missing"
+    assert error.resource is not None and error.resource.message == "w3: this step is refused for reasons of its own"
+    # The words of a refusal without its code are no refusal.
+    untagged = "w3: removing the worker is not available in this release: (quoted by a failed step)\n"
+    failed = failed_run(untagged, op="create").to_error("up", "")
+    assert isinstance(failed, ResourceFailedError) and not isinstance(failed, RefusedError)
