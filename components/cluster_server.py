@@ -4,23 +4,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pulumi
 import pulumi_hcloud as hcloud
 
-from cluster_settings.models import StackSettings
+from cluster_settings.models import ClusterSettings, StackSettings
 from components.hetzner_project import hetzner_name, ownership_labels
 from components.hetzner_ssh_key import cluster_ssh_key
 from components.machine import provision_machine
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
 from components.provider_shards import OperationShards
-from providers.k3s_server import K3sServer
-from providers.network_plan import NetworkPlan
-from providers.node_access_check import NodeAccessCheck
+from providers.inputs import K3sRelease
+from providers.k3s_server import K3sServer, K3sServerInputs
+from providers.network_plan import NetworkPlan, NetworkPlanInputs, PlanHost
+from providers.node_access_check import NodeAccessCheck, NodeAccessCheckInputs, RecordedHost
 
 FLANNEL_BACKEND = {"wireguard": "wireguard-native", "vxlan": "vxlan"}
+
+
+def k3s_release(cluster: ClusterSettings, version: pulumi.Input[str]) -> K3sRelease:
+    """The k3s a node runs: `version`, uploaded from hk3s:cluster.k3s_binary when it is set."""
+    return K3sRelease(
+        k3s_version=version,
+        k3s_binary=str(cluster.k3s_binary) if cluster.k3s_binary else None,
+        k3s_sha256=cluster.k3s_sha256,
+    )
 
 
 @dataclass(frozen=True)
@@ -114,30 +123,30 @@ class ClusterServer(pulumi.ComponentResource):
         of the server and `workers` (providers.network_plan)."""
         settings = self._args.settings
 
-        def host(endpoint: NodeEndpoint) -> dict[str, Any]:
-            return {
-                "node": endpoint.name,
-                "ssh_address": endpoint.ssh_address,
-                "ssh_port": endpoint.ssh_port,
-                "host_key": endpoint.probe.host_key,
-                "public_address": endpoint.public_address,
-                "private_address": endpoint.private_address,
-                "ipv4_addresses": endpoint.probe.ipv4_addresses,
-                "ipv4_routes": endpoint.probe.ipv4_routes,
-            }
+        def host(endpoint: NodeEndpoint) -> PlanHost:
+            return PlanHost(
+                node=endpoint.name,
+                ssh_address=endpoint.ssh_address,
+                ssh_port=endpoint.ssh_port,
+                host_key=endpoint.probe.host_key,
+                public_address=endpoint.public_address,
+                private_address=endpoint.private_address,
+                ipv4_addresses=endpoint.probe.ipv4_addresses,
+                ipv4_routes=endpoint.probe.ipv4_routes,
+            )
 
         self._network = NetworkPlan(
             "network-plan",
-            {
-                "mode_setting": settings.network.mode,
-                "private_network": settings.network.private_network,
-                "pod_cidr": settings.cluster.pod_cidr,
-                "service_cidr": settings.cluster.service_cidr,
-                "ssh_user": self._args.credentials.user,
-                "private_key": self._args.credentials.private_key,
-                "server": host(self.endpoint),
-                "workers": [host(worker) for worker in workers],
-            },
+            NetworkPlanInputs(
+                mode_setting=settings.network.mode,
+                private_network=settings.network.private_network,
+                pod_cidr=settings.cluster.pod_cidr,
+                service_cidr=settings.cluster.service_cidr,
+                ssh_user=self._args.credentials.user,
+                private_key=self._args.credentials.private_key,
+                server=host(self.endpoint),
+                workers=[host(worker) for worker in workers],
+            ),
             opts=self.endpoint.options(self, [self.endpoint.probe, *(worker.probe for worker in workers)]),
         )
         return self._network
@@ -158,20 +167,20 @@ class ClusterServer(pulumi.ComponentResource):
         worker already registered in the cluster (their firewalls change with each join)."""
         return NodeAccessCheck(
             "node-access",
-            {
-                **self.endpoint.connection_props(self._args.credentials),
-                "server_firewall_managed": self.endpoint.firewall_managed,
-                "nodes": [
-                    {
-                        "node": worker.name,
-                        "address": worker.ssh_address,
-                        "ssh_port": worker.ssh_port,
-                        "host_key": worker.probe.host_key,
-                        "firewall_managed": worker.firewall_managed,
-                    }
+            NodeAccessCheckInputs(
+                login=self.endpoint.login(self._args.credentials),
+                server_firewall_managed=self.endpoint.firewall_managed,
+                nodes=[
+                    RecordedHost(
+                        node=worker.name,
+                        address=worker.ssh_address,
+                        ssh_port=worker.ssh_port,
+                        host_key=worker.probe.host_key,
+                        firewall_managed=worker.firewall_managed,
+                    )
                     for worker in workers
                 ],
-            },
+            ),
             opts=self.endpoint.options(self, [self.k3s, *(worker.probe for worker in workers)]),
         )
 
@@ -181,25 +190,22 @@ class ClusterServer(pulumi.ComponentResource):
         cluster = settings.cluster
         self._k3s = K3sServer(
             f"{self.endpoint.name}-k3s",
-            {
-                **self.endpoint.connection_props(self._args.credentials),
-                "k3s_version": cluster.k3s_version,
-                "k3s_binary": str(cluster.k3s_binary) if cluster.k3s_binary else None,
-                "k3s_sha256": cluster.k3s_sha256,
-                "pod_cidr": cluster.pod_cidr,
-                "service_cidr": cluster.service_cidr,
-                "flannel_backend": FLANNEL_BACKEND[cluster.pod_network],
-                "pod_network": cluster.pod_network,
-                "ingress": cluster.ingress,
-                "flannel_external_ip": self.network.nat_nodes.apply(lambda nodes: True if nodes else None),
-                "node_ip": self.node_ip(self.endpoint.name),
-                "node_external_ip": self.endpoint.public_address,
-                "network_mode": self.network.mode,
-                "approve_restart": settings.network.approve_server_restart,
-                "registry": cluster.registry,
-                # Read by delete: a teardown wipes k3s and its data instead of only stopping it.
-                "teardown_allowed": cluster.teardown_allowed,
-            },
+            K3sServerInputs(
+                login=self.endpoint.login(self._args.credentials),
+                k3s=k3s_release(cluster, cluster.k3s_version),
+                pod_cidr=cluster.pod_cidr,
+                service_cidr=cluster.service_cidr,
+                flannel_backend=FLANNEL_BACKEND[cluster.pod_network],
+                pod_network=cluster.pod_network,
+                ingress=cluster.ingress,
+                flannel_external_ip=self.network.nat_nodes.apply(lambda nodes: True if nodes else None),
+                node_ip=self.node_ip(self.endpoint.name),
+                node_external_ip=self.endpoint.public_address,
+                network_mode=self.network.mode,
+                approve_restart=settings.network.approve_server_restart,
+                registry=cluster.registry,
+                teardown_allowed=cluster.teardown_allowed,
+            ),
             opts=self.endpoint.options(self, [self.endpoint.probe, self.network, *after]),
         )
         self.version = self._k3s.version

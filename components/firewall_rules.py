@@ -15,7 +15,7 @@ from cluster_settings.models import StackSettings
 from components.hetzner_project import hetzner_name, ownership_labels
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from node_operations.firewall_plan import PortRule, Role, inbound_rules
-from providers.host_firewall import HostFirewall
+from providers.host_firewall import HostFirewall, HostFirewallInputs
 
 
 @dataclass(frozen=True)
@@ -128,16 +128,15 @@ class FirewallRules(pulumi.ComponentResource):
             if not node.firewall_managed:
                 continue
             rules_data = self.node_rules[node.name]
-            props: dict[str, Any] = {
-                **node.connection_props(args.credentials),
-                "role": node.role,
-                "rules": rules_data,
-                "nodeports_open": settings.firewall.nodeports_open,
-                # Read by delete: a teardown goes on without a host it cannot reach.
-                "teardown_allowed": settings.cluster.teardown_allowed,
-            }
+            inputs = HostFirewallInputs(
+                login=node.login(args.credentials),
+                role=node.role,
+                rules=rules_data,
+                nodeports_open=settings.firewall.nodeports_open,
+                teardown_allowed=settings.cluster.teardown_allowed,
+            )
             self.host_firewalls[node.name] = HostFirewall(
-                f"{node.name}-firewall", props, opts=node.options(self, [node.probe])
+                f"{node.name}-firewall", inputs, opts=node.options(self, [node.probe])
             )
         self._waits.extend(self.host_firewalls.values())
         self.register_outputs(

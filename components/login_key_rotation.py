@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pulumi
 
 from components.node_endpoint import NodeEndpoint, SshCredentials
-from providers.login_key import RetiredLoginKeys
+from providers.login_key import RetiredLoginKeys, RetiredLoginKeysInputs
 
 
 def retire_previous_login_keys(
@@ -23,10 +23,9 @@ def retire_previous_login_keys(
         retired.append(
             RetiredLoginKeys(
                 f"{endpoint.name}-retired-login-keys",
-                {
-                    **endpoint.connection_props(credentials),
-                    "retiring_keys": endpoint.login_key.retiring_keys,
-                },
+                RetiredLoginKeysInputs(
+                    login=endpoint.login(credentials), retiring_keys=endpoint.login_key.retiring_keys
+                ),
                 opts=pulumi.ResourceOptions(provider=endpoint.operations, depends_on=list(after)),
             )
         )

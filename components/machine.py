@@ -4,6 +4,7 @@ existing host given by address; then a probe of its facts. Shared by
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import pulumi
@@ -16,7 +17,8 @@ from components.private_network import PrivateNetwork
 from components.provider_shards import OperationShards
 from providers.host_key_pair import HostKeyPair, cloud_config
 from providers.host_probe import HostProbe
-from providers.login_key import NodeLoginKey
+from providers.inputs import NodeLogin
+from providers.login_key import NodeLoginKey, NodeLoginKeyInputs
 
 # hcloud.Server inputs Hetzner sets only at creation (ssh_keys, image, location, datacenter,
 # user_data replace the server; server_type powers it off to resize): never changed later.
@@ -52,6 +54,109 @@ def report_creation_drift(server: hcloud.Server, node: str, role: str, wanted: d
     pulumi.Output.all(*(getattr(server, key) for key in wanted)).apply(report)
 
 
+@dataclass(frozen=True)
+class _Machine:
+    """Where a node's machine is reached, whichever way it came to be."""
+
+    public_address: pulumi.Output[str]
+    ssh_address: pulumi.Output[str]
+    private_address: pulumi.Output[str | None]
+    depends: list[pulumi.Resource]
+    generated_host_key: pulumi.Output[str | None]
+    hcloud_server_id: pulumi.Output[str] | None = None
+    server: pulumi.Resource | None = None
+
+
+def _existing_machine(host: HostSettings) -> _Machine:
+    assert host.address is not None  # the settings rules guarantee it
+    return _Machine(
+        public_address=pulumi.Output.from_input(host.address),
+        ssh_address=pulumi.Output.from_input(host.ssh_address or host.address),
+        private_address=pulumi.Output.from_input(host.private_address),
+        depends=[],
+        generated_host_key=pulumi.Output.from_input(None),
+    )
+
+
+def _hetzner_machine(
+    parent: pulumi.ComponentResource,
+    *,
+    host: HostSettings,
+    role: Literal["server", "worker"],
+    settings: StackSettings,
+    ssh_key_id: pulumi.Output[str] | None,
+    creation_firewall_id: pulumi.Output[str] | None,
+    placement_group_id: pulumi.Output[str] | None,
+    private_network: PrivateNetwork | None,
+    shards: OperationShards,
+) -> _Machine:
+    """A Hetzner server the program creates, with the SSH host key it is given at creation."""
+    if ssh_key_id is None:
+        raise ValueError(f"{host.name}: a Hetzner server needs the cluster's SSH key")
+    wanted = {
+        "server_type": host.server_type or settings.cluster.server_type,
+        "image": host.image or settings.cluster.image,
+        "location": host.location or settings.cluster.location,
+    }
+    # The server's SSH host key, made here and given at creation: pinned from the first login.
+    host_key = HostKeyPair(
+        f"{host.name}-host-key",
+        host.name,
+        opts=pulumi.ResourceOptions(parent=parent, provider=shards.for_node(host.name)),
+    )
+    rendered: pulumi.Output[str] = pulumi.Output.all(host_key.private_key, host_key.public_key).apply(
+        lambda keys: cloud_config(*keys)
+    )
+    user_data: pulumi.Output[str] = pulumi.Output.secret(rendered)
+    server = hcloud.Server(
+        host.name,
+        # Unique per Hetzner project: two stacks (dev, staging) may name their nodes alike.
+        name=hetzner_name(settings.cluster.name, pulumi.get_stack(), host.name),
+        server_type=wanted["server_type"],
+        image=wanted["image"],
+        location=wanted["location"],
+        ssh_keys=[ssh_key_id],
+        user_data=user_data,
+        public_nets=[hcloud.ServerPublicNetArgs(ipv4_enabled=True, ipv6_enabled=True)],
+        labels={**ownership_labels(settings.cluster.name, pulumi.get_stack()), "hk3s-role": role},
+        # On the internet from its first boot: an SSH-only cloud firewall is attached at creation,
+        # the cluster's full one (FirewallRules) once every address is known.
+        firewall_ids=[creation_firewall_id.apply(int)] if creation_firewall_id is not None else None,
+        placement_group_id=placement_group_id.apply(int) if placement_group_id is not None else None,
+        opts=pulumi.ResourceOptions(
+            parent=parent,
+            # Creation-only in Hetzner's provider: a change would replace the machine (or, for the
+            # type, power it off). Later values apply to servers created later (report_creation_drift).
+            ignore_changes=[*CREATION_ONLY_SERVER_INPUTS, *CREATION_FIREWALL_INPUTS, *CREATION_PLACEMENT_INPUTS],
+            protect=role == "server" and settings.cluster.control_plane_protected,
+            additional_secret_outputs=["user_data"],
+        ),
+    )
+    report_creation_drift(server, host.name, role, wanted)
+    # A server created before the program gave keys has no user data: its key was recorded on
+    # first use (kept in the probe's state), so the generated one, which it never got, is not pinned.
+    generated_key: pulumi.Output[str | None] = pulumi.Output.unsecret(
+        pulumi.Output.all(server.user_data, host_key.public_key).apply(lambda values: values[1] if values[0] else None)
+    )
+    public_address: pulumi.Output[str] = server.ipv4_address
+    ssh_address = server.ipv4_address
+    private_address: pulumi.Output[str | None] = pulumi.Output.from_input(None)
+    depends: list[pulumi.Resource] = [server]
+    if private_network is not None:
+        attachment = private_network.attach(host.name, server.id, control_plane=role == "server")
+        private_address = attachment.ip
+        depends.append(attachment)
+    return _Machine(
+        public_address=public_address,
+        ssh_address=ssh_address,
+        private_address=private_address,
+        depends=depends,
+        generated_host_key=generated_key,
+        hcloud_server_id=server.id,
+        server=server,
+    )
+
+
 def provision_machine(
     parent: pulumi.ComponentResource,
     *,
@@ -67,120 +172,62 @@ def provision_machine(
     shards: OperationShards,
 ) -> NodeEndpoint:
     """Create (or adopt) the machine for `host` as children of `parent`."""
-    hcloud_server_id: pulumi.Output[str] | None = None
-    machine: pulumi.Resource | None = None
     if host.kind == "hetzner":
-        if ssh_key_id is None:
-            raise ValueError(f"{host.name}: a Hetzner server needs the cluster's SSH key")
-        wanted = {
-            "server_type": host.server_type or settings.cluster.server_type,
-            "image": host.image or settings.cluster.image,
-            "location": host.location or settings.cluster.location,
-        }
-        # The server's SSH host key, made here and given at creation: pinned from the first login.
-        host_key = HostKeyPair(
-            f"{host.name}-host-key",
-            host.name,
-            opts=pulumi.ResourceOptions(parent=parent, provider=shards.for_node(host.name)),
+        machine = _hetzner_machine(
+            parent,
+            host=host,
+            role=role,
+            settings=settings,
+            ssh_key_id=ssh_key_id,
+            creation_firewall_id=creation_firewall_id,
+            placement_group_id=placement_group_id,
+            private_network=private_network,
+            shards=shards,
         )
-        rendered: pulumi.Output[str] = pulumi.Output.all(host_key.private_key, host_key.public_key).apply(
-            lambda keys: cloud_config(*keys)
-        )
-        user_data: pulumi.Output[str] = pulumi.Output.secret(rendered)
-        server = hcloud.Server(
-            host.name,
-            # Unique per Hetzner project: two stacks (dev, staging) may name their nodes alike.
-            name=hetzner_name(settings.cluster.name, pulumi.get_stack(), host.name),
-            server_type=wanted["server_type"],
-            image=wanted["image"],
-            location=wanted["location"],
-            ssh_keys=[ssh_key_id],
-            user_data=user_data,
-            public_nets=[hcloud.ServerPublicNetArgs(ipv4_enabled=True, ipv6_enabled=True)],
-            labels={**ownership_labels(settings.cluster.name, pulumi.get_stack()), "hk3s-role": role},
-            # On the internet from its first boot: an SSH-only cloud firewall is attached at creation,
-            # the cluster's full one (FirewallRules) once every address is known.
-            firewall_ids=[creation_firewall_id.apply(int)] if creation_firewall_id is not None else None,
-            placement_group_id=placement_group_id.apply(int) if placement_group_id is not None else None,
-            opts=pulumi.ResourceOptions(
-                parent=parent,
-                # Creation-only in Hetzner's provider: a change would replace the machine (or, for the
-                # type, power it off). Later values apply to servers created later (report_creation_drift).
-                ignore_changes=[*CREATION_ONLY_SERVER_INPUTS, *CREATION_FIREWALL_INPUTS, *CREATION_PLACEMENT_INPUTS],
-                protect=role == "server" and settings.cluster.control_plane_protected,
-                additional_secret_outputs=["user_data"],
-            ),
-        )
-        report_creation_drift(server, host.name, role, wanted)
-        hcloud_server_id = server.id
-        machine = server
-        # A server created before the program gave keys has no user data: its key was recorded on
-        # first use (kept in the probe's state), so the generated one, which it never got, is not pinned.
-        generated_key: pulumi.Output[str | None] = pulumi.Output.unsecret(
-            pulumi.Output.all(server.user_data, host_key.public_key).apply(
-                lambda values: values[1] if values[0] else None
-            )
-        )
-        public_address: pulumi.Output[str] = server.ipv4_address
-        ssh_address = server.ipv4_address
-        private_address: pulumi.Output[str | None] = pulumi.Output.from_input(None)
-        depends: list[pulumi.Resource] = [server]
-        if private_network is not None:
-            attachment = private_network.attach(host.name, server.id, control_plane=role == "server")
-            private_address = attachment.ip
-            depends.append(attachment)
     else:
-        assert host.address is not None  # the settings rules guarantee it
-        public_address = pulumi.Output.from_input(host.address)
-        ssh_address = pulumi.Output.from_input(host.ssh_address or host.address)
-        private_address = pulumi.Output.from_input(host.private_address)
-        depends = []
-        generated_key = pulumi.Output.from_input(None)
-    # A key the stack records wins; else the one the program gave the server.
-    pinned_key = credentials.recorded_host_keys.get(host.name) or generated_key
+        machine = _existing_machine(host)
     operations = shards.for_node(host.name)
+    login = NodeLogin(
+        node=host.name,
+        address=machine.ssh_address,
+        ssh_port=host.ssh_port,
+        ssh_user=credentials.user,
+        private_key=credentials.private_key,
+        # A key the stack records wins; else the one the program gave the server.
+        recorded_host_key=credentials.recorded_host_keys.get(host.name) or machine.generated_host_key,
+    )
     # First of the node's resources: a rotated hk3s:ssh.private_key_file is rotated on the host
     # before anything logs in with it (providers.login_key).
     login_key = NodeLoginKey(
         f"{host.name}-login-key",
-        {
-            "node": host.name,
-            "address": ssh_address,
-            "ssh_port": host.ssh_port,
-            "ssh_user": credentials.user,
-            "private_key": credentials.private_key,
-            "recorded_host_key": pinned_key,
-            "previous_private_key": credentials.previous_private_key,
-            "authorized_by": "program" if host.kind == "hetzner" else "operator",
-        },
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(depends), provider=operations),
+        NodeLoginKeyInputs(
+            login=login,
+            previous_private_key=credentials.previous_private_key,
+            authorized_by="program" if host.kind == "hetzner" else "operator",
+        ),
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(machine.depends), provider=operations),
     )
     probe = HostProbe(
         f"{host.name}-probe",
-        node=host.name,
-        address=ssh_address,
-        ssh_port=host.ssh_port,
-        ssh_user=credentials.user,
-        private_key=credentials.private_key,
-        recorded_host_key=pinned_key,
+        login=login,
         # A Hetzner network's address: the facts wait for it, so the network decision sees it.
-        expected_address=private_address if host.kind == "hetzner" else None,
+        expected_address=machine.private_address if host.kind == "hetzner" else None,
         first_contact_seconds=settings.ssh.first_contact_seconds,
         created_by_program=host.kind == "hetzner",
         trust_on_first_use=settings.ssh.trust_on_first_use,
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=[*depends, login_key], provider=operations),
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=[*machine.depends, login_key], provider=operations),
     )
     return NodeEndpoint(
         name=host.name,
         role=role,
-        public_address=public_address,
-        private_address=private_address,
-        ssh_address=ssh_address,
+        public_address=machine.public_address,
+        private_address=machine.private_address,
+        ssh_address=machine.ssh_address,
         ssh_port=host.ssh_port,
-        hcloud_server_id=hcloud_server_id,
+        hcloud_server_id=machine.hcloud_server_id,
         firewall_managed=firewall_managed,
         probe=probe,
         operations=operations,
         login_key=login_key,
-        machine=machine,
+        machine=machine.server,
     )

@@ -4,11 +4,12 @@ all nodes (firewalls, storage): how to reach a node and at which addresses."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import pulumi
 
 from providers.host_probe import HostProbe
+from providers.inputs import NodeLogin
 from providers.login_key import NodeLoginKey
 
 
@@ -51,14 +52,14 @@ class NodeEndpoint:
         after = [*(depends_on or []), *([self.login_key] if self.login_key is not None else [])]
         return pulumi.ResourceOptions(parent=parent, provider=self.operations, depends_on=after)
 
-    def connection_props(self, credentials: SshCredentials) -> dict[str, Any]:
-        """Inputs a node-facing dynamic resource needs to log in to this node,
-        pinned to the host key the probe recorded (or the stack config gives)."""
-        return {
-            "node": self.name,
-            "address": self.ssh_address,
-            "ssh_port": self.ssh_port,
-            "ssh_user": credentials.user,
-            "private_key": credentials.private_key,
-            "recorded_host_key": self.probe.host_key,
-        }
+    def login(self, credentials: SshCredentials) -> NodeLogin:
+        """How a node-facing dynamic resource logs in to this node, pinned to the host key
+        the probe recorded (or the stack config gives)."""
+        return NodeLogin(
+            node=self.name,
+            address=self.ssh_address,
+            ssh_port=self.ssh_port,
+            ssh_user=credentials.user,
+            private_key=credentials.private_key,
+            recorded_host_key=self.probe.host_key,
+        )

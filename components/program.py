@@ -19,7 +19,7 @@ from components.private_network import PrivateNetwork, PrivateNetworkArgs
 from components.provider_shards import OperationShards
 from components.storage_copies import StorageCopies, StorageCopiesArgs
 from components.worker_node import WorkerNode, WorkerNodeArgs
-from providers.teardown_guard import TeardownGuard
+from providers.teardown_guard import TeardownGuard, TeardownGuardInputs
 from providers.worker_roster import WorkerRoster
 
 
@@ -160,7 +160,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
     # refuses unless hk3s:cluster.teardown allowed it (providers.teardown_guard).
     TeardownGuard(
         "teardown-guard",
-        {"teardown_allowed": settings.cluster.teardown_allowed, "stack": pulumi.get_stack()},
+        TeardownGuardInputs(teardown_allowed=settings.cluster.teardown_allowed, stack=pulumi.get_stack()),
         opts=pulumi.ResourceOptions(depends_on=list(registered)),
     )
     return BuiltCluster(network, server, workers, firewall, storage)

@@ -10,17 +10,17 @@ from typing import Any
 import pulumi
 
 from cluster_settings.models import StackSettings, WorkerSettings
-from components.cluster_server import ClusterServer
+from components.cluster_server import ClusterServer, k3s_release
 from components.machine import provision_machine
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
 from components.provider_shards import OperationShards
 from node_operations.firewall_plan import KUBE_API_PORT
-from providers.connectivity_check import ConnectivityCheck
+from providers.connectivity_check import ConnectivityCheck, ConnectivityCheckInputs
 from providers.disk_probe import OUTPUTS as DISK_PROBE_OUTPUTS
-from providers.disk_probe import DiskProbe
-from providers.node_fence import NodeFence
-from providers.node_join import NodeJoin
+from providers.disk_probe import DiskProbe, DiskProbeInputs
+from providers.node_fence import NodeFence, NodeFenceInputs
+from providers.node_join import NodeJoin, NodeJoinInputs
 
 LONGHORN_DISK_PATH = "/var/lib/longhorn"
 VALIDATION_TAINT = "hk3s.dev/validating=true:NoSchedule"
@@ -85,103 +85,38 @@ class WorkerNode(pulumi.ComponentResource):
     ) -> None:
         """Join the worker to `server` once `after` (the firewalls and the run's check of
         the recorded nodes) exist."""
-        settings, worker, credentials = self._args.settings, self._args.worker, self._args.credentials
-        connection = self.endpoint.connection_props(credentials)
-        plan = server.network
-        own_address = server.cluster_address(worker.name)
-        server_address = server.cluster_address(server.endpoint.name)
-        checks: list[pulumi.Resource] = []
-        # Before joining a private-mode cluster: the server reaches this host's SSH port and
-        # this host reaches the server's API over the private network (recorded as not
-        # needed when the plan decides public).
-        if settings.network.mode != "public":
-            server_end = server.endpoint
-            checks.append(
-                ConnectivityCheck(
-                    f"{worker.name}-from-server-ssh",
-                    {
-                        **server_end.connection_props(credentials),
-                        "target_node": worker.name,
-                        "target_address": own_address,
-                        "target_port": self.endpoint.ssh_port,
-                        "network_mode": plan.mode,
-                    },
-                    opts=server_end.options(self, [plan, *after]),
-                )
-            )
-            checks.append(
-                ConnectivityCheck(
-                    f"{worker.name}-to-server-api",
-                    {
-                        **connection,
-                        "target_node": server_end.name,
-                        "target_address": server_address,
-                        "target_port": int(KUBE_API_PORT),
-                        "network_mode": plan.mode,
-                    },
-                    opts=self.endpoint.options(self, [plan, server.k3s, *after]),
-                )
-            )
+        settings, worker = self._args.settings, self._args.worker
+        checks = self._connectivity_checks(server, after) if settings.network.mode != "public" else []
         self.join_resource = NodeJoin(
             f"{worker.name}-join",
-            {
-                **connection,
-                "server_node": server.endpoint.name,
-                # The join logs in to the server too (to create this node's token) with the same key.
-                "server_address": server.endpoint.ssh_address,
-                "server_ssh_port": server.endpoint.ssh_port,
-                "server_host_key": server.endpoint.probe.host_key,
-                "server_firewall_managed": server.endpoint.firewall_managed,
-                "server_url": server_address.apply(lambda address: f"https://{address}:{KUBE_API_PORT}"),
-                "ca_hash": server.ca_hash,
-                "k3s_version": server.version,
-                "k3s_binary": str(settings.cluster.k3s_binary) if settings.cluster.k3s_binary else None,
-                "k3s_sha256": settings.cluster.k3s_sha256,
-                # Checked against the host's own firewall when the operator runs it.
-                "operator_firewall_rules": None if self.endpoint.firewall_managed else firewall_rules,
-                "recorded_nodes": sorted([settings.server.name, *(w.name for w in settings.all_workers())]),
-                "network_mode": plan.mode,
-                "node_ip": server.node_ip(worker.name),
-                # Where peers reach it (differs from the node IP behind a 1:1 NAT).
-                "cluster_address": own_address,
-                "node_external_ip": self.endpoint.public_address,
-                "labels": dict(worker.labels),
-                # Given at registration beside the validation taint: no ordinary pod lands first.
-                "taints": list(worker.taints),
-                "validation_taint": VALIDATION_TAINT,
-                "registry": settings.cluster.registry,
-                "pod_network": settings.cluster.pod_network,
-                "api_wait_seconds": settings.cluster.api_wait_seconds,
-                "validation_image": settings.cluster.validation_image,
-                # Read by delete: only a teardown wipes a joined worker (no copy moved).
-                "teardown_allowed": settings.cluster.teardown_allowed,
-            },
-            opts=self.endpoint.options(self, [self.endpoint.probe, plan, server.k3s, *after, *checks]),
+            self._join_inputs(server, firewall_rules),
+            opts=self.endpoint.options(self, [self.endpoint.probe, server.network, server.k3s, *after, *checks]),
         )
+        login = self.endpoint.login(self._args.credentials)
         if worker.holds_copies:
             # At the end of the join, and again at every rejoin (join_run changes with each run of it).
             self.disk_probe = DiskProbe(
                 f"{worker.name}-disk",
-                {
-                    **connection,
-                    "disk_path": LONGHORN_DISK_PATH,
-                    "ignore_slow_disk": worker.ignore_slow_disk,
-                    "threshold_ms": settings.storage.disk_sync_p99_ms,
-                    "join_run": self.join_resource.join_run,
-                },
+                DiskProbeInputs(
+                    login=login,
+                    disk_path=LONGHORN_DISK_PATH,
+                    ignore_slow_disk=worker.ignore_slow_disk,
+                    threshold_ms=settings.storage.disk_sync_p99_ms,
+                    join_run=self.join_resource.join_run,
+                ),
                 opts=self.endpoint.options(self, [self.join_resource]),
             )
         fence = settings.fences.get(worker.name)
         if fence is not None:
             NodeFence(
                 f"{worker.name}-fence",
-                {
-                    **connection,
-                    "powered_off": fence.powered_off,
-                    "accept_stale_data": fence.accept_stale_data,
-                    "hcloud_server_id": self.endpoint.hcloud_server_id,
-                    "kubeconfig": server.kubeconfig,
-                },
+                NodeFenceInputs(
+                    login=login,
+                    powered_off=fence.powered_off,
+                    accept_stale_data=fence.accept_stale_data,
+                    hcloud_server_id=self.endpoint.hcloud_server_id,
+                    kubeconfig=server.kubeconfig,
+                ),
                 opts=self.endpoint.options(self, [self.join_resource]),
             )
         self.name = self.join_resource.name
@@ -197,6 +132,72 @@ class WorkerNode(pulumi.ComponentResource):
                 "k3s_version": self.k3s_version,
                 "state": self.state,
             }
+        )
+
+    def _connectivity_checks(self, server: ClusterServer, after: Sequence[pulumi.Resource]) -> list[pulumi.Resource]:
+        """Before joining a private-mode cluster: the server reaches this host's SSH port and
+        this host reaches the server's API over the private network (recorded as not
+        needed when the plan decides public)."""
+        worker, credentials, plan = self._args.worker, self._args.credentials, server.network
+        server_end = server.endpoint
+        return [
+            ConnectivityCheck(
+                f"{worker.name}-from-server-ssh",
+                ConnectivityCheckInputs(
+                    login=server_end.login(credentials),
+                    target_node=worker.name,
+                    target_address=server.cluster_address(worker.name),
+                    target_port=self.endpoint.ssh_port,
+                    network_mode=plan.mode,
+                ),
+                opts=server_end.options(self, [plan, *after]),
+            ),
+            ConnectivityCheck(
+                f"{worker.name}-to-server-api",
+                ConnectivityCheckInputs(
+                    login=self.endpoint.login(credentials),
+                    target_node=server_end.name,
+                    target_address=server.cluster_address(server_end.name),
+                    target_port=int(KUBE_API_PORT),
+                    network_mode=plan.mode,
+                ),
+                opts=self.endpoint.options(self, [plan, server.k3s, *after]),
+            ),
+        ]
+
+    def _join_inputs(
+        self, server: ClusterServer, firewall_rules: pulumi.Output[list[dict[str, Any]]] | None
+    ) -> NodeJoinInputs:
+        settings, worker = self._args.settings, self._args.worker
+        server_address = server.cluster_address(server.endpoint.name)
+        return NodeJoinInputs(
+            login=self.endpoint.login(self._args.credentials),
+            server_node=server.endpoint.name,
+            # The join logs in to the server too (to create this node's token) with the same key.
+            server_address=server.endpoint.ssh_address,
+            server_ssh_port=server.endpoint.ssh_port,
+            server_host_key=server.endpoint.probe.host_key,
+            server_firewall_managed=server.endpoint.firewall_managed,
+            server_url=server_address.apply(lambda address: f"https://{address}:{KUBE_API_PORT}"),
+            ca_hash=server.ca_hash,
+            k3s=k3s_release(settings.cluster, server.version),
+            # Checked against the host's own firewall when the operator runs it.
+            operator_firewall_rules=None if self.endpoint.firewall_managed else firewall_rules,
+            recorded_nodes=sorted([settings.server.name, *(w.name for w in settings.all_workers())]),
+            network_mode=server.network.mode,
+            node_ip=server.node_ip(worker.name),
+            # Where peers reach it (differs from the node IP behind a 1:1 NAT).
+            cluster_address=server.cluster_address(worker.name),
+            node_external_ip=self.endpoint.public_address,
+            labels=dict(worker.labels),
+            # Given at registration beside the validation taint: no ordinary pod lands first.
+            taints=list(worker.taints),
+            validation_taint=VALIDATION_TAINT,
+            registry=settings.cluster.registry,
+            pod_network=settings.cluster.pod_network,
+            api_wait_seconds=settings.cluster.api_wait_seconds,
+            validation_image=settings.cluster.validation_image,
+            teardown_allowed=settings.cluster.teardown_allowed,
         )
 
     def copies_output(self) -> dict[str, Any]:

@@ -251,6 +251,39 @@ def _no_path(server: HostNetwork, worker: HostNetwork) -> str:
     )
 
 
+def fixed_mode_refusal(mode: str, recorded_mode: str | None) -> str | None:
+    """Why hk3s:network.mode may not be `mode` in a cluster whose first join fixed
+    `recorded_mode`, or None when it may (no mode fixed yet, the same mode, or auto)."""
+    fixed = recorded_mode if recorded_mode in ("private", "public") else None
+    if fixed is None or mode in ("auto", fixed):
+        return None
+    return (
+        f"hk3s:network.mode is {mode}, but the cluster's first join fixed it to {fixed}: every node "
+        f"talks to the others over {fixed} addresses, and moving them all would cut the running cluster "
+        f"apart. Set hk3s:network.mode back to {fixed} (or auto)"
+    )
+
+
+def _no_private_path(
+    server: HostNetwork, unreached: Sequence[HostNetwork], default_route_networks: Mapping[str, str], *, fixed: bool
+) -> NetworkRefusedError:
+    """Private mode is required (set, or fixed by the first join) but these workers have no
+    private path to the server."""
+    reason = "the cluster's first join fixed private mode" if fixed else "hk3s:network.mode is private"
+    shared = "".join(
+        f"; {name} shares {network} with the server, but it carries the default route: set "
+        f"hk3s:network.private_network: {network} to use it"
+        for name, network in sorted(default_route_networks.items())
+    )
+    return NetworkRefusedError(
+        f"{reason}, but "
+        + "; ".join(_no_path(server, net) for net in unreached)
+        + shared
+        + ". Attach the host to the server's private network (or record its private_address), "
+        + ("or remove it from hk3s:workers" if fixed else "or set hk3s:network.mode: public")
+    )
+
+
 def decide(
     setting: NetworkSetting,
     server: HostNetwork,
@@ -267,12 +300,9 @@ def decide(
     Raises `NetworkRefusedError` with the setting to change."""
     explicit = IPv4Network(setting.private_network) if setting.private_network else None
     fixed_mode = recorded.mode if recorded.mode in ("private", "public") else None
-    if fixed_mode and setting.mode not in ("auto", fixed_mode):
-        raise NetworkRefusedError(
-            f"hk3s:network.mode is {setting.mode}, but the cluster's first join fixed it to {fixed_mode}: every node "
-            f"talks to the others over {fixed_mode} addresses, and moving them all would cut the running cluster "
-            f"apart. Set hk3s:network.mode back to {fixed_mode} (or auto)"
-        )
+    refusal = fixed_mode_refusal(setting.mode, recorded.mode)
+    if refusal is not None:
+        raise NetworkRefusedError(refusal)
     public_addresses = {server.node: server_public, **{net.node: public for net, public in workers}}
     if not workers:
         return NetworkDecision("pending", public_addresses, {}, ["no worker yet: the first join decides the mode"])
@@ -314,19 +344,8 @@ def decide(
             # The caller checks its connections, then stops and prints the setting (`candidate_refusal`).
             return NetworkDecision("private", {}, paths, [], candidate=candidate)
         if wanted == "private":
-            reason = "the cluster's first join fixed private mode" if fixed_mode else "hk3s:network.mode is private"
-            shared = "".join(
-                f"; {name} shares {network} with the server, but it carries the default route: set "
-                f"hk3s:network.private_network: {network} to use it"
-                for name, network in sorted(default_route_networks.items())
-            )
-            raise NetworkRefusedError(
-                f"{reason}, but "
-                + "; ".join(_no_path(server, net) for net, _ in workers if net.node in missing)
-                + shared
-                + ". Attach the host to the server's private network (or record its private_address), "
-                + ("or remove it from hk3s:workers" if fixed_mode else "or set hk3s:network.mode: public")
-            )
+            unreached = [net for net, _ in workers if net.node in missing]
+            raise _no_private_path(server, unreached, default_route_networks, fixed=fixed_mode is not None)
         notes = [f"public mode: {_no_path(server, net)}" for net, _ in workers if net.node in missing]
         return NetworkDecision("public", public_addresses, {}, notes, behind_nat=natted)
 

@@ -22,8 +22,10 @@ def refusal_tag(code: RefusalCode) -> str:
 
 
 def tagged(message: str, code: RefusalCode) -> str:
-    """`message` marked as a refusal with `code`."""
-    return f"{message.rstrip()} {refusal_tag(code)}"
+    """`message` marked as a refusal with `code` (on a line of its own after a message of
+    several lines, so the last line of such a message keeps its own meaning)."""
+    text = message.rstrip()
+    return f"{text}{chr(10) if chr(10) in text else ' '}{refusal_tag(code)}"
 
 
 def refusal_code(text: str) -> RefusalCode | None:

@@ -27,12 +27,10 @@ from node_operations.join import JoinError
 from node_operations.network_mode import NetworkRefusedError
 from node_operations.refusal import tagged
 from node_operations.teardown import WipeError
+from providers.inputs import NodeLogin, ResourceInputs, known
 from remote_access.ssh import SshError, SshTarget
 
 T = TypeVar("T")
-
-# Inputs every node-facing resource carries to log in to its host.
-CONNECTION_INPUTS = ("node", "address", "ssh_port", "ssh_user", "private_key", "recorded_host_key")
 
 
 class CapabilityMissingError(RuntimeError):
@@ -147,8 +145,17 @@ def run_operation(coroutine: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coroutine)
 
 
-def ssh_target(props: Mapping[str, Any], recorded_host_key: str | None = None) -> SshTarget:
+def ssh_target(props: NodeLogin | Mapping[str, Any], recorded_host_key: str | None = None) -> SshTarget:
     """The SSH target a node-facing resource's inputs describe."""
+    if isinstance(props, NodeLogin):
+        return SshTarget(
+            node=str(known(props.node)),
+            address=str(known(props.address)),
+            port=int(known(props.ssh_port) or 22),
+            user=str(known(props.ssh_user) or "root"),
+            private_key=str(known(props.private_key)),
+            recorded_host_key=recorded_host_key or known(props.recorded_host_key) or None,
+        )
     return SshTarget(
         node=str(props["node"]),
         address=str(props["address"]),
@@ -197,9 +204,11 @@ def diff_inputs(
     return DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=bool(replaces))
 
 
-def resource_inputs(props: Mapping[str, Any], outputs: Iterable[str], secrets: Iterable[str] = ()) -> dict[str, Any]:
-    """A node-facing resource's inputs: the private key (and `secrets`) wrapped as secrets,
-    and every output declared (as None) so it becomes an attribute of the resource."""
+def resource_inputs(typed: ResourceInputs, outputs: Iterable[str], secrets: Iterable[str] = ()) -> dict[str, Any]:
+    """A node-facing resource's inputs as the engine stores them: the private key (and
+    `secrets`) wrapped as secrets, and every output declared (as None) so it becomes an
+    attribute of the resource."""
+    props = typed.props()
     inputs: dict[str, Any] = {**props, **{name: None for name in outputs}}
     for name in ("private_key", *secrets):
         inputs[name] = pulumi.Output.secret(props[name])
@@ -209,12 +218,6 @@ def resource_inputs(props: Mapping[str, Any], outputs: Iterable[str], secrets: I
 # Inputs that only the state keeps, never a reason to act on a host: the login key (its
 # rotation is NodeLoginKey's work) and whether a teardown may wipe the node (read by delete).
 STATE_ONLY_INPUTS = ("private_key", "teardown_allowed")
-
-
-def teardown_allowed(props: Mapping[str, Any]) -> bool:
-    """Whether the state says a teardown may wipe this node (hk3s:cluster.teardown: allowed,
-    applied by an `up`). A destroy runs no program: the state is all a delete sees."""
-    return props.get("teardown_allowed") is True
 
 
 def state_only_change(

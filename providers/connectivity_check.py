@@ -8,6 +8,7 @@ public mode the check records that it was not needed.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pulumi
@@ -24,7 +25,18 @@ from providers.base import (
     run_operation,
     ssh_target,
 )
+from providers.inputs import NodeInputs, known
 from remote_access.ssh import open_session
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ConnectivityCheckInputs(NodeInputs):
+    """A connection from `login.node` to `target_node`'s `target_address:target_port`."""
+
+    target_node: pulumi.Input[str]
+    target_address: pulumi.Input[str]
+    target_port: pulumi.Input[int]
+    network_mode: pulumi.Input[str]
 
 
 @program_error
@@ -32,17 +44,19 @@ class ConnectionFailedError(RuntimeError):
     """A connection the private network must carry did not open."""
 
 
-async def _connect(props: dict[str, Any]) -> str | None:
-    async with open_session(ssh_target(props)) as session:
-        return await check_connection(session, str(props["target_address"]), int(props["target_port"]))
+async def _connect(inputs: ConnectivityCheckInputs, address: str, port: int) -> str | None:
+    async with open_session(ssh_target(inputs.login)) as session:
+        return await check_connection(session, address, port)
 
 
 def _run_check(props: dict[str, Any]) -> dict[str, Any]:
-    node, target = str(props["node"]), str(props["target_node"])
-    address, port = props["target_address"], int(props["target_port"])
-    if props.get("network_mode") != "private":
-        return {**props, "verified": f"not needed in {props.get('network_mode')} mode"}
-    why = run_operation(_connect(props))
+    inputs = ConnectivityCheckInputs.from_props(props)
+    node, target = str(known(inputs.login.node)), str(known(inputs.target_node))
+    address, port = str(known(inputs.target_address)), int(known(inputs.target_port))
+    mode = known(inputs.network_mode)
+    if mode != "private":
+        return {**props, "verified": f"not needed in {mode} mode"}
+    why = run_operation(_connect(inputs, address, port))
     if why is not None:
         raise ConnectionFailedError(
             f"{node}: the connection from {node} to {target} at {address}:{port} over the private network "
@@ -68,8 +82,10 @@ class ConnectivityCheckProvider(NodeProvider):
         return diff_inputs(
             olds,
             news,
-            replace_on=("node", "address", "target_node", "target_address", "target_port", "network_mode"),
-            ignore=("recorded_host_key",),
+            replace_on=ConnectivityCheckInputs.names(
+                "node", "address", "target_node", "target_address", "target_port", "network_mode"
+            ),
+            ignore=ConnectivityCheckInputs.names("recorded_host_key"),
         )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -90,6 +106,7 @@ class ConnectivityCheck(Resource, module="hk3s", name="ConnectivityCheck"):
 
     verified: pulumi.Output[str]
 
-    def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        inputs = resource_inputs(props, ["verified"])
-        super().__init__(ConnectivityCheckProvider(), resource_name, inputs, opts)
+    def __init__(
+        self, resource_name: str, inputs: ConnectivityCheckInputs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__(ConnectivityCheckProvider(), resource_name, resource_inputs(inputs, ["verified"]), opts)

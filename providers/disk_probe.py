@@ -17,6 +17,7 @@ then nobody knows what the disk can do.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pulumi
@@ -33,6 +34,7 @@ from providers.base import (
     run_operation,
     ssh_target,
 )
+from providers.inputs import NodeInputs, known
 
 OUTPUTS = (
     "eligible",
@@ -47,18 +49,26 @@ OUTPUTS = (
 )
 
 
-def _threshold(props: dict[str, Any]) -> float:
-    return float(props.get("threshold_ms") or DISK_SYNC_P99_DEFAULT_MS)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DiskProbeInputs(NodeInputs):
+    """The disk to measure and the threshold it is judged by."""
+
+    disk_path: pulumi.Input[str] = LONGHORN_DISK_PATH
+    ignore_slow_disk: pulumi.Input[bool] = False
+    threshold_ms: pulumi.Input[float] = DISK_SYNC_P99_DEFAULT_MS
+    join_run: pulumi.Input[str] | None = None
+    """The join's run stamp: a new one (every run of the join) measures again."""
 
 
 def _probe(props: dict[str, Any]) -> dict[str, Any]:
-    node = str(props["node"])
+    inputs = DiskProbeInputs.from_props(props)
+    node = str(known(inputs.login.node))
     measurement, verdict = run_operation(
         probe_disk(
-            ssh_target(props),
-            threshold_ms=_threshold(props),
-            ignore_slow_disk=bool(props.get("ignore_slow_disk")),
-            path=str(props.get("disk_path") or LONGHORN_DISK_PATH),
+            ssh_target(inputs.login),
+            threshold_ms=float(known(inputs.threshold_ms) or DISK_SYNC_P99_DEFAULT_MS),
+            ignore_slow_disk=bool(known(inputs.ignore_slow_disk)),
+            path=str(known(inputs.disk_path) or LONGHORN_DISK_PATH),
             progress=lambda line: progress(node, line),
         )
     )
@@ -98,7 +108,7 @@ class DiskProbeProvider(NodeProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # Measured again when the disk path, the threshold or ignore_slow_disk change, and at
         # every run of the join (join_run): a rejoin may follow a change of the host.
-        return diff_inputs(olds, news, replace_on=self.replace_on, ignore=("recorded_host_key",))
+        return diff_inputs(olds, news, replace_on=self.replace_on, ignore=DiskProbeInputs.names("recorded_host_key"))
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         # Deterministic id: the probe of one node's disk, whichever run made it.
@@ -125,7 +135,7 @@ class DiskProbe(Resource, module="hk3s", name="DiskProbe"):
     probe_seconds: pulumi.Output[float]
     filesystem: pulumi.Output[str]
 
-    def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, resource_name: str, inputs: DiskProbeInputs, opts: pulumi.ResourceOptions | None = None) -> None:
         # threshold_ms is an input (hk3s:storage.disk_sync_p99_ms) and comes back as the one judged by.
-        inputs = resource_inputs(props, [name for name in OUTPUTS if name != "threshold_ms"])
-        super().__init__(DiskProbeProvider(), resource_name, inputs, opts)
+        props = resource_inputs(inputs, [name for name in OUTPUTS if name != "threshold_ms"])
+        super().__init__(DiskProbeProvider(), resource_name, props, opts)

@@ -10,6 +10,7 @@ program's table, tagged UFW rules, or entries of its firewalld zones).
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from collections.abc import Mapping
 from typing import Any
@@ -35,12 +36,23 @@ from providers.base import (
     resource_inputs,
     run_operation,
     ssh_target,
-    teardown_allowed,
 )
+from providers.inputs import NodeInputs, known
 from remote_access.ssh import RemoteCommandError, SshError
 
 # Outputs the provider fills in; they are not inputs to compare.
 OUTPUT_KEYS = ("backend", "rule_count")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HostFirewallInputs(NodeInputs):
+    """The node's inbound rules (dicts of port, protocol, sources, purpose) and its role."""
+
+    role: pulumi.Input[str]
+    rules: pulumi.Input[list[dict[str, Any]]]
+    nodeports_open: pulumi.Input[bool] = False
+    teardown_allowed: pulumi.Input[bool] = False
+    """Read by delete: a teardown goes on without a host it cannot reach."""
 
 
 def _rule_failures(rules: Any) -> list[CheckFailure]:
@@ -61,7 +73,16 @@ def _rule_failures(rules: Any) -> list[CheckFailure]:
 
 
 def firewall_plan(props: Mapping[str, Any]) -> NodeFirewallPlan:
+    """The operations' plan from the inputs `check` receives."""
+    return _plan(str(props["node"]), props.get("role"), props.get("rules"), props.get("nodeports_open"))
+
+
+def _typed_plan(inputs: HostFirewallInputs) -> NodeFirewallPlan:
     """The operations' plan from the resource's inputs."""
+    return _plan(str(known(inputs.login.node)), known(inputs.role), known(inputs.rules), known(inputs.nodeports_open))
+
+
+def _plan(node: str, role: Any, rules_data: Any, nodeports_open: Any) -> NodeFirewallPlan:
     rules = tuple(
         PortRule(
             port=str(rule["port"]),
@@ -69,13 +90,10 @@ def firewall_plan(props: Mapping[str, Any]) -> NodeFirewallPlan:
             sources=tuple(str(source) for source in rule.get("sources") or ()),
             purpose=str(rule.get("purpose") or ""),
         )
-        for rule in props.get("rules") or []
+        for rule in rules_data or []
     )
     return NodeFirewallPlan(
-        node=str(props["node"]),
-        role="server" if props.get("role") == "server" else "worker",
-        rules=rules,
-        nodeports_open=bool(props.get("nodeports_open")),
+        node=node, role="server" if role == "server" else "worker", rules=rules, nodeports_open=bool(nodeports_open)
     )
 
 
@@ -89,7 +107,7 @@ def _rule_dicts(rules: tuple[PortRule, ...] | list[PortRule]) -> list[dict[str, 
 def _plan_failures(news: Mapping[str, Any]) -> list[CheckFailure]:
     if news.get("role") not in ("server", "worker") and is_known(news.get("role")):
         return [CheckFailure("role", f"{news.get('role')!r} is not server or worker")]
-    if not all(is_known(news.get(key)) for key in ("node", "role", "rules", "nodeports_open")):
+    if not all(is_known(news.get(key)) for key in HostFirewallInputs.names("node", "role", "rules", "nodeports_open")):
         return []
     try:
         plan = firewall_plan(news)
@@ -115,25 +133,34 @@ class HostFirewallProvider(NodeProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # A changed peer set is one atomic update of the same firewall, never a replace
         # (a replace would open a window with no rules at all).
-        return diff_inputs(olds, news, replace_on=("node",), ignore=("recorded_host_key", *OUTPUT_KEYS))
+        return diff_inputs(
+            olds,
+            news,
+            replace_on=HostFirewallInputs.names("node"),
+            ignore=(*HostFirewallInputs.names("recorded_host_key"), *OUTPUT_KEYS),
+        )
 
     def _apply(self, props: dict[str, Any]) -> AppliedFirewall:
-        node = str(props["node"])
+        inputs = HostFirewallInputs.from_props(props)
+        node = str(known(inputs.login.node))
         return run_operation(
-            apply_node_firewall(ssh_target(props), firewall_plan(props), progress=lambda line: progress(node, line))
+            apply_node_firewall(
+                ssh_target(inputs.login), _typed_plan(inputs), progress=lambda line: progress(node, line)
+            )
         )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        progress(props["node"], f"setting up the host firewall on {props['address']}")
+        login = HostFirewallInputs.from_props(props).login
+        progress(str(known(login.node)), f"setting up the host firewall on {known(login.address)}")
         applied = self._apply(props)
         # Deterministic id: a create retried after a crash adopts the same firewall.
         return CreateResult(id_=f"{props['node']}-firewall", outs=_outputs(props, applied))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        plan = firewall_plan(props)
-        observed = run_operation(read_node_firewall(ssh_target(props), plan))
+        inputs = HostFirewallInputs.from_props(props)
+        observed = run_operation(read_node_firewall(ssh_target(inputs.login), _typed_plan(inputs)))
         if not observed.present:
-            progress(props["node"], "refresh: none of the program's firewall rules are on the host")
+            progress(str(known(inputs.login.node)), "refresh: none of the program's firewall rules are on the host")
         # What differs besides port rules shows as rules of its own, so the next
         # `pulumi up` sees a change and applies the plan again.
         notes = [{"port": "", "protocol": "", "sources": [], "purpose": note} for note in observed.notes]
@@ -146,18 +173,21 @@ class HostFirewallProvider(NodeProvider):
         return ReadResult(id_=id_, outs=outs)
 
     def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        progress(news["node"], "updating the host firewall")
+        progress(str(news["node"]), "updating the host firewall")
         return UpdateResult(outs=_outputs(news, self._apply(news)))
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
-        node = str(props["node"])
+        inputs = HostFirewallInputs.from_props(props)
+        node = str(known(inputs.login.node))
         progress(node, "removing the program's host firewall rules")
         try:
-            removed = run_operation(remove_node_firewall(ssh_target(props), progress=lambda line: progress(node, line)))
+            removed = run_operation(
+                remove_node_firewall(ssh_target(inputs.login), progress=lambda line: progress(node, line))
+            )
         except RemoteCommandError:
             raise
         except SshError as error:
-            if not teardown_allowed(props):
+            if known(inputs.teardown_allowed) is not True:
                 raise
             # A teardown goes on without a host it cannot reach; a person finishes that one.
             progress(node, f"could not be reached ({error}); remove the program's host firewall on it by hand")
@@ -171,6 +201,9 @@ class HostFirewall(Resource, module="hk3s", name="HostFirewall"):
     rule_count: pulumi.Output[int]
     backend: pulumi.Output[str]
 
-    def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        inputs = resource_inputs(props, ["rule_count", "backend"])
-        super().__init__(HostFirewallProvider(), resource_name, inputs, opts)
+    def __init__(
+        self, resource_name: str, inputs: HostFirewallInputs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__(
+            HostFirewallProvider(), resource_name, resource_inputs(inputs, ["rule_count", "backend"]), opts
+        )

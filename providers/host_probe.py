@@ -30,6 +30,7 @@ from providers.base import (
     run_operation,
     ssh_target,
 )
+from providers.inputs import NodeLogin
 from remote_access.ssh import FirstContact, SshError
 
 # How long the first contact with a host waits for SSH (and cloud-init) by default.
@@ -161,12 +162,7 @@ class HostProbe(Resource, module="hk3s", name="HostProbe"):
         self,
         resource_name: str,
         *,
-        node: pulumi.Input[str],
-        address: pulumi.Input[str],
-        private_key: pulumi.Input[str],
-        ssh_port: pulumi.Input[int] = 22,
-        ssh_user: pulumi.Input[str] = "root",
-        recorded_host_key: pulumi.Input[str | None] = None,
+        login: NodeLogin,
         expected_address: pulumi.Input[str | None] = None,
         first_contact_seconds: float = FIRST_CONTACT_SECONDS,
         created_by_program: bool = False,
@@ -174,12 +170,8 @@ class HostProbe(Resource, module="hk3s", name="HostProbe"):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         props: dict[str, Any] = {
-            "node": node,
-            "address": address,
-            "private_key": pulumi.Output.secret(private_key),
-            "ssh_port": ssh_port,
-            "ssh_user": ssh_user,
-            "recorded_host_key": recorded_host_key,
+            **login.props(),
+            "private_key": pulumi.Output.secret(login.private_key),
             "expected_address": expected_address,
             "first_contact_seconds": first_contact_seconds,
             "created_by_program": created_by_program,

@@ -8,7 +8,7 @@ idempotent: rerunning them after an interruption adopts what is there.
 
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
 from typing import Any
 
 import pulumi
@@ -16,7 +16,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 
 from cluster_settings.models import K3S_VERSION
 from node_operations.host_preparation import prepare_host
-from node_operations.k3s_install import K3sBinary, ServerSpec, install_server, read_server_state, stop_server
+from node_operations.k3s_install import ServerSpec, install_server, read_server_state, stop_server
 from node_operations.teardown import wipe_node
 from providers.base import (
     NodeProvider,
@@ -27,11 +27,32 @@ from providers.base import (
     resource_inputs,
     run_operation,
     ssh_target,
-    teardown_allowed,
 )
+from providers.inputs import K3sRelease, NodeInputs, flat, known
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class K3sServerInputs(NodeInputs):
+    """The server's k3s: release, cluster networks, addresses and what may restart it."""
+
+    k3s: K3sRelease = dataclasses.field(metadata=flat(K3sRelease))
+    pod_cidr: pulumi.Input[str]
+    service_cidr: pulumi.Input[str]
+    flannel_backend: pulumi.Input[str]
+    pod_network: pulumi.Input[str] | None = None
+    ingress: pulumi.Input[bool] = False
+    flannel_external_ip: pulumi.Input[bool | None] = None
+    node_ip: pulumi.Input[str]
+    node_external_ip: pulumi.Input[str]
+    network_mode: pulumi.Input[str] | None = None
+    approve_restart: pulumi.Input[bool] = False
+    registry: pulumi.Input[str] | None = None
+    teardown_allowed: pulumi.Input[bool] = False
+    """Read by delete: a teardown wipes k3s and its data instead of only stopping it."""
+
 
 # Changing these on a running server restarts k3s: the API is down for 10-30 s.
-RESTARTING_INPUTS = ("node_ip", "node_external_ip", "flannel_backend", "flannel_external_ip")
+RESTARTING_INPUTS = K3sServerInputs.names("node_ip", "node_external_ip", "flannel_backend", "flannel_external_ip")
 IMMUTABLE_CLUSTER_INPUTS = {
     "pod_cidr": "hk3s:cluster.pod_cidr",
     "service_cidr": "hk3s:cluster.service_cidr",
@@ -123,29 +144,29 @@ class K3sServerProvider(NodeProvider):
         return result
 
     def _install(self, props: dict[str, Any]) -> dict[str, Any]:
-        node = str(props["node"])
+        inputs = K3sServerInputs.from_props(props)
+        node = str(known(inputs.login.node))
+        node_ip = str(known(inputs.node_ip))
+        flannel_backend = str(known(inputs.flannel_backend))
         spec = ServerSpec(
             node=node,
-            node_ip=str(props["node_ip"]),
-            external_ip=str(props["node_external_ip"]),
-            pod_cidr=str(props["pod_cidr"]),
-            service_cidr=str(props["service_cidr"]),
-            flannel_backend=str(props["flannel_backend"]),
-            flannel_external_ip=bool(props.get("flannel_external_ip")),
+            node_ip=node_ip,
+            external_ip=str(known(inputs.node_external_ip)),
+            pod_cidr=str(known(inputs.pod_cidr)),
+            service_cidr=str(known(inputs.service_cidr)),
+            flannel_backend=flannel_backend,
+            flannel_external_ip=bool(known(inputs.flannel_external_ip)),
             # k3s advertises node-external-ip when it is set (k3s issues #2087, #5544); in private
             # mode the agents, the pods and the server's firewall use the private address.
-            advertise_address=str(props["node_ip"]) if props.get("network_mode") == "private" else None,
-            ingress=bool(props.get("ingress")),
-            binary=K3sBinary(
-                version=str(props["k3s_version"]),
-                local_path=Path(props["k3s_binary"]) if props.get("k3s_binary") else None,
-                sha256=props.get("k3s_sha256") or None,
-            ),
+            advertise_address=node_ip if known(inputs.network_mode) == "private" else None,
+            ingress=bool(known(inputs.ingress)),
+            binary=inputs.k3s.binary(),
         )
         # The server gets the workers' host preparation and hardening before k3s runs on it.
-        pod_network = props.get("pod_network") or ("wireguard" if "wireguard" in spec.flannel_backend else "vxlan")
-        run_operation(prepare_host(ssh_target(props), str(pod_network), lambda line: progress(node, line)))
-        installed = run_operation(install_server(ssh_target(props), spec, lambda line: progress(node, line)))
+        pod_network = known(inputs.pod_network) or ("wireguard" if "wireguard" in flannel_backend else "vxlan")
+        target = ssh_target(inputs.login)
+        run_operation(prepare_host(target, str(pod_network), lambda line: progress(node, line)))
+        installed = run_operation(install_server(target, spec, lambda line: progress(node, line)))
         return {
             **props,
             "version": installed.version,
@@ -162,21 +183,23 @@ class K3sServerProvider(NodeProvider):
         return UpdateResult(outs=self._install(news))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        node = str(props["node"])
-        state = run_operation(read_server_state(ssh_target(props)))
+        login = K3sServerInputs.from_props(props).login
+        node = str(known(login.node))
+        state = run_operation(read_server_state(ssh_target(login)))
         if state is None:
             progress(node, "k3s is not running on the server")
             return ReadResult(id_=id_, outs={**props, "version": None})
         return ReadResult(id_=id_, outs={**props, "version": state.version, "ca_hash": state.ca_hash})
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
-        node = str(props["node"])
-        if teardown_allowed(props):
+        inputs = K3sServerInputs.from_props(props)
+        node = str(known(inputs.login.node))
+        if known(inputs.teardown_allowed) is True:
             # The stack's teardown: the cluster's data goes with it.
-            outcome = run_operation(wipe_node(ssh_target(props), lambda line: progress(node, line)))
+            outcome = run_operation(wipe_node(ssh_target(inputs.login), lambda line: progress(node, line)))
             progress(node, outcome.report())
             return
-        run_operation(stop_server(ssh_target(props)))
+        run_operation(stop_server(ssh_target(inputs.login)))
         progress(
             node, "k3s stopped and disabled; its data stays (rm -rf /var/lib/rancher/k3s /etc/rancher/k3s wipes it)"
         )
@@ -190,7 +213,7 @@ class K3sServer(Resource, module="hk3s", name="K3sServer"):
     kubeconfig: pulumi.Output[str]
     api_endpoint: pulumi.Output[str]
 
-    def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        inputs = resource_inputs(props, ["version", "ca_hash", "kubeconfig", "api_endpoint"])
+    def __init__(self, resource_name: str, inputs: K3sServerInputs, opts: pulumi.ResourceOptions | None = None) -> None:
+        props = resource_inputs(inputs, ["version", "ca_hash", "kubeconfig", "api_endpoint"])
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["kubeconfig"]))
-        super().__init__(K3sServerProvider(), resource_name, inputs, opts)
+        super().__init__(K3sServerProvider(), resource_name, props, opts)

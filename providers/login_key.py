@@ -26,6 +26,7 @@ impostor could not reuse; the step that removes the old key is pinned to the pro
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pulumi
@@ -43,8 +44,26 @@ from providers.base import (
     run_operation,
     ssh_target,
 )
+from providers.inputs import NodeInputs, known
 
 KEY_COMMENT = "hk3s login key"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NodeLoginKeyInputs(NodeInputs):
+    """The node's login (its `private_key` the key to use from now on) and where the previous one is."""
+
+    previous_private_key: pulumi.Input[str] | None = None
+    """hk3s:ssh.previous_private_key_file, a secret."""
+    authorized_by: pulumi.Input[str] = "operator"
+    """Who wrote the host's authorized_keys: "program" (a server it created) or "operator"."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RetiredLoginKeysInputs(NodeInputs):
+    """The public lines of the keys to remove from the node."""
+
+    retiring_keys: pulumi.Input[list[str]] = dataclasses.field(default_factory=list)
 
 
 def _fingerprint(private_key: Any) -> str:
@@ -62,7 +81,10 @@ class NodeLoginKeyProvider(NodeProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # A previous key named in the config only helps a rotation; on its own it changes nothing.
         result = diff_inputs(
-            olds, news, replace_on=self.replace_on, ignore=("recorded_host_key", "previous_private_key")
+            olds,
+            news,
+            replace_on=self.replace_on,
+            ignore=NodeLoginKeyInputs.names("recorded_host_key", "previous_private_key"),
         )
         if olds.get("private_key") and olds.get("private_key") != news.get("private_key"):
             node = str(news.get("node"))
@@ -81,8 +103,9 @@ class NodeLoginKeyProvider(NodeProvider):
         return result
 
     def _rotate(self, props: dict[str, Any], previous: list[str]) -> dict[str, Any]:
-        node = str(props["node"])
-        target = ssh_target(props)
+        login = NodeLoginKeyInputs.from_props(props).login
+        node = str(known(login.node))
+        target = ssh_target(login)
         added = run_operation(add_login_key(target, previous, KEY_COMMENT, lambda line: progress(node, line)))
         return {
             **props,
@@ -93,9 +116,10 @@ class NodeLoginKeyProvider(NodeProvider):
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         # Deterministic id: a create retried after a crash continues the same node's key.
-        id_ = f"{props['node']}-login-key"
-        previous = props.get("previous_private_key")
-        if previous and previous != props["private_key"]:
+        inputs = NodeLoginKeyInputs.from_props(props)
+        id_ = f"{known(inputs.login.node)}-login-key"
+        previous = known(inputs.previous_private_key)
+        if previous and previous != known(inputs.login.private_key):
             # A rotation this state has no record of (a stack older than the rotation).
             return CreateResult(id_=id_, outs=self._rotate(props, [str(previous)]))
         # Nothing to do on the host: the key given at creation (or the operator's) is in use. The
@@ -104,8 +128,8 @@ class NodeLoginKeyProvider(NodeProvider):
             id_=id_,
             outs={
                 **props,
-                "host_key": props.get("recorded_host_key") or None,
-                "key_fingerprint": key_fingerprint(str(props["private_key"])),
+                "host_key": known(inputs.login.recorded_host_key) or None,
+                "key_fingerprint": key_fingerprint(str(known(inputs.login.private_key))),
                 "retiring_keys": [],
             },
         )
@@ -132,27 +156,30 @@ class NodeLoginKey(Resource, module="hk3s", name="NodeLoginKey"):
     key_fingerprint: pulumi.Output[str]
     retiring_keys: pulumi.Output[list[str]]
 
-    def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        inputs = resource_inputs(props, ["host_key", "key_fingerprint", "retiring_keys"])
-        if props.get("previous_private_key") is not None:
-            inputs["previous_private_key"] = pulumi.Output.secret(props["previous_private_key"])
+    def __init__(
+        self, resource_name: str, inputs: NodeLoginKeyInputs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        props = resource_inputs(inputs, ["host_key", "key_fingerprint", "retiring_keys"])
+        if inputs.previous_private_key is not None:
+            props["previous_private_key"] = pulumi.Output.secret(inputs.previous_private_key)
         opts = pulumi.ResourceOptions.merge(
             opts, pulumi.ResourceOptions(additional_secret_outputs=["private_key", "previous_private_key"])
         )
-        super().__init__(NodeLoginKeyProvider(), resource_name, inputs, opts)
+        super().__init__(NodeLoginKeyProvider(), resource_name, props, opts)
 
 
 class RetiredLoginKeysProvider(NodeProvider):
     """Dynamic provider of `RetiredLoginKeys`."""
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        return diff_inputs(olds, news, replace_on=(), ignore=("recorded_host_key",))
+        return diff_inputs(olds, news, replace_on=(), ignore=RetiredLoginKeysInputs.names("recorded_host_key"))
 
     def _retire(self, props: dict[str, Any]) -> dict[str, Any]:
-        node = str(props["node"])
-        retiring = [str(line) for line in props.get("retiring_keys") or []]
+        inputs = RetiredLoginKeysInputs.from_props(props)
+        node = str(known(inputs.login.node))
+        retiring = [str(line) for line in known(inputs.retiring_keys) or []]
         if retiring:
-            run_operation(retire_login_keys(ssh_target(props), retiring, lambda line: progress(node, line)))
+            run_operation(retire_login_keys(ssh_target(inputs.login), retiring, lambda line: progress(node, line)))
         return {**props, "retired_keys": retiring}
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -170,5 +197,7 @@ class RetiredLoginKeys(Resource, module="hk3s", name="RetiredLoginKeys"):
 
     retired_keys: pulumi.Output[list[str]]
 
-    def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__(RetiredLoginKeysProvider(), resource_name, resource_inputs(props, ["retired_keys"]), opts)
+    def __init__(
+        self, resource_name: str, inputs: RetiredLoginKeysInputs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__(RetiredLoginKeysProvider(), resource_name, resource_inputs(inputs, ["retired_keys"]), opts)

@@ -10,7 +10,8 @@ checked by connecting over them in both directions.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Literal
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, UpdateResult
@@ -29,48 +30,85 @@ from node_operations.network_mode import (
     local_node_ips,
 )
 from providers.base import progress, run_operation, ssh_target
+from providers.inputs import NodeLogin, ResourceInputs, known, nested
 from remote_access.ssh import SshTarget, open_session
 
 NETWORK_MODES = ("auto", "private", "public")
 
 
-def _network(node: dict[str, Any]) -> HostNetwork:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlanHost(ResourceInputs):
+    """One node as the network decision sees it: where to log in, its addresses and routes."""
+
+    node: pulumi.Input[str]
+    ssh_address: pulumi.Input[str]
+    ssh_port: pulumi.Input[int] = 22
+    host_key: pulumi.Input[str | None] = None
+    public_address: pulumi.Input[str]
+    private_address: pulumi.Input[str | None] = None
+    ipv4_addresses: pulumi.Input[list[str]] = dataclasses.field(default_factory=list)
+    ipv4_routes: pulumi.Input[list[str]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NetworkPlanInputs(ResourceInputs):
+    """The network settings, the login every check uses, and the server's and workers' hosts."""
+
+    mode_setting: pulumi.Input[Literal["auto", "private", "public"]]
+    private_network: pulumi.Input[str] | None = None
+    pod_cidr: pulumi.Input[str]
+    service_cidr: pulumi.Input[str]
+    ssh_user: pulumi.Input[str] = "root"
+    private_key: pulumi.Input[str]
+    """A secret."""
+    server: PlanHost = dataclasses.field(metadata=nested(PlanHost))
+    workers: list[PlanHost] = dataclasses.field(metadata=nested(PlanHost))
+
+
+def _network(host: PlanHost) -> HostNetwork:
     return HostNetwork.from_facts(
-        str(node["node"]), node.get("ipv4_addresses") or [], node.get("ipv4_routes") or [], node.get("private_address")
+        str(known(host.node)),
+        known(host.ipv4_addresses) or [],
+        known(host.ipv4_routes) or [],
+        known(host.private_address),
     )
 
 
-def _target(props: dict[str, Any], node: dict[str, Any]) -> SshTarget:
+def _target(inputs: NetworkPlanInputs, host: PlanHost) -> SshTarget:
     return ssh_target(
-        {
-            "node": node["node"],
-            "address": node["ssh_address"],
-            "ssh_port": node.get("ssh_port") or 22,
-            "ssh_user": props.get("ssh_user"),
-            "private_key": props["private_key"],
-            "recorded_host_key": node.get("host_key"),
-        }
+        NodeLogin(
+            node=host.node,
+            address=host.ssh_address,
+            ssh_port=host.ssh_port,
+            ssh_user=inputs.ssh_user,
+            private_key=inputs.private_key,
+            recorded_host_key=host.host_key,
+        )
     )
 
 
-async def _connect_from(props: dict[str, Any], source: dict[str, Any], address: str, port: int) -> str | None:
-    async with open_session(_target(props, source)) as session:
+async def _connect_from(inputs: NetworkPlanInputs, source: PlanHost, address: str, port: int) -> str | None:
+    async with open_session(_target(inputs, source)) as session:
         return await check_connection(session, address, port)
 
 
-async def _verify(props: dict[str, Any], path: PrivatePath) -> str | None:
+def _worker(inputs: NetworkPlanInputs, node: str) -> PlanHost:
+    return next(host for host in inputs.workers if known(host.node) == node)
+
+
+async def _verify(inputs: NetworkPlanInputs, path: PrivatePath) -> str | None:
     """Connect both ways over the path's addresses (SSH ports: k3s may not run yet).
     None when both connect, else which connection failed and why."""
-    server = props["server"]
-    worker = next(node for node in props["workers"] if node["node"] == path.worker)
+    server = inputs.server
+    worker = _worker(inputs, path.worker)
     legs = (
-        (server, path.worker_address, int(worker.get("ssh_port") or 22), worker["node"]),
-        (worker, path.server_address, int(server.get("ssh_port") or 22), server["node"]),
+        (server, path.worker_address, int(known(worker.ssh_port) or 22), known(worker.node)),
+        (worker, path.server_address, int(known(server.ssh_port) or 22), known(server.node)),
     )
     for source, address, port, target_node in legs:
-        why = await _connect_from(props, source, address, port)
+        why = await _connect_from(inputs, source, address, port)
         if why is not None:
-            return f"the connection from {source['node']} to {target_node} at {address}:{port} failed ({why})"
+            return f"the connection from {known(source.node)} to {target_node} at {address}:{port} failed ({why})"
     return None
 
 
@@ -82,22 +120,23 @@ def _recorded(olds: dict[str, Any] | None) -> Recorded:
 
 
 def _decide(props: dict[str, Any], olds: dict[str, Any] | None) -> dict[str, Any]:
+    inputs = NetworkPlanInputs.from_props(props)
     setting = NetworkSetting(
-        mode=props["mode_setting"],
-        private_network=props.get("private_network"),
-        pod_cidr=str(props["pod_cidr"]),
-        service_cidr=str(props["service_cidr"]),
+        mode=known(inputs.mode_setting),
+        private_network=known(inputs.private_network) if inputs.private_network is not None else None,
+        pod_cidr=str(known(inputs.pod_cidr)),
+        service_cidr=str(known(inputs.service_cidr)),
     )
-    server = _network(props["server"])
-    workers = [(_network(node), str(node["public_address"])) for node in props["workers"]]
+    server = _network(inputs.server)
+    workers = [(_network(host), str(known(host.public_address))) for host in inputs.workers]
     recorded = _recorded(olds)
-    server_name = str(props["server"]["node"])
+    server_name = str(known(inputs.server.node))
 
     def run(candidates_unusable: bool = False) -> NetworkDecision:
         return decide(
             setting,
             server,
-            str(props["server"]["public_address"]),
+            str(known(inputs.server.public_address)),
             workers,
             recorded,
             candidates_unusable=candidates_unusable,
@@ -106,21 +145,20 @@ def _decide(props: dict[str, Any], olds: dict[str, Any] | None) -> dict[str, Any
     try:
         decision = run()
         if decision.candidate is not None:
-            failed = run_operation(_verify(props, decision.candidate))
+            failed = run_operation(_verify(inputs, decision.candidate))
             if failed is None:
                 raise candidate_refusal(decision.candidate)
             progress(server_name, f"the default-route network {decision.candidate.network} is not usable: {failed}")
             decision = run(candidates_unusable=True)
         for worker_net, public in workers:
             if worker_net.node in decision.behind_nat:
-                worker = next(node for node in props["workers"] if node["node"] == worker_net.node)
-                port = int(worker.get("ssh_port") or 22)
-                why = run_operation(_connect_from(props, props["server"], public, port))
+                port = int(known(_worker(inputs, worker_net.node).ssh_port) or 22)
+                why = run_operation(_connect_from(inputs, inputs.server, public, port))
                 if why is not None:
                     raise behind_nat_refusal(worker_net, public, server_name, port, why)
         for path in decision.paths.values():
             if path.kind == "recorded" and path.worker not in recorded.paths:
-                failed = run_operation(_verify(props, path))
+                failed = run_operation(_verify(inputs, path))
                 if failed is not None:
                     raise NetworkRefusedError(
                         f"{path.worker}: the recorded private addresses route, but {failed}. Open the port, or set "
@@ -160,7 +198,9 @@ class NetworkPlanProvider(pulumi.dynamic.ResourceProvider):
         return CheckResult(news, failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        keys = ("mode_setting", "private_network", "pod_cidr", "service_cidr", "server", "workers")
+        keys = NetworkPlanInputs.names(
+            "mode_setting", "private_network", "pod_cidr", "service_cidr", "server", "workers"
+        )
         changed = [key for key in keys if olds.get(key) != news.get(key)]
         return DiffResult(changes=bool(changed), replaces=[], delete_before_replace=False)
 
@@ -184,14 +224,16 @@ class NetworkPlan(Resource, module="hk3s", name="NetworkPlan"):
     nat_nodes: pulumi.Output[list[str]]
     paths: pulumi.Output[dict[str, dict[str, str]]]
 
-    def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        inputs = {
-            **props,
-            "private_key": pulumi.Output.secret(props["private_key"]),
+    def __init__(
+        self, resource_name: str, inputs: NetworkPlanInputs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        props = {
+            **inputs.props(),
+            "private_key": pulumi.Output.secret(inputs.private_key),
             "mode": None,
             "addresses": None,
             "node_ips": None,
             "nat_nodes": None,
             "paths": None,
         }
-        super().__init__(NetworkPlanProvider(), resource_name, inputs, opts)
+        super().__init__(NetworkPlanProvider(), resource_name, props, opts)

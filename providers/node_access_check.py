@@ -9,6 +9,7 @@ removal) follow and the recorded nodes' firewalls change; the joins depend on it
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pulumi
@@ -24,7 +25,27 @@ from providers.base import (
     run_operation,
     ssh_target,
 )
+from providers.inputs import NodeInputs, ResourceInputs, known, nested
 from providers.node_join import other_node
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RecordedHost(ResourceInputs):
+    """A node the stack records: where to log in to it and whether the program runs its firewall."""
+
+    node: pulumi.Input[str]
+    address: pulumi.Input[str]
+    ssh_port: pulumi.Input[int] = 22
+    host_key: pulumi.Input[str | None] = None
+    firewall_managed: pulumi.Input[bool] = True
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NodeAccessCheckInputs(NodeInputs):
+    """The server (`login`) and the recorded nodes to log in to."""
+
+    server_firewall_managed: pulumi.Input[bool] = True
+    nodes: list[RecordedHost] = dataclasses.field(metadata=nested(RecordedHost))
 
 
 class NodeAccessCheckError(RuntimeError):
@@ -38,20 +59,21 @@ def _membership(props: dict[str, Any]) -> list[tuple[str, str, int]]:
 
 
 def _run_check(props: dict[str, Any]) -> dict[str, Any]:
-    server = str(props["node"])
+    inputs = NodeAccessCheckInputs.from_props({"nodes": [], **props})
+    server = str(known(inputs.login.node))
     nodes = [
         RecordedNode(
-            other_node(props, node["node"], node["address"], node.get("ssh_port"), node.get("host_key")),
-            firewall_managed=node.get("firewall_managed") is not False,
+            other_node(inputs.login, node.node, node.address, node.ssh_port, node.host_key),
+            firewall_managed=known(node.firewall_managed) is not False,
         )
-        for node in props.get("nodes") or []
+        for node in inputs.nodes
     ]
     try:
         checked = run_operation(
             check_cluster_nodes(
-                ssh_target(props),
+                ssh_target(inputs.login),
                 nodes,
-                server_firewall_managed=props.get("server_firewall_managed") is not False,
+                server_firewall_managed=known(inputs.server_firewall_managed) is not False,
                 progress=lambda line: progress(server, line),
             )
         )
@@ -95,5 +117,7 @@ class NodeAccessCheck(Resource, module="hk3s", name="NodeAccessCheck"):
 
     checked: pulumi.Output[list[str]]
 
-    def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__(NodeAccessCheckProvider(), resource_name, resource_inputs(props, ["checked"]), opts)
+    def __init__(
+        self, resource_name: str, inputs: NodeAccessCheckInputs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__(NodeAccessCheckProvider(), resource_name, resource_inputs(inputs, ["checked"]), opts)

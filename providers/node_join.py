@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -19,7 +18,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 from cluster_settings.models import K3S_VERSION, ClusterSettings
 from node_operations.firewall_plan import PortRule
 from node_operations.join import JoinSpec, join_worker, joined_host_changed, read_node
-from node_operations.k3s_install import K3sBinary
+from node_operations.network_mode import fixed_mode_refusal
 from node_operations.teardown import wipe_node
 from providers.base import (
     CapabilityMissingError,
@@ -32,8 +31,8 @@ from providers.base import (
     resource_inputs,
     run_operation,
     ssh_target,
-    teardown_allowed,
 )
+from providers.inputs import K3sRelease, NodeInputs, NodeLogin, flat, known
 from remote_access.kube import API_WAIT_SECONDS, Taint
 from remote_access.ssh import SshTarget
 
@@ -43,29 +42,55 @@ REMOVE_CAPABILITY = (
 NETWORK_MODES = ("auto", "private", "public")
 
 
-def other_node(props: dict[str, Any], node: Any, address: Any, port: Any, host_key: Any) -> SshTarget:
-    """Another node's SSH target: same user and key as this node's, its own address and pinned key."""
-    return dataclasses.replace(
-        ssh_target(props),
-        node=str(node),
-        address=str(address),
-        port=int(port or 22),
-        recorded_host_key=host_key or None,
-    )
-
-
 DEFAULT_VALIDATION_IMAGE = ClusterSettings.model_fields["validation_image"].default
 
 
-def _api_wait(props: dict[str, Any]) -> float:
-    """hk3s:cluster.api_wait_seconds (absent in a state written before the setting existed)."""
-    return float(props.get("api_wait_seconds") or API_WAIT_SECONDS)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NodeJoinInputs(NodeInputs):
+    """Everything the join of one worker needs: the server it joins, the cluster's network
+    and k3s, and the worker's own addresses and labels."""
 
+    server_node: pulumi.Input[str]
+    server_address: pulumi.Input[str]
+    """The server's SSH address: the join logs in to it too (this node's token), with the same key."""
+    server_ssh_port: pulumi.Input[int] | None = None
+    server_host_key: pulumi.Input[str | None] = None
+    server_firewall_managed: pulumi.Input[bool] = True
+    server_url: pulumi.Input[str]
+    ca_hash: pulumi.Input[str]
+    k3s: K3sRelease = dataclasses.field(metadata=flat(K3sRelease))
+    operator_firewall_rules: pulumi.Input[list[dict[str, Any]]] | None = None
+    """The node's rules, checked against its own firewall where the operator runs it."""
+    recorded_nodes: pulumi.Input[list[str]] = dataclasses.field(default_factory=list)
+    network_mode: pulumi.Input[str]
+    node_ip: pulumi.Input[str]
+    cluster_address: pulumi.Input[str] = ""
+    """Where peers reach the node (differs from the node IP behind a 1:1 NAT)."""
+    node_external_ip: pulumi.Input[str]
+    labels: pulumi.Input[dict[str, str]] = dataclasses.field(default_factory=dict)
+    taints: pulumi.Input[list[str]] = dataclasses.field(default_factory=list)
+    """The stack's taints (key=value:Effect), given at registration beside the validation taint."""
+    validation_taint: pulumi.Input[str]
+    registry: pulumi.Input[str] | None = None
+    pod_network: pulumi.Input[str]
+    api_wait_seconds: pulumi.Input[float] = API_WAIT_SECONDS
+    """Absent in a state written before the setting existed."""
+    validation_image: pulumi.Input[str] = DEFAULT_VALIDATION_IMAGE
+    """Absent in a state written before the setting existed."""
+    teardown_allowed: pulumi.Input[bool] = False
+    """Read by delete: only a teardown wipes a joined worker (no copy moved)."""
 
-def _server(props: dict[str, Any]) -> SshTarget:
-    return other_node(
-        props, props["server_node"], props["server_address"], props.get("server_ssh_port"), props.get("server_host_key")
-    )
+    def server(self) -> SshTarget:
+        """The server's SSH target: this node's user and key, the server's address and pinned key."""
+        return other_node(self.login, self.server_node, self.server_address, self.server_ssh_port, self.server_host_key)
+
+    def operator_rules(self) -> tuple[PortRule, ...] | None:
+        rules = known(self.operator_firewall_rules) if self.operator_firewall_rules is not None else None
+        if rules is None:
+            return None
+        return tuple(
+            PortRule(str(r["port"]), r["protocol"], tuple(r["sources"]), str(r.get("purpose", ""))) for r in rules
+        )
 
 
 def removed_taints(old: list[str], new: list[str]) -> tuple[str, ...]:
@@ -76,6 +101,17 @@ def removed_taints(old: list[str], new: list[str]) -> tuple[str, ...]:
         return {f"{taint.key}:{taint.effect}" for taint in map(Taint.parse, texts)}
 
     return tuple(sorted(pairs(old) - pairs(new)))
+
+
+def other_node(login: NodeLogin, node: Any, address: Any, port: Any, host_key: Any) -> SshTarget:
+    """Another node's SSH target: same user and key as this node's, its own address and pinned key."""
+    return dataclasses.replace(
+        ssh_target(login),
+        node=str(node),
+        address=str(address),
+        port=int(port or 22),
+        recorded_host_key=host_key or None,
+    )
 
 
 class NodeJoinProvider(NodeProvider):
@@ -90,58 +126,45 @@ class NodeJoinProvider(NodeProvider):
         if isinstance(mode, str) and mode not in NETWORK_MODES:
             failures.append(CheckFailure("network_mode", f"{mode!r} is not one of {', '.join(NETWORK_MODES)}"))
         old_mode = olds.get("network_mode_in_use")
-        if isinstance(old_mode, str) and isinstance(mode, str) and mode not in ("auto", old_mode):
-            failures.append(
-                CheckFailure(
-                    "network_mode",
-                    f"the cluster runs in {old_mode} mode, fixed by its first join; hk3s:network.mode "
-                    f"cannot change to {mode}. Set it back to {old_mode} or auto",
-                )
-            )
+        refusal = fixed_mode_refusal(mode, old_mode) if isinstance(mode, str) and isinstance(old_mode, str) else None
+        if refusal is not None:
+            failures.append(CheckFailure("network_mode", refusal))
         return CheckResult(pin_recorded_host_key(olds, dict(news)), failures)
 
     def _join(
         self, props: dict[str, Any], old_labels: dict[str, str] | None = None, old_taints: list[str] | None = None
     ) -> dict[str, Any]:
-        node = str(props["node"])
-        operator_rules = props.get("operator_firewall_rules")
+        inputs = NodeJoinInputs.from_props(props)
+        node = str(known(inputs.login.node))
+        labels = dict(known(inputs.labels) or {})
+        taints = [str(text) for text in known(inputs.taints) or []]
         spec = JoinSpec(
             node=node,
-            node_ip=str(props["node_ip"]),
-            external_ip=str(props["node_external_ip"]),
-            cluster_address=str(props.get("cluster_address") or ""),
-            server_url=str(props["server_url"]),
-            ca_hash=str(props["ca_hash"]),
-            binary=K3sBinary(
-                version=str(props["k3s_version"]),
-                local_path=Path(props["k3s_binary"]) if props.get("k3s_binary") else None,
-                sha256=props.get("k3s_sha256") or None,
-            ),
-            pod_network=str(props["pod_network"]),
-            network_mode=str(props["network_mode"]),
-            validation_taint=str(props["validation_taint"]),
-            labels=dict(props.get("labels") or {}),
-            removed_labels=tuple(sorted(set(old_labels or {}) - set(props.get("labels") or {}))),
-            taints=tuple(props.get("taints") or ()),
-            removed_taints=removed_taints(old_taints or [], props.get("taints") or []),
-            recorded_nodes=tuple(props.get("recorded_nodes") or ()),
-            registry=props.get("registry") or None,
-            api_wait=_api_wait(props),
-            # Absent in a state written before the setting existed.
-            validation_image=str(props.get("validation_image") or DEFAULT_VALIDATION_IMAGE),
+            node_ip=str(known(inputs.node_ip)),
+            external_ip=str(known(inputs.node_external_ip)),
+            cluster_address=str(known(inputs.cluster_address) or ""),
+            server_url=str(known(inputs.server_url)),
+            ca_hash=str(known(inputs.ca_hash)),
+            binary=inputs.k3s.binary(),
+            pod_network=str(known(inputs.pod_network)),
+            network_mode=str(known(inputs.network_mode)),
+            validation_taint=str(known(inputs.validation_taint)),
+            labels=labels,
+            removed_labels=tuple(sorted(set(old_labels or {}) - set(labels))),
+            taints=tuple(taints),
+            removed_taints=removed_taints(old_taints or [], taints),
+            recorded_nodes=tuple(known(inputs.recorded_nodes) or ()),
+            registry=(known(inputs.registry) or None) if inputs.registry is not None else None,
+            api_wait=float(known(inputs.api_wait_seconds) or API_WAIT_SECONDS),
+            validation_image=str(known(inputs.validation_image) or DEFAULT_VALIDATION_IMAGE),
             # The recorded nodes were checked once for the whole run (NodeAccessCheck), not per join.
             unmanaged_firewall_nodes=(
-                (str(props["server_node"]),) if props.get("server_firewall_managed") is False else ()
+                (str(known(inputs.server_node)),) if known(inputs.server_firewall_managed) is False else ()
             ),
-            operator_firewall_rules=None
-            if operator_rules is None
-            else tuple(
-                PortRule(str(r["port"]), r["protocol"], tuple(r["sources"]), str(r.get("purpose", "")))
-                for r in operator_rules
-            ),
+            operator_firewall_rules=inputs.operator_rules(),
         )
-        server = _server(props)
-        result = run_operation(join_worker(ssh_target(props), server, spec, lambda line: progress(node, line)))
+        target = ssh_target(inputs.login)
+        result = run_operation(join_worker(target, inputs.server(), spec, lambda line: progress(node, line)))
         return {
             **props,
             "name": result.name,
@@ -165,7 +188,8 @@ class NodeJoinProvider(NodeProvider):
         # only when the old Node is gone or was this very machine, else the run stops naming
         # the conflict and its fix.
         node = str(olds["node"])
-        changed = run_operation(joined_host_changed(ssh_target(olds), str(olds.get("machine_id") or "")))
+        login = NodeLogin.from_props(olds)
+        changed = run_operation(joined_host_changed(ssh_target(login), str(olds.get("machine_id") or "")))
         if changed is None:
             return inputs
         progress(node, f"{changed}: this run joins it again")
@@ -180,17 +204,20 @@ class NodeJoinProvider(NodeProvider):
             {**news, "taints": news.get("taints") or []},
             replace_on=self.replace_on,
             ignore=(
-                "recorded_host_key",
-                "recorded_nodes",
-                # Derived from the network plan, for the join's checks; never a reason to rejoin.
-                "cluster_address",
+                *NodeJoinInputs.names(
+                    "recorded_host_key",
+                    "recorded_nodes",
+                    # Derived from the network plan, for the join's checks; never a reason to rejoin.
+                    "cluster_address",
+                    "operator_firewall_rules",
+                    "server_firewall_managed",
+                    # How long API calls wait through an outage: a setting of the run, not of this node.
+                    "api_wait_seconds",
+                    # Checked at the join only: a new image must not rejoin a running node.
+                    "validation_image",
+                ),
+                # An input of earlier releases (the network plan's peers), still in older states.
                 "peers",
-                "operator_firewall_rules",
-                "server_firewall_managed",
-                # How long API calls wait through an outage: a setting of the run, not of this node.
-                "api_wait_seconds",
-                # Checked at the join only: a new image must not rejoin a running node.
-                "validation_image",
             ),
         )
 
@@ -205,7 +232,9 @@ class NodeJoinProvider(NodeProvider):
         )
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        status = run_operation(read_node(_server(props), str(props["node"]), _api_wait(props)))
+        inputs = NodeJoinInputs.from_props(props)
+        api_wait = float(known(inputs.api_wait_seconds) or API_WAIT_SECONDS)
+        status = run_operation(read_node(inputs.server(), str(known(inputs.login.node)), api_wait))
         if status is None:
             return ReadResult(id_=id_, outs={**props, "state": "missing"})
         return ReadResult(
@@ -218,11 +247,12 @@ class NodeJoinProvider(NodeProvider):
         )
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
-        node = str(props["node"])
-        if not teardown_allowed(props):
+        inputs = NodeJoinInputs.from_props(props)
+        node = str(known(inputs.login.node))
+        if known(inputs.teardown_allowed) is not True:
             raise CapabilityMissingError(node, "removing the worker", REMOVE_CAPABILITY)
         # The stack's teardown: no drain, no copy moved (the data goes with the cluster).
-        outcome = run_operation(wipe_node(ssh_target(props), lambda line: progress(node, line)))
+        outcome = run_operation(wipe_node(ssh_target(inputs.login), lambda line: progress(node, line)))
         progress(node, outcome.report())
 
 
@@ -237,7 +267,7 @@ class NodeJoin(Resource, module="hk3s", name="NodeJoin"):
     join_run: pulumi.Output[str]
     machine_id: pulumi.Output[str]
 
-    def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, resource_name: str, inputs: NodeJoinInputs, opts: pulumi.ResourceOptions | None = None) -> None:
         outputs = ["name", "addresses", "network_mode_in_use", "k3s_version_in_use", "state", "checks", "join_run"]
-        inputs = resource_inputs(props, [*outputs, "machine_id"])
-        super().__init__(NodeJoinProvider(), resource_name, inputs, opts)
+        props = resource_inputs(inputs, [*outputs, "machine_id"])
+        super().__init__(NodeJoinProvider(), resource_name, props, opts)

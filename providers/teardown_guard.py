@@ -11,6 +11,7 @@ stops the destroy before any host, firewall, Hetzner or Kubernetes object is tou
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pulumi
@@ -18,6 +19,15 @@ from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider,
 
 from node_operations.refusal import tagged
 from providers.base import program_error
+from providers.inputs import ResourceInputs, known
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TeardownGuardInputs(ResourceInputs):
+    """Whether the stack's teardown is allowed, and the stack's name for the refusal."""
+
+    teardown_allowed: pulumi.Input[bool] = False
+    stack: pulumi.Input[str] = "this stack"
 
 
 @program_error
@@ -42,15 +52,16 @@ class TeardownGuardProvider(ResourceProvider):
         return CreateResult(id_="teardown-guard", outs=props)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        changed = any(olds.get(key) != news.get(key) for key in ("teardown_allowed", "stack"))
+        changed = any(olds.get(key) != news.get(key) for key in TeardownGuardInputs.names("teardown_allowed", "stack"))
         return DiffResult(changes=changed, replaces=[], delete_before_replace=False)
 
     def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         return UpdateResult(outs=news)
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
-        if props.get("teardown_allowed") is not True:
-            raise TeardownRefusedError(refusal(str(props.get("stack") or "this stack")))
+        inputs = TeardownGuardInputs.from_props(props)
+        if known(inputs.teardown_allowed) is not True:
+            raise TeardownRefusedError(refusal(str(known(inputs.stack) or "this stack")))
 
 
 class TeardownGuard(Resource, module="hk3s", name="TeardownGuard"):
@@ -58,5 +69,7 @@ class TeardownGuard(Resource, module="hk3s", name="TeardownGuard"):
 
     teardown_allowed: pulumi.Output[bool]
 
-    def __init__(self, resource_name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__(TeardownGuardProvider(), resource_name, props, opts)
+    def __init__(
+        self, resource_name: str, inputs: TeardownGuardInputs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__(TeardownGuardProvider(), resource_name, inputs.props(), opts)
