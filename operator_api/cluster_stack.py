@@ -28,8 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
-import sys
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -66,6 +64,7 @@ from .locks import OperatorLock, backend_directory, read_pulumi_locks
 from .nodes import ClusterStatus, DiskCheck, HostCheck, LastRun, Node
 from .runs import Preview, Recovery, RunResult, holders_from_message, keys_recorded_on_first_use
 from .stack_file import WORKERS_KEY, StackDocument, StackFile, check_stack_name
+from .workspace import check_passphrase, pulumi_command, pulumi_environment
 
 REPO = Path(__file__).resolve().parents[1]
 OutputCallback = Callable[[str], None]
@@ -99,48 +98,13 @@ class ClusterStack:
         self.parallel = parallel
         self.pulumi_home = str(pulumi_home) if pulumi_home is not None else None
         self.file = StackFile(self.project_dir / f"Pulumi.{env}.yaml")
-        self.env_vars = self._environment(dict(env_vars or {}), pulumi_command_root)
+        self.env_vars = pulumi_environment(self.project_dir, dict(env_vars or {}), pulumi_command_root)
         self.backend_url = self.env_vars["PULUMI_BACKEND_URL"]
         self.project = str(yaml.safe_load((self.project_dir / "Pulumi.yaml").read_text())["name"])
         self._command_root = str(pulumi_command_root) if pulumi_command_root is not None else None
         self._workspace: auto.LocalWorkspace | None = None
 
     # --- setup ---------------------------------------------------------------------------
-    def _environment(self, given: dict[str, str], root: Path | str | None) -> dict[str, str]:
-        # Nobody watches a run the API starts: the program refuses to trust a host key on first use
-        # unless the stack opts in (providers.host_probe).
-        env: dict[str, str] = {"PULUMI_SKIP_UPDATE_CHECK": "true", "HK3S_NON_INTERACTIVE": "1"}
-        venv_python = self.project_dir / "venv" / "bin" / "python"
-        # Older language hosts (the lab's) run the program with this interpreter.
-        env["PULUMI_PYTHON_CMD"] = str(venv_python if venv_python.exists() else Path(sys.executable))
-        env.update(given)
-        if not env.get("PULUMI_BACKEND_URL"):
-            env["PULUMI_BACKEND_URL"] = os.environ.get("PULUMI_BACKEND_URL") or (Path.home() / ".hk3s-state").as_uri()
-        path = env.get("PATH") or os.environ.get("PATH", "")
-        if root is not None:
-            path = f"{Path(root) / 'bin'}{os.pathsep}{path}"
-        env["PATH"] = path
-        return env
-
-    def _command(self) -> auto.PulumiCommand:
-        root = self._command_root
-        if root is None:
-            found = shutil.which("pulumi", path=self.env_vars["PATH"])
-            if found is None:
-                raise StackError(
-                    "The Pulumi CLI is not installed: see https://www.pulumi.com/docs/install/ (README, Prerequisites)"
-                )
-            root = str(Path(found).resolve().parent.parent)
-        return auto.PulumiCommand(root=root)
-
-    def _check_passphrase(self) -> None:
-        merged = {**os.environ, **self.env_vars}
-        if not merged.get("PULUMI_CONFIG_PASSPHRASE") and not merged.get("PULUMI_CONFIG_PASSPHRASE_FILE"):
-            raise StackError(
-                "PULUMI_CONFIG_PASSPHRASE is not set: choose a passphrase that encrypts this stack's secrets, "
-                "export it (or PULUMI_CONFIG_PASSPHRASE_FILE) and run again"
-            )
-
     def _stack(self) -> auto.Stack:
         """Select the stack, creating it (passphrase secrets) on first use."""
         return self._workspace_stack(create=True)
@@ -158,7 +122,7 @@ class ClusterStack:
             raise StackError(
                 f"{self.file.path.name} does not exist: copy Pulumi.dev.yaml to it and edit it (README, Configuration)"
             )
-        self._check_passphrase()
+        check_passphrase(self.env_vars)
         backend = backend_directory(self.backend_url)
         if backend is not None:
             backend.mkdir(parents=True, exist_ok=True)
@@ -168,7 +132,7 @@ class ClusterStack:
                 pulumi_home=self.pulumi_home,
                 env_vars=self.env_vars,
                 secrets_provider="passphrase",
-                pulumi_command=self._command(),
+                pulumi_command=pulumi_command(self._command_root, self.env_vars["PATH"]),
             )
         if create:
             return auto.Stack.create_or_select(self.env, self._workspace)
@@ -433,7 +397,7 @@ class ClusterStack:
                 action=action,
             )
         with self._exclusive(action, on_output, clear_pending=False):
-            targets = {target.node: target for target in self._host_targets(self._stack())}
+            targets = {target.node: target for target in self._host_targets(Deployment.export(self._stack()))}
             if name not in targets or settings.server.name not in targets:
                 raise StackError(f"{name} has not joined yet: run up first")
             try:
