@@ -355,6 +355,21 @@ def _confirm_plan(console: Console, stack: ClusterStack, proposed: StackDocument
     console.confirm(question, yes=yes)
 
 
+def _confirm_disruptive_up(console: Console, stack: ClusterStack) -> None:
+    """Ask before an up whose plan restarts the Kubernetes API or deletes, or cannot be previewed."""
+    try:
+        preview = stack.preview(on_output=console.output_line)
+    except RunFailedError as error:
+        console.say(f"The plan could not be previewed: {error}")
+        console.confirm("Run up without knowing whether it restarts the API or deletes?", yes=False)
+        return
+    if preview.restarts_api or preview.deletes:
+        what = "restarts the Kubernetes API" if preview.restarts_api else "deletes resources"
+        console.say("The plan:")
+        console.say(preview_text(preview))
+        console.confirm(f"This up {what}. Go ahead?", yes=False)
+
+
 def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack) -> int:
     runs: dict[str, Callable[[], RunResult]] = {}
     if args.command == "status":
@@ -367,17 +382,7 @@ def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack)
         return EXIT_OK
     if args.command == "up":
         if not args.yes:
-            try:
-                preview = stack.preview(on_output=console.output_line)
-            except RunFailedError as error:
-                console.say(f"The plan could not be previewed: {error}")
-                console.confirm("Run up without knowing whether it restarts the API or deletes?", yes=False)
-            else:
-                if preview.restarts_api or preview.deletes:
-                    what = "restarts the Kubernetes API" if preview.restarts_api else "deletes resources"
-                    console.say("The plan:")
-                    console.say(preview_text(preview))
-                    console.confirm(f"This up {what}. Go ahead?", yes=False)
+            _confirm_disruptive_up(console, stack)
         runs["up"] = lambda: stack.up(on_event=console.event, on_output=console.output_line)
     elif args.command == "destroy":
         runs["up"] = lambda: stack.destroy_stack(
