@@ -80,6 +80,20 @@ def placement_groups(settings: StackSettings) -> dict[str, hcloud.PlacementGroup
     }
 
 
+def _private_network(settings: StackSettings) -> PrivateNetwork:
+    """The Hetzner network the created servers are attached to."""
+    return PrivateNetwork(
+        "private-network",
+        PrivateNetworkArgs(
+            cluster_name=settings.cluster.name,
+            ip_range=settings.network.private_network_cidr,
+            subnet_range=settings.network.private_subnet_cidr,
+            network_zone=NETWORK_ZONE_OF_LOCATION[settings.server.location or settings.cluster.location],
+            protect=settings.cluster.control_plane_protected,
+        ),
+    )
+
+
 def build_cluster(settings: StackSettings, credentials: SshCredentials) -> BuiltCluster:
     """The roster first (a removal is judged before anything changes), then machines
     (so every address is known), then the network decision, then firewalls, then k3s
@@ -93,18 +107,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
     roster = WorkerRoster("workers", [worker.name for worker in settings.all_workers()])
     registered: list[pulumi.Resource] = [roster]
     pulumi.runtime.register_stack_transformation(functools.partial(_after_roster, roster, registered))
-    network = None
-    if uses_private_network:
-        network = PrivateNetwork(
-            "private-network",
-            PrivateNetworkArgs(
-                cluster_name=settings.cluster.name,
-                ip_range=settings.network.private_network_cidr,
-                subnet_range=settings.network.private_subnet_cidr,
-                network_zone=NETWORK_ZONE_OF_LOCATION[settings.server.location or settings.cluster.location],
-                protect=settings.cluster.control_plane_protected,
-            ),
-        )
+    network = _private_network(settings) if uses_private_network else None
     shards = OperationShards()
     server = ClusterServer(
         settings.server.name,
