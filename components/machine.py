@@ -16,7 +16,7 @@ from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
 from components.provider_shards import OperationShards
 from providers.host_key_pair import HostKeyPair, cloud_config
-from providers.host_probe import HostProbe
+from providers.host_probe import HostProbe, HostProbeInputs
 from providers.inputs import NodeLogin
 from providers.login_key import NodeLoginKey, NodeLoginKeyInputs
 
@@ -209,12 +209,13 @@ def provision_machine(
     )
     probe = HostProbe(
         f"{host.name}-probe",
-        login=login,
-        # A Hetzner network's address: the facts wait for it, so the network decision sees it.
-        expected_address=machine.private_address if host.kind == "hetzner" else None,
-        first_contact_seconds=settings.ssh.first_contact_seconds,
-        created_by_program=host.kind == "hetzner",
-        trust_on_first_use=settings.ssh.trust_on_first_use,
+        HostProbeInputs(
+            login=login,
+            expected_address=machine.private_address if host.kind == "hetzner" else None,
+            first_contact_seconds=settings.ssh.first_contact_seconds,
+            created_by_program=host.kind == "hetzner",
+            trust_on_first_use=settings.ssh.trust_on_first_use,
+        ),
         opts=pulumi.ResourceOptions(parent=parent, depends_on=[*machine.depends, login_key], provider=operations),
     )
     return NodeEndpoint(

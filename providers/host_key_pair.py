@@ -11,10 +11,13 @@ creation-only on the server.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+
+from providers.inputs import ResourceInputs
 
 
 def generate_host_key() -> tuple[str, str]:
@@ -43,14 +46,20 @@ def cloud_config(private_key: str, public_key: str) -> str:
     return "#cloud-config\n" + yaml.safe_dump(document, sort_keys=True)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HostKeyPairInputs(ResourceInputs):
+    """The node the key is for (the key itself is made by create, never an input)."""
+
+    node: str
+
+
 class HostKeyPairProvider(ResourceProvider):
     """Dynamic provider of `HostKeyPair`: create generates, nothing else changes it."""
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         private, public = generate_host_key()
-        return CreateResult(
-            id_=f"{props['node']}-host-key", outs={"node": props["node"], "private_key": private, "public_key": public}
-        )
+        node = HostKeyPairInputs.from_props(props).node
+        return CreateResult(id_=f"{node}-host-key", outs={"node": node, "private_key": private, "public_key": public})
 
     def diff(self, _id: str, _olds: dict[str, Any], _news: dict[str, Any]) -> DiffResult:
         # The server holds this key from its creation: a new one would lock every login out.
@@ -80,6 +89,10 @@ class HostKeyPair(Resource, module="hk3s", name="HostKeyPair"):
         super().__init__(
             HostKeyPairProvider(),
             resource_name,
-            {"node": node, "private_key": pulumi.Output.secret(_NO_KEY_YET), "public_key": None},
+            {
+                **HostKeyPairInputs(node=node).props(),
+                "private_key": pulumi.Output.secret(_NO_KEY_YET),
+                "public_key": None,
+            },
             opts,
         )

@@ -30,7 +30,7 @@ from providers.base import (
     run_operation,
     ssh_target,
 )
-from providers.inputs import NodeLogin
+from providers.inputs import NodeInputs, known
 from remote_access.ssh import FirstContact, SshError
 
 # How long the first contact with a host waits for SSH (and cloud-init) by default.
@@ -39,6 +39,18 @@ FACT_OUTPUTS = tuple(field.name for field in dataclasses.fields(HostFacts))
 # Set in a run nobody watches: CI systems set CI, the operator API and CLI set HK3S_NON_INTERACTIVE.
 NON_INTERACTIVE_ENV = ("HK3S_NON_INTERACTIVE", "CI")
 FIRST_USE_LINE = "recorded SSH host key on first use: "
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HostProbeInputs(NodeInputs):
+    """How to reach the host, and how its first contact goes."""
+
+    expected_address: pulumi.Input[str | None] = None
+    """A Hetzner network's address: the facts wait for it, so the network decision sees it."""
+    first_contact_seconds: pulumi.Input[float] = FIRST_CONTACT_SECONDS
+    created_by_program: pulumi.Input[bool] = False
+    """A server the program created gets its login key from cloud-init during the first boot."""
+    trust_on_first_use: pulumi.Input[bool] = False
 
 
 def non_interactive_run() -> str | None:
@@ -97,17 +109,19 @@ class HostProbeProvider(NodeProvider):
             olds,
             news,
             replace_on=self.replace_on,
-            ignore=("recorded_host_key", "first_contact_seconds", "created_by_program", "trust_on_first_use"),
+            ignore=HostProbeInputs.names(
+                "recorded_host_key", "first_contact_seconds", "created_by_program", "trust_on_first_use"
+            ),
         )
 
     def _observe(self, props: dict[str, Any], first: bool = False) -> ObservedHost:
-        node = str(props["node"])
+        inputs = HostProbeInputs.from_props(props)
+        node = str(known(inputs.login.node))
         first_contact = (
             FirstContact(
-                seconds=float(props.get("first_contact_seconds") or FIRST_CONTACT_SECONDS),
+                seconds=float(known(inputs.first_contact_seconds) or FIRST_CONTACT_SECONDS),
                 progress=lambda line: progress(node, line),
-                # A server the program created gets its login key from cloud-init during the first boot.
-                key_may_be_pending=bool(props.get("created_by_program")),
+                key_may_be_pending=bool(known(inputs.created_by_program)),
             )
             if first
             else None
@@ -115,21 +129,19 @@ class HostProbeProvider(NodeProvider):
         refusal = first_use_refusal(props) if first else None
         if refusal:
             raise SshError(node, refusal.removeprefix(f"{node}: "))
-        observed = run_operation(
-            read_host_facts(ssh_target(props), props.get("expected_address") or None, first_contact=first_contact)
-        )
+        expected = known(inputs.expected_address) or None
+        observed = run_operation(read_host_facts(ssh_target(inputs.login), expected, first_contact=first_contact))
         if observed.host_key_newly_recorded:
-            progress(
-                props["node"],
-                f"{FIRST_USE_LINE}{observed.host_key} (pin it with hk3s:ssh.host_keys.{props['node']})",
-            )
+            progress(node, f"{FIRST_USE_LINE}{observed.host_key} (pin it with hk3s:ssh.host_keys.{node})")
         return observed
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        progress(props["node"], f"reading host facts from {props['address']}")
+        login = HostProbeInputs.from_props(props).login
+        node, address = str(known(login.node)), str(known(login.address))
+        progress(node, f"reading host facts from {address}")
         observed = self._observe(props, first=True)
         # Deterministic id: a create retried after a crash adopts the same host.
-        return CreateResult(id_=f"{props['node']}@{props['address']}", outs=_outputs(props, observed))
+        return CreateResult(id_=f"{node}@{address}", outs=_outputs(props, observed))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         pinned = dict(props)
@@ -158,24 +170,10 @@ class HostProbe(Resource, module="hk3s", name="HostProbe"):
     default_route_interface: pulumi.Output[str | None]
     kubernetes_state: pulumi.Output[list[str]]
 
-    def __init__(
-        self,
-        resource_name: str,
-        *,
-        login: NodeLogin,
-        expected_address: pulumi.Input[str | None] = None,
-        first_contact_seconds: float = FIRST_CONTACT_SECONDS,
-        created_by_program: bool = False,
-        trust_on_first_use: bool = False,
-        opts: pulumi.ResourceOptions | None = None,
-    ) -> None:
+    def __init__(self, resource_name: str, inputs: HostProbeInputs, opts: pulumi.ResourceOptions | None = None) -> None:
         props: dict[str, Any] = {
-            **login.props(),
-            "private_key": pulumi.Output.secret(login.private_key),
-            "expected_address": expected_address,
-            "first_contact_seconds": first_contact_seconds,
-            "created_by_program": created_by_program,
-            "trust_on_first_use": trust_on_first_use,
+            **inputs.props(),
+            "private_key": pulumi.Output.secret(inputs.login.private_key),
             **{name: None for name in (*FACT_OUTPUTS, "default_route_interface", "host_key")},
         }
         super().__init__(HostProbeProvider(), resource_name, props, opts)

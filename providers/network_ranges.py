@@ -8,16 +8,31 @@ network mode is refused. It touches no host and no API.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
+from providers.inputs import ResourceInputs
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NetworkRangesInputs(ResourceInputs):
+    """The private network's and its subnet's ranges."""
+
+    network_range: str
+    subnet_range: str
+
+
 # Input -> the setting it comes from.
-FIXED_RANGES = {
-    "network_range": "hk3s:network.private_network_cidr",
-    "subnet_range": "hk3s:network.private_subnet_cidr",
-}
+FIXED_RANGES = dict(
+    zip(
+        NetworkRangesInputs.names("network_range", "subnet_range"),
+        ("hk3s:network.private_network_cidr", "hk3s:network.private_subnet_cidr"),
+        strict=True,
+    )
+)
 
 
 def range_change_problems(olds: dict[str, Any], news: dict[str, Any]) -> list[CheckFailure]:
@@ -60,5 +75,5 @@ class NetworkRanges(Resource, module="hk3s", name="NetworkRanges"):
     def __init__(
         self, resource_name: str, network_range: str, subnet_range: str, opts: pulumi.ResourceOptions | None = None
     ) -> None:
-        props = {"network_range": network_range, "subnet_range": subnet_range}
-        super().__init__(NetworkRangesProvider(), resource_name, props, opts)
+        inputs = NetworkRangesInputs(network_range=network_range, subnet_range=subnet_range)
+        super().__init__(NetworkRangesProvider(), resource_name, inputs.props(), opts)

@@ -12,13 +12,22 @@ start of `up`; the program makes every other resource depend on the roster
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
 from node_operations.refusal import tagged
+from providers.inputs import ResourceInputs
 from providers.node_join import REMOVE_CAPABILITY
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkerRosterInputs(ResourceInputs):
+    """The names of the stack's workers, sorted."""
+
+    workers: list[str] = dataclasses.field(default_factory=list)
 
 
 def refused_removals(old_workers: list[str], new_workers: list[str]) -> list[str]:
@@ -40,12 +49,16 @@ class WorkerRosterProvider(ResourceProvider):
                     "capability-missing",
                 ),
             )
-            for name in refused_removals(list(olds.get("workers") or []), list(news.get("workers") or []))
+            for name in refused_removals(
+                WorkerRosterInputs.from_props(olds).workers, WorkerRosterInputs.from_props(news).workers
+            )
         ]
         return CheckResult(news, failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        changed = sorted(olds.get("workers") or []) != sorted(news.get("workers") or [])
+        changed = sorted(WorkerRosterInputs.from_props(olds).workers) != sorted(
+            WorkerRosterInputs.from_props(news).workers
+        )
         return DiffResult(changes=changed, replaces=[], delete_before_replace=False)
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -64,4 +77,5 @@ class WorkerRoster(Resource, module="hk3s", name="WorkerRoster"):
     workers: pulumi.Output[list[str]]
 
     def __init__(self, resource_name: str, workers: list[str], opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__(WorkerRosterProvider(), resource_name, {"workers": sorted(workers)}, opts)
+        inputs = WorkerRosterInputs(workers=sorted(workers))
+        super().__init__(WorkerRosterProvider(), resource_name, inputs.props(), opts)

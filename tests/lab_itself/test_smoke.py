@@ -42,18 +42,16 @@ def _wait(predicate, timeout: float, what: str):
 
 PROGRAM = """\
 import pulumi
-from providers.host_probe import HostProbe
+from providers.host_probe import HostProbe, HostProbeInputs
 from providers.inputs import NodeLogin
 
 config = pulumi.Config()
-probe = HostProbe(
-    "smoke-probe",
-    login=NodeLogin(
-        node=config.require("node"),
-        address=config.require("address"),
-        private_key=pulumi.Output.secret(open(config.require("keyFile")).read()),
-    ),
+login = NodeLogin(
+    node=config.require("node"),
+    address=config.require("address"),
+    private_key=pulumi.Output.secret(open(config.require("keyFile")).read()),
 )
+probe = HostProbe("smoke-probe", HostProbeInputs(login=login))
 pulumi.export("default_route_interface", probe.default_route_interface)
 pulumi.export("os_id", probe.os_id)
 """
