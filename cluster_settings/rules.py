@@ -9,7 +9,8 @@ import ipaddress
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .models import NETWORK_ZONE_OF_LOCATION, HostSettings, StackSettings, WorkerSettings
+from .models import HostSettings, StackSettings, WorkerSettings
+from .values import NETWORK_ZONE_OF_LOCATION
 
 # A Hetzner Cloud network holds at most 100 servers.
 HETZNER_NETWORK_MAX_SERVERS = 100

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_hcloud as hcloud
 
-from cluster_settings.models import NETWORK_ZONE_OF_LOCATION, StackSettings
+from cluster_settings.models import StackSettings
+from cluster_settings.values import NETWORK_ZONE_OF_LOCATION
 from components.cluster_server import ClusterServer, ClusterServerArgs
 from components.firewall_rules import FirewallRules, FirewallRulesArgs
 from components.hetzner_project import check_hetzner_project, hetzner_name, ownership_labels, planned_names

@@ -22,7 +22,7 @@ from pulumi.output import Unknown
 from pulumi.runtime.rpc import UNKNOWN
 
 from cluster_settings.loading import SettingsError
-from cluster_settings.models import DNS_1123_LABEL
+from cluster_settings.values import DNS_1123_LABEL
 from node_operations.join import JoinError
 from node_operations.network_mode import NetworkRefusedError
 from node_operations.refusal import tagged

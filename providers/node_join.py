@@ -15,7 +15,8 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
-from cluster_settings.models import K3S_VERSION, ClusterSettings
+from cluster_settings.models import ClusterSettings
+from cluster_settings.values import K3S_VERSION
 from node_operations.firewall_plan import PortRule
 from node_operations.join import JoinSpec, join_worker, joined_host_changed, read_node
 from node_operations.network_mode import fixed_mode_refusal
