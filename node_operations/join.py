@@ -27,6 +27,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from host_scripts import script_path
 from node_operations.agent_log import agent_log, agent_log_diagnosis, agent_since, log_message
@@ -509,22 +510,67 @@ class Joiner:
         self.progress("releasing: removing the validation taint")
         taint = Taint.parse(self.spec.validation_taint)
         await self.cluster.remove_taint(self.spec.node, taint.key)
-        # k3s applies --node-label only at registration; a rejoin sets the stack's labels itself.
-        labels: dict[str, str | None] = {key: None for key in self.spec.removed_labels}
-        labels.update({**self.spec.labels, MANAGED_LABEL: "true", WORKER_ROLE_LABEL: "true"})
-        await self.cluster.set_labels(self.spec.node, labels)
-        # Likewise --node-taint: a rejoin (or a join that registered under an older config) puts
-        # the stack's taints in step; a taint whose key the config dropped goes.
-        for pair in self.spec.removed_taints:
-            key, _, effect = pair.rpartition(":")
-            await self.cluster.remove_taint(self.spec.node, key, effect)
-        for text in self.spec.taints:
-            await self.cluster.add_taint(self.spec.node, Taint.parse(text))
+        # k3s applies --node-label and --node-taint only at registration; a rejoin (or a join that
+        # registered under an older config) puts them in step itself.
+        await put_metadata_in_step(self.cluster, self.spec)
         if rejoin:
             await self.cluster.cordon(self.spec.node, False)
         node = await self.cluster.get_node(self.spec.node)
         assert node is not None
         return node
+
+
+class NodeMetadata(Protocol):
+    """A node's labels and taints as the stack sets them, and those an earlier config set and
+    this one drops (labels by key, taints as key:Effect)."""
+
+    @property
+    def node(self) -> str: ...
+    @property
+    def labels(self) -> dict[str, str]: ...
+    @property
+    def removed_labels(self) -> tuple[str, ...]: ...
+    @property
+    def taints(self) -> tuple[str, ...]: ...
+    @property
+    def removed_taints(self) -> tuple[str, ...]: ...
+
+
+async def put_metadata_in_step(cluster: ClusterApi, metadata: NodeMetadata) -> None:
+    """Labels and taints as the config says: those it dropped removed, the others set; labels
+    and taints that anyone else set are left alone."""
+    labels: dict[str, str | None] = {key: None for key in metadata.removed_labels}
+    labels.update({**metadata.labels, MANAGED_LABEL: "true", WORKER_ROLE_LABEL: "true"})
+    await cluster.set_labels(metadata.node, labels)
+    for pair in metadata.removed_taints:
+        key, _, effect = pair.rpartition(":")
+        await cluster.remove_taint(metadata.node, key, effect)
+    for text in metadata.taints:
+        await cluster.add_taint(metadata.node, Taint.parse(text))
+
+
+@dataclass(frozen=True)
+class MetadataChange:
+    """A change of a joined worker's labels or taints alone (see `update_node_metadata`)."""
+
+    node: str
+    labels: dict[str, str]
+    removed_labels: tuple[str, ...]
+    taints: tuple[str, ...]
+    removed_taints: tuple[str, ...]
+
+
+async def update_node_metadata(server: SshTarget, change: MetadataChange, api_wait: float, progress: Progress) -> None:
+    """Put a running worker's labels and taints in step with the config through the API: no
+    rejoin, no cordon, nothing run on the worker (a pool's change reaches all its workers at
+    once, and cordoning them all for checks would stop the pool taking pods)."""
+    async with open_session(server) as session:
+        cluster = ClusterApi(session, progress, api_wait)
+        await put_metadata_in_step(cluster, change)
+    progress(
+        f"labels and taints in step ({len(change.labels)} label(s), {len(change.taints)} taint(s); "
+        f"removed {len(change.removed_labels)} label(s), {len(change.removed_taints)} taint(s)); no rejoin"
+    )
 
 
 async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, progress: Progress) -> JoinResult:

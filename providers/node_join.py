@@ -18,10 +18,18 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 from cluster_settings.models import ClusterSettings
 from cluster_settings.values import K3S_VERSION
 from node_operations.firewall_plan import PortRule
-from node_operations.join import JoinSpec, join_worker, joined_host_changed, read_node
+from node_operations.join import (
+    JoinSpec,
+    MetadataChange,
+    join_worker,
+    joined_host_changed,
+    read_node,
+    update_node_metadata,
+)
 from node_operations.network_mode import fixed_mode_refusal
 from node_operations.teardown import wipe_node
 from providers.base import (
+    STATE_ONLY_INPUTS,
     CapabilityMissingError,
     NodeProvider,
     check_connection_inputs,
@@ -113,6 +121,10 @@ def other_node(login: NodeLogin, node: Any, address: Any, port: Any, host_key: A
         port=int(port or 22),
         recorded_host_key=host_key or None,
     )
+
+
+# A joined worker's inputs that the API sets without a rejoin.
+METADATA_INPUTS = NodeJoinInputs.names("labels", "taints")
 
 
 class NodeJoinProvider(NodeProvider):
@@ -226,11 +238,41 @@ class NodeJoinProvider(NodeProvider):
         # Deterministic id: a create retried after a crash resumes the same node's join.
         return CreateResult(id_=f"{props['node']}-join", outs=self._join(props))
 
-    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        if self._metadata_only(id_, olds, news):
+            return UpdateResult(outs=self._update_metadata(olds, news))
         # A rejoin: cordoned for the checks, running pods untouched, uncordoned after.
         return UpdateResult(
             outs=self._join(news, old_labels=dict(olds.get("labels") or {}), old_taints=list(olds.get("taints") or []))
         )
+
+    def _metadata_only(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> bool:
+        """Whether labels and taints are all that changed on a joined worker whose host still runs
+        its agent (the diff asks the host): then they are set through the API, with no rejoin."""
+        if not olds.get("state"):
+            return False
+        # A login key rotated in the same run is stored either way (state only).
+        kept = {**news, **{key: olds.get(key) for key in (*METADATA_INPUTS, *STATE_ONLY_INPUTS) if key in olds}}
+        return not self.diff(id_, dict(olds), kept).changes
+
+    def _update_metadata(self, olds: dict[str, Any], news: dict[str, Any]) -> dict[str, Any]:
+        node = str(news["node"])
+        old_labels, labels = dict(olds.get("labels") or {}), dict(news.get("labels") or {})
+        change = MetadataChange(
+            node=node,
+            labels=labels,
+            removed_labels=tuple(sorted(set(old_labels) - set(labels))),
+            taints=tuple(news.get("taints") or ()),
+            removed_taints=removed_taints(list(olds.get("taints") or []), list(news.get("taints") or [])),
+        )
+        inputs = NodeJoinInputs.from_props(news)
+        wait = float(known(inputs.api_wait_seconds) or API_WAIT_SECONDS)
+        run_operation(update_node_metadata(inputs.server(), change, wait, lambda line: progress(node, line)))
+        # Everything the last join recorded stays (its run, its checks, the machine-id); the
+        # inputs are the new ones.
+        outs = dict(olds)
+        outs.update({key: value for key, value in news.items() if value is not None and key != "__provider"})
+        return outs
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         inputs = NodeJoinInputs.from_props(props)

@@ -32,6 +32,7 @@ class Cluster:
     stack: LabStack
     # jn-worker-2 is an existing host in the pool "web", whose taints it takes.
     pool_taints: tuple[str, ...] = ("dedicated=web:NoSchedule",)
+    registry: str | None = None
 
     def config(self, workers: list[Host], labels: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
         config = base_config(self.lab, self.server, workers)
@@ -40,6 +41,8 @@ class Cluster:
             if worker["name"] == "jn-worker-2":
                 worker["pool"] = "web"
         config["worker_pools"] = [{"name": "web", "count": 0, "taints": list(self.pool_taints)}]
+        if self.registry is not None:
+            config["cluster"]["registry"] = self.registry
         return config
 
     def taints(self, node: dict) -> set[str]:
@@ -131,6 +134,10 @@ def test_preview_changes_nothing_on_any_host(cluster: Cluster) -> None:
     hosts = [cluster.server, cluster.w1, cluster.w2]
     before = [_host_snapshot(h) for h in hosts]
     nodes_before = cluster.kubectl_json("get", "nodes")["items"]
+    # A cluster registry configured: every joined worker is checked against it again, in a
+    # rejoin (any HTTPS server answering /v2/ passes the check: here the API server). A label
+    # alone would not rejoin: labels and taints are set through the API.
+    cluster.registry = f"{cluster.server.public_ip}:6443"
     cluster.stack.write_config(cluster.config([cluster.w1, cluster.w2], labels={"jn-worker-1": {"tier": "web"}}))
     preview = cluster.stack.preview()
     summary = changes(preview.change_summary)
@@ -172,7 +179,7 @@ def test_rejoin_cordons_for_the_checks_and_leaves_pods(cluster: Cluster) -> None
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        result = cluster.up()  # config from the previous test: w1 relabelled, w2 added
+        result = cluster.up()  # config from the previous test: a registry (a rejoin), w1 relabelled, w2 added
     finally:
         stop.set()
         watcher.join()
@@ -202,13 +209,39 @@ def test_removing_a_worker_is_refused(cluster: Cluster) -> None:
     assert changes(cluster.up().summary.resource_changes).get("delete", 0) == 0
 
 
-def test_a_pools_taints_reach_its_running_worker_and_a_hand_set_taint_stays(cluster: Cluster) -> None:
+def test_a_pools_taints_and_labels_reach_its_running_worker_without_a_rejoin(cluster: Cluster) -> None:
+    """A pool's change reaches its running workers through the API: no rejoin, never cordoned,
+    no command on the worker; labels and taints set by hand stay."""
     cluster.server.run([K3S, "kubectl", "taint", "node", "jn-worker-2", "by-hand=yes:PreferNoSchedule"])
+    cluster.server.run([K3S, "kubectl", "label", "node", "jn-worker-2", "by-hand=yes"])
     cluster.pool_taints = ("dedicated=api:NoSchedule", "spot:PreferNoSchedule")
-    cluster.stack.write_config(cluster.config([cluster.w1, cluster.w2], labels={"jn-worker-1": {"tier": "web"}}))
-    result = cluster.up()
+    config = cluster.config([cluster.w1, cluster.w2], labels={"jn-worker-1": {"tier": "web"}})
+    config["worker_pools"][0]["labels"] = {"pool": "web"}
+    cluster.stack.write_config(config)
+    agent_started = cluster.w2.run(["systemctl", "show", "-p", "ExecMainStartTimestamp", "k3s-agent"]).stdout
+    cordoned = threading.Event()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            if cluster.node("jn-worker-2")["spec"].get("unschedulable"):
+                cordoned.set()
+            time.sleep(0.3)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    cluster.stack.log.clear()
+    try:
+        result = cluster.up()
+    finally:
+        stop.set()
+        watcher.join()
     summary = changes(result.summary.resource_changes)
     assert summary.get("delete", 0) == 0 and summary.get("replace", 0) == 0, summary
+    text = cluster.stack.text()
+    assert "[jn-worker-2] labels and taints in step" in text and "no rejoin" in text, text[-3000:]
+    assert "[jn-worker-2] preflight" not in text and "[jn-worker-2] validating" not in text
+    assert not cordoned.is_set(), "jn-worker-2 was cordoned: a rejoin ran"
     node = cluster.node("jn-worker-2")
     # The key kept its place with the new value, the new taint came, the hand-set one stayed.
     assert cluster.taints(node) == {
@@ -216,7 +249,15 @@ def test_a_pools_taints_reach_its_running_worker_and_a_hand_set_taint_stays(clus
         "spot=:PreferNoSchedule",
         "by-hand=yes:PreferNoSchedule",
     }
+    labels = node["metadata"]["labels"]
+    assert labels["pool"] == "web" and labels["by-hand"] == "yes"
     assert ready(node) and not node["spec"].get("unschedulable")
+    assert cluster.w2.run(["systemctl", "show", "-p", "ExecMainStartTimestamp", "k3s-agent"]).stdout == agent_started
+    # Dropped from the config: the pool's label goes, the hand-set one stays.
+    cluster.stack.write_config(cluster.config([cluster.w1, cluster.w2], labels={"jn-worker-1": {"tier": "web"}}))
+    cluster.up()
+    labels = cluster.node("jn-worker-2")["metadata"]["labels"]
+    assert "pool" not in labels and labels["by-hand"] == "yes"
     # jn-worker-1 is in no pool: untouched.
     assert cluster.taints(cluster.node("jn-worker-1")) == set()
 

@@ -352,16 +352,21 @@ def test_deployment_runs_on_two_joined_pod_workers(pod_cluster: PodCluster) -> N
 
 
 def test_rejoin_keeps_the_pods_running(pod_cluster: PodCluster) -> None:
-    """A rejoin (here: a new label) cordons the worker for its checks and leaves its pods
-    alone: the same pods with the same containers, Ready throughout the run's end."""
+    """A rejoin (here: a cluster registry configured, which every worker is checked against
+    again; the API server answers /v2/ as one) cordons the worker for its checks and leaves its
+    pods alone: the same pods with the same containers, Ready throughout the run's end."""
     server, first = pod_cluster.server, pod_cluster.first
     containers = {w.name: _running_container_ids(w) for w in pod_cluster.workers}
     uids = _pod_uids(server)
+    pod_cluster.config["cluster"]["registry"] = f"{server.public_ip}:6443"
     pod_cluster.config["workers"][0]["labels"] = {"tier": "web"}
     pod_cluster.stack.write_config(pod_cluster.config)
+    pod_cluster.stack.log.clear()  # the rejoin's own lines only
     result = up_or_fail(pod_cluster.stack)
     updates = {str(getattr(op, "value", op)): n for op, n in (result.summary.resource_changes or {}).items()}
     assert updates.get("update", 0) >= 1, updates
+    for worker in pod_cluster.workers:
+        assert f"[{worker.name}] validating while tainted" in pod_cluster.stack.text(), "no rejoin ran"
     node = json.loads(_kubectl(server, "get", "node", first.name, "-o", "json"))
     assert node["metadata"]["labels"]["tier"] == "web" and not node["spec"].get("unschedulable")
     assert {w.name: _running_container_ids(w) for w in pod_cluster.workers} == containers
