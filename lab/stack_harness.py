@@ -210,13 +210,13 @@ class LabStack:
             pulumi_home=self.directory / "pulumi-home",
         )
 
-    def hk3s(self, *args: str, timeout: float = 600) -> CliRun:
+    def hk3s(self, *args: str, timeout: float = 600, kill_when: str | None = None) -> CliRun:
         """The operator CLI (`scripts/hk3s --stack <name> ARGS`) in the project copy, as a person
-        runs it: stdin not a terminal, stderr apart."""
+        runs it: stdin not a terminal, stderr apart; with `kill_when`, SIGKILLed at that line."""
         env = {**os.environ, **self.env, "PULUMI_HOME": str(self.directory / "pulumi-home")}
         env.pop("HK3S_NON_INTERACTIVE", None)  # the CLI sets it itself
         argv = [str(self.project / "scripts" / "hk3s"), "--stack", self.name, *args]
-        return run_killable(argv, cwd=self.project, env=env, timeout=timeout, split_stderr=True)
+        return run_killable(argv, cwd=self.project, env=env, timeout=timeout, split_stderr=True, kill_when=kill_when)
 
 
 @dataclass(frozen=True)

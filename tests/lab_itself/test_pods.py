@@ -487,6 +487,31 @@ def test_a_reboot_drains_reboots_and_brings_the_workloads_back(pod_cluster: PodC
     assert {p["spec"]["nodeName"] for p in _pods(server)} == {w.name for w in pod_cluster.workers}
 
 
+def test_a_reboot_killed_before_the_host_went_down_is_resumed_by_the_next_call(pod_cluster: PodCluster) -> None:
+    """SIGKILL as the reboot is about to be issued: the worker stays cordoned with the reboot
+    recorded on its Node (visible, not forgotten); the next call resumes it and finishes."""
+    server, second = pod_cluster.server, pod_cluster.second
+    boots = second.boots
+    killed = pod_cluster.stack.hk3s("node", "reboot", second.name, kill_when="rebooting the host")
+    assert killed.killed, killed.stderr[-3000:]
+    node = _node(server, second.name)
+    assert node["spec"].get("unschedulable") and REBOOT_ANNOTATION in node["metadata"].get("annotations", {})
+    run = pod_cluster.stack.hk3s("node", "reboot", second.name)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert f"[{second.name}] resuming the reboot recorded on its Node" in run.stderr
+    # Rebooted exactly once, whichever side of the kill the reboot command fell on (killed
+    # before it: "the recorded reboot did not happen; rebooting now"; after: it waits for the boot).
+    assert second.boots == boots + 1
+    node = _node(server, second.name)
+    assert not node["spec"].get("unschedulable") and REBOOT_ANNOTATION not in node["metadata"].get("annotations", {})
+    _wait(
+        "4 web pods Ready after the resumed reboot",
+        lambda: sum(map(_ready, _pods(server))) == 4,
+        120,
+        pod_cluster.diagnose,
+    )
+
+
 def test_killall_stops_every_container_shim_and_pod_mount(pod_cluster: PodCluster) -> None:
     second = pod_cluster.second
     assert second.run(["pgrep", "-x", "httpd"], check=False).returncode == 0
