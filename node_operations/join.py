@@ -27,7 +27,6 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from host_scripts import script_path
 from node_operations.agent_log import agent_log, agent_log_diagnosis, agent_since, log_message
@@ -39,6 +38,7 @@ from node_operations.join_validation import POLL_SECONDS, TaintedNodeValidation,
 from node_operations.k3s_install import K3S_BIN, K3sBinary, agent_config, install_k3s
 from node_operations.network_mode import check_connection
 from node_operations.node_access import NodeAccessError, RecordedNode, check_recorded_nodes
+from node_operations.node_metadata import MANAGED_LABEL, put_metadata_in_step
 from node_operations.preflight import PreflightRequirements, evaluate_preflight
 from node_operations.refusal import tagged
 from remote_access.kube import API_WAIT_SECONDS, ClusterApi, JoinToken, NodeStatus, Taint
@@ -50,8 +50,6 @@ TOKEN_FILE = "/etc/rancher/k3s/hk3s-join-token"
 # The unit host_scripts/k3s_install.sh writes for a worker's agent.
 AGENT_UNIT = "/etc/systemd/system/k3s-agent.service"
 TOKEN_TTL = "10m"
-WORKER_ROLE_LABEL = "node-role.kubernetes.io/worker"
-MANAGED_LABEL = "hk3s.dev/managed"
 REGISTER_DEADLINE_SECONDS = 120.0
 READY_DEADLINE_SECONDS = 120.0
 PERMITS_CONFIGMAP = "hk3s-join-permits"
@@ -518,59 +516,6 @@ class Joiner:
         node = await self.cluster.get_node(self.spec.node)
         assert node is not None
         return node
-
-
-class NodeMetadata(Protocol):
-    """A node's labels and taints as the stack sets them, and those an earlier config set and
-    this one drops (labels by key, taints as key:Effect)."""
-
-    @property
-    def node(self) -> str: ...
-    @property
-    def labels(self) -> dict[str, str]: ...
-    @property
-    def removed_labels(self) -> tuple[str, ...]: ...
-    @property
-    def taints(self) -> tuple[str, ...]: ...
-    @property
-    def removed_taints(self) -> tuple[str, ...]: ...
-
-
-async def put_metadata_in_step(cluster: ClusterApi, metadata: NodeMetadata) -> None:
-    """Labels and taints as the config says: those it dropped removed, the others set; labels
-    and taints that anyone else set are left alone."""
-    labels: dict[str, str | None] = {key: None for key in metadata.removed_labels}
-    labels.update({**metadata.labels, MANAGED_LABEL: "true", WORKER_ROLE_LABEL: "true"})
-    await cluster.set_labels(metadata.node, labels)
-    for pair in metadata.removed_taints:
-        key, _, effect = pair.rpartition(":")
-        await cluster.remove_taint(metadata.node, key, effect)
-    for text in metadata.taints:
-        await cluster.add_taint(metadata.node, Taint.parse(text))
-
-
-@dataclass(frozen=True)
-class MetadataChange:
-    """A change of a joined worker's labels or taints alone (see `update_node_metadata`)."""
-
-    node: str
-    labels: dict[str, str]
-    removed_labels: tuple[str, ...]
-    taints: tuple[str, ...]
-    removed_taints: tuple[str, ...]
-
-
-async def update_node_metadata(server: SshTarget, change: MetadataChange, api_wait: float, progress: Progress) -> None:
-    """Put a running worker's labels and taints in step with the config through the API: no
-    rejoin, no cordon, nothing run on the worker (a pool's change reaches all its workers at
-    once, and cordoning them all for checks would stop the pool taking pods)."""
-    async with open_session(server) as session:
-        cluster = ClusterApi(session, progress, api_wait)
-        await put_metadata_in_step(cluster, change)
-    progress(
-        f"labels and taints in step ({len(change.labels)} label(s), {len(change.taints)} taint(s); "
-        f"removed {len(change.removed_labels)} label(s), {len(change.removed_taints)} taint(s)); no rejoin"
-    )
 
 
 async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, progress: Progress) -> JoinResult:

@@ -18,15 +18,9 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 from cluster_settings.models import ClusterSettings
 from cluster_settings.values import K3S_VERSION
 from node_operations.firewall_plan import PortRule
-from node_operations.join import (
-    JoinSpec,
-    MetadataChange,
-    join_worker,
-    joined_host_changed,
-    read_node,
-    update_node_metadata,
-)
+from node_operations.join import JoinSpec, join_worker, joined_host_changed, read_node
 from node_operations.network_mode import fixed_mode_refusal
+from node_operations.node_metadata import MetadataChange, update_node_metadata
 from node_operations.teardown import wipe_node
 from providers.base import (
     STATE_ONLY_INPUTS,

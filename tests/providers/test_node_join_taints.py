@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from node_operations.join import MetadataChange
+from node_operations.node_metadata import MetadataChange
 from providers import node_join
 from providers.node_join import NodeJoinProvider, removed_taints
 
@@ -38,6 +38,13 @@ JOINED = {
     "private_key": "key",
     "k3s_version": "v1.36.1+k3s1",
     "registry": None,
+    "server_url": "https://198.51.100.2:6443",
+    "ca_hash": "ab" * 32,
+    "network_mode": "public",
+    "node_ip": "198.51.100.7",
+    "node_external_ip": "198.51.100.7",
+    "validation_taint": "hk3s.dev/validating=true:NoSchedule",
+    "pod_network": "vxlan",
     "labels": {"tier": "web", "zone": "a"},
     "taints": ["dedicated=web:NoSchedule", "spot:PreferNoSchedule"],
     "state": "ready",
