@@ -202,6 +202,11 @@ class Reboot:
         node: dict[str, Any] = json.loads(out)
         return node
 
+    async def _node_object_if_any(self) -> dict[str, Any] | None:
+        """The Node as the API returns it, or None when there is none of this name."""
+        out = await self.api.kubectl(["get", "node", self.node, "-o", "json", "--ignore-not-found"], repeat=Repeat.READ)
+        return dict(json.loads(out)) if out.strip() else None
+
     async def _refusals(self, node: NodeStatus) -> list[str]:
         problems = []
         if not node.ready:
@@ -319,12 +324,13 @@ class Reboot:
 
     async def run(self) -> RebootReport:
         started = time.monotonic()
-        node = await self.api.get_node(self.node)
-        if node is None:
+        # One read of the Node serves both its recorded reboot (an annotation) and the readiness rules.
+        current = await self._node_object_if_any()
+        if current is None:
             raise RebootRefusedError(
                 self.node, f"there is no Node named {self.node} in the cluster; run up to join it", put_back=True
             )
-        current = await self._node_object()
+        node = NodeStatus.from_object(current)
         recorded: str | None = (current["metadata"].get("annotations") or {}).get(REBOOT_ANNOTATION)
         resumed = recorded is not None
         if recorded is not None:
