@@ -12,7 +12,8 @@ import asyncio
 import functools
 import sys
 import traceback
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Hashable, Iterable, Mapping
+from contextvars import ContextVar
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -241,10 +242,34 @@ def state_only_change(
     return UpdateResult(outs=outs)
 
 
+# The answers hosts gave during the update running on this thread (None outside an update).
+# A ContextVar, not provider state: the SDK's host shares one provider object between the
+# threads that update several resources at once.
+_UPDATE_ANSWERS: ContextVar[dict[Hashable, Any] | None] = ContextVar("update_answers", default=None)
+
+
+def asked_once_per_update(question: Hashable, ask: Callable[[], T]) -> T:
+    """`ask()`; within one update, the answer it gave the first time `question` was asked.
+
+    An update may run its provider's diff more than once (the state-only guard's, then the
+    provider's own question of what else changed), and a diff that asks a host over SSH would
+    log in each time for the same answer. Outside an update (the engine's diff) it always asks."""
+    answers = _UPDATE_ANSWERS.get()
+    if answers is None:
+        return ask()
+    if question not in answers:
+        answers[question] = ask()
+    return answers[question]
+
+
 def _state_only_off_host(update: Callable[..., UpdateResult]) -> Callable[..., UpdateResult]:
     @functools.wraps(update)
     def guarded(self: ResourceProvider, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        return state_only_change(self, id_, olds, news) or update(self, id_, olds, news)
+        scope = _UPDATE_ANSWERS.set({})
+        try:
+            return state_only_change(self, id_, olds, news) or update(self, id_, olds, news)
+        finally:
+            _UPDATE_ANSWERS.reset(scope)
 
     return guarded
 

@@ -26,6 +26,7 @@ from providers.base import (
     STATE_ONLY_INPUTS,
     CapabilityMissingError,
     NodeProvider,
+    asked_once_per_update,
     check_connection_inputs,
     diff_inputs,
     is_known,
@@ -196,7 +197,11 @@ class NodeJoinProvider(NodeProvider):
         # the conflict and its fix.
         node = str(olds["node"])
         login = NodeLogin.from_props(olds)
-        changed = run_operation(joined_host_changed(ssh_target(login), str(olds.get("machine_id") or "")))
+        target, machine_id = ssh_target(login), str(olds.get("machine_id") or "")
+        changed = asked_once_per_update(
+            ("joined_host_changed", target, machine_id),
+            lambda: run_operation(joined_host_changed(target, machine_id)),
+        )
         if changed is None:
             return inputs
         progress(node, f"{changed}: this run joins it again")
@@ -242,7 +247,8 @@ class NodeJoinProvider(NodeProvider):
 
     def _metadata_only(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> bool:
         """Whether labels and taints are all that changed on a joined worker whose host still runs
-        its agent (the diff asks the host): then they are set through the API, with no rejoin."""
+        its agent (the diff asks the host, once per update: a state-only guard that ran first
+        already has its answer): then they are set through the API, with no rejoin."""
         if not olds.get("state"):
             return False
         # A login key rotated in the same run is stored either way (state only).

@@ -64,9 +64,26 @@ def test_a_login_key_change_alone_still_asks_the_host(monkeypatch: pytest.Monkey
         return props
 
     monkeypatch.setattr(NodeJoinProvider, "_join", join)
-    _host_says(monkeypatch, "the host at 198.51.100.7 no longer has the k3s agent it joined with")
+    asked = _host_says(monkeypatch, "the host at 198.51.100.7 no longer has the k3s agent it joined with")
     NodeJoinProvider().update("w1-join", dict(JOINED), {**INPUTS, "private_key": "new-key"})
     assert [props["private_key"] for props in joined] == ["new-key"]
+    # The guard and the update's own question (labels and taints alone?) share one answer:
+    # one login to the host per update.
+    assert asked == [("198.51.100.7", "old-key", "a" * 32)]
+
+
+def test_each_update_asks_the_host_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Answers are kept for one update only: the next update (another run, or another worker on
+    # the same provider) asks again, and the engine's own diff always asks.
+    asked = _host_says(monkeypatch, None)
+    provider = NodeJoinProvider()
+    for _ in range(2):
+        result = provider.update("w1-join", dict(JOINED), {**INPUTS, "private_key": "new-key"})
+        assert result.outs is not None and result.outs["private_key"] == "new-key"
+    assert len(asked) == 2
+    provider.diff("w1-join", dict(JOINED), dict(INPUTS))
+    provider.diff("w1-join", dict(JOINED), dict(INPUTS))
+    assert len(asked) == 4
 
 
 def test_a_join_that_never_finished_is_not_asked_about(monkeypatch: pytest.MonkeyPatch) -> None:
