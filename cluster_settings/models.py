@@ -497,10 +497,6 @@ class StackSettings(StrictModel):
     # Every worker as the cluster runs it (the entries of `workers` with their pool's settings,
     # then each pool's workers), each with the config key it comes from; built once.
     _resolved: list[tuple[WorkerSettings, str, PoolMember | None]] = PrivateAttr(default_factory=list)
-    # The same, by worker: each one's config key and pool place in one look-up (the program asks
-    # for every worker). Keyed by the object's identity, not its name: names may repeat until
-    # the rules refuse them, and their messages name each entry's own key.
-    _origins: dict[int, tuple[str, PoolMember | None]] = PrivateAttr(default_factory=dict)
 
     def model_post_init(self, context: object, /) -> None:
         pools = {pool.name: pool for pool in self.worker_pools}
@@ -525,7 +521,6 @@ class StackSettings(StrictModel):
                 )
                 resolved.append((worker, f"hk3s:worker_pools[{index}]", member))
         self._resolved = resolved
-        self._origins = {id(worker): (key, member) for worker, key, member in resolved}
 
     def all_workers(self) -> list[WorkerSettings]:
         """Every worker of the cluster: the entries of `workers` (with their pool's settings), then
@@ -534,12 +529,11 @@ class StackSettings(StrictModel):
 
     def worker_config_key(self, worker: WorkerSettings) -> str:
         """The config key a worker comes from: `hk3s:workers[i]` or `hk3s:worker_pools[i]`."""
-        return self._origins[id(worker)][0]
+        return next(key for candidate, key, _ in self._resolved if candidate is worker)
 
     def pool_member(self, worker: WorkerSettings) -> PoolMember | None:
         """The pool, number, location and placement group of a pool's worker; None for the others."""
-        origin = self._origins.get(id(worker))
-        return origin[1] if origin is not None else None
+        return next((member for candidate, _, member in self._resolved if candidate is worker), None)
 
     def placement_groups(self) -> dict[str, list[str]]:
         """Each spread placement group the pools need, with its workers' names (at most 10)."""
