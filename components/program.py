@@ -15,13 +15,13 @@ from components.cluster_server import ClusterServer, ClusterServerArgs
 from components.firewall_rules import FirewallRules, FirewallRulesArgs
 from components.hetzner_project import check_hetzner_project, hetzner_name, ownership_labels, planned_names
 from components.login_key_rotation import retire_previous_login_keys
-from components.node_endpoint import SshCredentials
+from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork, PrivateNetworkArgs
 from components.provider_shards import OperationShards
 from components.storage_copies import StorageCopies, StorageCopiesArgs
 from components.worker_node import WorkerNode, WorkerNodeArgs
 from providers.teardown_guard import TeardownGuard, TeardownGuardInputs
-from providers.worker_roster import WorkerRoster
+from providers.worker_roster import RosterMember, WorkerRoster, WorkerRosterInputs
 
 
 @dataclass(frozen=True)
@@ -50,18 +50,56 @@ def read_credentials(settings: StackSettings) -> SshCredentials:
     )
 
 
-def _after_roster(
-    roster: WorkerRoster, registered: list[pulumi.Resource], args: pulumi.ResourceTransformationArgs
-) -> pulumi.ResourceTransformationResult | None:
-    """Every resource waits for the roster: Pulumi runs updates before deletes, so a
-    refused removal must stop the run before any peer's firewall drops the worker.
-    Every custom resource is also listed in `registered`, for the teardown guard."""
-    if args.resource is roster:
-        return None
+def _collect(registered: list[pulumi.Resource], args: pulumi.ResourceTransformationArgs) -> None:
+    """Every custom resource is listed in `registered`, for the teardown guard."""
     if isinstance(args.resource, pulumi.CustomResource):
         registered.append(args.resource)
+
+
+def _after_roster(
+    roster: WorkerRoster, args: pulumi.ResourceTransformationArgs
+) -> pulumi.ResourceTransformationResult | None:
+    """Every resource registered after the roster waits for it: Pulumi runs updates before
+    deletes, so a leaving worker is removed (or its removal refused) by the roster before
+    any peer's firewall drops it."""
+    if args.resource is roster:
+        return None
     return pulumi.ResourceTransformationResult(
         args.props, pulumi.ResourceOptions.merge(args.opts, pulumi.ResourceOptions(depends_on=[roster]))
+    )
+
+
+def _roster(
+    settings: StackSettings, credentials: SshCredentials, server: ClusterServer, workers: list[WorkerNode]
+) -> WorkerRoster:
+    """The roster, with how to log in to each node: a worker that leaves the stack is removed
+    with the login recorded here."""
+
+    def member(endpoint: NodeEndpoint) -> RosterMember:
+        return RosterMember(
+            node=endpoint.name,
+            address=endpoint.ssh_address,
+            ssh_port=endpoint.ssh_port,
+            recorded_host_key=endpoint.probe.host_key,
+            firewall_managed=endpoint.firewall_managed,
+        )
+
+    endpoints = [server.endpoint, *(worker.endpoint for worker in workers)]
+    return WorkerRoster(
+        "workers",
+        WorkerRosterInputs(
+            workers=sorted(worker.name for worker in settings.all_workers()),
+            server=member(server.endpoint),
+            members=[member(worker.endpoint) for worker in workers],
+            ssh_user=credentials.user,
+            private_key=credentials.private_key,
+            longhorn=settings.storage.install_longhorn,
+            minimal_available_percent=settings.storage.minimal_available_percent,
+            pod_network=settings.cluster.pod_network,
+            api_wait_seconds=settings.cluster.api_wait_seconds,
+        ),
+        # It logs in to the server with the run's key: after a rotation put that key there.
+        opts=pulumi.ResourceOptions(depends_on=[e.login_key for e in endpoints if e.login_key is not None]),
     )
 
 
@@ -96,18 +134,17 @@ def _private_network(settings: StackSettings) -> PrivateNetwork:
 
 
 def build_cluster(settings: StackSettings, credentials: SshCredentials) -> BuiltCluster:
-    """The roster first (a removal is judged before anything changes), then machines
-    (so every address is known), then the network decision, then firewalls, then k3s
-    on the server, then the joins, then storage."""
+    """Machines first (so every address is known), then the roster (a leaving worker is
+    judged and removed before anything of the cluster changes), then the network decision,
+    then firewalls, then k3s on the server, then the joins, then storage."""
     uses_private_network = bool(settings.hetzner_hosts()) and settings.network.mode != "public"
     # What Hetzner would refuse halfway through the run (a type it does not offer there, a name
     # another owner holds) fails here, before anything is registered.
     check_hetzner_project(
         settings, pulumi.get_stack(), planned_names(settings, pulumi.get_stack(), uses_private_network)
     )
-    roster = WorkerRoster("workers", [worker.name for worker in settings.all_workers()])
-    registered: list[pulumi.Resource] = [roster]
-    pulumi.runtime.register_stack_transformation(functools.partial(_after_roster, roster, registered))
+    registered: list[pulumi.Resource] = []
+    pulumi.runtime.register_stack_transformation(functools.partial(_collect, registered))
     network = _private_network(settings) if uses_private_network else None
     shards = OperationShards()
     server = ClusterServer(
@@ -134,6 +171,9 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
                 ),
             )
         )
+    # After the machines (it records how to log in to each), before everything that touches the cluster.
+    roster = _roster(settings, credentials, server, workers)
+    pulumi.runtime.register_stack_transformation(functools.partial(_after_roster, roster))
     network_plan = server.plan_network([worker.endpoint for worker in workers])
     firewall = FirewallRules(
         "firewall",
@@ -158,7 +198,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
     )
     # Last: a rotated login key leaves the nodes only once every resource holds the new one.
     retire_previous_login_keys(
-        [server.endpoint, *(w.endpoint for w in workers)], credentials, [server, *workers, firewall]
+        [server.endpoint, *(w.endpoint for w in workers)], credentials, [roster, server, *workers, firewall]
     )
     # Very last, depending on everything: in a destroy its delete runs first and alone, and
     # refuses unless hk3s:cluster.teardown allowed it (providers.teardown_guard).

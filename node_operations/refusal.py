@@ -11,8 +11,15 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-RefusalCode = Literal["capability-missing", "preflight", "settings", "host-key", "teardown"]
-REFUSAL_CODES: tuple[RefusalCode, ...] = ("capability-missing", "preflight", "settings", "host-key", "teardown")
+RefusalCode = Literal["capability-missing", "preflight", "settings", "host-key", "teardown", "removal"]
+REFUSAL_CODES: tuple[RefusalCode, ...] = (
+    "capability-missing",
+    "preflight",
+    "settings",
+    "host-key",
+    "teardown",
+    "removal",
+)
 _TAG = re.compile(r"\s*\[refused: (?P<code>[a-z-]+)\]")
 
 

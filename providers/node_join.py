@@ -24,7 +24,6 @@ from node_operations.node_metadata import MetadataChange, update_node_metadata
 from node_operations.teardown import wipe_node
 from providers.base import (
     STATE_ONLY_INPUTS,
-    CapabilityMissingError,
     NodeProvider,
     asked_once_per_update,
     check_connection_inputs,
@@ -40,9 +39,6 @@ from providers.inputs import K3sRelease, NodeInputs, NodeLogin, flat, known
 from remote_access.kube import API_WAIT_SECONDS, Taint
 from remote_access.ssh import SshTarget
 
-REMOVE_CAPABILITY = (
-    "removing a worker (drain, move copies, wipe, deregister); put the worker back in hk3s:workers to keep it"
-)
 NETWORK_MODES = ("auto", "private", "public")
 
 
@@ -293,7 +289,11 @@ class NodeJoinProvider(NodeProvider):
         inputs = NodeJoinInputs.from_props(props)
         node = str(known(inputs.login.node))
         if known(inputs.teardown_allowed) is not True:
-            raise CapabilityMissingError(node, "removing the worker", REMOVE_CAPABILITY)
+            # A worker leaving the stack was removed by the worker roster before anything else of
+            # the run (providers.worker_roster); a join replaced under a new address leaves its
+            # node to the new join. Either way nothing is left to do on any host.
+            progress(node, "the join is forgotten; the host is left as it is")
+            return
         # The stack's teardown: no drain, no copy moved (the data goes with the cluster).
         outcome = run_operation(wipe_node(ssh_target(inputs.login), lambda line: progress(node, line)))
         progress(node, outcome.report())
