@@ -50,22 +50,20 @@ def read_credentials(settings: StackSettings) -> SshCredentials:
     )
 
 
-def _collect(registered: list[pulumi.Resource], args: pulumi.ResourceTransformationArgs) -> None:
-    """Every custom resource is listed in `registered`, for the teardown guard."""
+def _order(
+    registered: list[pulumi.Resource], roster: list[WorkerRoster], args: pulumi.ResourceTransformationArgs
+) -> pulumi.ResourceTransformationResult | None:
+    """Every custom resource is listed in `registered`, for the teardown guard. Every resource
+    made after the roster waits for it (`roster` holds it once it exists; resources made
+    before it are the machines it records the logins of): Pulumi runs updates before deletes,
+    so a leaving worker is removed (or its removal refused) by the roster before any peer's
+    firewall drops it."""
     if isinstance(args.resource, pulumi.CustomResource):
         registered.append(args.resource)
-
-
-def _after_roster(
-    roster: WorkerRoster, args: pulumi.ResourceTransformationArgs
-) -> pulumi.ResourceTransformationResult | None:
-    """Every resource registered after the roster waits for it: Pulumi runs updates before
-    deletes, so a leaving worker is removed (or its removal refused) by the roster before
-    any peer's firewall drops it."""
-    if args.resource is roster:
+    if not roster or args.resource is roster[0]:
         return None
     return pulumi.ResourceTransformationResult(
-        args.props, pulumi.ResourceOptions.merge(args.opts, pulumi.ResourceOptions(depends_on=[roster]))
+        args.props, pulumi.ResourceOptions.merge(args.opts, pulumi.ResourceOptions(depends_on=[roster[0]]))
     )
 
 
@@ -144,7 +142,9 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
         settings, pulumi.get_stack(), planned_names(settings, pulumi.get_stack(), uses_private_network)
     )
     registered: list[pulumi.Resource] = []
-    pulumi.runtime.register_stack_transformation(functools.partial(_collect, registered))
+    roster_made: list[WorkerRoster] = []
+    # Registered first, so the components made now run it for the children they make later.
+    pulumi.runtime.register_stack_transformation(functools.partial(_order, registered, roster_made))
     network = _private_network(settings) if uses_private_network else None
     shards = OperationShards()
     server = ClusterServer(
@@ -173,7 +173,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
         )
     # After the machines (it records how to log in to each), before everything that touches the cluster.
     roster = _roster(settings, credentials, server, workers)
-    pulumi.runtime.register_stack_transformation(functools.partial(_after_roster, roster))
+    roster_made.append(roster)
     network_plan = server.plan_network([worker.endpoint for worker in workers])
     firewall = FirewallRules(
         "firewall",

@@ -118,6 +118,12 @@ class WorkerRosterProvider(ResourceProvider):
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         old, new = WorkerRosterInputs.from_props(olds), WorkerRosterInputs.from_props(news)
+        for name in leaving_workers(old.workers, new.workers):
+            progress(
+                name,
+                "plan: leaves the stack: its copies move off, it is drained, wiped and deregistered, before any "
+                "peer's firewall drops it",
+            )
         # Any change is stored (a leaving worker's login is read from the state); only a change of
         # the list itself removes anything.
         return DiffResult(changes=old != new, replaces=[], delete_before_replace=False)

@@ -298,30 +298,49 @@ def test_a_pulumi_run_in_progress_makes_the_api_report_busy(cluster: Cluster) ->
     assert api.pending_operations() == [] and api.preview().changes == []
 
 
-def test_removing_a_worker_is_refused_and_the_file_restored(cluster: Cluster) -> None:
+def test_removing_a_worker_that_does_not_answer_is_refused_and_the_file_restored(cluster: Cluster) -> None:
     w2 = cluster.workers[1]
     before = cluster.stack_file.read_bytes()
     events: list[auto_events.EngineEvent] = []
-    with pytest.raises(RefusedError) as refused:
-        cluster.api().remove_worker(w2.name, on_event=events.append)
-    error = refused.value
-    assert error.reason == "capability-missing" and error.config_restored and error.stack_restored, error
-    diagnostics = [e.diagnostic_event for e in events if e.diagnostic_event and e.diagnostic_event.severity == "error"]
-    cluster.events.extend({"urn": d.urn, "message": d.message, "severity": d.severity} for d in diagnostics)
-    failed = [e.res_op_failed_event.metadata for e in events if e.res_op_failed_event]
-    cluster.events.extend({"failed_urn": m.urn, "type": m.type, "op": str(m.op)} for m in failed)
-    # Refused by the worker roster, which every other resource waits for: nothing else of the run started.
-    assert error.resource is not None and error.resource.name == "workers", error.problems
-    assert f"{w2.name}: removing the worker is not available in this release" in error.resource.message
-    assert cluster.stack_file.read_bytes() == before
-    assert cluster.ready(w2.name)
-    assert w2.name in {n.name for n in cluster.api().nodes()}
-    # The CLI reports the same refusal with exit code 3.
-    run = cluster.hk3s("node", "remove", w2.name, "--yes")
-    assert run.returncode == 3 and "not available in this release" in run.stderr, run.stderr[-3000:]
-    assert cluster.stack_file.read_bytes() == before
+    w2.power_off()
+    try:
+        with pytest.raises(RefusedError) as refused:
+            cluster.api().remove_worker(w2.name, on_event=events.append)
+        error = refused.value
+        assert error.reason == "removal" and error.config_restored and error.stack_restored, error
+        diagnostics = [
+            e.diagnostic_event for e in events if e.diagnostic_event and e.diagnostic_event.severity == "error"
+        ]
+        cluster.events.extend({"urn": d.urn, "message": d.message, "severity": d.severity} for d in diagnostics)
+        failed = [e.res_op_failed_event.metadata for e in events if e.res_op_failed_event]
+        cluster.events.extend({"failed_urn": m.urn, "type": m.type, "op": str(m.op)} for m in failed)
+        # Refused by the worker roster, which everything that touches the cluster waits for.
+        assert error.resource is not None and error.resource.name == "workers", error.problems
+        assert f"{w2.name}: removing the worker is refused: does not answer over SSH" in (
+            error.resource.message
+        )
+        assert cluster.stack_file.read_bytes() == before
+        assert w2.name in {n.name for n in cluster.api().nodes()}
+        # The CLI reports the same refusal with exit code 3.
+        run = cluster.hk3s("node", "remove", w2.name, "--yes")
+        assert run.returncode == 3 and "does not answer over SSH" in run.stderr, run.stderr[-3000:]
+        assert cluster.stack_file.read_bytes() == before
+    finally:
+        w2.power_on(wait=True)
     # Whatever else moved during the refused runs comes back with the next up: no delete.
     assert cluster.api().up().summary.get("delete", 0) == 0
+
+
+def test_the_cli_removes_a_worker_and_the_api_no_longer_lists_it(cluster: Cluster) -> None:
+    w2 = cluster.workers[1]
+    run = cluster.hk3s("node", "remove", w2.name, "--yes")
+    cluster.record(f"node remove {w2.name} --yes", run)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert f"[{w2.name}] removed:" in run.stderr, run.stderr[-4000:]
+    assert w2.name not in cluster.node_names()
+    assert w2.name not in {n.name for n in cluster.api().nodes()}
+    assert w2.name not in cluster.stack_file.read_text()
+    assert w2.run(["test", "-e", "/var/lib/rancher/k3s"], check=False).returncode != 0
 
 
 def test_fencing_is_refused_until_the_capability_lands(cluster: Cluster) -> None:

@@ -196,14 +196,15 @@ def test_rejoin_cordons_for_the_checks_and_leaves_pods(cluster: Cluster) -> None
     assert cluster.taints(cluster.node("jn-worker-2")) == {"dedicated=web:NoSchedule"}
 
 
-def test_removing_a_worker_is_refused(cluster: Cluster) -> None:
+def test_dropping_a_worker_is_planned_as_its_removal_and_preview_changes_nothing(cluster: Cluster) -> None:
     cluster.stack.write_config(cluster.config([cluster.w1], labels={"jn-worker-1": {"tier": "web"}}))
-    with pytest.raises(auto.CommandError) as caught:
-        cluster.stack.up()
-    text = str(caught.value) + cluster.stack.text()
-    errors = "\n".join(line for line in text.splitlines() if "rror" in line)
-    assert "jn-worker-2: removing the worker is not available in this release" in text, errors
+    cluster.stack.log.clear()
+    preview = cluster.stack.preview()
+    text = cluster.stack.text()
+    assert "[jn-worker-2] plan: leaves the stack: its copies move off, it is drained, wiped" in text, text[-3000:]
+    assert changes(preview.change_summary).get("delete", 0) >= 1, preview.change_summary
     assert ready(cluster.node("jn-worker-2"))
+    assert cluster.w2.run(["systemctl", "is-active", "k3s-agent"], check=False).stdout.strip() == "active"
     # Put it back: the stack is whole again and nothing changes.
     cluster.stack.write_config(cluster.config([cluster.w1, cluster.w2], labels={"jn-worker-1": {"tier": "web"}}))
     assert changes(cluster.up().summary.resource_changes).get("delete", 0) == 0

@@ -1,0 +1,148 @@
+"""Removing a worker by dropping it from the stack, through the real Pulumi engine on booted lab
+hosts whose nftables firewalls the program manages; ports are probed for real between hosts.
+
+- A worker that does not answer is refused at `preview` and by `up` before any firewall changed.
+- A worker that answers is drained, wiped and deregistered by the worker roster before any
+  peer's firewall drops it (the engine's own event order shows it); afterwards the peers'
+  ports are closed to it.
+- A removal SIGKILLed halfway is finished by the next `up`; removing it again changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from pulumi import automation as auto
+from pulumi.automation import events as auto_events
+
+from lab.hosts import Host, Lab
+from lab.stack_harness import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
+
+pytestmark = pytest.mark.lab
+
+K3S = "/usr/local/bin/k3s"
+PROBE = """
+import errno, socket, sys
+s = socket.socket()
+s.settimeout(3)
+code = s.connect_ex((sys.argv[1], int(sys.argv[2])))
+print("open" if code in (0, errno.ECONNREFUSED) else "closed")
+"""
+
+
+def reachable(source: Host, target: Host, port: int) -> bool:
+    return source.run(["python3", "-c", PROBE, target.public_ip or "", str(port)]).stdout.strip() == "open"
+
+
+def node_names(server: Host) -> set[str]:
+    out = server.run([K3S, "kubectl", "get", "nodes", "-o", "json"]).stdout
+    return {item["metadata"]["name"] for item in json.loads(out)["items"]}
+
+
+def ready(server: Host, name: str) -> bool:
+    node = json.loads(server.run([K3S, "kubectl", "get", "node", name, "-o", "json"]).stdout)
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+
+
+@dataclass
+class Cluster:
+    lab: Lab
+    stack: LabStack
+    server: Host
+    w1: Host
+    w2: Host
+
+    def config(self, workers: list[Host]) -> dict[str, object]:
+        return base_config(self.lab, self.server, workers, firewall={"managed": True})
+
+    def rules(self) -> dict[str, str]:
+        return {
+            host.name: host.run(["nft", "list", "table", "inet", "hk3s_node"]).stdout for host in (self.server, self.w1)
+        }
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    skip_without_lab_binaries()
+    server = lab.add_host(server_spec("rm-server"))
+    w1, w2 = lab.add_host(worker_spec("rm-worker-1")), lab.add_host(worker_spec("rm-worker-2"))
+    lab.wait_ssh_ready([server, w1, w2])
+    cluster = Cluster(lab, LabStack(tmp_path_factory.mktemp("removal")), server, w1, w2)
+    cluster.stack.write_config(cluster.config([w1, w2]))
+    up_or_fail(cluster.stack)
+    # Peers reach the kubelet and the API through the program's nftables rules.
+    assert reachable(w1, w2, 10250) and reachable(server, w2, 10250) and reachable(w2, server, 6443)
+    assert reachable(w2, w1, 10250)
+    yield cluster
+
+
+def test_dropping_a_worker_that_does_not_answer_is_refused_before_any_firewall_changes(cluster: Cluster) -> None:
+    rules_before = cluster.rules()
+    cluster.w2.power_off()
+    try:
+        cluster.stack.write_config(cluster.config([cluster.w1]))
+        with pytest.raises(auto.CommandError) as previewed:
+            cluster.stack.preview()
+        refusal = "rm-worker-2: removing the worker is refused: does not answer over SSH"
+        assert refusal in str(previewed.value), str(previewed.value)[-3000:]
+        assert "fence it first (hk3s:fences.rm-worker-2)" in str(previewed.value)
+        cluster.stack.log.clear()
+        with pytest.raises(auto.CommandError) as refused:
+            cluster.stack.up()
+        assert refusal in str(refused.value) + cluster.stack.text()
+        # Nothing of the run started: no firewall was touched, the worker is still a peer everywhere.
+        assert cluster.rules() == rules_before
+        assert "rm-worker-2" in node_names(cluster.server)
+    finally:
+        cluster.stack.write_config(cluster.config([cluster.w1, cluster.w2]))
+        cluster.w2.power_on(wait=True)
+
+
+def test_a_removal_killed_halfway_is_finished_by_the_next_up_before_the_peers_drop_it(cluster: Cluster) -> None:
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    cluster.stack.write_config(cluster.config([w1]))
+    # SIGKILL in the middle of the removal: the host is being wiped.
+    killed = cluster.stack.hk3s("up", "--yes", kill_when="wiping k3s, its data")
+    assert killed.killed, (killed.stderr or killed.output)[-3000:]
+    # The peers still admit it: the firewalls wait for the removal.
+    assert reachable(w2, server, 6443) or reachable(w2, w1, 10250)
+
+    # The operator API's up clears what the killed run left (its lock, its pending operation).
+    events: list[auto_events.EngineEvent] = []
+    lines: list[str] = []
+    cluster.stack.api().up(on_event=events.append, on_output=lines.append)
+    text = "\n".join(lines)
+    assert "[rm-worker-2] removed:" in text, text[-3000:]
+
+    # The engine's order: the roster's update (the removal) finished before any host firewall changed.
+    def index(predicate: object) -> list[int]:
+        return [i for i, event in enumerate(events) if predicate(event)]  # type: ignore[operator]
+
+    roster_done = index(
+        lambda e: e.res_outputs_event is not None and e.res_outputs_event.metadata.urn.endswith("::workers")
+    )
+    firewall_updates = index(
+        lambda e: (
+            e.resource_pre_event is not None
+            and e.resource_pre_event.metadata.type.endswith(":HostFirewall")
+            and str(e.resource_pre_event.metadata.op) in ("OpType.UPDATE", "update")
+        )
+    )
+    assert roster_done and firewall_updates, (roster_done, firewall_updates)
+    assert roster_done[0] < min(firewall_updates), (roster_done, firewall_updates)
+
+    # Gone: no Node, no k3s on the host, no firewall of the program's there; the peers closed to it.
+    assert "rm-worker-2" not in node_names(server)
+    assert w2.run(["test", "-e", "/var/lib/rancher/k3s"], check=False).returncode != 0
+    assert w2.run(["systemctl", "is-active", "k3s-agent"], check=False).stdout.strip() != "active"
+    assert w2.run(["nft", "list", "table", "inet", "hk3s_node"], check=False).returncode != 0
+    assert not reachable(w2, server, 6443) and not reachable(w2, w1, 10250)
+    assert reachable(w1, server, 6443) and reachable(server, w1, 10250)
+    assert ready(server, "rm-worker-1")
+
+    # Removing it again is a no-op: nothing to change.
+    again = cluster.stack.api().up()
+    assert set(again.summary) <= {"same"}, again.summary
