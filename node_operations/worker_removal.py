@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,14 +126,14 @@ def _disk_takes(disk: _Disk, size: int, minimal_available_percent: int) -> bool:
 
 
 def copies_that_cannot_move(
-    leaving: str,
+    leaving: Collection[str],
     volumes: Sequence[Mapping[str, Any]],
     replicas: Sequence[Mapping[str, Any]],
     nodes: Sequence[Mapping[str, Any]],
     minimal_available_percent: int,
 ) -> list[str]:
-    """Each volume with a copy on `leaving` that no other node can take, with the reason. A
-    node can take it when it accepts copies (`spec.allowScheduling`, no eviction asked), carries
+    """Each volume with a copy on a `leaving` node that no staying node can take, with the
+    reason. A node can take it when it accepts copies (`spec.allowScheduling`, no eviction asked), carries
     every tag of the volume's `nodeSelector`, holds no copy of the volume yet (two copies
     never share a node), and has a disk with room for it; copies placed earlier in this
     judgement count against that room."""
@@ -145,36 +145,43 @@ def copies_that_cannot_move(
     problems = []
     for volume in sorted(volumes, key=lambda v: str(v["metadata"]["name"])):
         name = str(volume["metadata"]["name"])
-        if leaving not in holders.get(name, set()):
+        moving = holders.get(name, set()) & set(leaving)
+        if not moving:
             continue
         spec = volume.get("spec") or {}
         size, selector = int(spec.get("size") or 0), set(spec.get("nodeSelector") or [])
         tagged = [
             node
             for node in nodes
-            if node["metadata"]["name"] != leaving
+            if node["metadata"]["name"] not in leaving
             and node["metadata"]["name"] not in holders.get(name, set())
             and (node.get("spec") or {}).get("allowScheduling", True)
             and not (node.get("spec") or {}).get("evictionRequested")
             and selector <= set((node.get("spec") or {}).get("tags") or [])
         ]
-        room = [
-            (node["metadata"]["name"], index)
-            for node in tagged
-            for index, disk in enumerate(disks[node["metadata"]["name"]])
-            if _disk_takes(disk, size, minimal_available_percent)
-        ]
-        if not tagged:
-            wanted = f" with tags {', '.join(sorted(selector))}" if selector else ""
-            problems.append(f"volume {name}: no other node{wanted} accepts a copy that is not already holding one")
-        elif not room:
-            problems.append(f"volume {name}: no node it may use has room for its {size / 2**30:.1f} GiB")
-        else:
+        wanted = f" with tags {', '.join(sorted(selector))}" if selector else ""
+        if len(tagged) < len(moving):
+            problems.append(
+                f"volume {name}: {len(moving)} copies to move, {len(tagged)} other node(s){wanted} accept a copy "
+                "and do not hold one already"
+            )
+            continue
+        for _copy in moving:
+            room = [
+                (node["metadata"]["name"], index)
+                for node in tagged
+                for index, disk in enumerate(disks[node["metadata"]["name"]])
+                if _disk_takes(disk, size, minimal_available_percent)
+            ]
+            if not room:
+                problems.append(f"volume {name}: no node it may use has room for its {size / 2**30:.1f} GiB")
+                break
             chosen, index = room[0]
             disk = disks[chosen][index]
             disks[chosen][index] = _Disk(
                 disk.available - size, disk.maximum, disk.reserved, disk.scheduled + size, disk.schedulable
             )
+            tagged = [node for node in tagged if node["metadata"]["name"] != chosen]
     return problems
 
 
@@ -192,12 +199,15 @@ class WorkerRemoval:
         progress: Progress,
         drain_timeout: float = DRAIN_TIMEOUT_SECONDS,
         copies_timeout: float = COPIES_TIMEOUT_SECONDS,
+        also_leaving: Collection[str] = (),
     ) -> None:
         self.api, self.worker, self.node = api, worker, worker.node
         self.longhorn, self.minimal_available_percent = longhorn, minimal_available_percent
         self.drain_timeout, self.copies_timeout = drain_timeout, copies_timeout
         self.report = RemovalReport(worker.node, operator_firewalls=list(operator_firewalls))
         self.progress = progress
+        # Workers leaving in the same run: never a place for this one's copies.
+        self.also_leaving = tuple(also_leaving)
 
     async def _items(self, kind: str) -> list[dict[str, Any]]:
         out = await self.api.kubectl(["get", kind, "-n", LONGHORN_NAMESPACE, "-o", "json"], repeat=Repeat.READ)
@@ -225,7 +235,7 @@ class WorkerRemoval:
         """Refused before anything changed when a copy has nowhere to go; else stop new
         copies here, ask Longhorn to evict, and wait until none is left."""
         stuck = copies_that_cannot_move(
-            self.node,
+            {self.node, *self.also_leaving},
             await self._items("volumes.longhorn.io"),
             await self._items("replicas.longhorn.io"),
             await self._items(LONGHORN_NODE_CRD),
@@ -326,8 +336,10 @@ async def remove_worker(
     operator_firewalls: Sequence[PeerFirewall],
     api_wait: float,
     progress: Progress,
+    also_leaving: Collection[str] = (),
 ) -> RemovalReport:
-    """Remove `worker` through the server's API (see the module docstring)."""
+    """Remove `worker` through the server's API (see the module docstring); `also_leaving`
+    are the workers that leave in the same run (no place for its copies)."""
     async with open_session(server) as session:
         api = ClusterApi(session, progress=progress, api_wait=api_wait)
         removal = WorkerRemoval(
@@ -337,6 +349,7 @@ async def remove_worker(
             minimal_available_percent=minimal_available_percent,
             operator_firewalls=operator_firewalls,
             progress=progress,
+            also_leaving=also_leaving,
         )
         return await removal.run()
 

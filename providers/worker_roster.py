@@ -134,7 +134,8 @@ class WorkerRosterProvider(ResourceProvider):
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         old, new = WorkerRosterInputs.from_props(olds), WorkerRosterInputs.from_props(news)
         server = new.server or old.server
-        for name in leaving_workers(old.workers, new.workers):
+        leaving = leaving_workers(old.workers, new.workers)
+        for name in leaving:
             member = old.member(name)
             if member is None or server is None:
                 raise RuntimeError(f"{name}: the stack holds no login for it; put it back in the stack and run up")
@@ -147,6 +148,7 @@ class WorkerRosterProvider(ResourceProvider):
                     operator_firewalls=operator_firewalls(new, name),
                     api_wait=float(known(new.api_wait_seconds)),
                     progress=functools.partial(progress, name),
+                    also_leaving=leaving,
                 )
             )
             for line in report.lines():

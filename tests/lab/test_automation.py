@@ -316,9 +316,7 @@ def test_removing_a_worker_that_does_not_answer_is_refused_and_the_file_restored
         cluster.events.extend({"failed_urn": m.urn, "type": m.type, "op": str(m.op)} for m in failed)
         # Refused by the worker roster, which everything that touches the cluster waits for.
         assert error.resource is not None and error.resource.name == "workers", error.problems
-        assert f"{w2.name}: removing the worker is refused: does not answer over SSH" in (
-            error.resource.message
-        )
+        assert f"{w2.name}: removing the worker is refused: does not answer over SSH" in (error.resource.message)
         assert cluster.stack_file.read_bytes() == before
         assert w2.name in {n.name for n in cluster.api().nodes()}
         # The CLI reports the same refusal with exit code 3.
