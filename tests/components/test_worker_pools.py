@@ -116,3 +116,27 @@ def test_a_placement_group_name_another_owner_holds_is_refused(ssh_key_file: Pat
     # This stack's own group (by its labels) is no conflict.
     mocks.hetzner_placement_groups = [("shop-dev-web-fsn1-1", {"hk3s-cluster": "shop", "hk3s-stack": "dev"})]
     assert len(_run(_config(ssh_key_file, [{"name": "web", "count": 1}]), mocks).of_type(PLACEMENT_GROUP)) == 1
+
+
+def test_lowering_a_count_leaves_the_dropped_workers_to_the_roster_which_their_peers_wait_for(
+    ssh_key_file: Path,
+) -> None:
+    """Scale-down goes through the remove path: the roster's list loses the highest number (or the
+    retired one) and its removal runs in the roster's update (providers.worker_roster), which every
+    staying worker's firewall and join waits for. The leaving worker's own server is no longer in
+    the program, so the engine deletes it after the run's updates: after its removal."""
+    roster_of: dict[int, Recording] = {}
+    for count in (3, 2):
+        roster_of[count] = _run(_config(ssh_key_file, [{"name": "web", "count": count}]))
+    before, after = roster_of[3].by_name("workers"), roster_of[2].by_name("workers")
+    assert before.inputs["workers"] == ["web-1", "web-2", "web-3"]
+    assert after.inputs["workers"] == ["web-1", "web-2"]
+    # The roster records how to log in to each node (the key as a secret) so a leaving worker
+    # can still be reached once it is no longer in the settings.
+    assert {m["node"] for m in before.inputs["members"]} == {"web-1", "web-2", "web-3"}
+    assert before.inputs["server"]["node"] == "srv" and before.is_secret("private_key")
+    assert {r.name for r in roster_of[2].of_type(SERVER)} == {"srv", "web-1", "web-2"}
+    for name in ("web-1-firewall", "web-2-firewall", "web-1-join", "web-2-join", "srv-firewall"):
+        assert after.urn in roster_of[2].by_name(name).dependencies, name
+    retired = _run(_config(ssh_key_file, [{"name": "web", "count": 2, "retire": [2]}])).by_name("workers")
+    assert retired.inputs["workers"] == ["web-1", "web-3"]

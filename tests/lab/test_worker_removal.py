@@ -56,7 +56,14 @@ class Cluster:
     w2: Host
 
     def config(self, workers: list[Host]) -> dict[str, object]:
-        return base_config(self.lab, self.server, workers, firewall={"managed": True})
+        """rm-worker-2 is an existing host in the pool `edge`: removing a pool's member is the
+        same removal."""
+        config = base_config(self.lab, self.server, workers, firewall={"managed": True})
+        for entry in config["workers"]:
+            if entry["name"] == "rm-worker-2":
+                entry["pool"] = "edge"
+        config["worker_pools"] = [{"name": "edge", "count": 0, "labels": {"pool": "edge"}}]
+        return config
 
     def rules(self) -> dict[str, str]:
         return {
@@ -76,6 +83,8 @@ def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clus
     # Peers reach the kubelet and the API through the program's nftables rules.
     assert reachable(w1, w2, 10250) and reachable(server, w2, 10250) and reachable(w2, server, 6443)
     assert reachable(w2, w1, 10250)
+    labels = json.loads(server.run([K3S, "kubectl", "get", "node", "rm-worker-2", "-o", "json"]).stdout)
+    assert labels["metadata"]["labels"].get("pool") == "edge"
     yield cluster
 
 
@@ -96,6 +105,9 @@ def test_dropping_a_worker_that_does_not_answer_is_refused_before_any_firewall_c
         # Nothing of the run started: no firewall was touched, the worker is still a peer everywhere.
         assert cluster.rules() == rules_before
         assert "rm-worker-2" in node_names(cluster.server)
+        cluster.w2.power_on(wait=True)
+        # Back on, it is still a peer everywhere: the ports are open to it for real.
+        assert reachable(cluster.w2, cluster.server, 6443) and reachable(cluster.w2, cluster.w1, 10250)
     finally:
         cluster.stack.write_config(cluster.config([cluster.w1, cluster.w2]))
         cluster.w2.power_on(wait=True)
