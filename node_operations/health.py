@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from host_scripts import script_path
 from node_operations.k3s_install import parse_results
+from remote_access.kube import ClusterApi, NodeStatus
 from remote_access.ssh import SshError, SshTarget, open_session
 
 HEALTH_DEADLINE_SECONDS = 60.0
@@ -93,3 +94,24 @@ async def check_host(target: SshTarget) -> HostHealth:
 async def check_hosts(targets: Sequence[SshTarget]) -> list[HostHealth]:
     """Every node at once; one that cannot be reached is named, not fatal."""
     return list(await asyncio.gather(*(check_host(target) for target in targets)))
+
+
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+
+
+def live_state(node: NodeStatus | None) -> str:
+    """A node's state as the cluster sees it now: `OutOfService` (fenced: Kubernetes' out-of-service
+    taint, never counted as Ready), else `Ready` or `NotReady`, with `,cordoned` when it takes no new
+    pods; `missing` when the cluster has no such Node."""
+    if node is None:
+        return "missing"
+    if node.has_taint(OUT_OF_SERVICE_TAINT):
+        return "OutOfService"
+    state = "Ready" if node.ready else "NotReady"
+    return f"{state},cordoned" if node.unschedulable else state
+
+
+async def read_nodes(server: SshTarget, api_wait: float) -> dict[str, NodeStatus]:
+    """Every Node the cluster has, by name, read through the server (read-only)."""
+    async with open_session(server) as session:
+        return {node.name: node for node in await ClusterApi(session, api_wait=api_wait).nodes()}

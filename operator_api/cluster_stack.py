@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import tempfile
 from collections import deque
@@ -39,6 +40,7 @@ from pulumi import automation as auto
 
 from cluster_settings import SettingProblem
 from node_operations.health import check_hosts as check_hosts_of
+from node_operations.health import live_state, read_nodes
 from node_operations.reboot import (
     DRAIN_TIMEOUT_SECONDS,
     READY_TIMEOUT_SECONDS,
@@ -143,12 +145,36 @@ class ClusterStack:
         """The stack file as it is now."""
         return self.file.document()
 
-    def nodes(self) -> list[Node]:
-        """Every node the last `up` recorded in the stack's `nodes` output (empty before the first)."""
+    def nodes(self, *, live: bool = False) -> list[Node]:
+        """Every node the last `up` recorded in the stack's `nodes` output (empty before the first).
+        With `live`, each node's `state` and `k3s_version` are read from the cluster now (through
+        the server, read-only): `Ready`, `NotReady`, `OutOfService`, with `,cordoned`, or `missing`;
+        the recorded state stays in `recorded_state`. When the server cannot be asked, the nodes
+        keep their recorded states and `live_error` says why."""
         stack = self._existing_stack()
         outputs = stack.outputs() if stack is not None else {}
         value = outputs["nodes"].value if "nodes" in outputs else []
-        return [Node.from_output(item) for item in value or []]
+        nodes = [Node.from_output(item) for item in value or []]
+        if not live or stack is None or not nodes:
+            return nodes
+        settings = self.settings_document().validate("reading the nodes")
+        targets = {target.node: target for target in self._host_targets(Deployment.export(stack))}
+        server = targets.get(settings.server.name)
+        try:
+            if server is None:
+                raise SshError(settings.server.name, "the stack records no login for the server")
+            cluster = asyncio.run(read_nodes(server, settings.cluster.api_wait_seconds))
+        except SshError as error:
+            return [dataclasses.replace(node, live_error=str(error)) for node in nodes]
+        return [
+            dataclasses.replace(
+                node,
+                state=live_state(cluster.get(node.name)),
+                recorded_state=node.state,
+                k3s_version=cluster[node.name].kubelet_version if node.name in cluster else node.k3s_version,
+            )
+            for node in nodes
+        ]
 
     def kubeconfig(self) -> str | None:
         """The cluster's kubeconfig (a Pulumi secret: keep it out of logs)."""

@@ -69,6 +69,10 @@ class Node:
     fenced: bool
     disk: DiskCheck | None = None
     """A worker's last disk probe; None for the server and for a worker with holds_copies: false."""
+    recorded_state: str | None = None
+    """With `nodes(live=True)`: the state the last run recorded (`state` is then the cluster's now)."""
+    live_error: str | None = None
+    """With `nodes(live=True)`: why the cluster could not be asked (`state` is then the recorded one)."""
 
     @classmethod
     def from_output(cls, data: Mapping[str, Any]) -> Node:

@@ -96,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--private-address", help="the host's address on the private network")
     add.add_argument("--no-copies", action="store_true", help="the worker holds no volume copies")
     add.add_argument("--label", type=_label, action="append", default=[], metavar="KEY=VALUE")
-    node_commands.add_parser("list", parents=[common], help="every node, from the stack outputs")
+    node_commands.add_parser(
+        "list", parents=[common], help="every node, from the stack outputs, with its state in the cluster now"
+    )
     fence = node_commands.add_parser("fence", parents=[common], help="fence a dead worker")
     fence.add_argument("name")
     fence.add_argument("--powered-off", action="store_true", help="the host is off and stays off")
@@ -390,8 +392,10 @@ def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack)
         )
     elif args.command == "node":
         if args.node_command == "list":
-            nodes = stack.nodes()
+            nodes = stack.nodes(live=True)
             notes = disk_notes(nodes)
+            if nodes and nodes[0].live_error:
+                notes.append(f"STATE is the last run's: the cluster could not be asked ({nodes[0].live_error})")
             console.result([node.to_dict() for node in nodes], "\n".join([nodes_table(nodes), *notes]))
             return EXIT_OK
         if args.node_command == "reboot":

@@ -155,13 +155,22 @@ def test_cli_adds_a_worker_and_node_list_json_matches_the_api(cluster: Cluster) 
     cluster.record(f"node add {w2.name} --address {w2.public_ip} --no-copies --label tier=batch", run)
     listed = cluster.hk3s("node", "list", "--json")
     assert listed.returncode == 0, listed.stderr
-    api_nodes = cluster.api().nodes()
+    api_nodes = cluster.api().nodes(live=True)
     assert json.loads(listed.stdout) == [node.to_dict() for node in api_nodes]
-    assert {n.name: n.state for n in api_nodes}[w2.name] == "ready"
+    # The state read from the cluster now, beside the one the last run recorded.
+    assert {n.name: (n.state, n.recorded_state) for n in api_nodes}[w2.name] == ("Ready", "ready")
+    assert {n.name: n.state for n in cluster.api().nodes()}[w2.name] == "ready"
     assert cluster.ready(w2.name)
     assert cluster.kubectl_json("get", "node", w2.name)["metadata"]["labels"]["tier"] == "batch"
-    table = cluster.hk3s("node", "list")
-    assert table.returncode == 0 and w2.name in table.stdout and "ready" in table.stdout
+    # Cordoned by hand: the list says so at once, with no run in between.
+    cluster.server.run([K3S, "kubectl", "cordon", w2.name])
+    try:
+        table = cluster.hk3s("node", "list")
+    finally:
+        cluster.server.run([K3S, "kubectl", "uncordon", w2.name])
+    assert table.returncode == 0 and w2.name in table.stdout, table.stderr[-3000:]
+    row = next(line.split() for line in table.stdout.splitlines() if line.startswith(w2.name))
+    assert row[2] == "Ready,cordoned", table.stdout
     cluster.record("node list", table)
     status = cluster.hk3s("status")
     assert status.returncode == 0, status.stderr

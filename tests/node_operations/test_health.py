@@ -3,7 +3,8 @@ script itself runs on lab hosts in tests/lab/test_teardown.py)."""
 
 from __future__ import annotations
 
-from node_operations.health import judge
+from node_operations.health import judge, live_state
+from remote_access.kube import NodeStatus, Taint
 
 NOW = 1_800_000_000
 HEALTHY = {
@@ -44,3 +45,21 @@ def test_a_node_without_k3s_or_facts_says_so() -> None:
     health = judge("w2", {"time_synced": "unknown", "now_epoch": str(NOW)})
     assert health.warnings == ("w2: no k3s unit is installed (neither k3s nor k3s-agent)",)
     assert health.time_synced is None and health.cert_expires_in_days is None
+
+
+def _node(ready: bool, *, cordoned: bool = False, taints: list[Taint] | None = None) -> NodeStatus:
+    return NodeStatus(name="w1", ready=ready, unschedulable=cordoned, taints=taints or [])
+
+
+def test_the_live_state_names_ready_notready_cordoned_outofservice_and_missing() -> None:
+    assert live_state(_node(True)) == "Ready"
+    assert live_state(_node(False)) == "NotReady"
+    assert live_state(_node(True, cordoned=True)) == "Ready,cordoned"
+    assert live_state(_node(False, cordoned=True)) == "NotReady,cordoned"
+    # A fenced node never counts as Ready, whatever its condition says.
+    fenced = [Taint("node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute")]
+    assert live_state(_node(True, taints=fenced)) == "OutOfService"
+    assert live_state(_node(False, cordoned=True, taints=fenced)) == "OutOfService"
+    # Another taint with the same effect is not a fence.
+    assert live_state(_node(True, taints=[Taint("dedicated", "web", "NoExecute")])) == "Ready"
+    assert live_state(None) == "missing"

@@ -190,6 +190,8 @@ def test_node_table_and_json_come_from_the_same_nodes() -> None:
         "holds_copies": False,
         "fenced": False,
         "disk": None,
+        "recorded_state": None,
+        "live_error": None,
     }
     lines = nodes_table(nodes).splitlines()
     assert lines[0].split() == [
