@@ -137,6 +137,16 @@ class ClusterSettings(StrictModel):
         "deletes the stack's Hetzner resources, lifting protect_control_plane; no volume's data is moved or kept.",
     )
 
+    # Kubernetes' documented upgrade procedure drains a node before its kubelet moves to a new
+    # minor release (kubelet state such as the pod and CPU manager files may not carry over); a
+    # patch release only swaps the binary. True keeps to that procedure at the cost of moving pods.
+    drain_on_minor_upgrade: bool = Field(
+        True,
+        description="A k3s_version change to a new minor release cordons and drains each worker before its "
+        "agent moves (PodDisruptionBudgets respected), and uncordons it once Ready at the new version. False: "
+        "workers move in place, pods running, as for a patch release (which never drains).",
+    )
+
     protect_control_plane: bool = Field(
         True,
         description="Protect the Hetzner server of the control plane, the private network and its subnet: "

@@ -17,6 +17,7 @@ from components.private_network import PrivateNetwork
 from components.provider_shards import OperationShards
 from providers.inputs import K3sRelease
 from providers.k3s_server import K3sServer, K3sServerInputs
+from providers.k3s_upgrade import K3sUpgrade, K3sUpgradeInputs, UpgradedWorker
 from providers.network_plan import NetworkPlan, NetworkPlanInputs, PlanHost
 from providers.node_access_check import NodeAccessCheck, NodeAccessCheckInputs, RecordedHost
 
@@ -183,6 +184,34 @@ class ClusterServer(pulumi.ComponentResource):
             ),
             opts=self.endpoint.options(self, [self.k3s, *(worker.probe for worker in workers)]),
         )
+
+    def upgrade_workers(self, workers: Sequence[NodeEndpoint]) -> K3sUpgrade:
+        """After k3s on the server, before any join: the joined workers moved to the server's
+        release one at a time when it changed (providers.k3s_upgrade). `worker_version` is the
+        release the workers join and run at, known once they all run it."""
+        cluster = self._args.settings.cluster
+        upgrade = K3sUpgrade(
+            "k3s-upgrade",
+            K3sUpgradeInputs(
+                login=self.endpoint.login(self._args.credentials),
+                k3s=k3s_release(cluster, self.version),
+                target_version=cluster.k3s_version,
+                workers=[
+                    UpgradedWorker(
+                        node=worker.name,
+                        address=worker.ssh_address,
+                        ssh_port=worker.ssh_port,
+                        recorded_host_key=worker.probe.host_key,
+                    )
+                    for worker in workers
+                ],
+                drain_on_minor_upgrade=cluster.drain_on_minor_upgrade,
+                api_wait_seconds=cluster.api_wait_seconds,
+            ),
+            opts=self.endpoint.options(self, [self.k3s, *(worker.probe for worker in workers)]),
+        )
+        self.worker_version = upgrade.version
+        return upgrade
 
     def install_k3s(self, after: Sequence[pulumi.Resource]) -> None:
         """Install or adopt k3s once the resources in `after` (the firewalls) exist."""

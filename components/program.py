@@ -186,6 +186,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
     )
     server.install_k3s(after=firewall.in_place())
     node_access = server.check_node_access([worker.endpoint for worker in workers])
+    server.upgrade_workers([worker.endpoint for worker in workers])
     for worker in workers:
         worker.join(
             server,

@@ -180,7 +180,8 @@ class WorkerNode(pulumi.ComponentResource):
             server_firewall_managed=server.endpoint.firewall_managed,
             server_url=server_address.apply(lambda address: f"https://{address}:{KUBE_API_PORT}"),
             ca_hash=server.ca_hash,
-            k3s=k3s_release(settings.cluster, server.version),
+            # The release the workers run: known once every joined worker runs it (K3sUpgrade).
+            k3s=k3s_release(settings.cluster, server.worker_version),
             # Checked against the host's own firewall when the operator runs it.
             operator_firewall_rules=None if self.endpoint.firewall_managed else firewall_rules,
             recorded_nodes=sorted([settings.server.name, *(w.name for w in settings.all_workers())]),

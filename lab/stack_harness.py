@@ -58,12 +58,13 @@ def up_or_fail(stack: LabStack) -> auto.UpResult:
         pytest.fail(f"pulumi up failed:\n{stack.text()[-6000:]}\n{error}")
 
 
-def k3s_snapshot() -> tuple[Path, str]:
-    """The k3s binary as a file that cannot change under a running test (a rebuild
-    replaces bin/k3s); named by its SHA-256."""
+def k3s_snapshot(name: str = "k3s") -> tuple[Path, str]:
+    """The k3s binary (`name`: k3s, or the stand-in stamped as the next release, k3s-patch or
+    k3s-minor) as a file that cannot change under a running test (a rebuild replaces bin/k3s);
+    named by its SHA-256."""
     import hashlib  # noqa: PLC0415
 
-    data = (BIN / "k3s").read_bytes()
+    data = (BIN / name).read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     path = Path("/var/tmp") / f"hk3s-lab-k3s-{digest[:16]}"
     if not path.exists():
@@ -72,9 +73,15 @@ def k3s_snapshot() -> tuple[Path, str]:
     return path, digest
 
 
-def k3s_version() -> str:
-    out = subprocess.run([str(k3s_snapshot()[0]), "--version"], capture_output=True, text=True, check=True).stdout
+def k3s_version(name: str = "k3s") -> str:
+    out = subprocess.run([str(k3s_snapshot(name)[0]), "--version"], capture_output=True, text=True, check=True).stdout
     return out.split()[2]
+
+
+def k3s_release(name: str = "k3s") -> dict[str, str]:
+    """hk3s:cluster's k3s settings for the stand-in binary `name` (see `k3s_snapshot`)."""
+    binary, sha256 = k3s_snapshot(name)
+    return {"k3s_version": k3s_version(name), "k3s_binary": str(binary), "k3s_sha256": sha256}
 
 
 def server_spec(name: str, **overrides: Any) -> HostSpec:

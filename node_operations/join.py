@@ -369,10 +369,9 @@ class Joiner:
                 await self.cluster.delete_token(token_id)
 
     async def _grant_permit(self) -> None:
-        granted = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        await self.cluster.patch_merge(
-            "configmap", PERMITS_CONFIGMAP, "kube-system", {"data": {self.spec.node: granted}}
-        )
+        # The server's own kubelet is a node too, registered before the policy existed, and it
+        # creates its Node at every k3s start (an upgrade, a config change): it holds a permit as well.
+        await grant_join_permits(self.cluster, (self.spec.node, self.server.target.node))
 
     async def _revoke_permit(self) -> None:
         await self.cluster.patch_merge("configmap", PERMITS_CONFIGMAP, "kube-system", {"data": {self.spec.node: None}})
@@ -587,6 +586,12 @@ async def joined_host_changed(worker: SshTarget, machine_id: str) -> str | None:
     if agent != "agent":
         return f"the host at {worker.address} no longer has the k3s agent it joined with ({K3S_BIN}, {AGENT_UNIT})"
     return None
+
+
+async def grant_join_permits(cluster: ClusterApi, nodes: Sequence[str]) -> None:
+    """Grant `nodes` their join permit (see the module docstring); idempotent."""
+    granted = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    await cluster.patch_merge("configmap", PERMITS_CONFIGMAP, "kube-system", {"data": dict.fromkeys(nodes, granted)})
 
 
 async def read_node(server: SshTarget, node: str, api_wait: float = API_WAIT_SECONDS) -> NodeStatus | None:

@@ -221,17 +221,19 @@ async def install_k3s(
     session: SshSession,
     role: Literal["server", "agent"],
     binary: K3sBinary,
-    config_text: str,
+    config_text: str | None,
     progress: Progress,
 ) -> dict[str, str]:
-    """Upload what is needed and run k3s_install.sh; returns its results."""
+    """Upload what is needed and run k3s_install.sh; returns its results. `config_text` None
+    keeps the host's config as it is (an upgrade swaps the binary alone)."""
     want_sha = binary.local_sha256()
     await session.run(["mkdir", "-p", "/etc/rancher/k3s"], deadline=30)
     if binary.local_path is not None and want_sha is not None and await remote_sha256(session, K3S_BIN) != want_sha:
         packed = _gzipped(binary.local_path, want_sha)
         progress(f"uploading k3s {binary.version} ({len(packed) // 1_000_000} MB gzipped)")
         await session.upload(packed, f"{K3S_BIN}.hk3s-upload.gz", deadline=INSTALL_DEADLINE_SECONDS, mode=0o644)
-    await session.upload(config_text.encode(), f"{CONFIG_PATH}.hk3s-new", deadline=60, mode=0o600)
+    if config_text is not None:
+        await session.upload(config_text.encode(), f"{CONFIG_PATH}.hk3s-new", deadline=60, mode=0o600)
     result = await session.run_script(
         script_path("k3s_install.sh"),
         [role, binary.version, want_sha or "-"],

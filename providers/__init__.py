@@ -5,6 +5,7 @@ from providers.disk_probe import DiskProbe, DiskProbeProvider
 from providers.host_firewall import HostFirewall, HostFirewallProvider
 from providers.host_probe import HostProbe, HostProbeProvider
 from providers.k3s_server import K3sServer, K3sServerProvider
+from providers.k3s_upgrade import K3sUpgrade, K3sUpgradeProvider
 from providers.login_key import NodeLoginKey, NodeLoginKeyProvider, RetiredLoginKeys, RetiredLoginKeysProvider
 from providers.network_plan import NetworkPlan, NetworkPlanProvider
 from providers.network_ranges import NetworkRanges, NetworkRangesProvider
@@ -18,6 +19,7 @@ ALL_PROVIDERS = (
     HostFirewallProvider,
     HostProbeProvider,
     K3sServerProvider,
+    K3sUpgradeProvider,
     NetworkPlanProvider,
     NetworkRangesProvider,
     NodeFenceProvider,
@@ -33,6 +35,7 @@ __all__ = [
     "HostFirewall",
     "HostProbe",
     "K3sServer",
+    "K3sUpgrade",
     "NetworkPlan",
     "NetworkRanges",
     "NodeFence",

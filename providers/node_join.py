@@ -37,7 +37,7 @@ from providers.base import (
 )
 from providers.inputs import K3sRelease, NodeInputs, NodeLogin, flat, known
 from remote_access.kube import API_WAIT_SECONDS, Taint
-from remote_access.ssh import SshTarget
+from remote_access.ssh import SshError, SshTarget
 
 NETWORK_MODES = ("auto", "private", "public")
 
@@ -116,6 +116,8 @@ def other_node(login: NodeLogin, node: Any, address: Any, port: Any, host_key: A
 
 # A joined worker's inputs that the API sets without a rejoin.
 METADATA_INPUTS = NodeJoinInputs.names("labels", "taints")
+# A joined worker's inputs that K3sUpgrade moves, without a rejoin.
+RELEASE_INPUTS = NodeJoinInputs.names("k3s_version", "k3s_binary", "k3s_sha256")
 
 
 class NodeJoinProvider(NodeProvider):
@@ -234,6 +236,8 @@ class NodeJoinProvider(NodeProvider):
         return CreateResult(id_=f"{props['node']}-join", outs=self._join(props))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        if self._release_only(id_, olds, news):
+            return UpdateResult(outs=self._record_release(olds, news))
         if self._metadata_only(id_, olds, news):
             return UpdateResult(outs=self._update_metadata(olds, news))
         # A rejoin: cordoned for the checks, running pods untouched, uncordoned after.
@@ -250,6 +254,34 @@ class NodeJoinProvider(NodeProvider):
         # A login key rotated in the same run is stored either way (state only).
         kept = {**news, **{key: olds.get(key) for key in (*METADATA_INPUTS, *STATE_ONLY_INPUTS) if key in olds}}
         return not self.diff(id_, dict(olds), kept).changes
+
+    def _release_only(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> bool:
+        """Whether the k3s release is all that changed on a joined worker: K3sUpgrade, which
+        every NodeJoin comes after, has moved it already (binary swapped, agent restarted, Ready at
+        the release: that is an upgrade). A rejoin would repeat the checks of a new node for a node
+        that is not new, and restart its agent a second time."""
+        if not olds.get("state") or olds.get("k3s_version") == news.get("k3s_version"):
+            return False
+        kept = {**news, **{key: olds.get(key) for key in RELEASE_INPUTS if key in olds}}
+        return not self.diff(id_, dict(olds), kept).changes
+
+    def _record_release(self, olds: dict[str, Any], news: dict[str, Any]) -> dict[str, Any]:
+        """The release the worker's Node runs, as the upgrade left it; one that does not is an error."""
+        inputs = NodeJoinInputs.from_props(news)
+        node, version = str(known(inputs.login.node)), str(known(inputs.k3s.k3s_version))
+        wait = float(known(inputs.api_wait_seconds) or API_WAIT_SECONDS)
+        status = run_operation(read_node(inputs.server(), node, wait))
+        if status is None or status.kubelet_version != version:
+            running = status.kubelet_version if status is not None else "no Node"
+            raise SshError(
+                node,
+                f"runs {running}, not the release {version} the upgrade (k3s-upgrade) reported; run up again, "
+                "which finishes the upgrade",
+            )
+        progress(node, f"runs {version} (upgraded in place, no rejoin)")
+        outs = dict(olds)
+        outs.update({key: value for key, value in news.items() if value is not None and key != "__provider"})
+        return {**outs, "k3s_version_in_use": version, "state": "ready" if status.ready else "not-ready"}
 
     def _update_metadata(self, olds: dict[str, Any], news: dict[str, Any]) -> dict[str, Any]:
         node = str(news["node"])

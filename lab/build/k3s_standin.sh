@@ -2,6 +2,10 @@
 # Build the lab's k3s stand-in (lab/k3s_standin, LAB ONLY: never shipped) into
 #   "$HK3S_LAB_CACHE/bin/k3s"          static binary (CGO_ENABLED=0)
 #   "$HK3S_LAB_CACHE/bin/k3s.sha256"   "<sha256>  k3s", as k3s's sha256sum files list it
+#   "$HK3S_LAB_CACHE/bin/k3s-patch", "k3s-minor" (and their .sha256): the same sources
+#       stamped with the next patch release (v1.<minor>.<patch+1>+k3s1) and the next minor
+#       release (v1.<minor+1>.0+k3s1), for the lab's upgrade tests. Only the version string
+#       differs (the control plane stays kube.sh's); the link reuses the first build's cache.
 # (HK3S_LAB_CACHE defaults to /var/cache/hk3s-lab), outside the repository.
 #
 # The stand-in reports the k3s version v<Kubernetes release>+k3s1, where the
@@ -46,6 +50,9 @@ minor=${KUBE_VERSION#v1.}
 minor=${minor%%.*}
 (( minor >= 30 )) || die "kube.sh pins $KUBE_VERSION, below the product's k3s floor v1.30.0"
 readonly K3S_VERSION="${KUBE_VERSION}+k3s1"
+patch=${KUBE_VERSION##*.}
+readonly PATCH_VERSION="v1.${minor}.$((patch + 1))+k3s1"
+readonly MINOR_VERSION="v1.$((minor + 1)).0+k3s1"
 readonly STAGING_VERSION="v0.${KUBE_VERSION#v1.}"
 
 # Every k8s.io module the stand-in requires directly must be at kube.sh's release.
@@ -74,39 +81,60 @@ readonly SRC_HASH
 readonly GIT_COMMIT=${SRC_HASH:0:8}
 
 stamp_content() {
-  printf 'source=%s\nk3s=%s\nkubernetes=%s\ngo=%s\nrecipe=%s\n' \
-    "$SRC_HASH" "$K3S_VERSION" "$KUBE_VERSION" "$GO_VERSION" "$RECIPE"
+  printf 'source=%s\nk3s=%s %s %s\nkubernetes=%s\ngo=%s\nrecipe=%s\n' \
+    "$SRC_HASH" "$K3S_VERSION" "$PATCH_VERSION" "$MINOR_VERSION" "$KUBE_VERSION" "$GO_VERSION" "$RECIPE"
 }
 
 mkdir -p "$BIN"
 lock_build k3s-standin
 
+# The binaries: file name and the version it is stamped with.
+readonly STAMPED=("k3s $K3S_VERSION" "k3s-patch $PATCH_VERSION" "k3s-minor $MINOR_VERSION")
+
 up_to_date() {
-  [[ -x $OUT && -f $SUMFILE ]] || return 1
+  local entry name
   stamp_current "$STAMP" || return 1
-  [[ "$(cut -d' ' -f1 "$SUMFILE")" == "$(sha256sum "$OUT" | cut -c1-64)" ]]
+  for entry in "${STAMPED[@]}"; do
+    name=${entry%% *}
+    [[ -x $BIN/$name && -f $BIN/$name.sha256 ]] || return 1
+    [[ "$(cut -d' ' -f1 "$BIN/$name.sha256")" == "$(sha256sum "$BIN/$name" | cut -c1-64)" ]] || return 1
+  done
+}
+
+# link NAME VERSION: the stand-in stamped with VERSION, as $BIN/NAME and its sha256 file.
+link() {
+  local name=$1 stamped=$2
+  log "go build k3s stand-in $stamped ($GIT_COMMIT) as $name ..."
+  TMPOUT=$(mktemp "$BIN/.k3s.XXXXXX")
+  (cd "$SRC" && go build -trimpath \
+    -ldflags "-s -w -X main.version=$stamped -X main.gitCommit=$GIT_COMMIT" \
+    -o "$TMPOUT" .)
+  chmod 0755 "$TMPOUT"
+  mv -f "$TMPOUT" "$BIN/$name"
+  TMPOUT=""
+  printf '%s  %s\n' "$(sha256sum "$BIN/$name" | cut -c1-64)" "$name" >"$BIN/$name.sha256"
 }
 
 build() {
-  local t0
+  local t0 entry
   t0=$(date +%s)
-  TMPOUT=$(mktemp "$BIN/.k3s.XXXXXX")
   log "unit tests (go test also runs go vet's core checks) ..."
   (cd "$SRC" && go test -trimpath -count=1 .)  # -trimpath: shares compiled deps with the build
-  log "go build k3s stand-in $K3S_VERSION ($GIT_COMMIT) ..."
-  (cd "$SRC" && go build -trimpath \
-    -ldflags "-s -w -X main.version=$K3S_VERSION -X main.gitCommit=$GIT_COMMIT" \
-    -o "$TMPOUT" .)
-  chmod 0755 "$TMPOUT"
-  mv -f "$TMPOUT" "$OUT"
-  TMPOUT=""
-  printf '%s  k3s\n' "$(sha256sum "$OUT" | cut -c1-64)" >"$SUMFILE"
+  for entry in "${STAMPED[@]}"; do
+    link "${entry%% *}" "${entry#* }"
+  done
   stamp_content >"$STAMP"
   log "built $OUT in $(( $(date +%s) - t0 ))s"
 }
 
 verify() {
-  local out want
+  local out want entry
+  for entry in "${STAMPED[@]:1}"; do
+    out=$("$BIN/${entry%% *}" --version) || die "$BIN/${entry%% *} --version failed"
+    want="k3s version ${entry#* } ($GIT_COMMIT)"
+    [[ $(head -n1 <<<"$out") == "$want" ]] || die "$BIN/${entry%% *} reports '$(head -n1 <<<"$out")', want '$want'"
+    (cd "$BIN" && sha256sum --check --status "${entry%% *}.sha256") || die "${entry%% *}.sha256 does not match"
+  done
   out=$("$OUT" --version) || die "$OUT --version failed"
   want="k3s version $K3S_VERSION ($GIT_COMMIT)"
   [[ $(head -n1 <<<"$out") == "$want" ]] || die "$OUT reports '$(head -n1 <<<"$out")', want '$want'"

@@ -224,6 +224,8 @@ class ClusterMocks(pulumi.runtime.Mocks):
                 kubeconfig="apiVersion: v1\n# secret",
                 api_endpoint="https://10.0.1.2:6443",
             )
+        elif args.typ.endswith("hk3s:K3sUpgrade"):
+            outputs.update(version=args.inputs["k3s_version"], upgraded=[])
         elif args.typ.endswith("hk3s:NetworkPlan"):
             # Stands in for the routing-table decision (node_operations.network_mode, tested on
             # its own and in the lab): private uses each node's private address where it has one.

@@ -112,6 +112,22 @@ def test_dependencies_order_the_join(graph: Recording) -> None:
     assert graph.urn_of("srv-k3s") in set(graph.by_name("storage-kubernetes").dependencies)
 
 
+def test_the_workers_upgrade_in_order_after_the_server_and_before_any_join(graph: Recording) -> None:
+    """One K3sUpgrade after the server's k3s moves the joined workers in the stack's order; every
+    join takes its k3s version from it (so it comes after), and it waits for no join."""
+    upgrade = graph.by_name("k3s-upgrade")
+    assert upgrade.parent.endswith("ClusterServer::srv")
+    assert [worker["node"] for worker in upgrade.inputs["workers"]] == ["w1", "w2", "metal"]
+    assert upgrade.inputs["target_version"] == "v1.31.4+k3s1"
+    assert upgrade.inputs["drain_on_minor_upgrade"] is True
+    assert graph.urn_of("srv-k3s") in set(upgrade.dependencies)
+    assert not {graph.urn_of(f"{name}-join") for name in ("w1", "w2", "metal")} & set(upgrade.dependencies)
+    for name in ("w1", "w2", "metal"):
+        join = graph.by_name(f"{name}-join")
+        assert graph.urn_of("k3s-upgrade") in set(join.dependencies), name
+        assert join.inputs["k3s_version"] == "v1.31.4+k3s1"
+
+
 def test_cloud_firewall_ports_and_sources(graph: Recording) -> None:
     public = {name: f"{fake_ipv4(name)}/32" for name in ("srv", "w1", "w2")}
     public["metal"] = f"{METAL_ADDRESS}/32"

@@ -16,7 +16,16 @@ import pytest
 from pulumi import automation as auto
 
 from lab.hosts import Host, Lab
-from lab.stack_harness import LabStack, base_config, run_cli, server_spec, skip_without_lab_binaries, worker_spec
+from lab.hosts.errors import LabError
+from lab.stack_harness import (
+    LabStack,
+    base_config,
+    k3s_release,
+    run_cli,
+    server_spec,
+    skip_without_lab_binaries,
+    worker_spec,
+)
 
 pytestmark = pytest.mark.lab
 K3S = "/usr/local/bin/k3s"
@@ -33,9 +42,12 @@ class Cluster:
     # jn-worker-2 is an existing host in the pool "web", whose taints it takes.
     pool_taints: tuple[str, ...] = ("dedicated=web:NoSchedule",)
     registry: str | None = None
+    # hk3s:cluster's k3s settings when a test moved the cluster to another stand-in release.
+    release: dict[str, str] | None = None
 
     def config(self, workers: list[Host], labels: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
         config = base_config(self.lab, self.server, workers)
+        config["cluster"].update(self.release or {})
         for worker in config["workers"]:
             worker["labels"] = (labels or {}).get(worker["name"], {})
             if worker["name"] == "jn-worker-2":
@@ -320,3 +332,177 @@ def test_join_resumes_after_sigkill_at_each_phase(cluster: Cluster) -> None:
     assert "[jn-worker-3] binary unchanged" in final.output
     longhorn_installs = sum(o.count("[jn-worker-3] longhorn-packages applied") for o in [*outputs, final.output])
     assert longhorn_installs <= 1
+
+
+WORKERS = ("jn-worker-1", "jn-worker-2", "jn-worker-3")
+NODES = ("jn-server", *WORKERS)
+# A systemd drop-in that keeps the agent from starting: a host whose agent cannot come back.
+BROKEN_AGENT = "/etc/systemd/system/k3s-agent.service.d/lab-broken.conf"
+SLOW_AGENT = "/etc/systemd/system/k3s-agent.service.d/lab-slow.conf"
+
+
+class NodeWatcher:
+    """Polls every Node during a run: (seconds, name, kubelet version, Ready, cordoned) per sight."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.sights: list[tuple[float, str, str, bool, bool]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        started = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                nodes = self.cluster.kubectl_json("get", "nodes")["items"]
+            except LabError:  # the API is away while k3s restarts on the server
+                time.sleep(0.3)
+                continue
+            for node in nodes:
+                self.sights.append(
+                    (
+                        time.monotonic() - started,
+                        node["metadata"]["name"],
+                        node["status"]["nodeInfo"]["kubeletVersion"],
+                        ready(node),
+                        bool(node["spec"].get("unschedulable")),
+                    )
+                )
+            time.sleep(0.3)
+
+    def __enter__(self) -> NodeWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def first_at(self, name: str, version: str) -> float | None:
+        """When `name` was first seen Ready at `version`."""
+        return next((t for t, n, v, r, _ in self.sights if n == name and v == version and r), None)
+
+    def cordoned(self, name: str) -> list[float]:
+        return [t for t, n, _, _, c in self.sights if n == name and c]
+
+
+def _agent_starts(host: Host, version: str) -> int:
+    """How often the host's agent started at `version` (the stand-in logs each start, as k3s does)."""
+    log = host.run(["journalctl", "-u", "k3s-agent", "--no-pager", "-o", "cat"]).stdout
+    return log.count(f"Starting k3s agent {version}")
+
+
+def _versions(cluster: Cluster) -> dict[str, str]:
+    return {name: cluster.node(name)["status"]["nodeInfo"]["kubeletVersion"] for name in NODES}
+
+
+def test_a_worker_that_does_not_come_back_stops_a_patch_upgrade_there(cluster: Cluster) -> None:
+    """Patch upgrade: the server first, then the workers in order, in place (never cordoned);
+    jn-worker-2's agent cannot start on its host, so the run stops there naming it, and
+    jn-worker-3 keeps its agent and release untouched."""
+    skip_without_lab_binaries("k3s-patch", "k3s-minor")
+    old = _versions(cluster)["jn-server"]
+    cluster.release = k3s_release("k3s-patch")
+    new = cluster.release["k3s_version"]
+    cluster.stack.write_config(
+        cluster.config([cluster.w1, cluster.w2, cluster.w3], labels={"jn-worker-1": {"tier": "web"}})
+    )
+    cluster.w2.run(
+        f"mkdir -p {BROKEN_AGENT.rsplit('/', 1)[0]} && printf '[Service]\\nExecStartPre=/bin/false\\n' > {BROKEN_AGENT}"
+        " && systemctl daemon-reload"
+    )
+    w3_agent = cluster.w3.run(["systemctl", "show", "-p", "ExecMainStartTimestamp", "k3s-agent"]).stdout
+    cluster.stack.log.clear()
+    cluster.stack.preview()
+    plan = f"plan: k3s {old} -> {new}: the server first, then one worker at a time"
+    assert (
+        plan in cluster.stack.text() and "jn-worker-1, jn-worker-2, jn-worker-3; each in place" in cluster.stack.text()
+    )
+    cluster.stack.log.clear()
+    with NodeWatcher(cluster) as watcher, pytest.raises(auto.CommandError):
+        cluster.stack.up()
+    text = cluster.stack.text()
+    assert f"jn-worker-2: the upgrade to {new} stopped here: its agent failed 3 times on the new binary" in text, text[
+        -4000:
+    ]
+    assert "the workers after it were not touched" in text
+    versions = _versions(cluster)
+    assert versions["jn-server"] == versions["jn-worker-1"] == new
+    assert versions["jn-worker-3"] == old
+    assert cluster.w3.run(["systemctl", "show", "-p", "ExecMainStartTimestamp", "k3s-agent"]).stdout == w3_agent
+    # The order: the server Ready at the release before the first worker moved; in place.
+    server_at, w1_at = watcher.first_at("jn-server", new), watcher.first_at("jn-worker-1", new)
+    assert server_at is not None and w1_at is not None and server_at < w1_at, watcher.sights[-20:]
+    assert not any(watcher.cordoned(name) for name in WORKERS), "a patch upgrade cordoned a worker"
+    # No rejoin ran for the upgraded worker.
+    assert "[jn-worker-1] preflight" not in text and "[jn-worker-1] validating" not in text
+
+
+def test_an_upgrade_killed_midway_converges_on_the_next_up(cluster: Cluster) -> None:
+    """jn-worker-2's host repaired; an up SIGKILLed just after jn-worker-3's agent restarted on the new
+    binary; the next up finishes: every worker at the release, each agent started on it exactly once."""
+    new = cluster.release["k3s_version"] if cluster.release else ""
+    if not new or _versions(cluster)["jn-worker-1"] != new:
+        pytest.skip("needs the failed patch upgrade of the test before")
+    cluster.w2.run(f"rm -f {BROKEN_AGENT} && systemctl daemon-reload")
+    # jn-worker-3's agent takes 10 s to start (a busy host): the kill lands while the run waits for it.
+    cluster.w3.run(
+        f"mkdir -p {SLOW_AGENT.rsplit('/', 1)[0]} && printf '[Service]\\nExecStartPre=/bin/sleep 10\\n' > {SLOW_AGENT}"
+        " && systemctl daemon-reload"
+    )
+    killed = run_cli(cluster.stack, ["up", "--yes", "--skip-preview"], kill_when="[jn-worker-3] service restarted")
+    assert killed.killed, killed.output[-4000:]
+    assert "[jn-worker-2] resuming the upgrade recorded on its Node" in killed.output
+    assert run_cli(cluster.stack, ["cancel", "--yes"]).returncode == 0
+    refresh = run_cli(cluster.stack, ["refresh", "--yes", "--skip-preview", "--clear-pending-creates"])
+    assert refresh.returncode == 0, refresh.output[-3000:]
+    final = run_cli(cluster.stack, ["up", "--yes", "--skip-preview"])
+    cluster.w3.run(f"rm -f {SLOW_AGENT} && systemctl daemon-reload")
+    assert final.returncode == 0, final.output[-5000:]
+    assert "[jn-worker-3] resuming the upgrade recorded on its Node" in final.output, final.output[-4000:]
+    assert set(_versions(cluster).values()) == {new}
+    hosts = {"jn-worker-1": cluster.w1, "jn-worker-2": cluster.w2, "jn-worker-3": cluster.w3}
+    assert {name: _agent_starts(host, new) for name, host in hosts.items()} == dict.fromkeys(WORKERS, 1)
+    for name in WORKERS:
+        node = cluster.node(name)
+        assert ready(node) and "hk3s.dev/k3s-upgrade" not in (node["metadata"].get("annotations") or {})
+
+
+def test_a_minor_upgrade_drains_one_worker_at_a_time_after_the_server(cluster: Cluster) -> None:
+    """Minor upgrade: the server Ready at the release first; then each worker cordoned, drained,
+    moved and Ready at the release before the next is cordoned; all uncordoned after; no rejoin."""
+    skip_without_lab_binaries("k3s-patch", "k3s-minor")
+    # keep-me (an earlier test's pod) has no controller: a drain would refuse to delete it for good.
+    cluster.server.run([K3S, "kubectl", "delete", "pod", "keep-me", "--ignore-not-found", "--wait=false", "--force"])
+    cluster.release = k3s_release("k3s-minor")
+    new = cluster.release["k3s_version"]
+    cluster.stack.write_config(
+        cluster.config([cluster.w1, cluster.w2, cluster.w3], labels={"jn-worker-1": {"tier": "web"}})
+    )
+    cluster.stack.log.clear()
+    started = time.monotonic()
+    with NodeWatcher(cluster) as watcher:
+        result = cluster.up()
+    seconds = time.monotonic() - started
+    assert result.summary.result == "succeeded"
+    text = cluster.stack.text()
+    assert "each cordoned and drained first (a minor release; hk3s:cluster.drain_on_minor_upgrade)" in text
+    assert set(_versions(cluster).values()) == {new}
+    server_at = watcher.first_at("jn-server", new)
+    assert server_at is not None
+    previous_done = server_at
+    for name in WORKERS:
+        cordons, at = watcher.cordoned(name), watcher.first_at(name, new)
+        assert cordons and at is not None, (name, watcher.sights[-30:])
+        # Cordoned only after the node before it was Ready at the release, and Ready at it itself after.
+        assert min(cordons) > previous_done and at > min(cordons), (name, watcher.sights)
+        previous_done = at
+    # Never two workers cordoned at one sight.
+    for moment in {t for t, *_ in watcher.sights}:
+        assert sum(1 for t, n, _, _, c in watcher.sights if t == moment and c and n in WORKERS) <= 1
+    for name in WORKERS:
+        node = cluster.node(name)
+        assert ready(node) and not node["spec"].get("unschedulable")
+        assert f"[{name}] runs {new} (upgraded in place, no rejoin)" in text
+        assert f"[{name}] preflight" not in text
+    print(f"minor upgrade of a server and 3 workers: {seconds:.0f} s")

@@ -1,0 +1,312 @@
+"""Upgrading k3s on the workers once the server runs the new release: one worker at a time.
+
+An upgrade is not a rejoin. A joined worker already holds its node certificate, its config
+and its place in every firewall; what changes is the k3s binary. So a worker's upgrade is:
+the new binary (uploaded or downloaded, checksum verified by k3s_install.sh), the agent
+restarted on it with its config untouched, and the Node Ready at the new version. No join
+token, no validation taint, no validation pod: those check a new node, and the node is not new.
+
+The rules, and why:
+- The server first: its Node must be Ready at the new version before any worker moves
+  (Kubernetes' version-skew policy: a kubelet may never be newer than the API server).
+- One worker at a time, in the stack's order, each Ready at the new version before the next
+  moves: a worker that does not come back stops the upgrade there, naming it, and the workers
+  after it keep running the previous release, untouched.
+- A patch release moves in place, pods running. A minor release cordons and drains the
+  worker first (Kubernetes' documented procedure for a kubelet's minor upgrade), unless
+  hk3s:cluster.drain_on_minor_upgrade is false; the worker is uncordoned once Ready at the
+  new version (unless it was cordoned before the upgrade began).
+- Before any worker moves, every worker still to move must be Ready: an upgrade never adds
+  a second node down to one that is down already.
+- A worker's upgrade is recorded on its Node (an annotation) before anything changes, so an
+  interrupted run (a SIGKILL) is resumed by the next one: a worker already at the new version
+  is never moved again, one left half-way is finished, none is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from cluster_settings.values import K3S_VERSION
+from node_operations.join import PERMITS_CONFIGMAP, grant_join_permits
+from node_operations.k3s_install import K3sBinary, install_k3s
+from remote_access.kube import ClusterApi, NodeStatus, Repeat
+from remote_access.ssh import RemoteCommandError, SshError, SshSession, SshTarget, open_session
+
+UPGRADE_ANNOTATION = "hk3s.dev/k3s-upgrade"
+AGENT_UNIT = "k3s-agent"
+READY_TIMEOUT_SECONDS = 300.0
+DRAIN_TIMEOUT_SECONDS = 300.0
+POLL_SECONDS = 2.0
+# An agent that systemd restarted this often on the new binary without its Node coming back
+# will not come back by waiting: the upgrade stops at once instead of at the deadline.
+FAILED_STARTS = 3
+
+Progress = Callable[[str], None]
+
+
+class UpgradeStoppedError(SshError):
+    """A worker's upgrade could not finish; the message names the worker, what happened,
+    which workers were left at the previous release, and what to do."""
+
+
+def release_step(old: str, new: str) -> Literal["patch", "minor", "none"]:
+    """How far `new` is from `old`: a new minor release, a patch (or k3s build) of the same
+    minor, or none. Versions that are not k3s releases count as a minor step (the safer one)."""
+    if old == new:
+        return "none"
+    old_match, new_match = K3S_VERSION.match(old), K3S_VERSION.match(new)
+    if not old_match or not new_match:
+        return "minor"
+    return "patch" if old_match.groups()[:2] == new_match.groups()[:2] else "minor"
+
+
+@dataclass(frozen=True)
+class UpgradeReport:
+    """What an upgrade run did, per worker."""
+
+    version: str
+    upgraded: tuple[str, ...]
+    already: tuple[str, ...]
+    not_joined: tuple[str, ...]
+
+    def summary(self) -> str:
+        parts = [f"{len(self.upgraded)} worker(s) moved to {self.version}"]
+        if self.already:
+            parts.append(f"already there: {', '.join(self.already)}")
+        if self.not_joined:
+            parts.append(f"not joined yet (they join at {self.version}): {', '.join(self.not_joined)}")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class UpgradeSettings:
+    """How the workers move."""
+
+    binary: K3sBinary
+    drain_on_minor: bool = True
+    api_wait: float = 120.0
+    ready_timeout: float = READY_TIMEOUT_SECONDS
+    drain_timeout: float = DRAIN_TIMEOUT_SECONDS
+
+
+def _record_of(obj: dict[str, Any]) -> dict[str, Any] | None:
+    text = (obj.get("metadata", {}).get("annotations") or {}).get(UPGRADE_ANNOTATION)
+    return json.loads(text) if text else None
+
+
+class WorkerUpgrade:
+    """One worker's move to the new release (see the module docstring)."""
+
+    def __init__(self, api: ClusterApi, worker: SshTarget, settings: UpgradeSettings, progress: Progress) -> None:
+        self.api, self.worker, self.settings = api, worker, settings
+        self.node, self.version = worker.node, settings.binary.version
+        self.progress = progress
+
+    async def _node(self) -> dict[str, Any]:
+        node: dict[str, Any] = json.loads(
+            await self.api.kubectl(["get", "node", self.node, "-o", "json"], repeat=Repeat.READ)
+        )
+        return node
+
+    async def _record(self, record: dict[str, Any] | None) -> None:
+        value = json.dumps(record, sort_keys=True) if record is not None else None
+        # A merge patch of a fixed value (null removes the key): the same result however often it runs.
+        patch = {"metadata": {"annotations": {UPGRADE_ANNOTATION: value}}}
+        await self.api.kubectl(
+            ["patch", "node", self.node, "--type", "merge", "-p", json.dumps(patch)], repeat=Repeat.IDEMPOTENT
+        )
+
+    async def run(self, record: dict[str, Any], *, resumed: bool) -> None:
+        if resumed:
+            self.progress(f"[{self.node}] resuming the upgrade recorded on its Node")
+        else:
+            await self._record(record)
+        if record["drain"]:
+            await self.api.cordon(self.node, True)
+            await self._drain(record)
+        async with open_session(self.worker) as session:
+            restarts = await _restarts(session)
+            self.progress(f"[{self.node}] upgrading k3s {record['from']} -> {self.version}")
+            results = await install_k3s(
+                session, "agent", self.settings.binary, None, lambda line: self.progress(f"[{self.node}] {line}")
+            )
+            if results.get("service") == "running" and await _runs_replaced_binary(session):
+                # A run killed between the binary's swap and the restart left the agent on the old
+                # binary (its file replaced under it): restart it now, once.
+                self.progress(f"[{self.node}] the agent still runs the previous binary: restarting it")
+                await session.run(["systemctl", "restart", "--no-block", AGENT_UNIT], deadline=30)
+            await self._wait_ready(session, restarts, record)
+        if record["drain"] and not record["was_cordoned"]:
+            await self.api.cordon(self.node, False)
+        await self._record(None)
+        self.progress(f"[{self.node}] Ready at {self.version}")
+
+    async def _drain(self, record: dict[str, Any]) -> None:
+        self.progress(f"[{self.node}] cordoned and draining before a minor upgrade (DaemonSet pods stay)")
+        try:
+            await self.api.kubectl(
+                [
+                    "drain",
+                    self.node,
+                    "--ignore-daemonsets",
+                    "--delete-emptydir-data",
+                    f"--timeout={int(self.settings.drain_timeout)}s",
+                ],
+                repeat=Repeat.IDEMPOTENT,
+                deadline=self.settings.drain_timeout + 60,
+            )
+        except RemoteCommandError as error:
+            # Nothing moved yet on this worker: put it back as it was.
+            if not record["was_cordoned"]:
+                await self.api.cordon(self.node, False)
+            await self._record(None)
+            raise UpgradeStoppedError(
+                self.node,
+                f"the drain before its minor upgrade to {self.version} did not finish "
+                f"({error.stderr_tail.strip()[-400:] or 'no output'}); it is uncordoned again and still runs "
+                f"{record['from']}. Move or delete what blocks the drain (a pod with no controller, a "
+                "PodDisruptionBudget that allows no disruption), or set hk3s:cluster.drain_on_minor_upgrade: false "
+                "to move workers without a drain, then run up again",
+            ) from None
+
+    async def _wait_ready(self, session: SshSession, restarts: int, record: dict[str, Any]) -> None:
+        deadline = time.monotonic() + self.settings.ready_timeout
+        while True:
+            status = NodeStatus.from_object(await self._node())
+            if status.ready and status.kubelet_version == self.version:
+                return
+            failed_starts = await _restarts(session) - restarts
+            if failed_starts >= FAILED_STARTS or time.monotonic() > deadline:
+                why = (
+                    f"its agent failed {failed_starts} times on the new binary"
+                    if failed_starts >= FAILED_STARTS
+                    else f"it was not Ready at {self.version} within {self.settings.ready_timeout:.0f} s"
+                )
+                log = await session.run(
+                    ["journalctl", "-u", AGENT_UNIT, "--no-pager", "-n", "8", "-o", "cat"], deadline=30, check=False
+                )
+                held = " and stays cordoned" if record["drain"] else ""
+                raise UpgradeStoppedError(
+                    self.node,
+                    f"the upgrade to {self.version} stopped here: {why} (Node: "
+                    f"{'Ready' if status.ready else 'NotReady'}, kubelet {status.kubelet_version or 'unknown'}). "
+                    f"The worker is recorded as upgrading{held}; the workers after it were not touched. Find the "
+                    f"cause in its agent's log (journalctl -u {AGENT_UNIT}), fix it, then run up again to finish. "
+                    f"Last log lines: {' | '.join(log.stdout.strip().splitlines()[-8:])}",
+                )
+            await asyncio.sleep(POLL_SECONDS)
+
+
+async def _restarts(session: SshSession) -> int:
+    result = await session.run(["systemctl", "show", "-p", "NRestarts", "--value", AGENT_UNIT], deadline=30)
+    return int(result.stdout.strip() or 0)
+
+
+async def _runs_replaced_binary(session: SshSession) -> bool:
+    """Whether the agent's running process runs a binary file that was replaced since it started."""
+    script = f'pid=$(systemctl show -p MainPID --value {AGENT_UNIT}); [ "$pid" != 0 ] && readlink "/proc/$pid/exe"'
+    result = await session.run(["sh", "-c", script], deadline=30, check=False)
+    return result.stdout.strip().endswith("(deleted)")
+
+
+async def wait_server_at(api: ClusterApi, server: str, version: str, timeout: float) -> None:
+    """The server's Node Ready at `version`: until then no worker moves."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = await api.get_node(server)
+        if status is not None and status.ready and status.kubelet_version == version:
+            return
+        if time.monotonic() > deadline:
+            found = f"Ready={status.ready}, kubelet {status.kubelet_version}" if status else "no Node"
+            raise UpgradeStoppedError(
+                server,
+                f"the server's Node is not Ready at {version} within {timeout:.0f} s ({found}); no worker was "
+                "upgraded. Check k3s on the server (journalctl -u k3s), then run up again",
+            )
+        await asyncio.sleep(POLL_SECONDS)
+
+
+Plan = tuple[SshTarget, dict[str, Any], bool]
+
+
+def plan_moves(
+    nodes: dict[str, dict[str, Any]], workers: Sequence[SshTarget], settings: UpgradeSettings
+) -> tuple[list[Plan], list[str], list[str]]:
+    """Per worker, in order: its move (the record it is moved under, and whether that record was
+    left by an interrupted run), or that it runs the release already, or that it has not joined."""
+    version = settings.binary.version
+    plans: list[Plan] = []
+    already, not_joined = [], []
+    for worker in workers:
+        obj = nodes.get(worker.node)
+        if obj is None:
+            not_joined.append(worker.node)
+            continue
+        status, record = NodeStatus.from_object(obj), _record_of(obj)
+        if record is None and status.kubelet_version == version:
+            already.append(worker.node)
+            continue
+        resumed = record is not None and record.get("to") == version
+        if record is None or not resumed:
+            # A record of an earlier, unfinished target: this target's move starts over from
+            # the Node as it is, keeping whether the operator had cordoned it.
+            earlier = record or {}
+            drain = settings.drain_on_minor and release_step(status.kubelet_version, version) == "minor"
+            record = {
+                "from": status.kubelet_version,
+                "to": version,
+                "drain": drain,
+                "was_cordoned": earlier.get("was_cordoned", status.unschedulable),
+            }
+        plans.append((worker, record, resumed))
+    return plans, already, not_joined
+
+
+async def _nodes(api: ClusterApi) -> dict[str, dict[str, Any]]:
+    items = json.loads(await api.kubectl(["get", "nodes", "-o", "json"], repeat=Repeat.READ))["items"]
+    return {item["metadata"]["name"]: item for item in items}
+
+
+async def upgrade_workers(
+    server: SshTarget, workers: Sequence[SshTarget], settings: UpgradeSettings, progress: Progress
+) -> UpgradeReport:
+    """Move every joined worker to `settings.binary.version`, in the order given, one at a
+    time, once the server's Node is Ready at that version (see the module docstring)."""
+    version = settings.binary.version
+    async with open_session(server) as session:
+        api = ClusterApi(session, progress, settings.api_wait)
+        plans, already, not_joined = plan_moves(await _nodes(api), workers, settings)
+        if not plans:
+            return UpgradeReport(version, (), tuple(already), tuple(not_joined))
+        permits = ["get", "configmap", PERMITS_CONFIGMAP, "-n", "kube-system", "--ignore-not-found", "-o", "name"]
+        if (await api.kubectl(permits, repeat=Repeat.READ)).strip():
+            # A cluster whose first join predates the server's own permit: the restarted server's
+            # kubelet creates its Node again, which the join-permit policy admits only with one.
+            await grant_join_permits(api, (server.node,))
+        await wait_server_at(api, server.node, version, settings.ready_timeout)
+        # Read again: the workers' Nodes as they are once the server runs the release.
+        nodes = await _nodes(api)
+        plans, already, not_joined = plan_moves(nodes, workers, settings)
+        # A worker left half-way by an interrupted run may be NotReady: it is the one to finish.
+        down = [
+            status
+            for w, _, resumed in plans
+            if not (status := NodeStatus.from_object(nodes[w.node])).ready and not resumed
+        ]
+        if down:
+            names = ", ".join(f"{n.name} ({n.ready_reason or 'no heartbeat'})" for n in down)
+            raise UpgradeStoppedError(
+                down[0].name,
+                f"NotReady before the upgrade to {version}: {names}; no worker was upgraded (the server already "
+                "runs it). Only Ready workers are upgraded, never two nodes down at once: bring it back, then run "
+                "up again",
+            )
+        for worker, record, resumed in plans:
+            await WorkerUpgrade(api, worker, settings, progress).run(record, resumed=resumed)
+    return UpgradeReport(version, tuple(w.node for w, _, _ in plans), tuple(already), tuple(not_joined))

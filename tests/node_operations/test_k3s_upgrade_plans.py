@@ -1,0 +1,65 @@
+"""Which workers an upgrade moves, under which record, from the Nodes as the API gives them
+(the moves themselves run in the lab: tests/lab/test_join.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from node_operations.k3s_install import K3sBinary
+from node_operations.k3s_upgrade import UPGRADE_ANNOTATION, UpgradeSettings, plan_moves
+from remote_access.ssh import SshTarget
+
+NEW = "v1.37.0+k3s1"
+
+
+def node(name: str, version: str, *, record: dict[str, Any] | None = None, cordoned: bool = False) -> dict[str, Any]:
+    annotations = {UPGRADE_ANNOTATION: json.dumps(record)} if record is not None else {}
+    return {
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"unschedulable": True} if cordoned else {},
+        "status": {"nodeInfo": {"kubeletVersion": version}, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def targets(*names: str) -> list[SshTarget]:
+    return [SshTarget(node=name, address=f"198.51.100.{i}", private_key="k") for i, name in enumerate(names, 10)]
+
+
+def settings(drain: bool = True) -> UpgradeSettings:
+    return UpgradeSettings(binary=K3sBinary(version=NEW), drain_on_minor=drain)
+
+
+def test_the_workers_move_in_the_stacks_order_and_the_rest_is_said() -> None:
+    nodes = {
+        n["metadata"]["name"]: n for n in (node("w3", "v1.36.4+k3s1"), node("w1", "v1.36.4+k3s1"), node("w2", NEW))
+    }
+    plans, already, not_joined = plan_moves(nodes, targets("w1", "w2", "w3", "w4"), settings())
+    assert [(worker.node, record["drain"], resumed) for worker, record, resumed in plans] == [
+        ("w1", True, False),
+        ("w3", True, False),
+    ]
+    assert already == ["w2"] and not_joined == ["w4"]
+
+
+def test_a_patch_and_a_minor_without_the_drain_move_in_place() -> None:
+    nodes = {"w1": node("w1", "v1.37.0+k3s0"), "w2": node("w2", "v1.36.4+k3s1")}
+    assert [record["drain"] for _, record, _ in plan_moves(nodes, targets("w1"), settings())[0]] == [False]
+    assert [record["drain"] for _, record, _ in plan_moves(nodes, targets("w2"), settings(drain=False))[0]] == [False]
+
+
+def test_a_record_of_this_release_is_resumed_even_at_the_release() -> None:
+    # Killed after the agent moved, before the record went: the worker is finished (uncordoned), not skipped.
+    record = {"from": "v1.36.4+k3s1", "to": NEW, "drain": True, "was_cordoned": False}
+    plans, already, _ = plan_moves({"w1": node("w1", NEW, record=record, cordoned=True)}, targets("w1"), settings())
+    assert [(w.node, r, resumed) for w, r, resumed in plans] == [("w1", record, True)] and already == []
+
+
+def test_a_record_of_an_earlier_release_starts_over_keeping_the_operators_cordon() -> None:
+    earlier = {"from": "v1.36.3+k3s1", "to": "v1.36.4+k3s1", "drain": True, "was_cordoned": True}
+    plans, _, _ = plan_moves(
+        {"w1": node("w1", "v1.36.4+k3s1", record=earlier, cordoned=True)}, targets("w1"), settings()
+    )
+    [(_, record, resumed)] = plans
+    assert resumed is False
+    assert record == {"from": "v1.36.4+k3s1", "to": NEW, "drain": True, "was_cordoned": True}
