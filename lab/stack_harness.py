@@ -5,6 +5,7 @@ and the demo (lab/demo.py); the product never imports it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -249,10 +250,15 @@ def run_killable(
     kill_when: str | None = None,
     timeout: float = 900,
     split_stderr: bool = False,
+    crash: bool = False,
 ) -> CliRun:
     """Run `argv` in its own process group, stdin not a terminal; with `kill_when`, SIGKILL
-    it and everything it started (language host, provider processes) as soon as a line
-    containing that text appears (on stderr with `split_stderr`, else on the merged output)."""
+    its process group as soon as a line containing that text appears (on stderr with
+    `split_stderr`, else on the merged output). The Pulumi CLI starts each plugin (language
+    host, provider processes) in a process group of its own (Pulumi's
+    cmdutil.RegisterProcessGroup), so those finish the operation in flight, as after a
+    `kill -9` of the CLI alone. With `crash`, every process the run started is SIGKILLed too,
+    as when the machine running it goes down: an operation stops wherever it was."""
     import signal  # noqa: PLC0415
     import threading  # noqa: PLC0415
     import time  # noqa: PLC0415
@@ -278,10 +284,15 @@ def run_killable(
     lines: list[str] = []
     killed = False
     deadline = time.monotonic() + timeout
+    doomed: list[int] = []
     for line in watched:
         lines.append(line)
         if kill_when is not None and kill_when in line:
+            doomed = _descendants(process.pid) if crash else []
             os.killpg(process.pid, signal.SIGKILL)
+            for pid in doomed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             killed = True
             break
         if time.monotonic() > deadline:
@@ -294,7 +305,8 @@ def run_killable(
             try:
                 os.killpg(process.pid, 0)
             except ProcessLookupError:
-                break
+                if not any(Path(f"/proc/{pid}").exists() for pid in doomed):
+                    break
             time.sleep(0.1)
     if split_stderr:
         time.sleep(0.2)  # the reader thread drains what stdout still holds
@@ -302,8 +314,28 @@ def run_killable(
     return CliRun(process.returncode, "".join(lines), killed)
 
 
-def run_cli(stack: LabStack, args: Sequence[str], *, kill_when: str | None = None, timeout: float = 900) -> CliRun:
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, their children, ...), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # The command name (field 2) may hold spaces; the parent is the second field after it.
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def run_cli(
+    stack: LabStack, args: Sequence[str], *, kill_when: str | None = None, timeout: float = 900, crash: bool = False
+) -> CliRun:
     """Run `pulumi <args> --stack <name>` in the project copy (see `run_killable`)."""
     env = {**os.environ, **stack.env, "PULUMI_HOME": str(stack.directory / "pulumi-home")}
     argv = ["pulumi", *args, "--stack", stack.name, "--non-interactive", "--color", "never"]
-    return run_killable(argv, cwd=stack.project, env=env, kill_when=kill_when, timeout=timeout)
+    return run_killable(argv, cwd=stack.project, env=env, kill_when=kill_when, timeout=timeout, crash=crash)

@@ -262,7 +262,8 @@ class NodeJoinProvider(NodeProvider):
         that is not new, and restart its agent a second time."""
         if not olds.get("state") or olds.get("k3s_version") == news.get("k3s_version"):
             return False
-        kept = {**news, **{key: olds.get(key) for key in RELEASE_INPUTS if key in olds}}
+        # A login key rotated in the same run is stored either way (state only).
+        kept = {**news, **{key: olds.get(key) for key in (*RELEASE_INPUTS, *STATE_ONLY_INPUTS) if key in olds}}
         return not self.diff(id_, dict(olds), kept).changes
 
     def _record_release(self, olds: dict[str, Any], news: dict[str, Any]) -> dict[str, Any]:

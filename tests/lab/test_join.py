@@ -439,8 +439,9 @@ def test_a_worker_that_does_not_come_back_stops_a_patch_upgrade_there(cluster: C
 
 
 def test_an_upgrade_killed_midway_converges_on_the_next_up(cluster: Cluster) -> None:
-    """jn-worker-2's host repaired; an up SIGKILLed just after jn-worker-3's agent restarted on the new
-    binary; the next up finishes: every worker at the release, each agent started on it exactly once."""
+    """jn-worker-2's host repaired; an up crashed (SIGKILL to every process of the run) just after
+    jn-worker-3's agent restarted on the new binary; the next up finishes: every worker at the
+    release, each agent started on it exactly once."""
     new = cluster.release["k3s_version"] if cluster.release else ""
     if not new or _versions(cluster)["jn-worker-1"] != new:
         pytest.skip("needs the failed patch upgrade of the test before")
@@ -450,7 +451,10 @@ def test_an_upgrade_killed_midway_converges_on_the_next_up(cluster: Cluster) -> 
         f"mkdir -p {SLOW_AGENT.rsplit('/', 1)[0]} && printf '[Service]\\nExecStartPre=/bin/sleep 10\\n' > {SLOW_AGENT}"
         " && systemctl daemon-reload"
     )
-    killed = run_cli(cluster.stack, ["up", "--yes", "--skip-preview"], kill_when="[jn-worker-3] service restarted")
+    # A crash: the provider processes go too, so the upgrade in flight stops where it was.
+    killed = run_cli(
+        cluster.stack, ["up", "--yes", "--skip-preview"], kill_when="[jn-worker-3] service restarted", crash=True
+    )
     assert killed.killed, killed.output[-4000:]
     assert "[jn-worker-2] resuming the upgrade recorded on its Node" in killed.output
     assert run_cli(cluster.stack, ["cancel", "--yes"]).returncode == 0

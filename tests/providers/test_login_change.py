@@ -47,11 +47,12 @@ def test_a_key_change_with_a_real_change_runs_the_update(monkeypatch: pytest.Mon
         return props
 
     monkeypatch.setattr(NodeJoinProvider, "_join", join)
-    # A new k3s version: a rejoin (labels alone would be set through the API, no rejoin).
+    # A cluster registry configured: a rejoin (labels alone would be set through the API, and a
+    # new k3s release alone recorded once K3sUpgrade moved the worker: neither rejoins).
     news = {
         **{k: v for k, v in JOINED.items() if k != "state"},
         "private_key": "new-key",
-        "k3s_version": "v1.31.5+k3s1",
+        "registry": "registry.example:5000",
     }
     NodeJoinProvider().update("w1-join", dict(JOINED), news)
     assert [c["private_key"] for c in calls] == ["new-key"]
