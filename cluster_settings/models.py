@@ -112,6 +112,14 @@ class ClusterSettings(StrictModel):
     # A k3s restart on the server takes the API away for 10-30 s, longer on small servers; the
     # default covers it with room. Shorter than API_WAIT_MIN would turn a routine restart into a
     # failed run; longer than API_WAIT_MAX would hide a server that is down behind a silent wait.
+    api_forward_port: int | None = Field(
+        None,
+        ge=1024,
+        le=65535,
+        description="The local port of the forward to the Kubernetes API through the server's SSH session "
+        "(what the Kubernetes provider uses). Default: derived from the project and stack names, the same "
+        "for every run of the stack.",
+    )
     api_wait_seconds: float = Field(
         120.0,
         description="How long a Kubernetes API call waits for the API while it is away (a k3s restart on the "

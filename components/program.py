@@ -22,6 +22,7 @@ from components.storage_copies import StorageCopies, StorageCopiesArgs
 from components.worker_node import WorkerNode, WorkerNodeArgs
 from providers.teardown_guard import TeardownGuard, TeardownGuardInputs
 from providers.worker_roster import RosterMember, WorkerRoster, WorkerRosterInputs
+from remote_access.api_forward import forward_port
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,14 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
         )
     storage = StorageCopies(
         "storage",
-        StorageCopiesArgs(storage=settings.storage, kubeconfig=server.kubeconfig, after=[server.k3s]),
+        StorageCopiesArgs(
+            storage=settings.storage,
+            kubeconfig=server.kubeconfig,
+            after=[server.k3s],
+            server_login=server.endpoint.login(credentials),
+            forward_port=settings.cluster.api_forward_port or forward_port(pulumi.get_project(), pulumi.get_stack()),
+            teardown_allowed=settings.cluster.teardown_allowed,
+        ),
     )
     # Last: a rotated login key leaves the nodes only once every resource holds the new one.
     retire_previous_login_keys(

@@ -5,7 +5,7 @@ and one storage class per number of copies offered."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +13,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from cluster_settings.models import StorageSettings
+from providers.inputs import NodeLogin
+from remote_access.api_forward import ApiForward, forwarded_kubeconfig, open_api_forward
+from remote_access.ssh import SshTarget
 
 LONGHORN_NAMESPACE = "longhorn-system"
 LONGHORN_CHART_REPO = "https://charts.longhorn.io"
@@ -62,6 +65,42 @@ class StorageCopiesArgs:
     """The server's kubeconfig (a secret)."""
     after: Sequence[pulumi.Resource]
     """What must exist first (the server's k3s)."""
+    server_login: NodeLogin | None = None
+    """How to log in to the server: the Kubernetes provider reaches the API through a forward of
+    that SSH connection (remote_access.api_forward)."""
+    forward_port: int = 0
+    """The forward's local port (hk3s:cluster.api_forward_port, else derived from the stack)."""
+    teardown_allowed: bool = False
+    """hk3s:cluster.teardown: a destroy may then forget Longhorn's objects once the API is gone."""
+    open_forward: Callable[[SshTarget, int], ApiForward] | None = None
+    """Opens the forward; None: `open_api_forward`."""
+
+
+def forwarded(args: StorageCopiesArgs) -> pulumi.Output[str]:
+    """The kubeconfig the Kubernetes provider uses: the API at the local end of a forward of
+    the server's SSH session, opened once the login is known (in `preview` as in `up`)."""
+    login = args.server_login
+    if login is None:
+        return args.kubeconfig
+
+    def through(values: list[Any]) -> str:
+        address, ssh_port, user, private_key, host_key, kubeconfig = values
+        target = SshTarget(
+            node=str(login.node),
+            address=str(address),
+            port=int(ssh_port or 22),
+            user=str(user or "root"),
+            private_key=str(private_key),
+            recorded_host_key=host_key or None,
+        )
+        forward = (args.open_forward or open_api_forward)(target, args.forward_port)
+        return forwarded_kubeconfig(str(kubeconfig), forward.port)
+
+    return pulumi.Output.secret(
+        pulumi.Output.all(
+            login.address, login.ssh_port, login.ssh_user, login.private_key, login.recorded_host_key, args.kubeconfig
+        ).apply(through)
+    )
 
 
 class StorageCopies(pulumi.ComponentResource):
@@ -76,7 +115,10 @@ class StorageCopies(pulumi.ComponentResource):
         if storage.install_longhorn:
             provider = k8s.Provider(
                 f"{name}-kubernetes",
-                kubeconfig=pulumi.Output.secret(args.kubeconfig),  # type: ignore[arg-type]
+                kubeconfig=forwarded(args),
+                # Only in a teardown: Longhorn's objects go with the cluster, so once the API is
+                # gone they are forgotten. Otherwise an API that does not answer stops the run.
+                delete_unreachable=args.teardown_allowed,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
             )
             namespace = k8s.core.v1.Namespace(

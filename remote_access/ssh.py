@@ -122,6 +122,15 @@ class SshSession:
         self.commands = 0
         self.remote_seconds = 0.0
 
+    async def forward_local_port(self, local_port: int, remote_port: int) -> asyncssh.SSHListener:
+        """Listen on 127.0.0.1:`local_port` here; each connection goes to 127.0.0.1:`remote_port`
+        on the host, through this session's pinned connection."""
+        return await self._connection.forward_local_port("127.0.0.1", local_port, "127.0.0.1", remote_port)
+
+    async def wait_closed(self) -> None:
+        """Return once the connection has closed (the host went away, or the session ended)."""
+        await self._connection.wait_closed()
+
     async def run(
         self,
         argv: Sequence[str],

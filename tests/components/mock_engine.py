@@ -19,6 +19,10 @@ import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 
+from components import storage_copies
+from remote_access.api_forward import ApiForward
+from remote_access.ssh import SshTarget
+
 # The wire marker of a secret value: {SIG_KEY: SECRET_SIG, "value": ...}
 SIG_KEY = rpc._special_sig_key
 SECRET_SIG = rpc._special_secret_sig
@@ -169,6 +173,12 @@ class Registration:
 @dataclass
 class Recording:
     registrations: list[Registration] = field(default_factory=list)
+    forwards: list[tuple[SshTarget, int]] = field(default_factory=list)
+    """Each forward to the Kubernetes API the program asked for: the server's login and the port."""
+
+    def record_forward(self, server: SshTarget, local_port: int, outlive_pid: int | None = None) -> ApiForward:
+        self.forwards.append((server, local_port))
+        return ApiForward(local_port, pid=0, started=False)
 
     def by_name(self, name: str) -> Registration:
         found = [r for r in self.registrations if r.name == name]
@@ -221,7 +231,10 @@ class ClusterMocks(pulumi.runtime.Mocks):
             outputs.update(
                 version=args.inputs["k3s_version"],
                 ca_hash="ab" * 32,
-                kubeconfig="apiVersion: v1\n# secret",
+                kubeconfig=(
+                    "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: Q0E=\n"
+                    f"    server: https://{args.inputs.get('address', '198.51.100.1')}:6443\n  name: default\n# secret"
+                ),
                 api_endpoint="https://10.0.1.2:6443",
             )
         elif args.typ.endswith("hk3s:K3sUpgrade"):
@@ -330,5 +343,11 @@ def run_with_mocks(
         program()
         return pulumi.Output.from_input(None)
 
-    wrapped()
+    # No host answers under mocks: the forward to the Kubernetes API is recorded, not opened.
+    original = storage_copies.open_api_forward
+    storage_copies.open_api_forward = recording.record_forward
+    try:
+        wrapped()
+    finally:
+        storage_copies.open_api_forward = original
     return recording

@@ -12,6 +12,7 @@ import pytest
 
 from cluster_settings import load_settings
 from components.program import build_cluster, read_credentials
+from remote_access.api_forward import forward_port
 from tests.components.mock_engine import Recording, fake_id, fake_ipv4, run_with_mocks
 
 OPERATOR_NET = "192.0.2.0/24"
@@ -321,3 +322,26 @@ def test_hetzner_probes_wait_for_their_network_address(graph: Recording) -> None
     assert graph.by_name("w1-probe").inputs["expected_address"] == fake_ipv4("w1-private", "10.0.1")
     assert graph.urn_of("w1-private") in set(graph.by_name("w1-probe").dependencies)
     assert graph.by_name("metal-probe").inputs.get("expected_address") is None
+
+
+def test_the_kubernetes_provider_reaches_the_api_through_the_servers_ssh_forward(ssh_key_file: Path) -> None:
+    """The Kubernetes provider's kubeconfig points at the local end of a forward of the server's
+    SSH session (pinned to the server's host key): nothing needs 6443 open to the operator, so the
+    default config (no operator_access) installs Longhorn. The forward itself is recorded by the
+    mock harness, not opened (no host answers here; tests/lab/test_join_firewalled.py opens one)."""
+    graph = _run(_config(ssh_key_file, firewall={}))
+    port = forward_port("hk3s", "test")
+    provider = graph.by_name("storage-kubernetes")
+    assert provider.is_secret("kubeconfig")
+    kubeconfig = provider.inputs["kubeconfig"]["value"]
+    assert f"server: https://127.0.0.1:{port}\n" in kubeconfig and "certificate-authority-data: Q0E=" in kubeconfig
+    assert ":6443" not in kubeconfig
+    assert provider.inputs["deleteUnreachable"] == "false"
+    [(server, asked_port)] = graph.forwards
+    assert asked_port == port and server.node == "srv" and server.address == fake_ipv4("srv")
+    assert server.recorded_host_key and server.recorded_host_key.startswith("ssh-ed25519 ")
+    # Another port by setting; a teardown lets a destroy forget Longhorn's objects once the API is gone.
+    other = _run(_config(ssh_key_file, cluster={"name": "t", "k3s_version": "v1.31.4+k3s1", "api_forward_port": 18443}))
+    assert "server: https://127.0.0.1:18443\n" in other.by_name("storage-kubernetes").inputs["kubeconfig"]["value"]
+    torn = _run(_config(ssh_key_file, cluster={"name": "t", "k3s_version": "v1.31.4+k3s1", "teardown": "allowed"}))
+    assert torn.by_name("storage-kubernetes").inputs["deleteUnreachable"] == "true"

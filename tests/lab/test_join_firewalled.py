@@ -4,12 +4,19 @@ check (agent to API, API server to kubelet) through them."""
 
 from __future__ import annotations
 
+import base64
 import json
+import socket
+import ssl
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lab.hosts import Host, Lab
 from lab.stack_harness import (
@@ -21,6 +28,8 @@ from lab.stack_harness import (
     up_or_fail,
     worker_spec,
 )
+from operator_api.deployment import Deployment
+from remote_access.api_forward import forward_port, forwarded_kubeconfig, open_api_forward
 
 pytestmark = pytest.mark.lab
 
@@ -47,6 +56,51 @@ def test_join_with_managed_host_firewalls(lab: Lab, tmp_path: Path) -> None:
     ]
     assert server.run([*probe, worker.public_ip or ""], check=False).returncode == 0
     assert outsider.run([*probe, worker.public_ip or ""], check=False).returncode != 0
+    _api_through_the_forward(lab, stack, server)
+
+
+def _api_through_the_forward(lab: Lab, stack: LabStack, server: Host) -> None:
+    """With hk3s:firewall.operator_access empty, 6443 is closed to the operator's machine (this
+    one), yet the API answers through the forward of the server's SSH session that the Kubernetes
+    provider uses, verified with the stack's own kubeconfig (its CA, its client certificate). The
+    forward ends with the process it was told to outlive."""
+    with socket.socket() as direct:
+        direct.settimeout(3)
+        assert direct.connect_ex((server.public_ip or "", 6443)) != 0, "6443 answers the operator's machine"
+    targets = Deployment.export(stack.stack()).host_targets(lab.ssh_private_key_path.read_text(), "root")
+    [target] = [t for t in targets if t.node == server.name]
+    kubeconfig = stack.api().kubeconfig()
+    assert kubeconfig is not None
+    outlived = subprocess.Popen(["sleep", "300"])
+    port = forward_port("hk3s", f"fw-{outlived.pid}")
+    forward = open_api_forward(target, port, outlive_pid=outlived.pid)
+    try:
+        config = yaml.safe_load(forwarded_kubeconfig(kubeconfig, forward.port))
+        assert config["clusters"][0]["cluster"]["server"] == f"https://127.0.0.1:{port}"
+        cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
+        with tempfile.TemporaryDirectory() as folder:
+            files = {}
+            for key in ("certificate-authority-data", "client-certificate-data", "client-key-data"):
+                files[key] = Path(folder) / key
+                files[key].write_bytes(base64.b64decode(cluster.get(key) or user[key]))
+            context = ssl.create_default_context(cafile=str(files["certificate-authority-data"]))
+            context.load_cert_chain(str(files["client-certificate-data"]), str(files["client-key-data"]))
+            url = f"https://127.0.0.1:{port}/readyz"
+            with urllib.request.urlopen(url, context=context, timeout=10) as answer:
+                assert answer.read() == b"ok"
+        # A second open in the same run finds the forward serving and keeps it.
+        assert open_api_forward(target, port, outlive_pid=outlived.pid).started is False
+    finally:
+        outlived.kill()
+        outlived.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        with socket.socket() as local:
+            if local.connect_ex(("127.0.0.1", port)) != 0:
+                break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"the forward on {port} outlived the process it served")
 
 
 def test_private_mode_firewalls_admit_the_peers_private_addresses_only(lab: Lab, tmp_path: Path) -> None:
