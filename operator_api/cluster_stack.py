@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import tempfile
 from collections import deque
@@ -40,20 +39,17 @@ from pulumi import automation as auto
 
 from cluster_settings import SettingProblem
 from node_operations.health import check_hosts as check_hosts_of
-from node_operations.health import live_state, read_nodes
 from node_operations.reboot import (
     DRAIN_TIMEOUT_SECONDS,
     READY_TIMEOUT_SECONDS,
-    RebootRefusedError,
     RebootReport,
-    reboot_worker,
 )
-from remote_access.ssh import SshError, SshTarget
+from remote_access.ssh import SshTarget
 
+from .cluster_access import api_forward_during, check_rebootable, reboot, with_live_states
 from .deployment import Deployment
 from .errors import (
     LockHolder,
-    MaintenanceError,
     RefusedError,
     SettingsRejectedError,
     StackBusyError,
@@ -158,23 +154,7 @@ class ClusterStack:
         if not live or stack is None or not nodes:
             return nodes
         settings = self.settings_document().validate("reading the nodes")
-        targets = {target.node: target for target in self._host_targets(Deployment.export(stack))}
-        server = targets.get(settings.server.name)
-        try:
-            if server is None:
-                raise SshError(settings.server.name, "the stack records no login for the server")
-            cluster = asyncio.run(read_nodes(server, settings.cluster.api_wait_seconds))
-        except SshError as error:
-            return [dataclasses.replace(node, live_error=str(error)) for node in nodes]
-        return [
-            dataclasses.replace(
-                node,
-                state=live_state(cluster.get(node.name)),
-                recorded_state=node.state,
-                k3s_version=cluster[node.name].kubelet_version if node.name in cluster else node.k3s_version,
-            )
-            for node in nodes
-        ]
+        return with_live_states(nodes, settings, self._host_targets(Deployment.export(stack)))
 
     def kubeconfig(self) -> str | None:
         """The cluster's kubeconfig (a Pulumi secret: keep it out of logs)."""
@@ -266,7 +246,7 @@ class ClusterStack:
 
     def refresh(self, *, on_event: EventCallback | None = None, on_output: OutputCallback | None = None) -> RunResult:
         """Read every resource back from its host and record drift in the state."""
-        with self._exclusive("refresh", on_output) as recovery:
+        with self._exclusive("refresh", on_output) as recovery, self._api_forward(self._stack(), on_output):
             return self._engine_run("refresh", recovery, on_event, on_output)
 
     def destroy_stack(
@@ -282,7 +262,10 @@ class ClusterStack:
             )
         # An interrupted destroy is finished by the next one: its pending deletes run again, and
         # a refresh first would read hosts the destroy already wiped.
-        with self._exclusive("destroy", on_output, clear_pending=False) as recovery:
+        with (
+            self._exclusive("destroy", on_output, clear_pending=False) as recovery,
+            self._api_forward(self._stack(), on_output),
+        ):
             return self._engine_run("destroy", recovery, on_event, on_output)
 
     # --- changes ------------------------------------------------------------------------
@@ -411,40 +394,17 @@ class ClusterStack:
         held against other operations meanwhile; no Pulumi run is made."""
         action = f"rebooting {name}"
         settings = self.settings_document().validate(action)
-        names = [worker.name for worker in settings.all_workers()]
-        if name not in names:
-            listed = ", ".join(names) or "none"
-            raise UnknownWorkerError(
-                [SettingProblem(WORKERS_KEY, f"there is no worker named {name!r} (workers: {listed})")], action=action
-            )
-        if name in settings.fences:
-            raise SettingsRejectedError(
-                [SettingProblem(f"hk3s:fences.{name}", f"{name} is fenced: it comes back by a rejoin, not a reboot")],
-                action=action,
-            )
+        check_rebootable(settings, name, action)
         with self._exclusive(action, on_output, clear_pending=False):
-            targets = {target.node: target for target in self._host_targets(Deployment.export(self._stack()))}
-            if name not in targets or settings.server.name not in targets:
-                raise StackError(f"{name} has not joined yet: run up first")
-            try:
-                return asyncio.run(
-                    reboot_worker(
-                        targets[settings.server.name],
-                        targets[name],
-                        api_wait=settings.cluster.api_wait_seconds,
-                        drain_timeout=drain_timeout,
-                        ready_timeout=ready_timeout,
-                        progress=lambda line: _say(on_output, line),
-                    )
-                )
-            except RebootRefusedError as error:
-                raise MaintenanceError(name, str(error), put_back=error.put_back) from None
-            except SshError as error:
-                raise MaintenanceError(
-                    name,
-                    f"{error}; if {name} was cordoned for the reboot it stays so: reboot it again to finish",
-                    put_back=False,
-                ) from None
+            targets = self._host_targets(Deployment.export(self._stack()))
+            return reboot(
+                settings,
+                targets,
+                name,
+                drain_timeout=drain_timeout,
+                ready_timeout=ready_timeout,
+                say=lambda line: _say(on_output, line),
+            )
 
     def check_disk(
         self, name: str, *, on_event: EventCallback | None = None, on_output: OutputCallback | None = None
@@ -595,11 +555,29 @@ class ClusterStack:
                     lock.path.unlink(missing_ok=True)
                     stale.append(lock.holder)
                     _say(on_output, f"removed the lock of an interrupted run: {lock.holder} is no longer running")
-            stack = self._stack()
-            pending = self.pending_operations(stack) if clear_pending else []
-            if pending:
-                _say(on_output, f"clearing {len(pending)} pending operation(s) of an interrupted run (refresh)")
-                record = RunRecord()
+            yield self._recover(self._stack(), stale, clear_pending, on_output)
+
+    @contextlib.contextmanager
+    def _api_forward(self, stack: auto.Stack, on_output: OutputCallback | None) -> Iterator[None]:
+        """The forward to the Kubernetes API for a run that does not start the program (which
+        opens it itself): a refresh or a destroy (remote_access.api_forward). A stack file the
+        run will refuse anyway opens none."""
+        deployment, settings = Deployment.export(stack), None
+        with contextlib.suppress(SettingsRejectedError):
+            settings = self.settings_document().validate("opening the Kubernetes API")
+        targets = self._host_targets(deployment) if settings is not None and deployment.resources else []
+        with api_forward_during(settings, targets, self.project, self.env, lambda line: _say(on_output, line)):
+            yield
+
+    def _recover(
+        self, stack: auto.Stack, stale: list[LockHolder], clear_pending: bool, on_output: OutputCallback | None
+    ) -> Recovery:
+        """Clear what an interrupted run left: its pending operations (a refresh)."""
+        pending = self.pending_operations(stack) if clear_pending else []
+        if pending:
+            _say(on_output, f"clearing {len(pending)} pending operation(s) of an interrupted run (refresh)")
+            record = RunRecord()
+            with self._api_forward(stack, on_output):
                 self._run(
                     "refresh",
                     record,
@@ -612,7 +590,7 @@ class ClusterStack:
                         parallel=self.parallel,
                     ),
                 )
-            yield Recovery(stale_locks=stale, cleared_pending=pending)
+        return Recovery(stale_locks=stale, cleared_pending=pending)
 
 
 def _say(on_output: OutputCallback | None, message: str) -> None:

@@ -1,0 +1,127 @@
+"""What the operator API reads or opens on the cluster itself, through the server's SSH session:
+each node's state now, and the forward to the Kubernetes API for the runs that do not start
+the program (refresh, destroy, and the refresh that clears an interrupted run)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+
+from cluster_settings import SettingProblem
+from cluster_settings.models import StackSettings
+from node_operations.health import live_state, read_nodes
+from node_operations.reboot import RebootRefusedError, RebootReport, reboot_worker
+from remote_access.api_forward import forward_port, open_api_forward
+from remote_access.ssh import SshError, SshTarget
+
+from .errors import MaintenanceError, SettingsRejectedError, StackError, UnknownWorkerError
+from .nodes import Node
+from .stack_file import WORKERS_KEY
+
+
+def server_target(settings: StackSettings, targets: Sequence[SshTarget]) -> SshTarget | None:
+    """The server's login as the state records it, if it does."""
+    return next((target for target in targets if target.node == settings.server.name), None)
+
+
+def with_live_states(nodes: list[Node], settings: StackSettings, targets: Sequence[SshTarget]) -> list[Node]:
+    """`nodes` with `state` and `k3s_version` read from the cluster now (`recorded_state` keeps
+    the last run's); when the server cannot be asked, as they were, with `live_error` set."""
+    server = server_target(settings, targets)
+    try:
+        if server is None:
+            raise SshError(settings.server.name, "the stack records no login for the server")
+        cluster = asyncio.run(read_nodes(server, settings.cluster.api_wait_seconds))
+    except SshError as error:
+        return [dataclasses.replace(node, live_error=str(error)) for node in nodes]
+    return [
+        dataclasses.replace(
+            node,
+            state=live_state(cluster.get(node.name)),
+            recorded_state=node.state,
+            k3s_version=cluster[node.name].kubelet_version if node.name in cluster else node.k3s_version,
+        )
+        for node in nodes
+    ]
+
+
+@contextlib.contextmanager
+def api_forward_during(
+    settings: StackSettings | None,
+    targets: Sequence[SshTarget],
+    project: str,
+    stack: str,
+    say: Callable[[str], None],
+) -> Iterator[None]:
+    """While a run that does not start the program goes on, the forward the Kubernetes provider's
+    recorded kubeconfig points at (remote_access.api_forward). Opened only where the program
+    installs Longhorn (the only user of that provider) and the state records the server; a
+    server that does not answer is said, not fatal (the run then names what it could not reach).
+    No settings (a stack file the run will refuse anyway): none."""
+    server = server_target(settings, targets) if settings is not None else None
+    if settings is None or not settings.storage.install_longhorn or server is None:
+        yield
+        return
+    port = settings.cluster.api_forward_port or forward_port(project, stack)
+    try:
+        forward = open_api_forward(server, port)
+    except SshError as error:
+        say(f"no forward to the Kubernetes API on 127.0.0.1:{port}: {error}")
+        yield
+        return
+    try:
+        yield
+    finally:
+        forward.close()
+
+
+def check_rebootable(settings: StackSettings, name: str, action: str) -> None:
+    """Refused before anything: a name that is no worker of the stack, or a fenced worker."""
+    names = [worker.name for worker in settings.all_workers()]
+    if name not in names:
+        listed = ", ".join(names) or "none"
+        raise UnknownWorkerError(
+            [SettingProblem(WORKERS_KEY, f"there is no worker named {name!r} (workers: {listed})")], action=action
+        )
+    if name in settings.fences:
+        raise SettingsRejectedError(
+            [SettingProblem(f"hk3s:fences.{name}", f"{name} is fenced: it comes back by a rejoin, not a reboot")],
+            action=action,
+        )
+
+
+def reboot(
+    settings: StackSettings,
+    targets: Sequence[SshTarget],
+    name: str,
+    *,
+    drain_timeout: float,
+    ready_timeout: float,
+    say: Callable[[str], None],
+) -> RebootReport:
+    """One worker's reboot through the server (node_operations.reboot), its failures as the
+    API's `MaintenanceError`."""
+    by_node = {target.node: target for target in targets}
+    if name not in by_node or settings.server.name not in by_node:
+        raise StackError(f"{name} has not joined yet: run up first")
+    try:
+        return asyncio.run(
+            reboot_worker(
+                by_node[settings.server.name],
+                by_node[name],
+                api_wait=settings.cluster.api_wait_seconds,
+                drain_timeout=drain_timeout,
+                ready_timeout=ready_timeout,
+                progress=say,
+            )
+        )
+    except RebootRefusedError as error:
+        raise MaintenanceError(name, str(error), put_back=error.put_back) from None
+    except SshError as error:
+        raise MaintenanceError(
+            name,
+            f"{error}; if {name} was cordoned for the reboot it stays so: reboot it again to finish",
+            put_back=False,
+        ) from None
