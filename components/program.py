@@ -132,6 +132,21 @@ def _private_network(settings: StackSettings) -> PrivateNetwork:
     )
 
 
+def _storage(settings: StackSettings, credentials: SshCredentials, server: ClusterServer) -> StorageCopies:
+    """Longhorn and the storage classes, applied through a forward of the server's SSH session."""
+    return StorageCopies(
+        "storage",
+        StorageCopiesArgs(
+            storage=settings.storage,
+            kubeconfig=server.kubeconfig,
+            after=[server.k3s],
+            server_login=server.endpoint.login(credentials),
+            forward_port=settings.cluster.api_forward_port or forward_port(pulumi.get_project(), pulumi.get_stack()),
+            teardown_allowed=settings.cluster.teardown_allowed,
+        ),
+    )
+
+
 def build_cluster(settings: StackSettings, credentials: SshCredentials) -> BuiltCluster:
     """Machines first (so every address is known), then the roster (a leaving worker is
     judged and removed before anything of the cluster changes), then the network decision,
@@ -194,17 +209,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
             after=[*firewall.in_place(), node_access],
             firewall_rules=firewall.node_rules[worker.endpoint.name],
         )
-    storage = StorageCopies(
-        "storage",
-        StorageCopiesArgs(
-            storage=settings.storage,
-            kubeconfig=server.kubeconfig,
-            after=[server.k3s],
-            server_login=server.endpoint.login(credentials),
-            forward_port=settings.cluster.api_forward_port or forward_port(pulumi.get_project(), pulumi.get_stack()),
-            teardown_allowed=settings.cluster.teardown_allowed,
-        ),
-    )
+    storage = _storage(settings, credentials, server)
     # Last: a rotated login key leaves the nodes only once every resource holds the new one.
     retire_previous_login_keys(
         [server.endpoint, *(w.endpoint for w in workers)], credentials, [roster, server, *workers, firewall]
