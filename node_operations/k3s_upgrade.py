@@ -32,9 +32,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cluster_settings.values import K3S_VERSION
 from node_operations.join import PERMITS_CONFIGMAP, grant_join_permits
 from node_operations.k3s_install import K3sBinary, install_k3s
+from node_operations.k3s_release import K3S_VERSION
 from remote_access.kube import ClusterApi, NodeStatus, Repeat
 from remote_access.ssh import RemoteCommandError, SshError, SshSession, SshTarget, open_session
 
