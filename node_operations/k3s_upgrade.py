@@ -150,17 +150,7 @@ class WorkerUpgrade:
     async def _drain(self, record: dict[str, Any]) -> None:
         self.progress(f"[{self.node}] cordoned and draining before a minor upgrade (DaemonSet pods stay)")
         try:
-            await self.api.kubectl(
-                [
-                    "drain",
-                    self.node,
-                    "--ignore-daemonsets",
-                    "--delete-emptydir-data",
-                    f"--timeout={int(self.settings.drain_timeout)}s",
-                ],
-                repeat=Repeat.IDEMPOTENT,
-                deadline=self.settings.drain_timeout + 60,
-            )
+            await self.api.drain(self.node, self.settings.drain_timeout)
         except RemoteCommandError as error:
             # Nothing moved yet on this worker: put it back as it was.
             if not record["was_cordoned"]:

@@ -233,17 +233,7 @@ class Reboot:
         evicted = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in await _pods_on(self.api, self.node)]
         self.progress(f"[{self.node}] draining: {len(evicted)} pod(s) to evict (DaemonSet pods stay)")
         try:
-            await self.api.kubectl(
-                [
-                    "drain",
-                    self.node,
-                    "--ignore-daemonsets",
-                    "--delete-emptydir-data",
-                    f"--timeout={int(self.drain_timeout)}s",
-                ],
-                repeat=Repeat.IDEMPOTENT,
-                deadline=self.drain_timeout + 60,
-            )
+            await self.api.drain(self.node, self.drain_timeout)
         except RemoteCommandError:
             held = await _blocking_budgets(self.api, self.node)
             await self.api.cordon(self.node, False)

@@ -270,17 +270,7 @@ class WorkerRemoval:
         ]
         self.progress(f"draining: {len(self.report.pods_evicted)} pod(s) to evict (DaemonSet pods stay)")
         try:
-            await self.api.kubectl(
-                [
-                    "drain",
-                    self.node,
-                    "--ignore-daemonsets",
-                    "--delete-emptydir-data",
-                    f"--timeout={int(self.drain_timeout)}s",
-                ],
-                repeat=Repeat.IDEMPOTENT,
-                deadline=self.drain_timeout + 60,
-            )
+            await self.api.drain(self.node, self.drain_timeout)
         except RemoteCommandError:
             held = await _blocking_budgets(self.api, self.node)
             raise RemovalRefusedError(

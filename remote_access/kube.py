@@ -303,6 +303,16 @@ class ClusterApi:
     async def cordon(self, name: str, cordoned: bool) -> None:
         await self.kubectl(["cordon" if cordoned else "uncordon", name], repeat=Repeat.IDEMPOTENT)
 
+    async def drain(self, name: str, timeout: float) -> None:
+        """Cordon and evict: PodDisruptionBudgets respected (a blocked eviction is retried until
+        `timeout`), DaemonSet pods stay, emptyDir data goes as with any drain. Idempotent: a drain
+        again evicts what is left. Raises RemoteCommandError when the pods did not go in time."""
+        await self.kubectl(
+            ["drain", name, "--ignore-daemonsets", "--delete-emptydir-data", f"--timeout={int(timeout)}s"],
+            repeat=Repeat.IDEMPOTENT,
+            deadline=timeout + 60,
+        )
+
     async def patch_merge(self, kind: str, name: str, namespace: str, patch: Mapping[str, Any]) -> None:
         """A JSON merge patch of fixed values: idempotent, the object ends the same whether
         it ran once or twice."""
