@@ -39,8 +39,9 @@ def test_the_demo_joins_two_workers_and_removes_everything(tmp_path: Path) -> No
         assert up.returncode == 0, up.stdout[-4000:] + up.stderr[-4000:]
         listed = up.stdout.split("$ scripts/hk3s --stack demo node list", 1)[1]
         rows = {line.split()[0]: line.split() for line in listed.splitlines()[2:5]}
-        assert rows["demo-server"][1:3] == ["server", "server"], listed
-        assert rows["demo-worker-1"][1:3] == ["worker", "ready"] and rows["demo-worker-2"][1:3] == ["worker", "ready"]
+        # `node list` shows each node's state in the cluster now (the server's Node too).
+        assert rows["demo-server"][1:3] == ["server", "Ready"], listed
+        assert rows["demo-worker-1"][1:3] == ["worker", "Ready"] and rows["demo-worker-2"][1:3] == ["worker", "Ready"]
         assert "$ scripts/hk3s --stack demo status" in up.stdout and "Pending ops:  0" in up.stdout
         # The progress of the joins reached the terminal.
         assert "[demo-worker-1] joined and released" in up.stdout + up.stderr
