@@ -69,8 +69,11 @@ def k3s_snapshot(name: str = "k3s") -> tuple[Path, str]:
     digest = hashlib.sha256(data).hexdigest()
     path = Path("/var/tmp") / f"hk3s-lab-k3s-{digest[:16]}"
     if not path.exists():
-        path.write_bytes(data)
-        path.chmod(0o755)
+        # Written aside and renamed: a test running beside this one may execute it meanwhile.
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        part.write_bytes(data)
+        part.chmod(0o755)
+        part.replace(path)
     return path, digest
 
 
@@ -107,6 +110,9 @@ def base_config(lab: Lab, server: Host, workers: Sequence[Host], **sections: Any
             "k3s_binary": str(k3s_binary),
             "k3s_sha256": k3s_sha256,
             "pod_network": "vxlan",  # the lab's kernel has no WireGuard module
+            # Every lab's stack is named "lab": a port per lab keeps the API forwards of labs
+            # that run side by side (the test run's workers) apart.
+            "api_forward_port": 17000 + int(lab.lab_id[2:], 16) % 10000,
         },
         "server": {"name": server.name, "kind": "existing", "address": server.public_ip},
         # Lab hosts' keys are made fresh for each host; the runs (API, CLI, CI) are non-interactive.

@@ -334,6 +334,9 @@ def run_with_mocks(
     # Pulumi's mock runtime uses the thread's current event loop; an earlier test's asyncio.run()
     # leaves the main thread with none, so give it one.
     asyncio.set_event_loop(asyncio.new_event_loop())
+    # A fresh root stack, as each real run has: set_mocks keeps an earlier run's, and with it
+    # that run's stack transformations, which would tie this run's resources to its resources.
+    pulumi.runtime.settings.ROOT.set(None)
     pulumi.runtime.set_mocks(
         mocks, project="hk3s", stack=stack, preview=False, monitor=RecordingMonitor(mocks, recording)
     )

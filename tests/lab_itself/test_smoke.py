@@ -27,7 +27,9 @@ def _node(server: Host, name: str) -> dict | None:
 def _ready(node: dict | None) -> str | None:
     if node is None:
         return None
-    return next((c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready"), None)
+    # A Node is created before its first status report: no conditions yet means not Ready yet.
+    conditions = node.get("status", {}).get("conditions", [])
+    return next((c["status"] for c in conditions if c["type"] == "Ready"), None)
 
 
 def _wait(predicate, timeout: float, what: str):
