@@ -23,5 +23,9 @@ echo "== tests"
 # Here the lab is set up, so a lab test that skips is a failure, not a pass.
 export HK3S_LAB_REQUIRED=1
 # --durations: CI prints the 40 slowest tests, so the time budget can be read from every run.
-venv/bin/python -m pytest --durations=40 "$@"
+# Two test modules run side by side (HK3S_TEST_WORKERS, 0 for one at a time): lab tests
+# spend most of their time waiting on hosts. A module stays on one worker, so its tests
+# share one lab and its fixtures as when run alone.
+workers=${HK3S_TEST_WORKERS:-2}
+venv/bin/python -m pytest -n "$workers" --dist loadfile --durations=40 "$@"
 echo "== done in $(($(date +%s) - start)) s"
