@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from node_operations.drain import blocking_budgets, names_to_evict
 from remote_access.kube import ClusterApi, NodeStatus, Repeat
 from remote_access.ssh import RemoteCommandError, SshError, SshSession, SshTarget, open_session
 
@@ -108,69 +109,6 @@ async def _boot_marker(target: SshTarget, deadline: float = 20) -> str:
     return " ".join(result.stdout.split())
 
 
-def _matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """A label selector (matchLabels and matchExpressions) against a pod's labels."""
-    if any(labels.get(key) != value for key, value in (selector.get("matchLabels") or {}).items()):
-        return False
-    for expression in selector.get("matchExpressions") or []:
-        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
-        if operator == "In" and labels.get(key) not in values:
-            return False
-        if operator == "NotIn" and labels.get(key) in values:
-            return False
-        if operator == "Exists" and key not in labels:
-            return False
-        if operator == "DoesNotExist" and key in labels:
-            return False
-    return True
-
-
-async def _pods_on(api: ClusterApi, node: str) -> list[dict[str, Any]]:
-    """The pods a drain evicts from the node: not DaemonSet-managed, not static (mirror) pods."""
-    out = await api.kubectl(
-        ["get", "pods", "-A", "--field-selector", f"spec.nodeName={node}", "-o", "json"], repeat=Repeat.READ
-    )
-    pods = []
-    for pod in json.loads(out).get("items", []):
-        metadata = pod.get("metadata", {})
-        owners = metadata.get("ownerReferences") or []
-        if any(owner.get("kind") == "DaemonSet" for owner in owners):
-            continue
-        if "kubernetes.io/config.mirror" in (metadata.get("annotations") or {}):
-            continue
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        pods.append(pod)
-    return pods
-
-
-async def _blocking_budgets(api: ClusterApi, node: str) -> list[str]:
-    """Each pod left on the node, with the disruption budgets that allow no eviction of it."""
-    left = await _pods_on(api, node)
-    out = await api.kubectl(["get", "poddisruptionbudgets", "-A", "-o", "json"], repeat=Repeat.READ)
-    budgets = json.loads(out).get("items", [])
-    lines = []
-    for pod in left:
-        metadata = pod["metadata"]
-        holding = [
-            f"{budget['metadata']['namespace']}/{budget['metadata']['name']} "
-            f"(allows {int((budget.get('status') or {}).get('disruptionsAllowed') or 0)} disruption(s))"
-            for budget in budgets
-            if budget["metadata"].get("namespace") == metadata.get("namespace")
-            and _matches((budget.get("spec") or {}).get("selector") or {}, metadata.get("labels") or {})
-        ]
-        if holding:
-            held = f"held by PodDisruptionBudget {', '.join(holding)}"
-        elif not metadata.get("ownerReferences"):
-            held = (
-                "has no controller (a drain would delete it for good: delete it yourself or run it under a Deployment)"
-            )
-        else:
-            held = "not evicted in time"
-        lines.append(f"pod {metadata.get('namespace')}/{metadata.get('name')} {held}")
-    return lines
-
-
 class Reboot:
     """One worker's reboot (see the module docstring)."""
 
@@ -230,12 +168,12 @@ class Reboot:
         return float((await self.server.run(["date", "+%s"], deadline=15)).stdout.strip())
 
     async def _drain(self) -> list[str]:
-        evicted = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in await _pods_on(self.api, self.node)]
+        evicted = await names_to_evict(self.api, self.node)
         self.progress(f"[{self.node}] draining: {len(evicted)} pod(s) to evict (DaemonSet pods stay)")
         try:
             await self.api.drain(self.node, self.drain_timeout)
         except RemoteCommandError:
-            held = await _blocking_budgets(self.api, self.node)
+            held = await blocking_budgets(self.api, self.node)
             await self.api.cordon(self.node, False)
             await self._record(None)
             raise RebootRefusedError(

@@ -33,7 +33,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from node_operations.reboot import _blocking_budgets, _pods_on
+from node_operations.drain import blocking_budgets, names_to_evict
 from node_operations.teardown import wipe_node
 from remote_access.kube import ClusterApi, Repeat
 from remote_access.ssh import RemoteCommandError, SshError, SshTarget, open_session
@@ -265,14 +265,12 @@ class WorkerRemoval:
             left = await self._copies_here()
 
     async def _drain(self) -> None:
-        self.report.pods_evicted = [
-            f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in await _pods_on(self.api, self.node)
-        ]
+        self.report.pods_evicted = await names_to_evict(self.api, self.node)
         self.progress(f"draining: {len(self.report.pods_evicted)} pod(s) to evict (DaemonSet pods stay)")
         try:
             await self.api.drain(self.node, self.drain_timeout)
         except RemoteCommandError:
-            held = await _blocking_budgets(self.api, self.node)
+            held = await blocking_budgets(self.api, self.node)
             raise RemovalRefusedError(
                 self.node,
                 f"the drain did not finish within {self.drain_timeout:.0f} s: "

@@ -3,7 +3,8 @@ pod falls under (Kubernetes' label-selector semantics). No host involved."""
 
 from __future__ import annotations
 
-from node_operations.reboot import _matches, _workload_ready
+from node_operations.drain import selector_matches
+from node_operations.reboot import _workload_ready
 
 
 def test_a_workload_is_ready_when_every_replica_or_scheduled_pod_is() -> None:
@@ -18,15 +19,19 @@ def test_a_workload_is_ready_when_every_replica_or_scheduled_pod_is() -> None:
 
 def test_a_budgets_selector_matches_as_kubernetes_matches_it() -> None:
     labels = {"app": "web", "tier": "front"}
-    assert _matches({"matchLabels": {"app": "web"}}, labels)
-    assert not _matches({"matchLabels": {"app": "db"}}, labels)
-    assert _matches({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["front", "back"]}]}, labels)
-    assert not _matches({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["front"]}]}, labels)
-    assert _matches({"matchExpressions": [{"key": "app", "operator": "Exists"}]}, labels)
-    assert not _matches({"matchExpressions": [{"key": "zone", "operator": "Exists"}]}, labels)
-    assert _matches({"matchExpressions": [{"key": "zone", "operator": "DoesNotExist"}]}, labels)
+    assert selector_matches({"matchLabels": {"app": "web"}}, labels)
+    assert not selector_matches({"matchLabels": {"app": "db"}}, labels)
+    assert selector_matches(
+        {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["front", "back"]}]}, labels
+    )
+    assert not selector_matches(
+        {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["front"]}]}, labels
+    )
+    assert selector_matches({"matchExpressions": [{"key": "app", "operator": "Exists"}]}, labels)
+    assert not selector_matches({"matchExpressions": [{"key": "zone", "operator": "Exists"}]}, labels)
+    assert selector_matches({"matchExpressions": [{"key": "zone", "operator": "DoesNotExist"}]}, labels)
     # Both parts must hold.
-    assert not _matches(
+    assert not selector_matches(
         {"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "tier", "operator": "In", "values": ["back"]}]},
         labels,
     )
