@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote
 
+from remote_access.api_forward import process_alive
+
 from .errors import LockHolder, StackBusyError
 
 LockState = Literal["live", "stale", "foreign"]
@@ -44,12 +46,8 @@ def pulumi_lock_files(backend: Path, project: str, stack: str) -> list[Path]:
 
 
 def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not process_alive(pid):
         return False
-    except PermissionError:
-        return True
     comm = Path(f"/proc/{pid}/comm")
     if comm.parent.exists():
         # A recycled pid that now belongs to something else is not the run that locked.

@@ -77,7 +77,8 @@ def _record_path(local_port: int) -> Path:
     return Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp") / f"hk3s-api-forward-{local_port}.json"
 
 
-def _pid_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -121,7 +122,7 @@ class ApiForward:
 
     def close(self) -> None:
         """End the forward's process if this call started it (one found running is left)."""
-        if self.started and _pid_alive(self.pid):
+        if self.started and process_alive(self.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, 15)
 
@@ -133,7 +134,7 @@ def open_api_forward(server: SshTarget, local_port: int, outlive_pid: int | None
     with contextlib.suppress(OSError, ValueError, KeyError):
         known = json.loads(record.read_text())
         pid = int(known["pid"])
-        if known.get("address") == server.address and _pid_alive(pid) and _serving(local_port):
+        if known.get("address") == server.address and process_alive(pid) and _serving(local_port):
             return ApiForward(local_port, pid, started=False)
     if _serving(local_port):
         raise ApiForwardError(
@@ -183,7 +184,7 @@ async def _serve(request: ForwardRequest) -> None:
         recorded_host_key=request.host_key or None,
     )
     announced = False
-    while _pid_alive(request.outlive_pid):
+    while process_alive(request.outlive_pid):
         try:
             async with open_session(target) as session:
                 listener = await session.forward_local_port(request.local_port, API_PORT)
@@ -191,7 +192,7 @@ async def _serve(request: ForwardRequest) -> None:
                     print("ready", flush=True)
                     announced = True
                 closed = asyncio.ensure_future(session.wait_closed())
-                while _pid_alive(request.outlive_pid) and not closed.done():
+                while process_alive(request.outlive_pid) and not closed.done():
                     await asyncio.sleep(POLL_SECONDS)
                 listener.close()
                 closed.cancel()
