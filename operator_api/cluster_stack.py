@@ -561,11 +561,13 @@ class ClusterStack:
     def _api_forward(self, stack: auto.Stack, on_output: OutputCallback | None) -> Iterator[None]:
         """The forward to the Kubernetes API for a run that does not start the program (which
         opens it itself): a refresh or a destroy (remote_access.api_forward). A stack file the
-        run will refuse anyway opens none."""
-        deployment, settings = Deployment.export(stack), None
+        run will refuse anyway, or one without Longhorn, opens none (and exports no state)."""
+        settings, targets = None, list[SshTarget]()
         with contextlib.suppress(SettingsRejectedError):
             settings = self.settings_document().validate("opening the Kubernetes API")
-        targets = self._host_targets(deployment) if settings is not None and deployment.resources else []
+        if settings is not None and settings.storage.install_longhorn:
+            deployment = Deployment.export(stack)
+            targets = self._host_targets(deployment) if deployment.resources else []
         with api_forward_during(settings, targets, self.project, self.env, lambda line: _say(on_output, line)):
             yield
 
