@@ -116,6 +116,13 @@ class WorkerNode(pulumi.ComponentResource):
                     accept_stale_data=fence.accept_stale_data,
                     hcloud_server_id=self.endpoint.hcloud_server_id,
                     kubeconfig=server.kubeconfig,
+                    # The fence goes through the server's API, logged in as the join logs in there.
+                    server_node=server.endpoint.name,
+                    server_address=server.endpoint.ssh_address,
+                    server_ssh_port=server.endpoint.ssh_port,
+                    server_host_key=server.endpoint.probe.host_key,
+                    kubelet_address=server.cluster_address(worker.name),
+                    api_wait_seconds=settings.cluster.api_wait_seconds,
                 ),
                 opts=self.endpoint.options(self, [self.join_resource]),
             )

@@ -246,29 +246,41 @@ class TaintedNodeValidation:
     async def _kubelet_port_from_server(self) -> str | None:
         """A TCP connection from the server to the node's kubelet port; None when it opens,
         else why not."""
-        result = await self.server.run(
-            [
-                "timeout",
-                str(KUBELET_DIAL_SECONDS),
-                "bash",
-                "-c",
-                'exec 3<>"/dev/tcp/$1/$2"',
-                "-",
-                self.target.kubelet_address,
-                str(KUBELET_PORT),
-            ],
-            deadline=KUBELET_DIAL_SECONDS + 15,
-            check=False,
-        )
-        if result.exit_status == 0:
-            return None
-        if result.exit_status == 124:
-            return f"no answer within {KUBELET_DIAL_SECONDS} s"
-        stderr = result.stderr.lower()
-        for reason in ("connection refused", "no route to host", "network is unreachable"):
-            if reason in stderr:
-                return reason
-        return result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.exit_status}"
+        return await dial_kubelet(self.server, self.target.kubelet_address)
+
+
+# Why a connection to a kubelet did not open when no kubelet answered; any other reason means
+# the check itself did not run as meant (see `dial_kubelet`).
+KUBELET_SILENT = ("no answer", "connection refused", "no route to host", "network is unreachable")
+
+
+async def dial_kubelet(server: SshSession, address: str) -> str | None:
+    """A TCP connection from `server` to the kubelet port at `address`; None when it opens,
+    else why not: "no answer within N s", "connection refused", "no route to host",
+    "network is unreachable", or what the dial printed when it failed otherwise."""
+    result = await server.run(
+        [
+            "timeout",
+            str(KUBELET_DIAL_SECONDS),
+            "bash",
+            "-c",
+            'exec 3<>"/dev/tcp/$1/$2"',
+            "-",
+            address,
+            str(KUBELET_PORT),
+        ],
+        deadline=KUBELET_DIAL_SECONDS + 15,
+        check=False,
+    )
+    if result.exit_status == 0:
+        return None
+    if result.exit_status == 124:
+        return f"no answer within {KUBELET_DIAL_SECONDS} s"
+    stderr = result.stderr.lower()
+    for reason in ("connection refused", "no route to host", "network is unreachable"):
+        if reason in stderr:
+            return reason
+    return result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.exit_status}"
 
 
 def _pod_progress(pod: dict[str, Any]) -> tuple[str, str]:

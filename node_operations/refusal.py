@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-RefusalCode = Literal["capability-missing", "preflight", "settings", "host-key", "teardown", "removal"]
+RefusalCode = Literal["capability-missing", "preflight", "settings", "host-key", "teardown", "removal", "fence"]
 REFUSAL_CODES: tuple[RefusalCode, ...] = (
     "capability-missing",
     "preflight",
@@ -19,6 +19,7 @@ REFUSAL_CODES: tuple[RefusalCode, ...] = (
     "host-key",
     "teardown",
     "removal",
+    "fence",
 )
 _TAG = re.compile(r"\s*\[refused: (?P<code>[a-z-]+)\]")
 

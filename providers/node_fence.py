@@ -1,35 +1,88 @@
 """NodeFence: fences a dead worker. Kubernetes cannot tell a dead host from one that
 lost its network and may still be writing, so nothing moves until the operator says
-the worker is down and the program has proved it.
+the worker is down (hk3s:fences.<worker>) and the program has proved it.
 
-The fence is recorded before anything is touched; only then is the node tainted
-out of service, which is the one way pods are force-deleted in this product.
-Inputs are validated now; the procedure is a later capability.
+Create runs the fence (node_operations.fence: down for a minute, recorded on the Node
+before anything is touched, the host stopped or confirmed off, the Node tainted out of
+service) and resumes a fence an earlier run left unfinished: the record on the Node says
+so, and every step is idempotent. Update only stores changed inputs: a fence done stays
+done. Lifting a fence (delete: the worker rejoins) is not in this release and is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, Resource, UpdateResult
 
-from providers.base import CapabilityMissingError, NodeProvider, check_connection_inputs, resource_inputs
-from providers.inputs import NodeInputs
+from node_operations.fence import FenceOrder, fence_worker
+from providers.base import (
+    CapabilityMissingError,
+    NodeProvider,
+    check_connection_inputs,
+    progress,
+    resource_inputs,
+    run_operation,
+    ssh_target,
+)
+from providers.inputs import NodeInputs, known
+from providers.node_join import other_node
+from remote_access.kube import API_WAIT_SECONDS
+from remote_access.ssh import SshTarget
 
 FENCE_CAPABILITY = "fencing a worker"
+OUTPUTS = ("recorded_at", "stopped_by", "pods_deleted", "stopped_services")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class NodeFenceInputs(NodeInputs):
-    """What the operator says about the worker, and how to reach its machine and the cluster."""
+    """What the operator says about the worker, how to reach its machine, and the server whose
+    API the fence goes through (with the worker's login key)."""
 
     powered_off: pulumi.Input[bool] = False
     accept_stale_data: pulumi.Input[bool] = False
     hcloud_server_id: pulumi.Input[str] | None = None
     kubeconfig: pulumi.Input[str]
     """A secret."""
+    server_node: pulumi.Input[str]
+    server_address: pulumi.Input[str]
+    server_ssh_port: pulumi.Input[int] | None = None
+    server_host_key: pulumi.Input[str | None] = None
+    kubelet_address: pulumi.Input[str]
+    """Where the other nodes reach the worker's kubelet (its cluster address): the server dials
+    it there to check that a worker reported powered off is."""
+    api_wait_seconds: pulumi.Input[float] = API_WAIT_SECONDS
+
+    def server(self) -> SshTarget:
+        return other_node(self.login, self.server_node, self.server_address, self.server_ssh_port, self.server_host_key)
+
+
+def _fence(props: dict[str, Any]) -> dict[str, Any]:
+    inputs = NodeFenceInputs.from_props(props)
+    node = str(known(inputs.login.node))
+    report = run_operation(
+        fence_worker(
+            inputs.server(),
+            ssh_target(inputs.login),
+            FenceOrder(powered_off=bool(known(inputs.powered_off)), kubelet_address=str(known(inputs.kubelet_address))),
+            api_wait=float(known(inputs.api_wait_seconds) or API_WAIT_SECONDS),
+            progress=functools.partial(progress, node),
+        )
+    )
+    for line in report.lines():
+        progress(node, line)
+    return {
+        **props,
+        "recorded_at": report.recorded_at,
+        "stopped_by": report.stopped_by,
+        "pods_deleted": report.pods_deleted,
+        # Workloads the fence keeps stopped (their data's only current copy was on the worker): none
+        # until the Longhorn decisions land.
+        "stopped_services": [],
+    }
 
 
 class NodeFenceProvider(NodeProvider):
@@ -43,10 +96,12 @@ class NodeFenceProvider(NodeProvider):
         return CheckResult(news, failures)
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        raise CapabilityMissingError(props["node"], "fencing the worker", FENCE_CAPABILITY)
+        # Deterministic id: the fence of one worker, whichever run made (or resumed) it.
+        return CreateResult(id_=f"{props['node']}-fence", outs=_fence(props))
 
-    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        raise CapabilityMissingError(news["node"], "changing the fence", FENCE_CAPABILITY)
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        # The fence is done (create finished it); a changed flag or server changes nothing on it.
+        return UpdateResult(outs={**news, **{name: olds.get(name) for name in OUTPUTS}})
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         raise CapabilityMissingError(
@@ -58,8 +113,10 @@ class NodeFence(Resource, module="hk3s", name="NodeFence"):
     """A recorded fence of one worker."""
 
     recorded_at: pulumi.Output[str]
+    stopped_by: pulumi.Output[str]
+    pods_deleted: pulumi.Output[list[str]]
     stopped_services: pulumi.Output[list[str]]
 
     def __init__(self, resource_name: str, inputs: NodeFenceInputs, opts: pulumi.ResourceOptions | None = None) -> None:
-        props = resource_inputs(inputs, ["recorded_at", "stopped_services"], secrets=["kubeconfig"])
+        props = resource_inputs(inputs, list(OUTPUTS), secrets=["kubeconfig"])
         super().__init__(NodeFenceProvider(), resource_name, props, opts)

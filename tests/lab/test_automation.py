@@ -350,7 +350,7 @@ def test_the_cli_removes_a_worker_and_the_api_no_longer_lists_it(cluster: Cluste
     assert w2.run(["test", "-e", "/var/lib/rancher/k3s"], check=False).returncode != 0
 
 
-def test_fencing_is_refused_until_the_capability_lands(cluster: Cluster) -> None:
+def test_fencing_a_ready_worker_is_refused_and_changes_nothing(cluster: Cluster) -> None:
     w1 = cluster.workers[0]
     before = cluster.stack_file.read_bytes()
     # Releasing data needs --yes: without a terminal the CLI shows the plan and stops.
@@ -360,9 +360,9 @@ def test_fencing_is_refused_until_the_capability_lands(cluster: Cluster) -> None
     with pytest.raises(RefusedError) as refused:
         cluster.api().fence(w1.name, powered_off=True)
     error = refused.value
-    assert error.reason == "capability-missing" and error.config_restored and error.stack_restored, error
+    assert error.reason == "fence" and error.config_restored and error.stack_restored, error
     assert error.resource is not None and error.resource.name == f"{w1.name}-fence"
-    assert "fencing the worker is not available in this release" in error.resource.message
+    assert f"{w1.name} is Ready: a fence is only for a worker that is down" in error.resource.message
     assert cluster.stack_file.read_bytes() == before
     assert {n.name: n.fenced for n in cluster.api().nodes()}[w1.name] is False
     assert cluster.ready(w1.name)

@@ -1,0 +1,368 @@
+"""Fence a worker that is down: prove it is down, record the fence, stop what is left of it,
+then let Kubernetes start its workloads elsewhere.
+
+Kubernetes cannot tell a dead host from one that lost its network and may still be writing,
+so it moves nothing off a NotReady node on its own. The fence is how the operator says the
+worker is down; the program then proves it before anything moves. The order, and why:
+
+1. **Only a worker that is down**: its Node has been NotReady (the Ready condition False or
+   Unknown) for at least `MIN_DOWN_SECONDS`, by the condition's lastTransitionTime against the
+   server's clock (the controller manager on the server set that time, so no other clock's skew
+   counts). A shorter outage usually heals itself; fencing it would stop a worker for nothing.
+2. **Recorded first**: the fence is written on the Node (`FENCE_ANNOTATION`, the time) before
+   anything is touched, and every step below is idempotent, so a fence cut anywhere (even by
+   SIGKILL) resumes on the next `up`: a recorded fence skips step 1 and finishes the rest.
+   What can be judged without changing anything (whether the host answers, the operator's
+   confirmation, the kubelet check) is judged before the record, so a refusal changes nothing.
+3. **Stop the worker**:
+   - it answers over SSH: `host_scripts/k3s_fence.sh` writes a systemd drop-in that keeps the
+     k3s agent from starting (even after a reboot), stops the agent and every container, and
+     lists what is left (a container's process, a containerd shim, a Longhorn process, a pod
+     mount); anything left stops the fence, named, before the taint.
+   - it does not answer: the operator must confirm it is powered off and stays off
+     (`hk3s:fences.<worker>.powered_off`), and the server must fail to reach its kubelet at its
+     recorded address: a kubelet that answers, an address that is not IPv4, or a check that
+     did not run refuses the fence. The check proves the kubelet silent, not the machine off
+     (a refused connection passes: no kubelet listens there); that the host stays off is what
+     the operator confirms.
+4. **Taint** the Node `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`: Kubernetes
+   evicts its pods, and its pod garbage collector force-deletes the ones left terminating on an
+   out-of-service NotReady node, so their controllers start them elsewhere. This taint is the
+   only way this product has pods force-deleted (tests/test_force_deletion.py holds every
+   other code path to it). The fence waits until every pod that does not tolerate the taint
+   is gone and reports where their workloads run now.
+
+Not in this release (no Longhorn stand-in in the lab to prove them against): the decision per
+workload with a single-node Longhorn volume on the worker (a current copy elsewhere, stale
+copies and `accept_stale_data`, Jobs suspended), the deletion of pods whose volume
+attachments are gone, powering Hetzner servers off through the Hetzner API, and lifting a
+fence (`NodeFence.delete` refuses it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from host_scripts import script_path
+from node_operations.health import OUT_OF_SERVICE_TAINT
+from node_operations.join_validation import KUBELET_PORT, KUBELET_SILENT, dial_kubelet
+from node_operations.k3s_install import parse_results
+from node_operations.refusal import tagged
+from node_operations.worker_removal import worker_answers
+from remote_access.kube import ClusterApi, Repeat, Taint
+from remote_access.ssh import SshError, SshSession, SshTarget, open_session
+
+FENCE_ANNOTATION = "hk3s.dev/fenced-at"
+OUT_OF_SERVICE = Taint(OUT_OF_SERVICE_TAINT, "nodeshutdown", "NoExecute")
+# How long a Node must have been NotReady: longer than a brief network loss or an agent restart.
+MIN_DOWN_SECONDS = 60.0
+FENCE_SCRIPT_DEADLINE_SECONDS = 180.0
+# The pod garbage collector runs every 20 s; an eviction plus a collection fit well within this.
+PODS_GONE_TIMEOUT_SECONDS = 180.0
+POLL_SECONDS = 2.0
+
+Progress = Callable[[str], None]
+
+
+class FenceRefusedError(SshError):
+    """The fence was refused before anything changed; the message names the setting or host and the fix."""
+
+    def __init__(self, node: str, message: str) -> None:
+        super().__init__(node, tagged(f"fencing is refused: {message}. Nothing was changed", "fence"))
+
+
+class FenceStoppedError(SshError):
+    """The fence is recorded but stopped before its end; the next `up` resumes it."""
+
+
+@dataclass(frozen=True)
+class FenceOrder:
+    """What the operator said (hk3s:fences.<worker>) and where the cluster reaches the worker."""
+
+    powered_off: bool
+    kubelet_address: str
+
+
+@dataclass(frozen=True)
+class ReadyCondition:
+    """A Node's Ready condition: "True", "False" or "Unknown" ("" when it reports none), and since when."""
+
+    status: str
+    since: datetime | None
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any]) -> ReadyCondition:
+        conditions = (node.get("status") or {}).get("conditions") or []
+        ready: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+        since = ready.get("lastTransitionTime")
+        return cls(str(ready.get("status") or ""), datetime.fromisoformat(since) if since else None)
+
+
+def down_refusal(node: str, ready: ReadyCondition, now: datetime, min_down: float = MIN_DOWN_SECONDS) -> str | None:
+    """Why `node` is not down long enough to be fenced (None when it is)."""
+    fix = f"remove hk3s:fences.{node} if it is not down; otherwise run up again"
+    if ready.status == "True":
+        return (
+            f"{node} is Ready: a fence is only for a worker that is down; {fix} once it has been NotReady for "
+            f"{min_down:.0f} s"
+        )
+    if ready.since is None:
+        return f"{node}'s Node reports no Ready condition yet, so how long it has been down is unknown; {fix} later"
+    down = (now - ready.since).total_seconds()
+    if down < min_down:
+        return (
+            f"{node} has been NotReady for only {max(down, 0):.0f} s (since {ready.since:%H:%M:%S} UTC); a fence "
+            f"needs it down for at least {min_down:.0f} s, since a shorter outage usually heals itself; {fix} in "
+            f"{min_down - down:.0f} s"
+        )
+    return None
+
+
+def unreachable_refusal(node: str, silent: str, powered_off: bool) -> str | None:
+    """Why a worker that does not answer over SSH (`silent` says why) cannot be fenced unconfirmed."""
+    if powered_off:
+        return None
+    return (
+        f"{node} does not answer over SSH ({silent}), so the program cannot stop it itself. If the host is powered "
+        f"off and stays off until it rejoins, confirm it with hk3s:fences.{node}.powered_off: true (scripts/hk3s "
+        f"node fence {node} --powered-off); otherwise bring its SSH back and run up again"
+    )
+
+
+def kubelet_refusal(node: str, address: str, dialled: str | None) -> str | None:
+    """Why the server's dial of the kubelet (`dialled`: None when it connected, else why not)
+    does not show the worker is off (None when it does)."""
+    where = f"{address}:{KUBELET_PORT}"
+    if dialled is None:
+        return (
+            f"{node}'s kubelet still answers at {where} (checked from the server), so the host is running even though "
+            f"it is reported powered off. Power it off (or stop its k3s agent), then run up again"
+        )
+    if not dialled.startswith(KUBELET_SILENT):
+        return (
+            f"the server's check of {node}'s kubelet at {where} did not run as meant ({dialled}), so the kubelet is "
+            f"not known to be silent. Check that the server can dial {where} (bash and timeout on the server), then "
+            f"run up again"
+        )
+    return None
+
+
+def address_refusal(node: str, address: str) -> str | None:
+    """The kubelet check needs an IPv4 address (the address the cluster records for the worker)."""
+    try:
+        ipaddress.IPv4Address(address)
+    except ValueError:
+        return (
+            f"{node}'s recorded address {address!r} is not an IPv4 address, so the server cannot check that its "
+            f"kubelet is off; set the worker's address in hk3s:workers to its IPv4 address and run up again"
+        )
+    return None
+
+
+def tolerates(pod: Mapping[str, Any], taint: Taint) -> bool:
+    """Whether the pod tolerates `taint` (and so stays on a node carrying it)."""
+    for toleration in (pod.get("spec") or {}).get("tolerations") or []:
+        if toleration.get("effect") not in (None, "", taint.effect):
+            continue
+        key, operator = toleration.get("key") or "", toleration.get("operator") or "Equal"
+        if operator == "Exists" and key in ("", taint.key):
+            return True
+        if operator == "Equal" and key == taint.key and (toleration.get("value") or "") == taint.value:
+            return True
+    return False
+
+
+def pod_name(pod: Mapping[str, Any]) -> str:
+    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+
+
+def owner_of(pod: Mapping[str, Any]) -> str | None:
+    """`Kind namespace/name` of the pod's controller, or None for a pod no controller starts again."""
+    for owner in pod["metadata"].get("ownerReferences") or []:
+        if owner.get("controller"):
+            return f"{owner['kind']} {pod['metadata']['namespace']}/{owner['name']}"
+    return None
+
+
+@dataclass
+class FenceReport:
+    """What the fence did."""
+
+    node: str
+    recorded_at: str = ""
+    resumed: bool = False
+    down_seconds: float | None = None
+    stopped_by: str = ""  # "ssh": stopped by the program; "powered-off": confirmed off by the operator
+    pods_deleted: list[str] = field(default_factory=list)
+    pods_staying: list[str] = field(default_factory=list)
+    running_now: dict[str, list[str]] = field(default_factory=dict)  # controller -> "pod on node (phase)"
+    not_restarted: list[str] = field(default_factory=list)  # deleted pods no controller starts again
+
+    def lines(self) -> list[str]:
+        """The report, one line per fact."""
+        how = "stopped over SSH (agent held down by a drop-in)" if self.stopped_by == "ssh" else "confirmed powered off"
+        down = f", NotReady for {self.down_seconds:.0f} s" if self.down_seconds is not None else ""
+        lines = [
+            f"fenced (recorded {self.recorded_at}{', resumed' if self.resumed else ''}{down}): {how}, tainted "
+            f"{OUT_OF_SERVICE}; {len(self.pods_deleted)} pod(s) deleted by Kubernetes"
+        ]
+        for controller, pods in sorted(self.running_now.items()):
+            lines.append(f"{controller} now runs: {', '.join(pods) or 'no pod yet'}")
+        if self.not_restarted:
+            lines.append(f"deleted with no controller to start them again: {', '.join(self.not_restarted)}")
+        if self.pods_staying:
+            staying = ", ".join(self.pods_staying)
+            lines.append(f"staying on the node (they tolerate the out-of-service taint): {staying}")
+        return lines
+
+
+class WorkerFence:
+    """One worker's fence (see the module docstring)."""
+
+    def __init__(
+        self,
+        server: SshSession,
+        api: ClusterApi,
+        worker: SshTarget,
+        order: FenceOrder,
+        progress: Progress,
+        *,
+        min_down: float = MIN_DOWN_SECONDS,
+        pods_timeout: float = PODS_GONE_TIMEOUT_SECONDS,
+    ) -> None:
+        self.server, self.api, self.worker, self.order = server, api, worker, order
+        self.node, self.progress = worker.node, progress
+        self.min_down, self.pods_timeout = min_down, pods_timeout
+        self.report = FenceReport(worker.node)
+
+    async def _server_now(self) -> datetime:
+        result = await self.server.run(["date", "-u", "+%s"], deadline=20)
+        return datetime.fromtimestamp(int(result.stdout.strip()), UTC)
+
+    async def _node_object(self) -> dict[str, Any]:
+        out = await self.api.kubectl(["get", "node", self.node, "-o", "json", "--ignore-not-found"], repeat=Repeat.READ)
+        if not out.strip():
+            raise FenceRefusedError(
+                self.node,
+                f"the cluster has no Node named {self.node}: there is nothing to fence. Remove hk3s:fences.{self.node}",
+            )
+        node: dict[str, Any] = json.loads(out)
+        return node
+
+    async def _judge(self) -> None:
+        """Every check that needs no change, before the record: down long enough (unless the fence is
+        recorded already), and how it is stopped."""
+        node = await self._node_object()
+        ready, now = ReadyCondition.of(node), await self._server_now()
+        recorded = ((node.get("metadata") or {}).get("annotations") or {}).get(FENCE_ANNOTATION)
+        if ready.status != "True" and ready.since is not None:
+            self.report.down_seconds = (now - ready.since).total_seconds()
+        if recorded:
+            self.report.recorded_at, self.report.resumed = recorded, True
+            self.progress(f"the fence recorded at {recorded} resumes")
+        elif (refusal := down_refusal(self.node, ready, now, self.min_down)) is not None:
+            raise FenceRefusedError(self.node, refusal)
+        silent = await worker_answers(self.worker)
+        if silent is None:
+            self.report.stopped_by = "ssh"
+            return
+        self.progress(f"does not answer over SSH ({silent})")
+        refusal = unreachable_refusal(self.node, silent, self.order.powered_off) or address_refusal(
+            self.node, self.order.kubelet_address
+        )
+        if refusal is None:
+            dialled = await dial_kubelet(self.server, self.order.kubelet_address)
+            refusal = kubelet_refusal(self.node, self.order.kubelet_address, dialled)
+        if refusal is not None:
+            raise FenceRefusedError(self.node, refusal)
+        where = f"{self.order.kubelet_address}:{KUBELET_PORT}"
+        self.progress(f"confirmed powered off; its kubelet at {where} does not answer")
+        self.report.stopped_by = "powered-off"
+
+    async def _record(self) -> None:
+        if self.report.recorded_at:
+            return
+        recorded = f"{await self._server_now():%Y-%m-%dT%H:%M:%SZ}"
+        await self.api.kubectl(
+            ["annotate", "node", self.node, "--overwrite", f"{FENCE_ANNOTATION}={recorded}"], repeat=Repeat.IDEMPOTENT
+        )
+        self.report.recorded_at = recorded
+        self.progress(f"fence recorded on the Node ({FENCE_ANNOTATION}={recorded})")
+
+    async def _stop_over_ssh(self) -> None:
+        self.progress("stopping the k3s agent and every container; a drop-in keeps the agent down")
+        try:
+            async with open_session(self.worker) as session:
+                result = await session.run_script(script_path("k3s_fence.sh"), deadline=FENCE_SCRIPT_DEADLINE_SECONDS)
+        except SshError as error:
+            raise FenceStoppedError(
+                self.node, f"the fence is recorded but stopping the host did not finish ({error}); run up again"
+            ) from None
+        left = parse_results(result.stdout).get("left", "").split()
+        if left:
+            raise FenceStoppedError(
+                self.node,
+                f"the fence is recorded and the agent held down, but still on the host: {', '.join(left)}. The node "
+                "is not tainted, so nothing was started elsewhere. Stop or unmount these (or power the host off), then "
+                "run up again: the fence resumes",
+            )
+        self.progress("no container, shim, Longhorn process or pod mount is left on the host")
+
+    async def _pods(self, node: str | None = None) -> list[dict[str, Any]]:
+        args = ["get", "pods", "-A", "-o", "json"] + (["--field-selector", f"spec.nodeName={node}"] if node else [])
+        items: list[dict[str, Any]] = json.loads(await self.api.kubectl(args, repeat=Repeat.READ)).get("items", [])
+        return items
+
+    async def _let_pods_go(self) -> None:
+        """Taint the node out of service, wait until Kubernetes deleted every pod that does not
+        tolerate it, and report where their controllers run pods now."""
+        before = await self._pods(self.node)
+        leaving = [pod for pod in before if not tolerates(pod, OUT_OF_SERVICE)]
+        self.report.pods_staying = [pod_name(pod) for pod in before if tolerates(pod, OUT_OF_SERVICE)]
+        await self.api.add_taint(self.node, OUT_OF_SERVICE)
+        self.progress(f"tainted {OUT_OF_SERVICE}: waiting for Kubernetes to delete {len(leaving)} pod(s)")
+        deadline = time.monotonic() + self.pods_timeout
+        uids = {pod["metadata"]["uid"] for pod in leaving}
+        while left := [pod_name(p) for p in await self._pods(self.node) if p["metadata"]["uid"] in uids]:
+            if time.monotonic() > deadline:
+                raise FenceStoppedError(
+                    self.node,
+                    f"the node is fenced and tainted, but Kubernetes has not deleted {', '.join(left)} within "
+                    f"{self.pods_timeout:.0f} s; check the kube-controller-manager on the server, then run up again",
+                )
+            await asyncio.sleep(POLL_SECONDS)
+        self.report.pods_deleted = sorted(pod_name(pod) for pod in leaving)
+        controllers = {owner_of(pod) for pod in leaving}
+        self.report.not_restarted = sorted(pod_name(pod) for pod in leaving if owner_of(pod) is None)
+        now = await self._pods()
+        for controller in sorted(c for c in controllers if c is not None):
+            self.report.running_now[controller] = [
+                f"{pod['metadata']['name']} on {pod['spec'].get('nodeName') or 'no node yet'} "
+                f"({(pod.get('status') or {}).get('phase', 'Pending')})"
+                for pod in now
+                if owner_of(pod) == controller
+            ]
+
+    async def run(self) -> FenceReport:
+        await self._judge()
+        await self._record()
+        if self.report.stopped_by == "ssh":
+            await self._stop_over_ssh()
+        await self._let_pods_go()
+        return self.report
+
+
+async def fence_worker(
+    server: SshTarget, worker: SshTarget, order: FenceOrder, *, api_wait: float, progress: Progress
+) -> FenceReport:
+    """Fence `worker` through the server's API (see the module docstring)."""
+    async with open_session(server) as session:
+        api = ClusterApi(session, progress=progress, api_wait=api_wait)
+        return await WorkerFence(session, api, worker, order, progress).run()

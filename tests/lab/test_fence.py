@@ -1,0 +1,250 @@
+"""Fencing a dead worker, through the real Pulumi engine on pod-capable lab hosts: a real
+containerd, runc and kubelet under the k3s stand-in, and the real kube-controller-manager,
+whose taint manager and pod garbage collector delete the pods of a node tainted out of service.
+
+One cluster for the module (the tests run in order): a server and three workers running a
+Deployment of three web pods, one per worker.
+- fe-w1's agent is stopped (its containers keep running, as on k3s): fenced while NotReady for
+  less than a minute is refused, naming how long; after a minute it is fenced over SSH: a drop-in
+  holds its agent down, no container, shim or pod mount is left, and the drop-in holds across a
+  reboot of the host.
+- fe-w2 does not answer over SSH: refused without powered_off, refused while something answers
+  at its kubelet's address, fenced once it is powered off.
+- Both Nodes show OutOfService, and the web pods run on fe-w3.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pytest
+from pulumi import automation as auto
+
+from lab.hosts import Host, Lab
+from lab.stack_harness import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
+from node_operations.fence import FENCE_ANNOTATION
+from tests.lab_itself.test_pods import _busybox_image, _place_airgap_images, _runtime_built
+
+pytestmark = pytest.mark.lab
+
+K3S = "/usr/local/bin/k3s"
+DROP_IN = "/etc/systemd/system/k3s-agent.service.d/hk3s-fence.conf"
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+# One pod per worker while all are schedulable; tainted nodes leave the spread (nodeTaintsPolicy:
+# Honor), so the replacements may all start on the worker left.
+DEPLOYMENT = """apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: default}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      nodeSelector: {node-role.kubernetes.io/worker: "true"}
+      topologySpreadConstraints:
+        - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule,
+           nodeTaintsPolicy: Honor, labelSelector: {matchLabels: {app: web}}}
+      terminationGracePeriodSeconds: 2
+      containers:
+        - name: web
+          image: IMAGE
+          imagePullPolicy: Never
+          command: ["sh", "-c", "exec httpd -f -p 8080 -h /tmp"]
+"""
+# Something answering at a kubelet's port on a host that no longer answers over SSH.
+FAKE_KUBELET = ["systemd-run", "--unit=fake-kubelet", "python3", "-m", "http.server", "10250"]
+BLOCK_SSH = "add table inet labblock; add chain inet labblock input { type filter hook input priority -10; }; " + (
+    "add rule inet labblock input tcp dport 22 reject with tcp reset"
+)
+
+
+def kubectl(server: Host, *args: str) -> str:
+    return server.run([K3S, "kubectl", *args], timeout=60).stdout
+
+
+def node(server: Host, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(kubectl(server, "get", "node", name, "-o", "json"))
+    return found
+
+
+def ready_status(server: Host, name: str) -> str:
+    return next(c["status"] for c in node(server, name)["status"]["conditions"] if c["type"] == "Ready")
+
+
+def down_seconds(server: Host, name: str) -> float:
+    """How long the Node has been NotReady, by its Ready condition and the server's clock."""
+    ready = next(c for c in node(server, name)["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] != "True", ready
+    since = datetime.fromisoformat(ready["lastTransitionTime"]).timestamp()
+    return float(server.run(["date", "+%s"]).stdout) - since
+
+
+def web_pods(server: Host) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = json.loads(kubectl(server, "get", "pods", "-l", "app=web", "-o", "json"))["items"]
+    return items
+
+
+def running_on(server: Host) -> dict[str, str]:
+    """Each running, Ready web pod and its node."""
+    return {
+        p["metadata"]["name"]: p["spec"]["nodeName"]
+        for p in web_pods(server)
+        if p["status"].get("phase") == "Running"
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+        and not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def wait(what: str, check: Callable[[], bool], timeout: float, diagnose: Callable[[], str] = lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout:.0f} s\n{diagnose()}")
+        time.sleep(1)
+
+
+@dataclass
+class Cluster:
+    lab: Lab
+    stack: LabStack
+    server: Host
+    w1: Host
+    w2: Host
+    w3: Host
+    config: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def fence(self, fences: dict[str, dict[str, bool]]) -> str:
+        """`up` with these fences; the run's output (it failed) or "" (it succeeded)."""
+        self.config["fences"] = fences
+        self.stack.write_config(self.config)
+        self.stack.log.clear()
+        try:
+            self.stack.up()
+        except auto.CommandError as error:
+            return f"{self.stack.text()}\n{error}"
+        return ""
+
+    def diagnose(self) -> str:
+        return kubectl(self.server, "get", "pods,nodes", "-o", "wide") + self.stack.text()[-4000:]
+
+    def unchanged(self, worker: Host) -> None:
+        """A refusal changed nothing: no record, no taint, the host's drop-in not written."""
+        found = node(self.server, worker.name)
+        assert FENCE_ANNOTATION not in (found["metadata"].get("annotations") or {}), found["metadata"]
+        assert OUT_OF_SERVICE not in {t["key"] for t in found["spec"].get("taints") or []}
+        assert (worker.root / DROP_IN.lstrip("/")).exists() is False
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
+    skip_without_lab_binaries()
+    reason = _runtime_built()
+    if reason:
+        pytest.skip(reason)
+    started = time.monotonic()
+    server = lab.add_host(server_spec("fe-srv"))
+    workers = [lab.add_host(worker_spec(f"fe-w{i}", pods=True)) for i in (1, 2, 3)]
+    lab.wait_ssh_ready([server, *workers])
+    for worker in workers:  # before k3s is installed, as k3s's air-gap instructions say
+        _place_airgap_images(worker)
+    stack = LabStack(tmp_path_factory.mktemp("fence-stack"))
+    config = base_config(lab, server, workers)
+    stack.write_config(config)
+    up_or_fail(stack)
+    cluster = Cluster(lab, stack, server, workers[0], workers[1], workers[2], config)
+    image = _busybox_image()
+    for worker in workers:
+        wait(
+            f"{worker.name} imports the air-gap images",
+            lambda w=worker: image in w.run([K3S, "ctr", "images", "ls", "-q"]).stdout,  # type: ignore[misc]
+            60,
+        )
+    (server.root / "root/web.yaml").write_text(DEPLOYMENT.replace("IMAGE", image))
+    kubectl(server, "apply", "-f", "/root/web.yaml")
+    wait("a web pod Ready on each worker", lambda: len(set(running_on(server).values())) == 3, 120, cluster.diagnose)
+    cluster.timings["cluster"] = time.monotonic() - started
+    return cluster
+
+
+def test_a_worker_down_for_less_than_a_minute_is_refused(cluster: Cluster) -> None:
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    # fe-w1: its agent stopped; its containers keep running, as on k3s. fe-w2: its agent stopped,
+    # SSH refused, and something answering at its kubelet's port.
+    for worker in (w1, w2):
+        worker.run(["systemctl", "stop", "k3s-agent"])
+    w2.run(FAKE_KUBELET)
+    w2.run(["nft", BLOCK_SSH])
+    assert w1.run(["pgrep", "-x", "httpd"], check=False).returncode == 0, "the pod stopped with the agent"
+    wait(f"{w1.name} NotReady", lambda: ready_status(server, w1.name) != "True", 90, cluster.diagnose)
+    output = cluster.fence({w1.name: {}})
+    assert "fencing is refused" in output and f"{w1.name} has been NotReady for only" in output, output[-4000:]
+    assert "a fence needs it down for at least 60 s" in output and "[refused: fence]" in output, output[-4000:]
+    cluster.unchanged(w1)
+    assert w1.run(["pgrep", "-x", "httpd"], check=False).returncode == 0, "a refused fence stopped a container"
+
+
+def test_a_worker_that_does_not_answer_needs_powered_off_and_a_silent_kubelet(cluster: Cluster) -> None:
+    server, w2 = cluster.server, cluster.w2
+    wait(f"{w2.name} NotReady", lambda: ready_status(server, w2.name) != "True", 60, cluster.diagnose)
+    # The minute the fence asks for, by the Node's own record (both stopped at the same time).
+    time.sleep(max(0.0, 62 - min(down_seconds(server, w.name) for w in (cluster.w1, w2))))
+    output = cluster.fence({w2.name: {}})
+    assert f"{w2.name} does not answer over SSH" in output, output[-4000:]
+    assert f"hk3s:fences.{w2.name}.powered_off: true" in output, output[-4000:]
+    cluster.unchanged(w2)
+    output = cluster.fence({w2.name: {"powered_off": True}})
+    assert f"{w2.name}'s kubelet still answers at {w2.public_ip}:10250" in output, output[-4000:]
+    cluster.unchanged(w2)
+    w2.power_off()
+
+
+def test_fenced_workers_are_stopped_and_their_pods_start_elsewhere(cluster: Cluster) -> None:
+    server, w1, w2, w3 = cluster.server, cluster.w1, cluster.w2, cluster.w3
+    started = time.monotonic()
+    output = cluster.fence({w1.name: {}, w2.name: {"powered_off": True}})
+    cluster.timings["fence up"] = time.monotonic() - started
+    if output:
+        pytest.fail(output[-8000:])
+    text = cluster.stack.text()
+    assert f"[{w1.name}] fenced (recorded" in text and "stopped over SSH" in text, text[-4000:]
+    assert f"[{w2.name}] fenced (recorded" in text and "confirmed powered off" in text, text[-4000:]
+    for worker in (w1, w2):
+        found = node(server, worker.name)
+        assert FENCE_ANNOTATION in found["metadata"]["annotations"]
+        assert {"key": OUT_OF_SERVICE, "value": "nodeshutdown", "effect": "NoExecute"} in found["spec"]["taints"]
+        assert not [p for p in web_pods(server) if p["spec"].get("nodeName") == worker.name]
+    # The host the fence stopped: its agent held down, nothing of its pods left.
+    assert w1.run(["systemctl", "is-active", "k3s-agent"], check=False).stdout.strip() != "active"
+    for process in ("containerd-shim", "httpd", "kubelet", "containerd"):
+        assert w1.run(["pgrep", "-f", process], check=False).returncode != 0, f"{process} still runs on {w1.name}"
+    mounts = w1.run(["cat", "/proc/self/mounts"]).stdout
+    assert not [m for m in mounts.splitlines() if " /var/lib/kubelet/pods/" in m or " /run/k3s/" in m], mounts
+    # The workload runs on the worker left.
+    wait("3 web pods Ready on fe-w3", lambda: list(running_on(server).values()) == [w3.name] * 3, 120, cluster.diagnose)
+    states = {n.name: n.state for n in cluster.stack.api().nodes(live=True)}
+    assert states[w1.name] == states[w2.name] == "OutOfService" and states[w3.name] == "Ready", states
+    # Done is done: the next up changes nothing.
+    result = up_or_fail(cluster.stack)
+    changes = {str(getattr(op, "value", op)): n for op, n in (result.summary.resource_changes or {}).items()}
+    assert set(changes) == {"same"}, changes
+
+
+def test_the_drop_in_holds_the_agent_down_across_a_reboot(cluster: Cluster) -> None:
+    w1 = cluster.w1
+    boots = w1.boots
+    w1.reboot()
+    assert w1.boots > boots
+    time.sleep(3)  # the agent would be starting now (it is enabled at boot)
+    assert w1.run(["systemctl", "is-active", "k3s-agent"], check=False).stdout.strip() != "active"
+    assert w1.run(["pgrep", "-x", "kubelet"], check=False).returncode != 0
+    condition = w1.run(["systemctl", "show", "k3s-agent", "-p", "ConditionResult"]).stdout.strip()
+    assert condition == "ConditionResult=no", condition
+    assert ready_status(cluster.server, w1.name) != "True"
+    print(f"timings: {cluster.timings}")

@@ -1,0 +1,117 @@
+"""The fence's judgements: down long enough, a worker that does not answer, its kubelet, and
+which pods the out-of-service taint takes off the node. The fence itself runs in the lab
+(tests/lab/test_fence.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from node_operations.fence import (
+    OUT_OF_SERVICE,
+    FenceRefusedError,
+    FenceReport,
+    ReadyCondition,
+    address_refusal,
+    down_refusal,
+    kubelet_refusal,
+    owner_of,
+    tolerates,
+    unreachable_refusal,
+)
+from node_operations.refusal import refusal_code
+
+NOW = datetime(2026, 12, 3, 18, 0, 0, tzinfo=UTC)
+
+
+def _node(status: str | None, seconds_ago: float = 0) -> dict[str, object]:
+    if status is None:
+        return {"status": {"conditions": []}}
+    since = (NOW - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"status": {"conditions": [{"type": "Ready", "status": status, "lastTransitionTime": since}]}}
+
+
+def test_only_a_worker_notready_for_a_minute_may_be_fenced() -> None:
+    assert down_refusal("w1", ReadyCondition.of(_node("False", 61)), NOW) is None
+    assert down_refusal("w1", ReadyCondition.of(_node("Unknown", 60)), NOW) is None
+    short = down_refusal("w1", ReadyCondition.of(_node("Unknown", 12)), NOW)
+    assert short is not None
+    assert "w1 has been NotReady for only 12 s (since 17:59:48 UTC)" in short
+    assert "at least 60 s" in short and "hk3s:fences.w1" in short and "in 48 s" in short
+    ready = down_refusal("w1", ReadyCondition.of(_node("True", 3600)), NOW)
+    assert ready is not None and ready.startswith("w1 is Ready") and "hk3s:fences.w1" in ready
+    unknown = down_refusal("w1", ReadyCondition.of(_node(None)), NOW)
+    assert unknown is not None and "no Ready condition" in unknown
+
+
+def test_a_refusal_is_tagged_and_says_nothing_changed() -> None:
+    error = FenceRefusedError("w1", "w1 is Ready")
+    assert refusal_code(str(error)) == "fence"
+    assert "fencing is refused: w1 is Ready. Nothing was changed" in str(error)
+
+
+def test_a_worker_that_does_not_answer_needs_the_powered_off_confirmation() -> None:
+    refusal = unreachable_refusal("w2", "connection refused", powered_off=False)
+    assert refusal is not None
+    assert "w2 does not answer over SSH (connection refused)" in refusal
+    assert "hk3s:fences.w2.powered_off: true" in refusal and "node fence w2 --powered-off" in refusal
+    assert unreachable_refusal("w2", "connection refused", powered_off=True) is None
+
+
+@pytest.mark.parametrize(
+    "dialled", ["no answer within 5 s", "connection refused", "no route to host", "network is unreachable"]
+)
+def test_a_silent_kubelet_lets_the_fence_go_on(dialled: str) -> None:
+    assert kubelet_refusal("w2", "203.0.113.7", dialled) is None
+
+
+def test_a_kubelet_that_answers_or_a_check_that_did_not_run_refuses() -> None:
+    answers = kubelet_refusal("w2", "203.0.113.7", None)
+    assert answers is not None and "w2's kubelet still answers at 203.0.113.7:10250" in answers
+    broken = kubelet_refusal("w2", "203.0.113.7", "bash: /dev/tcp/203.0.113.7/10250: Invalid argument")
+    assert broken is not None and "did not run as meant (bash: /dev/tcp/203.0.113.7/10250: Invalid argument)" in broken
+
+
+def test_the_kubelet_check_needs_an_ipv4_address() -> None:
+    assert address_refusal("w2", "203.0.113.7") is None
+    for address in ("2001:db8::7", "w2.example.com", ""):
+        refusal = address_refusal("w2", address)
+        assert refusal is not None and "is not an IPv4 address" in refusal and "hk3s:workers" in refusal
+
+
+def test_which_pods_the_out_of_service_taint_takes() -> None:
+    def pod(*tolerations: dict[str, str]) -> dict[str, object]:
+        return {"spec": {"tolerations": list(tolerations)}}
+
+    # The defaults every pod gets (not-ready, unreachable for 300 s) do not keep it there.
+    assert not tolerates(
+        pod({"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}), OUT_OF_SERVICE
+    )
+    assert tolerates(pod({"operator": "Exists"}), OUT_OF_SERVICE)
+    assert tolerates(pod({"key": OUT_OF_SERVICE.key, "operator": "Exists"}), OUT_OF_SERVICE)
+    assert tolerates(pod({"key": OUT_OF_SERVICE.key, "value": "nodeshutdown", "effect": "NoExecute"}), OUT_OF_SERVICE)
+    assert not tolerates(pod({"key": OUT_OF_SERVICE.key, "value": "other", "effect": "NoExecute"}), OUT_OF_SERVICE)
+    assert not tolerates(pod({"operator": "Exists", "effect": "NoSchedule"}), OUT_OF_SERVICE)
+    assert not tolerates({"spec": {}}, OUT_OF_SERVICE)
+
+
+def test_the_report_names_where_each_workload_runs_now() -> None:
+    pod = {"metadata": {"namespace": "default", "name": "web-1", "ownerReferences": [
+        {"kind": "ReplicaSet", "name": "web-5d", "controller": True}]}}  # fmt: skip
+    assert owner_of(pod) == "ReplicaSet default/web-5d"
+    assert owner_of({"metadata": {"namespace": "default", "name": "bare"}}) is None
+    report = FenceReport(
+        "w1",
+        recorded_at="2026-12-03T18:00:00Z",
+        down_seconds=75,
+        stopped_by="ssh",
+        pods_deleted=["default/web-1", "default/bare"],
+        running_now={"ReplicaSet default/web-5d": ["web-2 on w3 (Running)"]},
+        not_restarted=["default/bare"],
+    )
+    lines = report.lines()
+    assert lines[0].startswith("fenced (recorded 2026-12-03T18:00:00Z, NotReady for 75 s): stopped over SSH")
+    assert "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute" in lines[0] and "2 pod(s) deleted" in lines[0]
+    assert "ReplicaSet default/web-5d now runs: web-2 on w3 (Running)" in lines
+    assert "deleted with no controller to start them again: default/bare" in lines

@@ -1,0 +1,134 @@
+"""No pod is force-deleted without a recorded fence.
+
+A pod deleted with a grace period of zero (or `--force`) is gone from the API at once, while
+its containers may still run and write on a node that only lost its network: its controller
+starts a second copy beside the first. The product's one way to have pods force-deleted is the
+fence (node_operations/fence.py), which proves the node stopped and records it first; there,
+Kubernetes' pod garbage collector does the deleting. This test reads every product source
+file and fails on any force-deletion written anywhere else.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PRODUCT = (
+    "__main__.py",
+    "cluster_settings",
+    "components",
+    "providers",
+    "node_operations",
+    "remote_access",
+    "host_scripts",
+    "operator_api",
+    "operator_cli",
+    "scripts",
+)
+ALLOWED = {"node_operations/fence.py"}
+# kubectl's ways to skip a pod's graceful termination (`--now` is a grace period of 1 s: graceful).
+FORCE_WORDS = re.compile(r"(?<![\w-])(--force|--grace-period[= ]+0+)(?![\w-])")
+GRACE_ZERO_KEYS = {"grace_period_seconds", "gracePeriodSeconds", "grace_period"}
+
+
+def _zero(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value == 0 and not isinstance(node.value, bool)
+
+
+def python_force_deletions(source: str) -> list[tuple[int, str]]:
+    """Where a Python source asks for a force-deletion: a kubectl argument `--force` or
+    `--grace-period=0` (alone, or within a command line), `--grace-period` followed by "0",
+    or a grace period of zero passed by keyword or in a dict (an API client's delete options)."""
+    found: list[tuple[int, str]] = []
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            # Command lines as strings; a docstring naming another tool's --force is prose, not a call.
+            text = node.value
+            if FORCE_WORDS.search(text) and (text.startswith("--") or "kubectl" in text):
+                found.append((node.lineno, text))
+        elif isinstance(node, ast.JoinedStr):
+            head = node.values[0] if node.values else None
+            if isinstance(head, ast.Constant) and str(head.value).startswith(("--grace-period", "--force")):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.List | ast.Tuple):
+            words = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+            for word, following in itertools.pairwise(words):
+                if word == "--grace-period" and str(following).strip("0") == "":
+                    found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call):
+            for keyword in node.keywords:
+                if keyword.arg in GRACE_ZERO_KEYS and _zero(keyword.value):
+                    found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and key.value in GRACE_ZERO_KEYS and _zero(value):
+                    found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def shell_force_deletions(source: str) -> list[tuple[int, str]]:
+    """Where a shell script force-deletes through kubectl (other tools' --force, e.g. ufw's, are
+    not pod deletions)."""
+    return [
+        (number, line.strip())
+        for number, line in enumerate(source.splitlines(), 1)
+        if "kubectl" in line and FORCE_WORDS.search(line)
+    ]
+
+
+def product_files() -> Iterator[Path]:
+    for name in PRODUCT:
+        path = REPO / name
+        if path.is_file():
+            yield path
+        else:
+            yield from (p for p in sorted(path.rglob("*")) if p.is_file() and "__pycache__" not in p.parts)
+
+
+def test_the_scan_finds_every_way_of_writing_a_force_deletion() -> None:
+    # The scan itself, on code that force-deletes in each way it knows (else it could pass by finding nothing).
+    force = [
+        'api.kubectl(["delete", "pod", name, "--force", "--grace-period=0"])',
+        'api.kubectl(["delete", "pod", name, "--grace-period", "0"])',
+        'run(f"--grace-period={seconds}")',
+        'session.run(["sh", "-c", "k3s kubectl delete pods -A --force"])',
+        "client.delete_namespaced_pod(name, namespace, grace_period_seconds=0)",
+        'body = {"kind": "DeleteOptions", "gracePeriodSeconds": 0}',
+    ]
+    for source in force:
+        assert python_force_deletions(source), source
+    graceful = [
+        'api.kubectl(["delete", "pod", name, "--ignore-not-found", "--wait=false"])',
+        'api.kubectl(["apply", "--server-side", "--force-conflicts", "-f", "-"])',
+        'api.kubectl(["delete", "pod", name, "--grace-period=30"])',
+        '"""Enable it last with `ufw --force enable`."""',
+        "client.delete_namespaced_pod(name, namespace, grace_period_seconds=30)",
+    ]
+    for source in graceful:
+        assert not python_force_deletions(source), source
+    assert shell_force_deletions("k3s kubectl delete pod web --grace-period=0 --force\n")
+    assert not shell_force_deletions("ufw --force enable >/dev/null\nkubectl delete pod web\n")
+
+
+def test_no_product_code_force_deletes_a_pod_outside_the_fence() -> None:
+    found = []
+    scanned = 0
+    for path in product_files():
+        relative = path.relative_to(REPO).as_posix()
+        text = path.read_text(errors="replace")
+        if path.suffix == ".py":
+            hits = python_force_deletions(text)
+        elif path.suffix == ".sh" or text.startswith("#!"):
+            hits = shell_force_deletions(text)
+        else:
+            continue
+        scanned += 1
+        if relative not in ALLOWED:
+            found += [f"{relative}:{line}: {code}" for line, code in hits]
+    assert scanned > 50  # the product's files were read (a moved package would scan nothing)
+    assert not found, "force-deletion without a fence:\n" + "\n".join(found)
