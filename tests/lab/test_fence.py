@@ -8,6 +8,9 @@ Deployment of three web pods, one per worker.
   less than a minute is refused, naming how long; after a minute it is fenced over SSH: a drop-in
   holds its agent down, no container, shim or pod mount is left, and the drop-in holds across a
   reboot of the host.
+- A run SIGKILLed (with its provider processes) right after fe-w1's fence was recorded leaves the
+  record and nothing else; after `cancel` and `refresh --clear-pending-creates` the next `up`
+  resumes from that record (one record, the same time).
 - fe-w2 does not answer over SSH: refused without powered_off, refused while something answers
   at its kubelet's address, fenced once it is powered off.
 - Both Nodes show OutOfService, and the web pods run on fe-w3.
@@ -26,7 +29,15 @@ import pytest
 from pulumi import automation as auto
 
 from lab.hosts import Host, Lab
-from lab.stack_harness import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
+from lab.stack_harness import (
+    LabStack,
+    base_config,
+    run_cli,
+    server_spec,
+    skip_without_lab_binaries,
+    up_or_fail,
+    worker_spec,
+)
 from node_operations.fence import FENCE_ANNOTATION
 from tests.lab_itself.test_pods import _busybox_image, _place_airgap_images, _runtime_built
 
@@ -119,17 +130,21 @@ class Cluster:
     w3: Host
     config: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
+    recorded_at: str = ""
 
     def fence(self, fences: dict[str, dict[str, bool]]) -> str:
         """`up` with these fences; the run's output (it failed) or "" (it succeeded)."""
-        self.config["fences"] = fences
-        self.stack.write_config(self.config)
+        self.write_fences(fences)
         self.stack.log.clear()
         try:
             self.stack.up()
         except auto.CommandError as error:
             return f"{self.stack.text()}\n{error}"
         return ""
+
+    def write_fences(self, fences: dict[str, dict[str, bool]]) -> None:
+        self.config["fences"] = fences
+        self.stack.write_config(self.config)
 
     def diagnose(self) -> str:
         return kubectl(self.server, "get", "pods,nodes", "-o", "wide") + self.stack.text()[-4000:]
@@ -175,12 +190,9 @@ def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
 
 def test_a_worker_down_for_less_than_a_minute_is_refused(cluster: Cluster) -> None:
     server, w1, w2 = cluster.server, cluster.w1, cluster.w2
-    # fe-w1: its agent stopped; its containers keep running, as on k3s. fe-w2: its agent stopped,
-    # SSH refused, and something answering at its kubelet's port.
+    # Both agents stopped; their containers keep running, as on k3s.
     for worker in (w1, w2):
         worker.run(["systemctl", "stop", "k3s-agent"])
-    w2.run(FAKE_KUBELET)
-    w2.run(["nft", BLOCK_SSH])
     assert w1.run(["pgrep", "-x", "httpd"], check=False).returncode == 0, "the pod stopped with the agent"
     wait(f"{w1.name} NotReady", lambda: ready_status(server, w1.name) != "True", 90, cluster.diagnose)
     output = cluster.fence({w1.name: {}})
@@ -190,11 +202,32 @@ def test_a_worker_down_for_less_than_a_minute_is_refused(cluster: Cluster) -> No
     assert w1.run(["pgrep", "-x", "httpd"], check=False).returncode == 0, "a refused fence stopped a container"
 
 
-def test_a_worker_that_does_not_answer_needs_powered_off_and_a_silent_kubelet(cluster: Cluster) -> None:
-    server, w2 = cluster.server, cluster.w2
+def test_a_fence_killed_after_its_record_resumes_from_it(cluster: Cluster) -> None:
+    """SIGKILL of the run and every process it started (as when the machine running it goes down)
+    right after the fence was recorded: the record stays, nothing else happened yet, and the
+    fence resumes from it (the last test's `up`)."""
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
     wait(f"{w2.name} NotReady", lambda: ready_status(server, w2.name) != "True", 60, cluster.diagnose)
-    # The minute the fence asks for, by the Node's own record (both stopped at the same time).
-    time.sleep(max(0.0, 62 - min(down_seconds(server, w.name) for w in (cluster.w1, w2))))
+    # The minute the fence asks for, by the Nodes' own record (both stopped at the same time).
+    time.sleep(max(0.0, 62 - min(down_seconds(server, w.name) for w in (w1, w2))))
+    cluster.write_fences({w1.name: {}})
+    record_line = f"[{w1.name}] fence recorded on the Node"
+    run = run_cli(cluster.stack, ["up", "--yes", "--skip-preview"], kill_when=record_line, crash=True)
+    assert run.killed, run.output[-4000:]
+    found = node(server, w1.name)
+    cluster.recorded_at = found["metadata"]["annotations"][FENCE_ANNOTATION]
+    assert OUT_OF_SERVICE not in {t["key"] for t in found["spec"].get("taints") or []}
+    # As "When a run is interrupted" says: the killed run's lock, then its pending operations.
+    assert run_cli(cluster.stack, ["cancel", "--yes"]).returncode == 0
+    refresh = run_cli(cluster.stack, ["refresh", "--yes", "--skip-preview", "--clear-pending-creates"])
+    assert refresh.returncode == 0, refresh.output[-3000:]
+
+
+def test_a_worker_that_does_not_answer_needs_powered_off_and_a_silent_kubelet(cluster: Cluster) -> None:
+    w2 = cluster.w2
+    # fe-w2 stops answering over SSH, and something answers at its kubelet's port.
+    w2.run(FAKE_KUBELET)
+    w2.run(["nft", BLOCK_SSH])
     output = cluster.fence({w2.name: {}})
     assert f"{w2.name} does not answer over SSH" in output, output[-4000:]
     assert f"hk3s:fences.{w2.name}.powered_off: true" in output, output[-4000:]
@@ -213,7 +246,11 @@ def test_fenced_workers_are_stopped_and_their_pods_start_elsewhere(cluster: Clus
     if output:
         pytest.fail(output[-8000:])
     text = cluster.stack.text()
-    assert f"[{w1.name}] fenced (recorded" in text and "stopped over SSH" in text, text[-4000:]
+    print("\n".join(line for line in text.splitlines() if "fence" in line or "runs:" in line))
+    # fe-w1's fence resumed from the record the killed run left: one record, the same time.
+    assert f"[{w1.name}] the fence recorded at {cluster.recorded_at} resumes" in text, text[-4000:]
+    assert node(server, w1.name)["metadata"]["annotations"][FENCE_ANNOTATION] == cluster.recorded_at
+    assert f"[{w1.name}] fenced (recorded {cluster.recorded_at}, resumed" in text and "stopped over SSH" in text
     assert f"[{w2.name}] fenced (recorded" in text and "confirmed powered off" in text, text[-4000:]
     for worker in (w1, w2):
         found = node(server, worker.name)
