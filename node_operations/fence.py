@@ -280,6 +280,11 @@ class WorkerFence:
         if refusal is None:
             dialled = await dial_kubelet(self.server, self.order.kubelet_address)
             refusal = kubelet_refusal(self.node, self.order.kubelet_address, dialled)
+        if refusal is not None and self.report.resumed:
+            # The record is there from an earlier run: not "nothing changed", but nothing more.
+            raise FenceStoppedError(
+                self.node, f"the fence recorded at {self.report.recorded_at} cannot go on: {refusal}"
+            )
         if refusal is not None:
             raise FenceRefusedError(self.node, refusal)
         where = f"{self.order.kubelet_address}:{KUBELET_PORT}"
