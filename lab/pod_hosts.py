@@ -219,6 +219,39 @@ def image_archives(cache_dir: Path) -> list[Path]:
     return images
 
 
+def runtime_missing(cache_dir: Path) -> str | None:
+    """Why pod-capable hosts cannot be made here (the runtime or its images not built), or None."""
+    missing = [str(cache_dir / "bin" / b) for b in RUNTIME_BINARIES if not (cache_dir / "bin" / b).exists()]
+    if missing:
+        return f"pod runtime not built: {', '.join(missing)} missing (run lab/setup.sh)"
+    try:
+        image_archives(cache_dir)
+    except PodHostError as err:
+        return str(err)
+    return None
+
+
+def busybox_image() -> str:
+    """The busybox image's reference, as ``lab/build/pod_runtime.sh`` names it."""
+    out = subprocess.run(
+        ["bash", str(Path(__file__).resolve().parent / "build" / "pod_runtime.sh"), "--print-images"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return next(line.split()[1] for line in out.splitlines() if line.startswith("busybox.tar "))
+
+
+def place_airgap_images(host_root: Path, cache_dir: Path) -> None:
+    """The image tarballs into k3s's air-gap folder of the host whose root is ``host_root``, as an
+    air-gapped operator does (before k3s is installed)."""
+    folder = host_root / "var/lib/rancher/k3s/agent/images"
+    folder.mkdir(parents=True, exist_ok=True)
+    for archive in image_archives(cache_dir):
+        shutil.copyfile(archive, folder / f".{archive.name}.part")
+        os.replace(folder / f".{archive.name}.part", folder / archive.name)
+
+
 def nspawn_args(host_dir: Path, view: Path, runtime: Path) -> list[str]:
     """systemd-nspawn arguments that make a host pod-capable (see the module docstring)."""
     args = [

@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 from pulumi import automation as auto
 
-from lab.hosts import Host, Lab
+from lab import pod_hosts
+from lab.hosts import DEFAULT_CACHE_DIR, Host, Lab
 from lab.stack_harness import (
     LabStack,
     base_config,
@@ -39,7 +40,6 @@ from lab.stack_harness import (
     worker_spec,
 )
 from node_operations.fence import FENCE_ANNOTATION
-from tests.lab_itself.test_pods import _busybox_image, _place_airgap_images, _runtime_built
 
 pytestmark = pytest.mark.lab
 
@@ -160,7 +160,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
     skip_without_lab_binaries()
-    reason = _runtime_built()
+    reason = pod_hosts.runtime_missing(DEFAULT_CACHE_DIR)
     if reason:
         pytest.skip(reason)
     started = time.monotonic()
@@ -168,13 +168,13 @@ def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
     workers = [lab.add_host(worker_spec(f"fe-w{i}", pods=True)) for i in (1, 2, 3)]
     lab.wait_ssh_ready([server, *workers])
     for worker in workers:  # before k3s is installed, as k3s's air-gap instructions say
-        _place_airgap_images(worker)
+        pod_hosts.place_airgap_images(worker.root, DEFAULT_CACHE_DIR)
     stack = LabStack(tmp_path_factory.mktemp("fence-stack"))
     config = base_config(lab, server, workers)
     stack.write_config(config)
     up_or_fail(stack)
     cluster = Cluster(lab, stack, server, workers[0], workers[1], workers[2], config)
-    image = _busybox_image()
+    image = pod_hosts.busybox_image()
     for worker in workers:
         wait(
             f"{worker.name} imports the air-gap images",

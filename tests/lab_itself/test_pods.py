@@ -11,9 +11,6 @@ cgroup, mount or process behind.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +36,6 @@ from operator_api import MaintenanceError
 
 pytestmark = pytest.mark.lab
 
-REPO = Path(__file__).resolve().parents[2]
 RUNTIME = pod_hosts.RUNTIME_BIN_IN_HOST
 # A bare containerd (no CRI, no kubelet) to prove the host runs containers at all.
 CONTAINERD_CONFIG = f"""version = 3
@@ -54,22 +50,9 @@ state = "/run/containerd"
 """
 
 
-def _runtime_built() -> str | None:
-    """Why pod-capable hosts cannot be made here (the runtime is not built), or None."""
-    bins = [DEFAULT_CACHE_DIR / "bin" / b for b in pod_hosts.RUNTIME_BINARIES]
-    missing = [str(b) for b in bins if not b.exists()]
-    if missing:
-        return f"pod runtime not built: {', '.join(missing)} missing (run lab/setup.sh)"
-    try:
-        pod_hosts.image_archives(DEFAULT_CACHE_DIR)
-    except pod_hosts.PodHostError as err:
-        return str(err)
-    return None
-
-
 @pytest.fixture(scope="module")
 def pod_host(lab: Lab) -> Host:
-    reason = _runtime_built()
+    reason = pod_hosts.runtime_missing(DEFAULT_CACHE_DIR)
     if reason:
         pytest.skip(reason)
     host = lab.add_host(HostSpec("pods-one", pods=True))
@@ -133,7 +116,7 @@ def test_ctr_runs_a_container_from_an_imported_image(pod_host: Host) -> None:
 
 
 def test_teardown_removes_pod_hosts_cgroups(lab: Lab, fresh_lab: Lab) -> None:
-    reason = _runtime_built()
+    reason = pod_hosts.runtime_missing(DEFAULT_CACHE_DIR)
     if reason:
         pytest.skip(reason)
     host = fresh_lab.add_host(HostSpec("pods-td", pods=True))
@@ -203,24 +186,8 @@ spec:
 """
 
 
-def _busybox_image() -> str:
-    out = subprocess.run(
-        ["bash", str(REPO / "lab/build/pod_runtime.sh"), "--print-images"], capture_output=True, text=True, check=True
-    ).stdout
-    return next(line.split()[1] for line in out.splitlines() if line.startswith("busybox.tar "))
-
-
 def _kubectl(server: Host, *args: str, timeout: float = 60) -> str:
     return server.run(["/usr/local/bin/k3s", "kubectl", *args], timeout=timeout).stdout
-
-
-def _place_airgap_images(host: Host) -> None:
-    """The image tarballs into k3s's air-gap folder, as an air-gapped operator does."""
-    folder = host.root / "var/lib/rancher/k3s/agent/images"
-    folder.mkdir(parents=True, exist_ok=True)
-    for archive in pod_hosts.image_archives(DEFAULT_CACHE_DIR):
-        shutil.copyfile(archive, folder / f".{archive.name}.part")
-        os.replace(folder / f".{archive.name}.part", folder / archive.name)
 
 
 def _wait(what: str, check: Callable[[], bool], timeout: float, diagnose: Callable[[], str]) -> float:
@@ -278,14 +245,14 @@ def pod_cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> PodCluste
     """A server and two pod-capable workers joined through the real engine, running a
     Deployment of 4 web pods spread over the workers. The tests below run in order."""
     skip_without_lab_binaries()
-    reason = _runtime_built()
+    reason = pod_hosts.runtime_missing(DEFAULT_CACHE_DIR)
     if reason:
         pytest.skip(reason)
     server = lab.add_host(server_spec("pods-srv"))
     workers = [lab.add_host(worker_spec(f"pods-w{i}", pods=True)) for i in (1, 2)]
     lab.wait_ssh_ready([server, *workers])
     for worker in workers:  # before k3s is installed, as k3s's air-gap instructions say
-        _place_airgap_images(worker)
+        pod_hosts.place_airgap_images(worker.root, DEFAULT_CACHE_DIR)
     stack = LabStack(tmp_path_factory.mktemp("pods-stack"))
     config = base_config(lab, server, workers)
     stack.write_config(config)
@@ -306,7 +273,7 @@ def test_deployment_runs_on_two_joined_pod_workers(pod_cluster: PodCluster) -> N
         # The join's validation pod ran on the node while it was tainted, and was removed.
         assert f"[{worker.name}] validation pod hk3s-validate-{worker.name} ran in" in stack.text(), stack.text()
     assert not _kubectl(server, "get", "pods", "-n", "kube-system", "-o", "name").strip()
-    image = _busybox_image()
+    image = pod_hosts.busybox_image()
     for worker in workers:
         _wait(
             f"{worker.name} imports the air-gap images",
@@ -526,7 +493,7 @@ def test_join_stops_when_the_validation_pod_cannot_run(lab: Lab, tmp_path: Path)
     """A pod-capable worker without the validation pod's image (no air-gap images, no
     registry): the join stops naming the node, the pod and the reason."""
     skip_without_lab_binaries()
-    reason = _runtime_built()
+    reason = pod_hosts.runtime_missing(DEFAULT_CACHE_DIR)
     if reason:
         pytest.skip(reason)
     server = lab.add_host(server_spec("pods-srv2"))
