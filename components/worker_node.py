@@ -123,6 +123,14 @@ class WorkerNode(pulumi.ComponentResource):
                     server_host_key=server.endpoint.probe.host_key,
                     kubelet_address=server.cluster_address(worker.name),
                     api_wait_seconds=settings.cluster.api_wait_seconds,
+                    # Lifting the fence rejoins the worker through the join's checks.
+                    server_url=server.cluster_address(server.endpoint.name).apply(
+                        lambda address: f"https://{address}:{KUBE_API_PORT}"
+                    ),
+                    registry=settings.cluster.registry,
+                    validation_taint=VALIDATION_TAINT,
+                    validation_image=settings.cluster.validation_image,
+                    teardown_allowed=settings.cluster.teardown_allowed,
                 ),
                 opts=self.endpoint.options(self, [self.join_resource]),
             )

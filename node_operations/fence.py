@@ -35,8 +35,8 @@ worker is down; the program then proves it before anything moves. The order, and
 Not in this release (no Longhorn stand-in in the lab to prove them against): the decision per
 workload with a single-node Longhorn volume on the worker (a current copy elsewhere, stale
 copies and `accept_stale_data`, Jobs suspended), the deletion of pods whose volume
-attachments are gone, powering Hetzner servers off through the Hetzner API, and lifting a
-fence (`NodeFence.delete` refuses it).
+attachments are gone, and powering Hetzner servers off through the Hetzner API. Lifting a fence
+is node_operations/fence_lift.py.
 """
 
 from __future__ import annotations

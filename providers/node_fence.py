@@ -6,7 +6,9 @@ Create runs the fence (node_operations.fence: down for a minute, recorded on the
 before anything is touched, the host stopped or confirmed off, the Node tainted out of
 service) and resumes a fence an earlier run left unfinished: the record on the Node says
 so, and every step is idempotent. Update only stores changed inputs: a fence done stays
-done. Lifting a fence (delete: the worker rejoins) is not in this release and is refused.
+done. Delete (the entry removed from hk3s:fences) lifts the fence: the worker rejoins under the
+validation taint and passes the join's checks (node_operations.fence_lift); in a teardown the
+worker is wiped instead, so nothing is lifted.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, Resource, UpdateResult
 
 from node_operations.fence import FenceOrder, fence_worker
+from node_operations.fence_lift import lift_fence
+from node_operations.join_validation import ValidatedNode
 from providers.base import (
     CapabilityMissingError,
     NodeProvider,
@@ -55,6 +59,24 @@ class NodeFenceInputs(NodeInputs):
     """Where the other nodes reach the worker's kubelet (its cluster address): the server dials
     it there to check that a worker reported powered off is."""
     api_wait_seconds: pulumi.Input[float] = API_WAIT_SECONDS
+    # What the join's checks need when the fence is lifted (the worker rejoins).
+    server_url: pulumi.Input[str] = ""
+    registry: pulumi.Input[str] | None = None
+    validation_taint: pulumi.Input[str] = ""
+    validation_image: pulumi.Input[str] = ""
+    teardown_allowed: pulumi.Input[bool] = False
+    """Read by delete: a teardown wipes the worker, so its fence is not lifted."""
+
+    def validated_node(self) -> ValidatedNode:
+        registry = known(self.registry) if self.registry is not None else None
+        return ValidatedNode(
+            node=str(known(self.login.node)),
+            server_url=str(known(self.server_url)),
+            registry=registry or None,
+            validation_taint=str(known(self.validation_taint)),
+            validation_image=str(known(self.validation_image)),
+            kubelet_address=str(known(self.kubelet_address)),
+        )
 
     def server(self) -> SshTarget:
         return other_node(self.login, self.server_node, self.server_address, self.server_ssh_port, self.server_host_key)
@@ -104,9 +126,27 @@ class NodeFenceProvider(NodeProvider):
         return UpdateResult(outs={**news, **{name: olds.get(name) for name in OUTPUTS}})
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
-        raise CapabilityMissingError(
-            props["node"], "lifting the fence (the worker rejoins through the join)", FENCE_CAPABILITY
+        inputs = NodeFenceInputs.from_props(props)
+        node = str(known(inputs.login.node))
+        if known(inputs.teardown_allowed):
+            return None  # the teardown wipes the worker (its join's delete): nothing to rejoin
+        if not known(inputs.server_url) or not known(inputs.validation_taint):
+            # A fence recorded by a release that could not lift it keeps no rejoin settings.
+            raise CapabilityMissingError(
+                node,
+                "lifting a fence recorded by an earlier release (put hk3s:fences back, run up once, then remove it)",
+                FENCE_CAPABILITY,
+            )
+        run_operation(
+            lift_fence(
+                inputs.server(),
+                ssh_target(inputs.login),
+                inputs.validated_node(),
+                api_wait=float(known(inputs.api_wait_seconds) or API_WAIT_SECONDS),
+                progress=functools.partial(progress, node),
+            )
         )
+        return None
 
 
 class NodeFence(Resource, module="hk3s", name="NodeFence"):

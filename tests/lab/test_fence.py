@@ -14,6 +14,8 @@ Deployment of three web pods, one per worker.
 - fe-w2 does not answer over SSH: refused without powered_off, refused while something answers
   at its kubelet's address, fenced once it is powered off.
 - Both Nodes show OutOfService, and the web pods run on fe-w3.
+- fe-w1's fence entry removed: it rejoins (validation taint on before the out-of-service taint
+  comes off, the join's checks, the drop-in gone) and takes pods again.
 """
 
 from __future__ import annotations
@@ -284,4 +286,33 @@ def test_the_drop_in_holds_the_agent_down_across_a_reboot(cluster: Cluster) -> N
     condition = w1.run(["systemctl", "show", "k3s-agent", "-p", "ConditionResult"]).stdout.strip()
     assert condition == "ConditionResult=no", condition
     assert ready_status(cluster.server, w1.name) != "True"
+
+
+def test_removing_the_fence_entry_rejoins_the_worker(cluster: Cluster) -> None:
+    """fe-w1's entry removed (fe-w2's kept): the validation taint goes on before the out-of-service
+    taint comes off, the drop-in goes, the agent starts, the join's checks pass, and the worker
+    takes pods again."""
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    started = time.monotonic()
+    output = cluster.fence({w2.name: {"powered_off": True}})
+    cluster.timings["lift up"] = time.monotonic() - started
+    if output:
+        pytest.fail(output[-8000:])
+    text = cluster.stack.text()
+    validation_on = text.find(f"[{w1.name}] lifting the fence: hk3s.dev/validating=true:NoSchedule on")
+    out_of_service_off = text.find(f"[{w1.name}] Ready again; {OUT_OF_SERVICE} removed")
+    assert 0 <= validation_on < out_of_service_off, text[-4000:]
+    assert out_of_service_off < text.find(f"[{w1.name}] validating while tainted"), text[-4000:]
+    assert f"[{w1.name}] fence lifted: rejoined" in text, text[-4000:]
+    found = node(server, w1.name)
+    assert ready_status(server, w1.name) == "True"
+    assert not {t["key"] for t in found["spec"].get("taints") or []} & {OUT_OF_SERVICE, "hk3s.dev/validating"}
+    assert FENCE_ANNOTATION not in (found["metadata"].get("annotations") or {})
+    assert not (w1.root / DROP_IN.lstrip("/")).exists()
+    assert w1.run(["systemctl", "is-active", "k3s-agent"], check=False).stdout.strip() == "active"
+    # It takes pods again: a fourth replica goes to the worker with none (the spread).
+    kubectl(server, "scale", "deployment/web", "--replicas=4")
+    wait(f"a web pod Ready on {w1.name}", lambda: w1.name in running_on(server).values(), 90, cluster.diagnose)
+    states = {n.name: n.state for n in cluster.stack.api().nodes(live=True)}
+    assert states[w1.name] == "Ready" and states[w2.name] == "OutOfService", states
     print(f"timings: {cluster.timings}")

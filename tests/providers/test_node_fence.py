@@ -1,5 +1,6 @@
 """NodeFence's provider around the fence itself: a fence done stays done when its inputs change,
-and lifting it is refused in this release. The fence runs in the lab (tests/lab/test_fence.py)."""
+and a fence is lifted only from a worker that answers. The fence and its lift run in the lab
+(tests/lab/test_fence.py)."""
 
 from __future__ import annotations
 
@@ -49,12 +50,28 @@ def test_a_changed_flag_keeps_the_fence_done_and_touches_no_host() -> None:
     )
 
 
-def test_lifting_a_fence_is_refused_naming_the_worker() -> None:
+def test_lifting_a_fence_whose_worker_does_not_answer_is_refused_and_the_fence_stays() -> None:
+    props = fence_props(closed_port(), powered_off=True)
+    props |= {"server_url": "https://127.0.0.1:6443", "validation_taint": "hk3s.dev/validating=true:NoSchedule"}
+    with pytest.raises(RuntimeError) as refused:
+        NodeFenceProvider().delete("w1-fence", props)
+    message = str(refused.value)
+    assert refusal_code(message) == "fence"
+    assert message.startswith("w1: lifting the fence is refused: w1 does not answer over SSH")
+    assert "the fence stays" in message and "Nothing was changed" in message
+
+
+def test_a_fence_recorded_without_the_rejoin_settings_is_not_lifted() -> None:
     with pytest.raises(RuntimeError) as refused:
         NodeFenceProvider().delete("w1-fence", fence_props(closed_port(), powered_off=False))
     message = str(refused.value)
     assert refusal_code(message) == "capability-missing"
-    assert message.startswith("w1: lifting the fence") and "Nothing was changed on the host" in message
+    assert message.startswith("w1: lifting a fence recorded by an earlier release (put hk3s:fences back")
+
+
+def test_a_teardown_lifts_no_fence() -> None:
+    # The worker is wiped by its join's delete; a closed port shows no host is reached here.
+    NodeFenceProvider().delete("w1-fence", {**fence_props(closed_port(), powered_off=True), "teardown_allowed": True})
 
 
 def test_a_fence_that_cannot_reach_the_server_fails_naming_it() -> None:

@@ -1,0 +1,135 @@
+"""Lift a worker's fence (its entry removed from hk3s:fences): the worker rejoins.
+
+The fence started the worker's workloads elsewhere; the worker comes back the way a join
+brings a node in, so no pod lands on it before its checks pass. The order, and why:
+
+1. **It must answer over SSH**: only a host the program can log in to can be started and
+   checked; one that does not answer keeps its fence (power it on first).
+2. **The validation taint goes on first** (`hk3s.dev/validating=true:NoSchedule`), before
+   anything else changes: once the out-of-service taint comes off, no pod is scheduled there
+   until the checks pass.
+3. **The drop-in goes and the agent starts** (`host_scripts/k3s_unfence.sh`); the lift waits
+   until the Node is Ready again, from a kubelet that runs now.
+4. **The out-of-service taint comes off**, then the join's checks run on the tainted node
+   (`TaintedNodeValidation`: DNS, the API from the node, the kubelet from the server, a
+   validation pod), then the validation taint and the fence's record go.
+Every step is idempotent, so a lift cut anywhere finishes on the next `up`; a worker whose
+Node is gone (removed from the stack in the same run) has nothing left to lift.
+
+Not in this release: rebooting a host that has not booted since the fence, and the
+workloads a fence kept stopped (none are kept stopped until the Longhorn decisions land).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+from host_scripts import script_path
+from node_operations.fence import FENCE_ANNOTATION, OUT_OF_SERVICE
+from node_operations.join_validation import TaintedNodeValidation, ValidatedNode, ValidationError
+from node_operations.k3s_install import parse_results
+from node_operations.refusal import tagged
+from node_operations.worker_removal import worker_answers
+from remote_access.kube import ClusterApi, NodeStatus, Repeat, Taint
+from remote_access.ssh import SshError, SshSession, SshTarget, open_session
+
+READY_DEADLINE_SECONDS = 180.0
+UNFENCE_SCRIPT_DEADLINE_SECONDS = 120.0
+POLL_SECONDS = 2.0
+
+Progress = Callable[[str], None]
+
+
+class FenceLiftRefusedError(SshError):
+    """The lift was refused before anything changed: the fence stays."""
+
+    def __init__(self, node: str, message: str) -> None:
+        super().__init__(node, tagged(f"lifting the fence is refused: {message}. Nothing was changed", "fence"))
+
+
+class FenceLiftError(SshError):
+    """The lift stopped part way (the worker stays under the validation taint); the next `up` resumes it."""
+
+
+class FenceLift:
+    """One worker's lift, over a session to it and one to the server (the join's checks use
+    both, as `JoinSessions`)."""
+
+    def __init__(
+        self, target: ValidatedNode, worker: SshSession, server: SshSession, cluster: ClusterApi, progress: Progress
+    ) -> None:
+        self.target, self.worker, self.server, self.cluster = target, worker, server, cluster
+        self.progress = progress
+        self.checks: dict[str, str] = {}
+        self.ready_deadline = READY_DEADLINE_SECONDS
+
+    @property
+    def node(self) -> str:
+        return self.target.node
+
+    def paused_clock(self, seconds: float) -> Callable[[], float]:
+        """A wait's deadline that stands still while the API is away."""
+        started, waited = time.monotonic(), self.cluster.waited_seconds
+        return lambda: started + seconds + (self.cluster.waited_seconds - waited)
+
+    async def _wait_ready(self) -> NodeStatus:
+        deadline = self.paused_clock(self.ready_deadline)
+        while True:
+            node = await self.cluster.get_node(self.node)
+            if node is not None and node.ready:
+                return node
+            if time.monotonic() > deadline():
+                reason = node.ready_reason if node is not None else "node gone"
+                raise FenceLiftError(
+                    self.node,
+                    f"the agent started but the Node was not Ready within {self.ready_deadline:.0f} s ({reason}); it "
+                    "stays under the validation taint. See journalctl -u k3s-agent on it, then run up again",
+                )
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def run(self) -> None:
+        validation = Taint.parse(self.target.validation_taint)
+        if await self.cluster.get_node(self.node) is None:
+            self.progress("its Node is gone: no fence left to lift")
+            return
+        await self.cluster.add_taint(self.node, validation)
+        self.progress(f"lifting the fence: {validation} on, then the drop-in removed and the agent started")
+        result = await self.worker.run_script(script_path("k3s_unfence.sh"), deadline=UNFENCE_SCRIPT_DEADLINE_SECONDS)
+        results = parse_results(result.stdout)
+        self.progress(f"drop-in {results.get('drop_in', '?')}, k3s-agent {results.get('agent', '?')}")
+        node = await self._wait_ready()
+        await self.cluster.remove_taint(self.node, OUT_OF_SERVICE.key, OUT_OF_SERVICE.effect)
+        self.progress(f"Ready again; {OUT_OF_SERVICE.key} removed, the join's checks run under {validation.key}")
+        try:
+            await TaintedNodeValidation(self.target, self).run(node)
+        except ValidationError as failure:
+            raise FenceLiftError(
+                self.node,
+                f"the rejoin stopped at {failure.check}: {failure.message}. It stays under {validation.key} (no pod "
+                "is scheduled there); fix it and run up again",
+            ) from None
+        await self.cluster.remove_taint(self.node, validation.key)
+        out = await self.cluster.kubectl(["get", "node", self.node, "-o", "json"], repeat=Repeat.READ)
+        if FENCE_ANNOTATION in (json.loads(out)["metadata"].get("annotations") or {}):
+            await self.cluster.kubectl(["annotate", "node", self.node, f"{FENCE_ANNOTATION}-"], repeat=Repeat.ONCE)
+        self.progress(f"fence lifted: rejoined ({', '.join(f'{k} {v}' for k, v in self.checks.items())})")
+
+
+async def lift_fence(
+    server: SshTarget, worker: SshTarget, target: ValidatedNode, *, api_wait: float, progress: Progress
+) -> None:
+    """Lift `worker`'s fence through the server's API (see the module docstring)."""
+    silent = await worker_answers(worker)
+    if silent is not None:
+        raise FenceLiftRefusedError(
+            worker.node,
+            f"{worker.node} does not answer over SSH ({silent}), and a fence is lifted by a rejoin, which needs the "
+            f"host up; the fence stays. Power it on (or bring its SSH back) and run up again, or put "
+            f"hk3s:fences.{worker.node} back",
+        )
+    async with open_session(server) as server_session, open_session(worker) as worker_session:
+        cluster = ClusterApi(server_session, progress=progress, api_wait=api_wait)
+        await FenceLift(target, worker_session, server_session, cluster, progress).run()
