@@ -320,6 +320,11 @@ class StorageSettings(StrictModel):
     max_copies: int = Field(1, description="Most copies of a volume offered: 1 or 2.")
     install_longhorn: bool = Field(True, description="Install Longhorn with the program's settings.")
     longhorn_version: str = Field("1.9.1", min_length=1, description="Longhorn Helm chart version.")
+    longhorn_chart: Path | None = Field(
+        None,
+        description="Air-gapped install: local path of Longhorn's Helm chart at longhorn_version (a chart folder or "
+        "a packaged .tgz). Unset: the chart is fetched from https://charts.longhorn.io.",
+    )
     reserved_percent: int = Field(
         30, ge=0, le=90, description="Share of each default disk Longhorn never schedules on."
     )

@@ -6,8 +6,12 @@ Each rule returns problems that name the exact config key and the fix.
 from __future__ import annotations
 
 import ipaddress
+import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 from .models import HostSettings, StackSettings, WorkerSettings
 from .values import NETWORK_ZONE_OF_LOCATION
@@ -70,6 +74,7 @@ def check_stack_rules(settings: StackSettings) -> list[SettingProblem]:
         *_check_networks(settings),
         *_check_ssh(settings),
         *_check_cluster(settings),
+        *_check_longhorn_chart(settings),
         *_check_fences(settings),
         *_check_workers(settings),
         *_check_pools(settings),
@@ -263,6 +268,49 @@ def _check_cluster(settings: StackSettings) -> Iterator[SettingProblem]:
                 f"{cluster.k3s_binary} does not exist; give the path of the k3s binary to upload, "
                 "or unset it to download the release on the host",
             )
+
+
+def _chart_metadata(chart: Path) -> dict[str, object]:
+    """Chart.yaml of a chart folder or of a packaged chart (.tgz, its one top folder)."""
+    if chart.is_dir():
+        text = (chart / "Chart.yaml").read_text()
+    else:
+        with tarfile.open(chart) as archive:
+            member = next(m for m in archive.getmembers() if m.name.count("/") == 1 and m.name.endswith("/Chart.yaml"))
+            extracted = archive.extractfile(member)
+            if extracted is None:
+                raise OSError(f"{member.name} in {chart} is not a file")
+            text = extracted.read().decode()
+    metadata = yaml.safe_load(text)
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _check_longhorn_chart(settings: StackSettings) -> Iterator[SettingProblem]:
+    storage = settings.storage
+    chart = storage.longhorn_chart
+    if chart is None:
+        return
+    key = _key("storage", "longhorn_chart")
+    if not storage.install_longhorn:
+        yield SettingProblem(key, "install_longhorn is false, so no chart is installed; remove longhorn_chart")
+        return
+    path = chart.expanduser()
+    try:
+        metadata = _chart_metadata(path)
+    except (OSError, StopIteration, tarfile.TarError, yaml.YAMLError):
+        yield SettingProblem(
+            key,
+            f"{path} is not a Helm chart (a folder with Chart.yaml, or a packaged .tgz); give the path of "
+            "Longhorn's chart, or unset it to fetch the chart from its repository",
+        )
+        return
+    name, version = metadata.get("name"), str(metadata.get("version"))
+    if name != "longhorn" or version != storage.longhorn_version:
+        yield SettingProblem(
+            key,
+            f"{path} holds chart {name} {version}, not longhorn {storage.longhorn_version} "
+            "(storage.longhorn_version); give that chart, or set longhorn_version to the chart's version",
+        )
 
 
 def _check_fences(settings: StackSettings) -> Iterator[SettingProblem]:

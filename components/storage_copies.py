@@ -1,7 +1,9 @@
 """StorageCopies: Longhorn with the program's departures from its defaults (one
 copy unless a workload asks for two, never two copies on one node, no data
 locality or auto-balance that would move copies behind the operator's back),
-and one storage class per number of copies offered."""
+kept as Longhorn's Setting objects after the install (components/longhorn_settings.py),
+and one storage class per number of copies offered. The chart comes from its repository,
+or from a local path (storage.longhorn_chart) for an air-gapped install."""
 
 from __future__ import annotations
 
@@ -13,11 +15,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from cluster_settings.models import StorageSettings
+from components.longhorn_settings import LONGHORN_NAMESPACE, LonghornSettingPatch, kept_settings
 from providers.inputs import NodeLogin
 from remote_access.api_forward import ApiForward, forwarded_kubeconfig, open_api_forward
 from remote_access.ssh import SshTarget
 
-LONGHORN_NAMESPACE = "longhorn-system"
 LONGHORN_CHART_REPO = "https://charts.longhorn.io"
 # Longhorn node tags the storage classes select: the server always holds copies;
 # a worker gets the copies tag once its disk probe passes.
@@ -27,20 +29,20 @@ STORAGE_CLASS_BY_COPIES = {1: "hk3s-one-copy", 2: "hk3s-two-copies"}
 
 
 def longhorn_values(storage: StorageSettings) -> dict[str, Any]:
-    """Helm values: one copy by default, at most two, data locality and replica
-    auto-balance off, volumes creatable with a copy missing, and the disk
-    reserve and minimum-available shares."""
+    """Helm values: the kept settings as the chart's defaultSettings (the values Longhorn's
+    manager starts from), and no default storage class of the chart's own."""
     return {
-        "defaultSettings": {
-            "defaultReplicaCount": 1,
-            "defaultDataLocality": "disabled",
-            "replicaAutoBalance": "disabled",
-            "allowVolumeCreationWithDegradedAvailability": True,
-            "storageReservedPercentageForDefaultDisk": storage.reserved_percent,
-            "storageMinimalAvailablePercentage": storage.minimal_available_percent,
-        },
+        "defaultSettings": {setting.helm_key: setting.value for setting in kept_settings(storage)},
         "persistence": {"defaultClass": False, "defaultClassReplicaCount": 1},
     }
+
+
+def longhorn_chart_source(storage: StorageSettings) -> dict[str, Any]:
+    """Where the Helm release takes the chart from: a local path (storage.longhorn_chart), else
+    Longhorn's chart repository."""
+    if storage.longhorn_chart is not None:
+        return {"chart": str(storage.longhorn_chart.expanduser().resolve())}
+    return {"chart": "longhorn", "repository_opts": k8s.helm.v3.RepositoryOptsArgs(repo=LONGHORN_CHART_REPO)}
 
 
 def storage_class_parameters(copies: int) -> dict[str, str]:
@@ -129,13 +131,21 @@ class StorageCopies(pulumi.ComponentResource):
             release = k8s.helm.v3.Release(
                 f"{name}-longhorn",
                 name="longhorn",
-                chart="longhorn",
                 version=storage.longhorn_version,
                 namespace=LONGHORN_NAMESPACE,
-                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=LONGHORN_CHART_REPO),
                 values=longhorn_values(storage),
                 opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace]),
+                **longhorn_chart_source(storage),
             )
+            for setting in kept_settings(storage):
+                LonghornSettingPatch(
+                    f"{name}-setting-{setting.name}",
+                    setting,
+                    # Retained: deleting a patch gives its field back, which would empty the setting
+                    # (Longhorn's manager set it before the program took it over). A setting the
+                    # program stops keeping keeps its last value; a teardown removes it with Longhorn.
+                    pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[release], retain_on_delete=True),
+                )
             for copies in range(1, storage.max_copies + 1):
                 class_name = STORAGE_CLASS_BY_COPIES[copies]
                 k8s.storage.v1.StorageClass(

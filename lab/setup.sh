@@ -4,6 +4,9 @@
 #   - kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kine (lab/build/kube.sh)
 #   - the Pulumi CLI and its Python language host (lab/build/pulumi.sh)
 #   - the k3s stand-in (lab/build/k3s_standin.sh)
+#   - the real Kubernetes provider plugin, pulumi-resource-kubernetes, installed into the lab's
+#     plugin cache for the pulumi-kubernetes version requirements.txt pins (lab/build/k8s_provider.sh;
+#     about 7 min cold, skipped while its stamp matches)
 #   - the slow disk, a FUSE filesystem whose syncs wait (lab/build/slow_disk.sh)
 #   - the pod runtime of pod-capable hosts: runc, containerd, CNI plugins, crictl, the kubelet and the
 #     pause and test images (lab/build/pod_runtime.sh; the kubelet at kube.sh's Kubernetes release)
@@ -43,6 +46,7 @@ step "python environment" bash scripts/setup_python.sh requirements-dev.txt
 step "kubernetes control plane" bash lab/build/kube.sh
 step "pulumi cli" bash lab/build/pulumi.sh
 step "k3s stand-in" bash lab/build/k3s_standin.sh
+step "kubernetes provider plugin" bash lab/build/k8s_provider.sh
 step "slow disk" bash lab/build/slow_disk.sh
 step "pod runtime" bash lab/build/pod_runtime.sh
 step "host base tree" venv/bin/python -c '

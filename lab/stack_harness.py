@@ -24,6 +24,11 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("HK3S_LAB_CACHE", "/var/cache/hk3s-lab"))
 BIN = CACHE / "bin"
 KUBE_BIN_IN_HOST = "/opt/lab-kube/bin"
+#: The plugin cache lab/build/k8s_provider.sh installs the real Kubernetes provider into; every
+#: lab stack sees its plugins (linked, not copied: the provider is 300 MB).
+LAB_PLUGINS = CACHE / "pulumi-home" / "plugins"
+#: Longhorn's stand-in chart (lab/longhorn_standin), installed through storage.longhorn_chart.
+LONGHORN_STANDIN_CHART = Path(__file__).resolve().parent / "longhorn_standin" / "chart"
 # Longhorn's packages baked into the lab base so joins need not download them every time;
 # node_prepare.sh still checks them (one lab test joins a host without them).
 LONGHORN_PACKAGES = ("open-iscsi", "nfs-common")
@@ -47,6 +52,21 @@ def skip_without_lab_binaries(*names: str) -> None:
     missing = lab_binaries_missing(names or STACK_BINARIES)
     if missing:
         pytest.skip(f"lab binaries missing from {BIN} ({', '.join(missing)}); run lab/setup.sh")
+
+
+def kubernetes_plugins() -> list[Path]:
+    """The Kubernetes provider plugins lab/build/k8s_provider.sh installed into LAB_PLUGINS."""
+    return sorted(LAB_PLUGINS.glob("resource-kubernetes-v*/pulumi-resource-kubernetes"))
+
+
+def skip_without_kubernetes_provider() -> None:
+    """Skip (a failure under HK3S_LAB_REQUIRED) when lab/setup.sh has not built and installed the
+    real Kubernetes provider plugin (lab/build/k8s_provider.sh)."""
+    import pytest  # noqa: PLC0415
+
+    skip_without_lab_binaries()
+    if not kubernetes_plugins():
+        pytest.skip(f"no Kubernetes provider plugin in {LAB_PLUGINS}; run lab/setup.sh")
 
 
 def up_or_fail(stack: LabStack) -> auto.UpResult:
@@ -132,6 +152,23 @@ def base_config(lab: Lab, server: Host, workers: Sequence[Host], **sections: Any
     return config
 
 
+def link_lab_plugins(plugins: Path) -> None:
+    """Make the lab's cached plugins (LAB_PLUGINS) installed plugins of the Pulumi home whose
+    plugin folder is `plugins`: a real folder per plugin (the CLI skips a linked folder), its
+    files linked to the cache."""
+    if not LAB_PLUGINS.is_dir():
+        return
+    for cached in LAB_PLUGINS.iterdir():
+        if not cached.is_dir() or cached.name.endswith((".partial", ".lock")):
+            continue
+        mirror = plugins / cached.name
+        mirror.mkdir(parents=True, exist_ok=True)
+        for item in cached.iterdir():
+            link = mirror / item.name
+            if not link.exists():
+                link.symlink_to(item)
+
+
 @dataclass
 class LabStack:
     """A copy of the project and one stack of it."""
@@ -160,6 +197,7 @@ class LabStack:
                     shutil.copy2(source, project / name)
             (project / "venv").symlink_to(REPO / "venv")
         (self.directory / "state").mkdir(exist_ok=True)
+        link_lab_plugins(self.directory / "pulumi-home" / "plugins")
         self.project = project
         self.env = {
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",

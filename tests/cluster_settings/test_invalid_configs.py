@@ -208,6 +208,18 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "hk3s:cluster.k3s_binary",
         "does not exist",
     ),
+    (
+        "longhorn-chart-missing",
+        {"storage.longhorn_chart": "/nonexistent/longhorn"},
+        "hk3s:storage.longhorn_chart",
+        "not a Helm chart",
+    ),
+    (
+        "longhorn-chart-without-longhorn",
+        {"storage.install_longhorn": False, "storage.longhorn_chart": "/nonexistent/longhorn"},
+        "hk3s:storage.longhorn_chart",
+        "remove longhorn_chart",
+    ),
     ("k3s-sha-malformed", {"cluster.k3s_sha256": "abc"}, "hk3s:cluster.k3s_sha256", "64 hex"),
     ("registry-malformed", {"cluster.registry": "https://registry:5000/"}, "hk3s:cluster.registry", "host[:port]"),
     ("api-wait-too-short", {"cluster.api_wait_seconds": 1}, "hk3s:cluster.api_wait_seconds", "set about 120"),
@@ -279,3 +291,40 @@ def test_every_problem_is_reported_at_once(ssh_key_file: Path) -> None:
         load_settings(config)
     keys = {problem.key for problem in caught.value.problems}
     assert {"hk3s:workers[2].name", "hk3s:fences.ghost", "hk3s:network.private_network_cidr"} <= keys
+
+
+def _chart(folder: Path, name: str, version: str) -> Path:
+    chart = folder / name
+    chart.mkdir()
+    (chart / "Chart.yaml").write_text(f"apiVersion: v2\nname: {name}\nversion: {version}\n")
+    return chart
+
+
+@pytest.mark.parametrize("packaged", [False, True], ids=["folder", "tgz"])
+def test_longhorn_chart_must_be_longhorn_at_the_pinned_version(
+    ssh_key_file: Path, tmp_path: Path, packaged: bool
+) -> None:
+    """A local chart (folder or packaged) is accepted when it is Longhorn at storage.longhorn_version;
+    another chart or another version is refused naming both."""
+    import tarfile  # noqa: PLC0415
+
+    def located(chart: Path) -> str:
+        if not packaged:
+            return str(chart)
+        archive = chart.with_suffix(".tgz")
+        with tarfile.open(archive, "w:gz") as tgz:
+            tgz.add(chart, arcname=chart.name)
+        return str(archive)
+
+    good = located(_chart(tmp_path, "longhorn", "1.9.1"))
+    config = _base(ssh_key_file)
+    _set(config, "storage.longhorn_chart", good)
+    assert str(load_settings(config).storage.longhorn_chart) == good
+    _set(config, "storage.longhorn_version", "1.8.2")
+    with pytest.raises(SettingsError, match=r"holds chart longhorn 1\.9\.1, not longhorn 1\.8\.2"):
+        load_settings(config)
+    other = located(_chart(tmp_path, "nginx", "1.9.1"))
+    config = _base(ssh_key_file)
+    _set(config, "storage.longhorn_chart", other)
+    with pytest.raises(SettingsError, match=r"hk3s:storage\.longhorn_chart: .* holds chart nginx 1\.9\.1"):
+        load_settings(config)

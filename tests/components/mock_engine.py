@@ -161,6 +161,7 @@ class Registration:
     protect: bool = False
     ignore_changes: list[str] = field(default_factory=list)
     custom: bool = True
+    retain_on_delete: bool = False
 
     def is_secret(self, key: str) -> bool:
         value = self.raw.fields.get(key)
@@ -316,6 +317,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     protect=bool(request.protect),
                     ignore_changes=list(request.ignoreChanges),
                     custom=bool(request.custom),
+                    retain_on_delete=bool(request.retainOnDelete),
                 )
             )
         return response

@@ -290,11 +290,14 @@ def test_one_copy_offer_has_one_storage_class(ssh_key_file: Path) -> None:
     values = graph.by_name("storage-longhorn").inputs["values"]["defaultSettings"]
     assert values == {
         "defaultReplicaCount": 1,
+        "replicaSoftAntiAffinity": False,
         "defaultDataLocality": "disabled",
         "replicaAutoBalance": "disabled",
         "allowVolumeCreationWithDegradedAvailability": True,
         "storageReservedPercentageForDefaultDisk": 30,
         "storageMinimalAvailablePercentage": 25,
+        "nodeDownPodDeletionPolicy": "do-nothing",
+        "nodeDrainPolicy": "block-if-contains-last-replica",
     }
 
 
@@ -345,3 +348,60 @@ def test_the_kubernetes_provider_reaches_the_api_through_the_servers_ssh_forward
     assert "server: https://127.0.0.1:18443\n" in other.by_name("storage-kubernetes").inputs["kubeconfig"]["value"]
     torn = _run(_config(ssh_key_file, cluster={"name": "t", "k3s_version": "v1.31.4+k3s1", "teardown": "allowed"}))
     assert torn.by_name("storage-kubernetes").inputs["deleteUnreachable"] == "true"
+
+
+# Longhorn's settings as the program keeps them: Setting object name -> value (a string, as the
+# object holds it). Written out here rather than read from the component, so a changed value fails.
+KEPT_SETTINGS = {
+    "default-replica-count": "1",
+    "replica-soft-anti-affinity": "false",
+    "default-data-locality": "disabled",
+    "replica-auto-balance": "disabled",
+    "allow-volume-creation-with-degraded-availability": "true",
+    "storage-reserved-percentage-for-default-disk": "20",
+    "storage-minimal-available-percentage": "15",
+    "node-down-pod-deletion-policy": "do-nothing",
+    "node-drain-policy": "block-if-contains-last-replica",
+}
+
+
+def test_longhorn_settings_are_patched_after_the_release(ssh_key_file: Path) -> None:
+    """Each kept setting is a server-side apply patch of Longhorn's Setting object (the provider's
+    custom resource patch, forced, under the program's field manager), through the forwarded
+    provider, after the Helm release. Wiring only: the patches run for real in
+    tests/lab/test_longhorn_settings.py."""
+    graph = _run(
+        _config(ssh_key_file, storage={"max_copies": 2, "reserved_percent": 20, "minimal_available_percent": 15})
+    )
+    patches = graph.of_type("kubernetes:longhorn.io/v1beta2:SettingPatch")
+    assert {p.inputs["metadata"]["name"]: p.inputs["value"] for p in patches} == KEPT_SETTINGS
+    release, provider = graph.by_name("storage-longhorn"), graph.by_name("storage-kubernetes")
+    for patch in patches:
+        assert patch.inputs["apiVersion"] == "longhorn.io/v1beta2" and patch.inputs["kind"] == "Setting"
+        assert patch.inputs["metadata"]["namespace"] == "longhorn-system"
+        assert patch.inputs["metadata"]["annotations"] == {
+            "pulumi.com/patchForce": "true",
+            "pulumi.com/patchFieldManager": "hk3s",
+        }
+        assert release.urn in set(patch.dependencies)
+        assert patch.provider.startswith(provider.urn + "::")
+        assert patch.parent.endswith("StorageCopies::storage")
+        assert patch.retain_on_delete, "deleting a patch would empty the setting"
+    # The chart starts from the same values.
+    defaults = release.inputs["values"]["defaultSettings"]
+    assert defaults["storageReservedPercentageForDefaultDisk"] == 20
+    assert defaults["storageMinimalAvailablePercentage"] == 15
+
+
+def test_longhorn_chart_from_its_repository_or_a_local_path(ssh_key_file: Path, tmp_path: Path) -> None:
+    """Unset, the release fetches the chart from Longhorn's repository; with storage.longhorn_chart
+    (air-gapped), from that folder, and no repository is named."""
+    fetched = _run(_config(ssh_key_file)).by_name("storage-longhorn").inputs
+    assert fetched["chart"] == "longhorn" and fetched["version"] == "1.9.1"
+    assert fetched["repositoryOpts"] == {"repo": "https://charts.longhorn.io"}
+    chart = tmp_path / "longhorn"
+    chart.mkdir()
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: longhorn\nversion: 1.9.1\n")
+    local = _run(_config(ssh_key_file, storage={"longhorn_chart": str(chart)})).by_name("storage-longhorn").inputs
+    assert local["chart"] == str(chart.resolve()) and local["version"] == "1.9.1"
+    assert "repositoryOpts" not in local
