@@ -5,7 +5,8 @@ installs the lab's stand-in chart (lab/longhorn_standin: Longhorn's CRDs and its
 at Longhorn's defaults, no manager) through its air-gapped path, storage.longhorn_chart.
 
 After `up` every kept setting reads back with the program's value; a setting changed by hand
-(kubectl on the server) is seen as drift by `refresh` and put back by the next `up`."""
+(kubectl on the server) is seen as drift by a refresh (through the operator API, which opens the
+forward a refresh needs) and put back by the next `up`."""
 
 from __future__ import annotations
 
@@ -90,7 +91,9 @@ def test_longhorn_settings_are_kept_and_put_back(lab: Lab, tmp_path: Path) -> No
     refused = _kubectl(server, *bad, check=False)
     assert refused.returncode != 0 and "node-drain-policy is not one of Longhorn's choices" in refused.stderr
 
-    stack.refresh()
+    # Through the operator API, as an operator refreshes: a refresh does not run the program, so
+    # the API opens the forward to the Kubernetes API the provider's kubeconfig points at.
+    stack.api().refresh()
     assert _recorded_settings(stack) == {**EXPECTED, "default-replica-count": "3"}, "refresh did not see the drift"
     assert _live_settings(server)["default-replica-count"] == "3"
 
