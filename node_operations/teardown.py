@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from host_scripts import script_path
 from node_operations.k3s_install import parse_results
-from remote_access.ssh import RemoteCommandError, SshError, SshTarget, open_session
+from remote_access.ssh import RemoteCommandError, SshError, SshSession, SshTarget, open_session
 
 WIPE_DEADLINE_SECONDS = 300.0
 # What a person removes on a host the program could not reach, besides what the wipe script
@@ -55,13 +55,17 @@ class WipeOutcome:
         return f"k3s wiped ({len(self.removed)} paths removed)"
 
 
-async def wipe_node(target: SshTarget, progress: Callable[[str], None]) -> WipeOutcome:
-    """Stop and uninstall k3s, kill every container, remove k3s's and the program's files."""
+async def wipe_node(
+    target: SshTarget, progress: Callable[[str], None], session: SshSession | None = None
+) -> WipeOutcome:
+    """Stop and uninstall k3s, kill every container, remove k3s's and the program's files;
+    through `session` when the caller is logged in already."""
     async with contextlib.AsyncExitStack() as stack:
-        try:
-            session = await stack.enter_async_context(open_session(target))
-        except SshError as error:
-            return WipeOutcome(target.node, unreachable=str(error))
+        if session is None:
+            try:
+                session = await stack.enter_async_context(open_session(target))
+            except SshError as error:
+                return WipeOutcome(target.node, unreachable=str(error))
         progress("wiping k3s, its data and the program's files")
         try:
             result = await session.run_script(script_path("k3s_wipe.sh"), deadline=WIPE_DEADLINE_SECONDS)

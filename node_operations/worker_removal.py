@@ -27,6 +27,7 @@ operator runs, the report lists the addresses and ports to remove there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -36,11 +37,12 @@ from typing import Any
 from node_operations.drain import blocking_budgets, names_to_evict
 from node_operations.teardown import wipe_node
 from remote_access.kube import ClusterApi, Repeat
-from remote_access.ssh import RemoteCommandError, SshError, SshTarget, open_session
+from remote_access.ssh import RemoteCommandError, SshError, SshSession, SshTarget, open_session
 
 LONGHORN_NAMESPACE = "longhorn-system"
 LONGHORN_NODE_CRD = "nodes.longhorn.io"
 DRAIN_TIMEOUT_SECONDS = 300.0
+ANSWER_SECONDS = 20.0
 # Moving copies copies data over the network: a 100 GiB volume at 100 MB/s takes 17 min.
 COPIES_TIMEOUT_SECONDS = 3600.0
 POLL_SECONDS = 2.0
@@ -289,14 +291,24 @@ class WorkerRemoval:
         await self.api.delete_node_password(self.node)
 
     async def run(self) -> RemovalReport:
+        # One login to the worker serves the check that it answers and the wipe.
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                session = await stack.enter_async_context(open_session(self.worker))
+                await session.run(["true"], deadline=ANSWER_SECONDS)
+            except SshError as error:
+                return await self._silent(str(error))
+            return await self._remove(session)
+
+    async def _silent(self, silent: str) -> RemovalReport:
+        if await self.api.get_node(self.node) is None:
+            self.progress(f"not registered and not reachable ({silent}): nothing left to remove")
+            self.report.already_gone = True
+            return self.report
+        raise RemovalRefusedError(self.node, not_answering(self.node, silent))
+
+    async def _remove(self, session: SshSession) -> RemovalReport:
         node = await self.api.get_node(self.node)
-        silent = await worker_answers(self.worker)
-        if silent is not None:
-            if node is None:
-                self.progress(f"not registered and not reachable ({silent}): nothing left to remove")
-                self.report.already_gone = True
-                return self.report
-            raise RemovalRefusedError(self.node, not_answering(self.node, silent))
         if node is not None:
             self.report.addresses = sorted(
                 {address for kind, address in node.addresses.items() if kind in ("InternalIP", "ExternalIP")}
@@ -305,7 +317,10 @@ class WorkerRemoval:
                 await self._move_copies()
             await self.api.cordon(self.node, True)
             await self._drain()
-        outcome = await wipe_node(self.worker, self.progress)
+        try:
+            outcome = await wipe_node(self.worker, self.progress, session)
+        except SshError:  # the login dropped during a long drain: log in again
+            outcome = await wipe_node(self.worker, self.progress)
         if outcome.unreachable:
             raise RemovalRefusedError(self.node, f"the wipe could not log in ({outcome.unreachable}); run it again")
         self.report.wiped = True
@@ -350,7 +365,7 @@ def not_answering(node: str, why: str) -> str:
     )
 
 
-async def worker_answers(worker: SshTarget, deadline: float = 20) -> str | None:
+async def worker_answers(worker: SshTarget, deadline: float = ANSWER_SECONDS) -> str | None:
     """None when the worker's host answers over SSH, else why not."""
     try:
         async with open_session(worker) as session:

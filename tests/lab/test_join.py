@@ -16,7 +16,7 @@ import pytest
 from pulumi import automation as auto
 
 from lab.hosts import Host, Lab
-from lab.hosts.errors import LabError
+from lab.node_watch import NodeWatcher
 from lab.stack_harness import (
     LabStack,
     base_config,
@@ -341,51 +341,6 @@ BROKEN_AGENT = "/etc/systemd/system/k3s-agent.service.d/lab-broken.conf"
 SLOW_AGENT = "/etc/systemd/system/k3s-agent.service.d/lab-slow.conf"
 
 
-class NodeWatcher:
-    """Polls every Node during a run: (seconds, name, kubelet version, Ready, cordoned) per sight."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
-        self.sights: list[tuple[float, str, str, bool, bool]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def _watch(self) -> None:
-        started = time.monotonic()
-        while not self._stop.is_set():
-            try:
-                nodes = self.cluster.kubectl_json("get", "nodes")["items"]
-            except LabError:  # the API is away while k3s restarts on the server
-                time.sleep(0.3)
-                continue
-            for node in nodes:
-                self.sights.append(
-                    (
-                        time.monotonic() - started,
-                        node["metadata"]["name"],
-                        node["status"]["nodeInfo"]["kubeletVersion"],
-                        ready(node),
-                        bool(node["spec"].get("unschedulable")),
-                    )
-                )
-            time.sleep(0.3)
-
-    def __enter__(self) -> NodeWatcher:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def first_at(self, name: str, version: str) -> float | None:
-        """When `name` was first seen Ready at `version`."""
-        return next((t for t, n, v, r, _ in self.sights if n == name and v == version and r), None)
-
-    def cordoned(self, name: str) -> list[float]:
-        return [t for t, n, _, _, c in self.sights if n == name and c]
-
-
 def _agent_starts(host: Host, version: str) -> int:
     """How often the host's agent started at `version` (the stand-in logs each start, as k3s does)."""
     log = host.run(["journalctl", "-u", "k3s-agent", "--no-pager", "-o", "cat"]).stdout
@@ -419,7 +374,10 @@ def test_a_worker_that_does_not_come_back_stops_a_patch_upgrade_there(cluster: C
         plan in cluster.stack.text() and "jn-worker-1, jn-worker-2, jn-worker-3; each in place" in cluster.stack.text()
     )
     cluster.stack.log.clear()
-    with NodeWatcher(cluster) as watcher, pytest.raises(auto.CommandError):
+    with (
+        NodeWatcher(lambda: cluster.kubectl_json("get", "nodes")["items"]) as watcher,
+        pytest.raises(auto.CommandError),
+    ):
         cluster.stack.up()
     text = cluster.stack.text()
     assert f"jn-worker-2: the upgrade to {new} stopped here: its agent failed 3 times on the new binary" in text, text[
@@ -485,7 +443,7 @@ def test_a_minor_upgrade_drains_one_worker_at_a_time_after_the_server(cluster: C
     )
     cluster.stack.log.clear()
     started = time.monotonic()
-    with NodeWatcher(cluster) as watcher:
+    with NodeWatcher(lambda: cluster.kubectl_json("get", "nodes")["items"]) as watcher:
         result = cluster.up()
     seconds = time.monotonic() - started
     assert result.summary.result == "succeeded"
