@@ -212,6 +212,7 @@ class SshSession:
         stdout_lines: list[str] = []
         stderr_chunks: list[str] = []
         process: asyncssh.SSHClientProcess[str] | None = None
+        stderr_task: asyncio.Task[None] | None = None
         self.commands += 1
         started = time.monotonic()
         try:
@@ -247,6 +248,13 @@ class SshSession:
             raise SshError(self.target.node, f"{what}: connection failed: {error}") from None
         finally:
             self.remote_seconds += time.monotonic() - started
+            # A command cut short leaves its stderr reader: stop it, or take its error (the same
+            # lost connection raised above), so nothing is reported later as never retrieved.
+            if stderr_task is not None:
+                if not stderr_task.done():
+                    stderr_task.cancel()
+                elif not stderr_task.cancelled():
+                    stderr_task.exception()
         result = CommandResult(
             exit_status=completed.exit_status if completed.exit_status is not None else -1,
             stdout="\n".join(stdout_lines) + ("\n" if stdout_lines else ""),

@@ -405,3 +405,16 @@ def test_longhorn_chart_from_its_repository_or_a_local_path(ssh_key_file: Path, 
     local = _run(_config(ssh_key_file, storage={"longhorn_chart": str(chart)})).by_name("storage-longhorn").inputs
     assert local["chart"] == str(chart.resolve()) and local["version"] == "1.9.1"
     assert "repositoryOpts" not in local
+
+
+def test_one_access_check_of_the_recorded_nodes_serves_every_join(graph: Recording) -> None:
+    """The recorded nodes are logged in to by one check per run, from the server's provider, and
+    every join waits for it: adding K workers to N nodes costs N logins for this, not K x N. No
+    join carries the peers to log in to itself."""
+    [check] = graph.of_type("NodeAccessCheck")
+    assert check.name == "node-access" and check.parent.endswith("ClusterServer::srv")
+    assert sorted(node["node"] for node in check.inputs["nodes"]) == ["metal", "w1", "w2"]
+    for name in ("w1", "w2", "metal"):
+        join = graph.by_name(f"{name}-join")
+        assert check.urn in set(join.dependencies), name
+        assert "peers" not in join.inputs, name

@@ -25,9 +25,12 @@ import pytest
 from remote_access.ssh import (
     CONNECT_STATS,
     HANDSHAKES_PER_HOST,
+    RETRY_FIRST_SECONDS,
+    RETRY_MAX_SECONDS,
     HostKeyChangedError,
     SshError,
     SshTarget,
+    _backoff,
     handshake_slot,
     is_transient_drop,
     open_session,
@@ -314,3 +317,55 @@ def test_a_killed_holder_frees_its_slot(slot_dir: Path) -> None:
     waited = asyncio.run(take_one())
     holder.join(10)
     assert waited >= 0.9  # blocked while all four were held, free as soon as the holder died
+
+
+def test_a_connection_lost_during_a_command_is_not_retried(slot_dir: Path, sshd: LoopbackSshd, tmp_path: Path) -> None:
+    """Only setting up a connection is retried: a command whose connection drops mid-way may
+    have done its work, so it is never sent again. The error names the host."""
+    relayed: list[socket.socket] = []
+
+    def relay_and_keep(client: socket.socket, _number: int) -> bool:
+        upstream = socket.create_connection(("127.0.0.1", sshd.port))
+        relayed.extend((client, upstream))
+        for source, sink in ((client, upstream), (upstream, client)):
+            threading.Thread(target=_pump, args=(source, sink), daemon=True).start()
+        return True
+
+    marker = tmp_path / "ran"
+    transport = FakeTransport(relay_and_keep)
+
+    def cut_once_running() -> None:
+        deadline = time.monotonic() + 20
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for sock in relayed:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    async def scenario() -> None:
+        async with open_session(_target(transport.port, sshd.client_private_key, sshd.host_key_line)) as session:
+            await session.run(["sh", "-c", f"echo ran >> {marker}; sleep 30"], deadline=60)
+
+    cutter = threading.Thread(target=cut_once_running, daemon=True)
+    cutter.start()
+    try:
+        with pytest.raises(SshError) as caught:
+            asyncio.run(scenario())
+    finally:
+        transport.close()
+    cutter.join()
+    assert str(caught.value).startswith("worker-7: ")
+    assert transport.accepted == 1  # no new connection ...
+    assert marker.read_text() == "ran\n"  # ... and the command ran once
+
+
+def test_the_pause_between_tries_grows_and_is_spread() -> None:
+    """Exponential backoff with full jitter: each pause lies in [0, min(cap, first x 2^n)], the
+    bound doubles per try up to the cap, and the pauses of clients dropped together differ."""
+    for attempt in range(8):
+        bound = min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2**attempt)
+        pauses = [_backoff(attempt) for _ in range(200)]
+        assert all(0 <= pause <= bound for pause in pauses), attempt
+        assert max(pauses) > bound / 2, attempt  # it uses the room it has ...
+        assert len({round(pause, 6) for pause in pauses}) > 150, attempt  # ... spread, not in step
+    assert min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2**7) == RETRY_MAX_SECONDS
