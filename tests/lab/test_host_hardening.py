@@ -10,7 +10,9 @@ that tries passwords, on the server and on the worker.
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,17 @@ def with_cloud_init_passwords(host: Host) -> None:
     (host.root / "etc/ssh/sshd_config.d/10-hk3s-lab.conf").unlink()
     (host.root / CLOUD_INIT_DROPIN).write_text("PasswordAuthentication yes\n")
     host.run(["systemctl", "reload", "ssh.service"])
+    # A reload re-executes sshd, which closes its listening socket for a moment: wait until it
+    # listens again, or a connection in that moment is refused.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection((host.public_ip or "", 22), timeout=2).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def test_an_earlier_password_dropin_loses_on_the_server_and_the_worker(lab: Lab, tmp_path: Path) -> None:
