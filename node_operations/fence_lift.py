@@ -114,7 +114,11 @@ class FenceLift:
         await self.cluster.remove_taint(self.node, validation.key)
         out = await self.cluster.kubectl(["get", "node", self.node, "-o", "json"], repeat=Repeat.READ)
         if FENCE_ANNOTATION in (json.loads(out)["metadata"].get("annotations") or {}):
-            await self.cluster.kubectl(["annotate", "node", self.node, f"{FENCE_ANNOTATION}-"], repeat=Repeat.ONCE)
+            # A merge patch to null: repeated after an outage it finds the annotation gone and changes nothing.
+            unset = json.dumps({"metadata": {"annotations": {FENCE_ANNOTATION: None}}})
+            await self.cluster.kubectl(
+                ["patch", "node", self.node, "--type", "merge", "-p", unset], repeat=Repeat.IDEMPOTENT
+            )
         self.progress(f"fence lifted: rejoined ({', '.join(f'{k} {v}' for k, v in self.checks.items())})")
 
 

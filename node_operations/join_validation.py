@@ -210,9 +210,10 @@ class TaintedNodeValidation:
         self.progress(f"starting validation pod {VALIDATION_POD_NAMESPACE}/{name} ({self.target.validation_image})")
         delete = ["delete", "pod", "-n", VALIDATION_POD_NAMESPACE, name, "--ignore-not-found", "--wait=true"]
         await self.cluster.kubectl(delete, repeat=Repeat.IDEMPOTENT)  # one left by an interrupted run
-        await self.cluster.kubectl(
-            ["create", "-f", "-"], stdin=json.dumps(self._validation_pod_manifest(name)), repeat=Repeat.ONCE
-        )
+        # Server-side apply, not create: an apply repeated after the API went away mid-call (the
+        # first may have created the pod, its reply lost) leaves the same one pod, where a second
+        # create would fail with AlreadyExists.
+        await self.cluster.apply(json.dumps(self._validation_pod_manifest(name)))
         started = time.monotonic()
         deadline = self.paused_clock(VALIDATION_POD_SECONDS)
         why = "not started"

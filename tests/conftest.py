@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,6 +98,13 @@ def running_pulumi(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     binary.parent.mkdir()
     shutil.copy(shutil.which("sleep") or "/bin/sleep", binary)
     process = subprocess.Popen([str(binary), "300"])
+    # Popen returns once the child's exec closed its close-on-exec pipe, and the kernel names
+    # the process after the new program only a moment later (execve closes those descriptors
+    # before it sets the name): until then the process is still called after this one.
+    comm = Path(f"/proc/{process.pid}/comm")
+    deadline = time.monotonic() + 10
+    while comm.read_text().strip() != "pulumi" and time.monotonic() < deadline:
+        time.sleep(0.01)
     try:
         yield process
     finally:

@@ -331,6 +331,9 @@ def test_removing_a_worker_that_does_not_answer_is_refused_and_the_file_restored
         # The CLI reports the same refusal with exit code 3.
         run = cluster.hk3s("node", "remove", w2.name, "--yes")
         assert run.returncode == 3 and "does not answer over SSH" in run.stderr, run.stderr[-3000:]
+        # The provider's error as its message alone: no Python traceback from the provider host.
+        assert "Traceback (most recent call last)" not in run.stderr + run.stdout, run.stderr[-3000:]
+        assert 'File "' not in run.stderr + run.stdout, run.stderr[-3000:]
         assert cluster.stack_file.read_bytes() == before
     finally:
         w2.power_on(wait=True)
