@@ -18,6 +18,10 @@ The rules, and why:
   new version (unless it was cordoned before the upgrade began).
 - Before any worker moves, every worker still to move must be Ready: an upgrade never adds
   a second node down to one that is down already.
+- A fenced worker (in hk3s:fences, or its fence recorded on its Node) is left alone and listed:
+  its agent is held down on purpose, it may be powered off, and the fence's record is the
+  promise that nothing runs there until it rejoins. It is not "down" in the sense above either:
+  the upgrade goes on around it.
 - A worker's upgrade is recorded on its Node (an annotation) before anything changes, so an
   interrupted run (a SIGKILL) is resumed by the next one: a worker already at the new version
   is never moved again, one left half-way is finished, none is skipped.
@@ -32,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from node_operations.fence import FENCE_ANNOTATION
 from node_operations.join import PERMITS_CONFIGMAP, grant_join_permits
 from node_operations.k3s_install import K3sBinary, install_k3s
 from node_operations.k3s_release import K3S_VERSION
@@ -74,6 +79,7 @@ class UpgradeReport:
     upgraded: tuple[str, ...]
     already: tuple[str, ...]
     not_joined: tuple[str, ...]
+    fenced: tuple[str, ...] = ()
 
     def summary(self) -> str:
         parts = [f"{len(self.upgraded)} worker(s) moved to {self.version}"]
@@ -81,6 +87,8 @@ class UpgradeReport:
             parts.append(f"already there: {', '.join(self.already)}")
         if self.not_joined:
             parts.append(f"not joined yet (they join at {self.version}): {', '.join(self.not_joined)}")
+        if self.fenced:
+            parts.append(f"fenced, left alone at their release: {', '.join(self.fenced)}")
         return "; ".join(parts)
 
 
@@ -93,6 +101,7 @@ class UpgradeSettings:
     api_wait: float = 120.0
     ready_timeout: float = READY_TIMEOUT_SECONDS
     drain_timeout: float = DRAIN_TIMEOUT_SECONDS
+    fenced: frozenset[str] = frozenset()  # the workers hk3s:fences names
 
 
 def _record_of(obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -258,6 +267,19 @@ def plan_moves(
     return plans, already, not_joined
 
 
+def fenced_workers(
+    nodes: dict[str, dict[str, Any]], workers: Sequence[SshTarget], settings: UpgradeSettings
+) -> list[str]:
+    """The workers an upgrade leaves alone: fenced in the stack's settings, or by the fence's
+    record on their Node (a fence under way whose entry the settings no longer hold)."""
+    return [
+        worker.node
+        for worker in workers
+        if worker.node in settings.fenced
+        or FENCE_ANNOTATION in ((nodes.get(worker.node) or {}).get("metadata", {}).get("annotations") or {})
+    ]
+
+
 async def _nodes(api: ClusterApi) -> dict[str, dict[str, Any]]:
     items = json.loads(await api.kubectl(["get", "nodes", "-o", "json"], repeat=Repeat.READ))["items"]
     return {item["metadata"]["name"]: item for item in items}
@@ -271,9 +293,12 @@ async def upgrade_workers(
     version = settings.binary.version
     async with open_session(server) as session:
         api = ClusterApi(session, progress, settings.api_wait)
-        plans, already, not_joined = plan_moves(await _nodes(api), workers, settings)
+        nodes = await _nodes(api)
+        fenced = fenced_workers(nodes, workers, settings)
+        workers = [worker for worker in workers if worker.node not in fenced]
+        plans, already, not_joined = plan_moves(nodes, workers, settings)
         if not plans:
-            return UpgradeReport(version, (), tuple(already), tuple(not_joined))
+            return UpgradeReport(version, (), tuple(already), tuple(not_joined), tuple(fenced))
         permits = ["get", "configmap", PERMITS_CONFIGMAP, "-n", "kube-system", "--ignore-not-found", "-o", "name"]
         if (await api.kubectl(permits, repeat=Repeat.READ)).strip():
             # A cluster whose first join predates the server's own permit: the restarted server's
@@ -299,4 +324,4 @@ async def upgrade_workers(
             )
         for worker, record, resumed in plans:
             await WorkerUpgrade(api, worker, settings, progress).run(record, resumed=resumed)
-    return UpgradeReport(version, tuple(w.node for w, _, _ in plans), tuple(already), tuple(not_joined))
+    return UpgradeReport(version, tuple(w.node for w, _, _ in plans), tuple(already), tuple(not_joined), tuple(fenced))

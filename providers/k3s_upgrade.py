@@ -12,7 +12,8 @@ the server, then each worker in the stack's order (node_operations.k3s_upgrade).
 Its diff says an update only when the release changes; the preview then shows the order. A
 NodeJoin whose version alone changed records the version its Node runs, with no rejoin
 (providers.node_join). A worker added in the same run joins after it, at the new release.
-Fencing is not in this release, so no worker is left out as fenced.
+A fenced worker (hk3s:fences) is left alone and listed, in the preview's plan and in the run
+(node_operations.k3s_upgrade).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class K3sUpgradeInputs(NodeInputs):
     workers: list[UpgradedWorker] = dataclasses.field(default_factory=list, metadata=nested(UpgradedWorker))
     drain_on_minor_upgrade: pulumi.Input[bool] = True
     api_wait_seconds: pulumi.Input[float] = API_WAIT_SECONDS
+    fenced: list[str] = dataclasses.field(default_factory=list)
+    """The workers hk3s:fences names: left alone by an upgrade."""
 
 
 # Inputs whose change is an upgrade; any other (a worker added, a setting) waits for the next one.
@@ -65,14 +68,16 @@ def upgrade_plan(olds: dict[str, Any], news: dict[str, Any]) -> str | None:
     if not old or old == new:
         return None
     step = release_step(old, new)
-    workers = [str(w.get("node")) for w in news.get("workers") or []]
+    fenced = [str(name) for name in news.get("fenced") or []]
+    workers = [str(w.get("node")) for w in news.get("workers") or [] if str(w.get("node")) not in fenced]
     if step == "minor" and news.get("drain_on_minor_upgrade") is not False:
         how = "each cordoned and drained first (a minor release; hk3s:cluster.drain_on_minor_upgrade)"
     else:
         how = f"each in place, pods running (a {step} release)"
+    left = f". Fenced, left alone at their release: {', '.join(fenced)}" if fenced else ""
     return (
         f"plan: k3s {old} -> {new}: the server first, then one worker at a time, each Ready at {new} before the "
-        f"next: {', '.join(workers) or '(no workers)'}; {how}. A worker not joined yet joins at {new}"
+        f"next: {', '.join(workers) or '(no workers)'}; {how}. A worker not joined yet joins at {new}{left}"
     )
 
 
@@ -100,6 +105,7 @@ class K3sUpgradeProvider(NodeProvider):
             binary=inputs.k3s.binary(),
             drain_on_minor=known(inputs.drain_on_minor_upgrade) is not False,
             api_wait=float(known(inputs.api_wait_seconds) or API_WAIT_SECONDS),
+            fenced=frozenset(str(name) for name in inputs.fenced),
         )
         report = run_operation(upgrade_workers(server, workers, settings, lambda line: print_line(server.node, line)))
         progress(server.node, report.summary())

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from node_operations.fence import FENCE_ANNOTATION
 from node_operations.k3s_install import K3sBinary
-from node_operations.k3s_upgrade import UPGRADE_ANNOTATION, UpgradeSettings, plan_moves
+from node_operations.k3s_upgrade import UPGRADE_ANNOTATION, UpgradeReport, UpgradeSettings, fenced_workers, plan_moves
 from remote_access.ssh import SshTarget
 
 NEW = "v1.37.0+k3s1"
@@ -63,3 +64,14 @@ def test_a_record_of_an_earlier_release_starts_over_keeping_the_operators_cordon
     [(_, record, resumed)] = plans
     assert resumed is False
     assert record == {"from": "v1.36.4+k3s1", "to": NEW, "drain": True, "was_cordoned": True}
+
+
+def test_fenced_workers_are_left_alone_whether_the_settings_or_the_node_say_so() -> None:
+    fenced_node = node("w2", "v1.36.4+k3s1")
+    fenced_node["metadata"]["annotations"][FENCE_ANNOTATION] = "2026-12-03T20:00:00Z"
+    nodes = {"w1": node("w1", "v1.36.4+k3s1"), "w2": fenced_node, "w3": node("w3", "v1.36.4+k3s1")}
+    in_settings = UpgradeSettings(binary=K3sBinary(version=NEW), fenced=frozenset({"w3"}))
+    assert fenced_workers(nodes, targets("w1", "w2", "w3"), in_settings) == ["w2", "w3"]
+    assert fenced_workers(nodes, targets("w1", "w3"), settings()) == []
+    report = UpgradeReport(NEW, ("w1",), (), (), ("w2", "w3"))
+    assert report.summary() == f"1 worker(s) moved to {NEW}; fenced, left alone at their release: w2, w3"

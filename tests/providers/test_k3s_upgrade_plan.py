@@ -54,6 +54,14 @@ def test_a_minor_release_shows_the_order_and_the_drain(capsys: pytest.CaptureFix
     assert "w1, w2, w3; each cordoned and drained first (a minor release" in err
 
 
+def test_fenced_workers_are_left_out_of_the_order_and_listed(capsys: pytest.CaptureFixture[str]) -> None:
+    news = {**OLDS, "k3s_version": "v1.36.2+k3s1", "target_version": "v1.36.2+k3s1", "workers": WORKERS}
+    assert K3sUpgradeProvider().diff("u", dict(OLDS), {**news, "fenced": ["w2"]}).changes is True
+    err = capsys.readouterr().err
+    assert "each Ready at v1.36.2+k3s1 before the next: w1, w3; each in place" in err, err
+    assert err.rstrip().endswith("Fenced, left alone at their release: w2"), err
+
+
 def test_a_minor_release_without_the_drain_and_a_patch_move_in_place(capsys: pytest.CaptureFixture[str]) -> None:
     provider = K3sUpgradeProvider()
     minor = {**OLDS, "k3s_version": "v1.37.0+k3s1", "drain_on_minor_upgrade": False}
