@@ -121,8 +121,36 @@ def worker_spec(name: str, **overrides: Any) -> HostSpec:
     return HostSpec(name, **values)
 
 
+def ensure_longhorn_manager(lab: Lab, server: Host) -> Path:
+    """Start the Longhorn manager stand-in (lab/longhorn_standin/manager.py) for the cluster whose
+    server is `server`, unless it runs already; its log file. It runs in the server host's network
+    namespace (the API server at 127.0.0.1:6443, whatever the host's firewall lets in), waits for
+    the kubeconfig k3s writes on the server and for Longhorn's CRDs, and reads each node's disk
+    through the lab's hosts. Its command line names the lab's run directory, so the lab's teardown
+    stops it with the hosts."""
+    from lab.hosts.lab import LONGHORN_MANAGER_MODULE  # noqa: PLC0415
+    from lab.hosts.processes import _pid_alive  # noqa: PLC0415
+
+    state = lab.run_dir / "longhorn-manager"
+    state.mkdir(exist_ok=True)
+    pid_file, log_file = state / "manager.pid", state / "manager.log"
+    if pid_file.exists() and _pid_alive(int(pid_file.read_text())):
+        return log_file
+    argv = ["ip", "netns", "exec", server.netns, str(REPO / "venv" / "bin" / "python"), "-m", LONGHORN_MANAGER_MODULE]
+    argv += ["--kubeconfig", str(server.root / "etc" / "rancher" / "k3s" / "k3s.yaml")]
+    argv += ["--lab-run-dir", str(lab.run_dir), "--state-dir", str(state)]
+    with open(log_file, "ab") as out:
+        process = subprocess.Popen(
+            argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    pid_file.write_text(str(process.pid))
+    return log_file
+
+
 def base_config(lab: Lab, server: Host, workers: Sequence[Host], **sections: Any) -> dict[str, Any]:
-    """A stack config for existing lab hosts in public mode."""
+    """A stack config for existing lab hosts in public mode. A stack that installs Longhorn
+    (`storage={"install_longhorn": True, ...}`) gets the lab's Longhorn manager stand-in beside it
+    (`ensure_longhorn_manager`), as Longhorn's chart would start Longhorn's manager."""
     k3s_binary, k3s_sha256 = k3s_snapshot()
     config: dict[str, Any] = {
         "cluster": {
@@ -149,6 +177,8 @@ def base_config(lab: Lab, server: Host, workers: Sequence[Host], **sections: Any
             config[key] = {**config[key], **value}
         else:
             config[key] = value
+    if config["storage"].get("install_longhorn"):
+        ensure_longhorn_manager(lab, server)
     return config
 
 

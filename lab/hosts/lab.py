@@ -71,6 +71,11 @@ MACHINE_PACKAGES: tuple[str, ...] = (
 _LAB_ID_RE = re.compile(r"^hk[0-9a-f]{4}$")
 
 
+#: The Longhorn manager stand-in (lab/longhorn_standin/manager.py) a lab stack runs beside the lab:
+#: its command line names the lab's run directory, and the teardown stops it with the hosts.
+LONGHORN_MANAGER_MODULE = "lab.longhorn_standin.manager"
+
+
 @dataclass
 class Leftovers:
     """What of a lab is still on the machine (all empty after a teardown)."""
@@ -646,7 +651,11 @@ class Lab:
                         if leader is not None:
                             with contextlib.suppress(ProcessLookupError):
                                 os.kill(leader, signal.SIGKILL)
-                    if NETDELAY.name in " ".join(argv) or (argv and Path(argv[0]).name == slow_disk.BINARY_NAME):
+                    if (
+                        NETDELAY.name in " ".join(argv)
+                        or (argv and Path(argv[0]).name == slow_disk.BINARY_NAME)
+                        or LONGHORN_MANAGER_MODULE in argv
+                    ):
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(pid, signal.SIGKILL)
                 time.sleep(0.1)

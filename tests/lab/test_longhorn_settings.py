@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,6 +56,17 @@ def _live_settings(server: Host) -> dict[str, str]:
     return {item["metadata"]["name"]: item["value"] for item in items}
 
 
+def _longhorn_node(server: Host, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = _kubectl(server, "get", "nodes.longhorn.io", server.name, "-o", "json", check=False)
+        if got.returncode == 0 and json.loads(got.stdout).get("status", {}).get("diskStatus"):
+            return dict(json.loads(got.stdout))
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no Longhorn node for {server.name} after {timeout:.0f}s: {got.stderr}")
+        time.sleep(1)
+
+
 def _recorded_settings(stack: LabStack) -> dict[str, str]:
     """The kept settings' values as the stack's state records them."""
     deployment = stack.stack().export_stack().deployment or {}
@@ -80,6 +93,12 @@ def test_longhorn_settings_are_kept_and_put_back(lab: Lab, tmp_path: Path) -> No
     # A setting the program does not keep stays at Longhorn's default.
     assert live["engine-replica-timeout"] == "8"
     assert _recorded_settings(stack) == EXPECTED
+    # The lab's Longhorn manager stand-in, started beside the stack, made the server's Longhorn node
+    # with its disk's real figures.
+    node = _longhorn_node(server)
+    (disk,) = node["status"]["diskStatus"].values()
+    assert disk["storageMaximum"] > 0 and node["spec"]["disks"]
+
     # The storage classes went in through the same provider.
     classes = _kubectl(server, "get", "storageclass", "-o", "name").stdout.split()
     assert "storageclass.storage.k8s.io/hk3s-one-copy" in classes
