@@ -185,7 +185,7 @@ async def measure_disk(
     args = [path, str(writes), str(WRITE_BYTES), f"{STALL_BOUND_MS:g}", f"{time_cap_seconds:g}"]
     # The probe bounds itself (time cap, stall bound); this deadline is for a host that hangs.
     deadline = time_cap_seconds + STALL_BOUND_MS / 1000 + 30
-    async with open_session(target) as session:
+    async with open_session(target, shared=True) as session:
         try:
             result = await session.run(
                 ["sh", "-c", PYTHON_LAUNCHER, "disk-probe", *args],

@@ -151,13 +151,13 @@ async def read_host_facts(
     then cloud-init, and only then is the host key taken: cloud-init may replace the
     host's keys during the first boot."""
     started = time.monotonic()
-    async with open_session(target, first_contact) as session:
+    async with open_session(target, first_contact, shared=True, login_anew=True) as session:
         still_booting = first_contact is not None and await _wait_for_cloud_init(session, first_contact, started)
         if not still_booting or target.recorded_host_key:
             return await _observe(session, expected_address, wait_seconds)
     assert first_contact is not None
     first_contact.progress("cloud-init finished: reading the host key now")
-    async with open_session(target) as session:
+    async with open_session(target, shared=True, login_anew=True) as session:
         return await _observe(session, expected_address, wait_seconds)
 
 

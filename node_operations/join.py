@@ -524,7 +524,7 @@ async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, prog
     def timed(line: str) -> None:  # every line says how far into the join it is
         progress(f"{line} (at {time.monotonic() - started:.1f}s)")
 
-    async with open_session(worker) as worker_session, open_session(server) as server_session:
+    async with open_session(worker, shared=True) as worker_session, open_session(server, shared=True) as server_session:
         joiner = Joiner(spec, worker_session, server_session, timed)
         facts, existing = await joiner.preflight()
         await joiner.prepare()
@@ -570,7 +570,7 @@ async def joined_host_changed(worker: SshTarget, machine_id: str) -> str | None:
     kept: then only the agent's presence is checked). A host that cannot be reached says
     nothing here (None): the run's own checks name it."""
     try:
-        async with open_session(worker) as session:
+        async with open_session(worker, shared=True) as session:
             result = await session.run(["sh", "-c", _JOINED_HOST_PROBE], deadline=20, check=False)
     except SshError:
         return None

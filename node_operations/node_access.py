@@ -64,7 +64,7 @@ async def check_recorded_nodes(
     async def reach(node: RecordedNode) -> str | None:
         target = dataclasses.replace(node.target, connect_timeout=NODE_CONNECT_SECONDS)
         try:
-            async with open_session(target) as session:
+            async with open_session(target, shared=True) as session:
                 await session.run(["true"], deadline=NODE_CONNECT_SECONDS)
                 await check_ufw(session, node.firewall_managed)
             return None
@@ -101,13 +101,24 @@ async def check_cluster_nodes(
 ) -> list[str]:
     """The run's one check before its joins: of the stack's `nodes`, those registered in
     the cluster (joined in an earlier run) must answer over SSH; the server's UFW, when
-    the operator runs it, must not be active. Returns the names checked."""
-    async with open_session(server) as session:
+    the operator runs it, must not be active. Returns the names checked.
+
+    A node whose firewall the program runs is not logged in to again here: the run that
+    calls this changes the stack's nodes, so it updated that node's firewall (its peer
+    sets), which logged in to the node (and, failing, stopped the run naming it). That
+    update comes before this check (NodeAccessCheck waits for k3s on the server, which
+    waits for every firewall change) and before every join (each waits for every firewall
+    change). Logging in again would only add a connection to every recorded node."""
+    async with open_session(server, shared=True) as session:
         registered = {node.name for node in await ClusterApi(session).nodes()}
         recorded = [node for node in nodes if node.target.node in registered]
-        progress(f"checking SSH access to {len(recorded)} recorded node(s) once for this run")
-        return await check_recorded_nodes(
-            recorded,
+        unmanaged = [node for node in recorded if not node.firewall_managed]
+        reached = len(recorded) - len(unmanaged)
+        by_firewall = f" ({reached} reached by their firewall's update in this run)" if reached else ""
+        progress(f"checking SSH access to {len(unmanaged)} recorded node(s) once for this run{by_firewall}")
+        await check_recorded_nodes(
+            unmanaged,
             joining="the joining workers",
             extra_ufw_sessions=() if server_firewall_managed else (session,),
         )
+        return [node.target.node for node in recorded]

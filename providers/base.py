@@ -9,8 +9,11 @@ pickles it with dill into the state and unpickles it in the provider process.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import functools
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Coroutine, Hashable, Iterable, Mapping
 from contextvars import ContextVar
@@ -29,6 +32,7 @@ from node_operations.network_mode import NetworkRefusedError
 from node_operations.refusal import tagged
 from node_operations.teardown import WipeError
 from providers.inputs import NodeLogin, ResourceInputs, known
+from remote_access.session_pool import share_logins_on
 from remote_access.ssh import SshError, SshTarget
 
 T = TypeVar("T")
@@ -140,10 +144,46 @@ def progress(node: str, message: str) -> None:
     print(f"[{node}] {message}", file=sys.stderr, flush=True)
 
 
+_OPERATIONS_LOOP: asyncio.AbstractEventLoop | None = None
+_OPERATIONS_LOOP_LOCK = threading.Lock()
+
+
+def _operations_loop() -> asyncio.AbstractEventLoop:
+    """The provider process's one event loop, running in a thread of its own for as long as
+    the process lives, with a pool of shared logins (remote_access.session_pool): the
+    operations of a run that touch the same host reuse one SSH connection."""
+    global _OPERATIONS_LOOP  # noqa: PLW0603 - one loop per process, made on first use
+    with _OPERATIONS_LOOP_LOCK:
+        if _OPERATIONS_LOOP is None:
+            loop = asyncio.new_event_loop()
+            share_logins_on(loop)
+            threading.Thread(target=loop.run_forever, name="hk3s-operations", daemon=True).start()
+            _OPERATIONS_LOOP = loop
+        return _OPERATIONS_LOOP
+
+
 def run_operation(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run an async operation from a provider method (each gRPC worker thread
-    gets its own event loop)."""
-    return asyncio.run(coroutine)
+    """Run an async operation from a provider method and return its result (or raise its
+    error). The engine calls provider methods on several gRPC worker threads at once; their
+    operations all run, side by side, on the process's one loop, each in a copy of its
+    calling thread's context."""
+    loop = _operations_loop()
+    context = contextvars.copy_context()
+    outcome: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def settle(task: asyncio.Task[T]) -> None:
+        if task.cancelled():
+            outcome.cancel()
+        elif (error := task.exception()) is not None:
+            outcome.set_exception(error)
+        else:
+            outcome.set_result(task.result())
+
+    def start() -> None:
+        loop.create_task(coroutine, context=context).add_done_callback(settle)
+
+    loop.call_soon_threadsafe(start)
+    return outcome.result()
 
 
 def ssh_target(props: NodeLogin | Mapping[str, Any], recorded_host_key: str | None = None) -> SshTarget:

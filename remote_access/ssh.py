@@ -9,6 +9,9 @@
   connect deadline; nothing that may have run a command is ever retried. At
   most HANDSHAKES_PER_HOST handshakes are in flight to one host across every
   process of the run, and first contact with a host costs one connection.
+- Callers that ask for it share one login per host within a provider process
+  (`open_session(..., shared=True)`, remote_access/session_pool.py): the steps of a
+  run on one host cost it one connection, not one each.
 - Scripts are files run with `bash -s` and their arguments quoted; values that
   must not show in the host's process list (tokens) go in as environment
   variables on the script's stdin, never on a command line.
@@ -32,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncssh
+
+from remote_access.session_pool import LoginKey, active_pool
 
 LineCallback = Callable[[str], None]
 
@@ -509,21 +514,12 @@ async def _connect_patiently(
             await asyncio.sleep(FIRST_CONTACT_POLL_SECONDS)
 
 
-@asynccontextmanager
-async def open_session(target: SshTarget, first_contact: FirstContact | None = None) -> AsyncIterator[SshSession]:
-    """Connect with the host key pinned (or recorded on first use); with `first_contact`,
-    wait for a host that is still coming up."""
+async def _login(
+    target: SshTarget, client_key: asyncssh.SSHKey, recorded: str | None, first_contact: FirstContact | None
+) -> tuple[asyncssh.SSHClientConnection, str]:
+    """A new connection, its failures said in the program's words."""
     try:
-        client_key = asyncssh.import_private_key(target.private_key)
-    except (asyncssh.KeyImportError, ValueError) as error:
-        raise SshError(
-            target.node,
-            f"the SSH private key (hk3s:ssh.private_key_file) cannot be read: {error}; "
-            "give an unencrypted OpenSSH or PEM private key",
-        ) from None
-    recorded = target.recorded_host_key.strip() if target.recorded_host_key else None
-    try:
-        connection, known = await _connect_patiently(target, client_key, recorded, first_contact)
+        return await _connect_patiently(target, client_key, recorded, first_contact)
     except asyncssh.HostKeyNotVerifiable:
         presented = await _presented_host_key(target)
         raise HostKeyChangedError(target.node, target.address, recorded or "", presented) from None
@@ -541,6 +537,42 @@ async def open_session(target: SshTarget, first_contact: FirstContact | None = N
         ) from None
     except (asyncssh.Error, OSError, asyncio.IncompleteReadError) as error:
         raise SshError(target.node, f"cannot connect to {target.address}:{target.port}: {error}") from None
+
+
+@asynccontextmanager
+async def open_session(
+    target: SshTarget, first_contact: FirstContact | None = None, *, shared: bool = False, login_anew: bool = False
+) -> AsyncIterator[SshSession]:
+    """Connect with the host key pinned (or recorded on first use); with `first_contact`,
+    wait for a host that is still coming up. With `shared`, where the running loop shares
+    logins (remote_access.session_pool), reuse a connection that logs in the same way
+    and verified the same host key (unless `login_anew`), and leave it open for the next
+    caller."""
+    try:
+        client_key = asyncssh.import_private_key(target.private_key)
+    except (asyncssh.KeyImportError, ValueError) as error:
+        raise SshError(
+            target.node,
+            f"the SSH private key (hk3s:ssh.private_key_file) cannot be read: {error}; "
+            "give an unencrypted OpenSSH or PEM private key",
+        ) from None
+    recorded = target.recorded_host_key.strip() if target.recorded_host_key else None
+    pool = active_pool() if shared else None
+    if pool is not None:
+        login = LoginKey.of(target.address, target.port, target.user, target.private_key)
+        lease = await pool.lease(
+            login,
+            recorded,
+            lambda: _login(target, client_key, recorded, first_contact),
+            target.connect_timeout,
+            login_anew=login_anew,
+        )
+        try:
+            yield SshSession(target, lease.connection, lease.host_key, newly_recorded=recorded is None)
+        finally:
+            pool.give_back(login, lease)
+        return
+    connection, known = await _login(target, client_key, recorded, first_contact)
     try:
         yield SshSession(target, connection, known, newly_recorded=recorded is None)
     finally:

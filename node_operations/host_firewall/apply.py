@@ -63,7 +63,7 @@ async def apply_node_firewall(
     Raises FirewallError (or an SshError) naming the node on any failure.
     """
     plan.check()
-    async with open_session(target) as session:
+    async with open_session(target, shared=True) as session:
         inspection = await inspect_firewall(session)
         name = inspection.backend()
         backend = BACKENDS[name]
