@@ -474,6 +474,13 @@ class FenceSettings(StrictModel):
     accept_stale_data: bool = Field(
         False, description="Let services start from copies that may be older than the lost one."
     )
+    force_remove: bool = Field(
+        False,
+        description=(
+            "Give the fenced worker up: with the worker dropped from hk3s:workers, deregister it (Node, "
+            "Longhorn node, firewall peers) without a drain (CLI: node remove NAME --force)."
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -544,6 +551,14 @@ class StackSettings(StrictModel):
                 )
                 resolved.append((worker, f"hk3s:worker_pools[{index}]", member))
         self._resolved = resolved
+
+    def fenced_workers(self) -> list[str]:
+        """The workers the stack keeps fenced (hk3s:fences entries that do not give them up)."""
+        return sorted(name for name, fence in self.fences.items() if not fence.force_remove)
+
+    def forced_removals(self) -> list[str]:
+        """The fenced workers given up (hk3s:fences.<worker>.force_remove)."""
+        return sorted(name for name, fence in self.fences.items() if fence.force_remove)
 
     def all_workers(self) -> list[WorkerSettings]:
         """Every worker of the cluster: the entries of `workers` (with their pool's settings), then

@@ -315,12 +315,20 @@ def _check_longhorn_chart(settings: StackSettings) -> Iterator[SettingProblem]:
 
 def _check_fences(settings: StackSettings) -> Iterator[SettingProblem]:
     workers = {worker.name for worker in settings.all_workers()}
-    for name in settings.fences:
+    for name, fence in settings.fences.items():
         if name == settings.server.name:
             yield SettingProblem(
                 _key("fences", name),
                 f"{name} is the server; only workers can be fenced. Remove this entry",
             )
+        elif fence.force_remove and name in workers:
+            yield SettingProblem(
+                f"{_key('fences', name)}.force_remove",
+                f"{name} is still in hk3s:workers or hk3s:worker_pools: a worker given up leaves the stack. Drop it "
+                "from there too (CLI: node remove NAME --force), or remove force_remove to keep it fenced",
+            )
+        elif fence.force_remove:
+            continue
         elif name not in workers:
             yield SettingProblem(
                 _key("fences", name),

@@ -207,7 +207,7 @@ class ClusterServer(pulumi.ComponentResource):
                 ],
                 drain_on_minor_upgrade=cluster.drain_on_minor_upgrade,
                 api_wait_seconds=cluster.api_wait_seconds,
-                fenced=sorted(self._args.settings.fences),
+                fenced=self._args.settings.fenced_workers(),
             ),
             opts=self.endpoint.options(self, [self.k3s, *(worker.probe for worker in workers)]),
         )

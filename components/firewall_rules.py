@@ -135,9 +135,17 @@ class FirewallRules(pulumi.ComponentResource):
                 nodeports_open=settings.firewall.nodeports_open,
                 teardown_allowed=settings.cluster.teardown_allowed,
             )
-            self.host_firewalls[node.name] = HostFirewall(
-                f"{node.name}-firewall", inputs, opts=node.options(self, [node.probe])
-            )
+            opts = node.options(self, [node.probe])
+            if node.name in settings.fenced_workers():
+                # A fenced worker may be powered off: its rules stay as they were while the others
+                # change (peers added or removed), so those runs never stop at it. Lifting the fence
+                # (its entry removed, the host up again) brings them up to date in the same run.
+                # Retained: a fenced worker given up (force_remove) may be gone for good, so its
+                # rules are forgotten, not removed over SSH; a lifted fence registers it without.
+                opts = pulumi.ResourceOptions.merge(
+                    opts, pulumi.ResourceOptions(ignore_changes=["rules"], retain_on_delete=True)
+                )
+            self.host_firewalls[node.name] = HostFirewall(f"{node.name}-firewall", inputs, opts=opts)
         self._waits.extend(self.host_firewalls.values())
         self.register_outputs(
             {

@@ -96,6 +96,7 @@ def _roster(
             minimal_available_percent=settings.storage.minimal_available_percent,
             pod_network=settings.cluster.pod_network,
             api_wait_seconds=settings.cluster.api_wait_seconds,
+            forced=settings.forced_removals(),
         ),
         # It logs in to the server with the run's key: after a rotation put that key there.
         opts=pulumi.ResourceOptions(depends_on=[e.login_key for e in endpoints if e.login_key is not None]),
@@ -201,7 +202,10 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
         ),
     )
     server.install_k3s(after=firewall.in_place())
-    node_access = server.check_node_access([worker.endpoint for worker in workers])
+    # A fenced worker may be powered off for good: the runs that add or remove others go on
+    # without logging in to it (its fence's record is what holds it, not its answer).
+    fenced = settings.fenced_workers()
+    node_access = server.check_node_access([w.endpoint for w in workers if w.endpoint.name not in fenced])
     server.upgrade_workers([worker.endpoint for worker in workers])
     for worker in workers:
         worker.join(

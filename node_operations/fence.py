@@ -51,7 +51,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from host_scripts import script_path
-from node_operations.health import OUT_OF_SERVICE_TAINT
+from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
 from node_operations.join_validation import KUBELET_PORT, KUBELET_SILENT, dial_kubelet
 from node_operations.k3s_install import parse_results
 from node_operations.refusal import tagged
@@ -59,7 +59,6 @@ from node_operations.worker_removal import worker_answers
 from remote_access.kube import ClusterApi, Repeat, Taint
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
-FENCE_ANNOTATION = "hk3s.dev/fenced-at"
 OUT_OF_SERVICE = Taint(OUT_OF_SERVICE_TAINT, "nodeshutdown", "NoExecute")
 # How long a Node must have been NotReady: longer than a brief network loss or an agent restart.
 MIN_DOWN_SECONDS = 60.0

@@ -128,6 +128,11 @@ async def lift_fence(
     """Lift `worker`'s fence through the server's API (see the module docstring)."""
     silent = await worker_answers(worker)
     if silent is not None:
+        if await _node_gone(server, worker.node, api_wait, progress):
+            # Given up (force_remove) or deregistered: no fence is left to lift on a host that is
+            # often powered off for good.
+            progress("its Node is gone (the worker was given up or removed): no fence left to lift")
+            return
         raise FenceLiftRefusedError(
             worker.node,
             f"{worker.node} does not answer over SSH ({silent}), and a fence is lifted by a rejoin, which needs the "
@@ -137,3 +142,12 @@ async def lift_fence(
     async with open_session(server) as server_session, open_session(worker) as worker_session:
         cluster = ClusterApi(server_session, progress=progress, api_wait=api_wait)
         await FenceLift(target, worker_session, server_session, cluster, progress).run()
+
+
+async def _node_gone(server: SshTarget, node: str, api_wait: float, progress: Progress) -> bool:
+    """Whether the cluster positively has no Node `node` (False when the server cannot say)."""
+    try:
+        async with open_session(server) as session:
+            return await ClusterApi(session, progress=progress, api_wait=api_wait).get_node(node) is None
+    except SshError:
+        return False

@@ -97,6 +97,8 @@ async def check_hosts(targets: Sequence[SshTarget]) -> list[HostHealth]:
 
 
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+# The fence's record on a Node (the time it was recorded): node_operations.fence writes it first.
+FENCE_ANNOTATION = "hk3s.dev/fenced-at"
 
 
 def live_state(node: NodeStatus | None) -> str:

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node_operations.drain import blocking_budgets, names_to_evict
+from node_operations.health import FENCE_ANNOTATION
+from node_operations.refusal import tagged
 from node_operations.teardown import wipe_node
 from remote_access.kube import ClusterApi, Repeat
 from remote_access.ssh import RemoteCommandError, SshError, SshSession, SshTarget, open_session
@@ -308,6 +310,19 @@ class WorkerRemoval:
         raise RemovalRefusedError(self.node, not_answering(self.node, silent))
 
     async def _remove(self, session: SshSession) -> RemovalReport:
+        raw = await self.api.kubectl(["get", "node", self.node, "-o", "json", "--ignore-not-found"], repeat=Repeat.READ)
+        if raw.strip() and FENCE_ANNOTATION in (json.loads(raw)["metadata"].get("annotations") or {}):
+            # Its workloads were let go by the fence and may run elsewhere on copies of its data:
+            # a drain and a wipe are not how it leaves. It rejoins first, or is given up.
+            raise RemovalRefusedError(
+                self.node,
+                tagged(
+                    f"removing the worker is refused: {self.node} is fenced. Give it up without a drain "
+                    f"(hk3s:fences.{self.node}.force_remove, CLI node remove {self.node} --force), or lift the "
+                    "fence first (it rejoins) and remove it then. Nothing was changed",
+                    "removal",
+                ),
+            )
         node = await self.api.get_node(self.node)
         if node is not None:
             self.report.addresses = sorted(

@@ -115,6 +115,9 @@ def reboot(
                 drain_timeout=drain_timeout,
                 ready_timeout=ready_timeout,
                 progress=say,
+                longhorn_minimal_available=(
+                    settings.storage.minimal_available_percent if settings.storage.install_longhorn else None
+                ),
             )
         )
     except RebootRefusedError as error:
@@ -125,3 +128,32 @@ def reboot(
             f"{error}; if {name} was cordoned for the reboot it stays so: reboot it again to finish",
             put_back=False,
         ) from None
+
+
+def check_probed_disk(settings: StackSettings, name: str, action: str) -> None:
+    """Refuse a disk check of a worker the stack does not hold, or of one that holds no copies
+    (it has no disk probe)."""
+    workers = settings.all_workers()
+    names = [worker.name for worker in workers]
+    if name not in names:
+        raise UnknownWorkerError(
+            [
+                SettingProblem(
+                    WORKERS_KEY,
+                    f"there is no worker named {name!r} in {WORKERS_KEY} (workers: {', '.join(names) or 'none'})",
+                )
+            ],
+            action=action,
+        )
+    worker = workers[names.index(name)]
+    if not worker.holds_copies:
+        raise SettingsRejectedError(
+            [
+                SettingProblem(
+                    f"{settings.worker_config_key(worker)}.holds_copies",
+                    f"{name} holds no volume copies (holds_copies: false), so it has no disk probe; set "
+                    "holds_copies: true and run up, which probes its disk at the end",
+                )
+            ],
+            action=action,
+        )

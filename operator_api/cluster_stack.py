@@ -37,7 +37,6 @@ from typing import Any, Literal
 import yaml
 from pulumi import automation as auto
 
-from cluster_settings import SettingProblem
 from node_operations.health import check_hosts as check_hosts_of
 from node_operations.reboot import (
     DRAIN_TIMEOUT_SECONDS,
@@ -46,7 +45,7 @@ from node_operations.reboot import (
 )
 from remote_access.ssh import SshTarget
 
-from .cluster_access import api_forward_during, check_rebootable, reboot, with_live_states
+from .cluster_access import api_forward_during, check_probed_disk, check_rebootable, reboot, with_live_states
 from .deployment import Deployment
 from .errors import (
     LockHolder,
@@ -55,13 +54,12 @@ from .errors import (
     StackBusyError,
     StackError,
     TeardownNotConfirmedError,
-    UnknownWorkerError,
 )
 from .events import EventCallback, RunRecord
 from .locks import OperatorLock, backend_directory, read_pulumi_locks
 from .nodes import ClusterStatus, DiskCheck, HostCheck, LastRun, Node
 from .runs import Preview, Recovery, RunResult, holders_from_message, keys_recorded_on_first_use
-from .stack_file import WORKERS_KEY, StackDocument, StackFile, check_stack_name
+from .stack_file import StackDocument, StackFile, check_stack_name
 from .workspace import check_passphrase, pulumi_command, pulumi_environment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -306,11 +304,20 @@ class ClusterStack:
         )
 
     def remove_worker(
-        self, name: str, *, on_event: EventCallback | None = None, on_output: OutputCallback | None = None
+        self,
+        name: str,
+        *,
+        force: bool = False,
+        on_event: EventCallback | None = None,
+        on_output: OutputCallback | None = None,
     ) -> RunResult:
-        """Drop a worker from `hk3s:workers` (and its fence) and run `up`."""
+        """Drop a worker from `hk3s:workers` (and its fence) and run `up`; with `force`, give up a
+        fenced worker (deregistered without a drain, its fence entry kept with force_remove)."""
         return self.change(
-            f"removing worker {name}", lambda doc: doc.remove_worker(name), on_event=on_event, on_output=on_output
+            f"{'giving up' if force else 'removing'} worker {name}",
+            lambda doc: doc.remove_worker(name, force=force),
+            on_event=on_event,
+            on_output=on_output,
         )
 
     def fence(
@@ -416,30 +423,7 @@ class ClusterStack:
         file is not touched."""
         action = f"checking the disk of {name}"
         settings = self.settings_document().validate(action)
-        workers = settings.all_workers()
-        names = [worker.name for worker in workers]
-        if name not in names:
-            raise UnknownWorkerError(
-                [
-                    SettingProblem(
-                        WORKERS_KEY,
-                        f"there is no worker named {name!r} in {WORKERS_KEY} (workers: {', '.join(names) or 'none'})",
-                    )
-                ],
-                action=action,
-            )
-        worker = workers[names.index(name)]
-        if not worker.holds_copies:
-            raise SettingsRejectedError(
-                [
-                    SettingProblem(
-                        f"{settings.worker_config_key(worker)}.holds_copies",
-                        f"{name} holds no volume copies (holds_copies: false), so it has no disk probe; set "
-                        "holds_copies: true and run up, which probes its disk at the end",
-                    )
-                ],
-                action=action,
-            )
+        check_probed_disk(settings, name, action)
         with self._exclusive(action, on_output) as recovery:
             deployment = Deployment.export(self._stack())
             urn = deployment.resource_urn(DISK_PROBE_TYPE, f"{name}-disk")

@@ -145,8 +145,9 @@ class StackDocument:
             node[key] = CommentedMap(value) if isinstance(value, Mapping) else value
         workers.append(node)
 
-    def remove_worker(self, name: str) -> None:
-        """Drop a worker and its fence entry. A pool's worker goes by its pool's count instead."""
+    def remove_worker(self, name: str, *, force: bool = False) -> None:
+        """Drop a worker and its fence entry. A pool's worker goes by its pool's count instead.
+        With `force`, a fenced worker is given up: its fence entry stays, with force_remove."""
         names = self.worker_names()
         pooled = self.pool_workers().get(name)
         if name not in names and pooled is not None:
@@ -166,9 +167,24 @@ class StackDocument:
             raise UnknownWorkerError(
                 [SettingProblem(WORKERS_KEY, self._unknown(name, names))], action=f"removing worker {name}"
             )
-        del self.config[WORKERS_KEY][names.index(name)]
         fences = self.config.get(FENCES_KEY)
-        if isinstance(fences, Mapping) and name in fences:
+        fenced = isinstance(fences, Mapping) and name in fences
+        if force and not fenced:
+            raise SettingsRejectedError(
+                [
+                    SettingProblem(
+                        f"{FENCES_KEY}.{name}",
+                        f"{name} is not fenced: --force gives up a fenced worker only. Fence it first (node fence "
+                        f"{name}), or remove it without --force (drained, copies moved, wiped)",
+                    )
+                ],
+                action=f"giving up worker {name}",
+            )
+        del self.config[WORKERS_KEY][names.index(name)]
+        if force:
+            fences = self.config[FENCES_KEY]
+            fences[name] = CommentedMap({**(fences[name] or {}), "force_remove": True})
+        elif fenced:
             self._drop_fence(name)
 
     def set_fence(self, name: str, *, powered_off: bool, accept_stale_data: bool) -> None:

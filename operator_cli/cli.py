@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     remove = node_commands.add_parser("remove", parents=[common], help="remove a worker (releases its data)")
     remove.add_argument("name")
     remove.add_argument("--yes", action="store_true", help="no question")
+    remove.add_argument(
+        "--force", action="store_true", help="give up a fenced worker: deregister it without a drain (host off or gone)"
+    )
 
     status = commands.add_parser("status", parents=[common], help="endpoint, version, nodes, last run, locks")
     status.add_argument(
@@ -423,9 +426,17 @@ def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack)
                 on_output=console.output_line,
             )
         elif args.node_command == "remove":
-            proposed = stack.propose(lambda doc: doc.remove_worker(name), f"removing worker {name}")
-            _confirm_plan(console, stack, proposed, f"Remove {name} and release its data?", args.yes)
-            runs["up"] = lambda: stack.remove_worker(name, on_event=console.event, on_output=console.output_line)
+            force = bool(args.force)
+            proposed = stack.propose(lambda doc: doc.remove_worker(name, force=force), f"removing worker {name}")
+            question = (
+                f"Give {name} up (no drain, its host left as it is)?"
+                if force
+                else f"Remove {name} and release its data?"
+            )
+            _confirm_plan(console, stack, proposed, question, args.yes)
+            runs["up"] = lambda: stack.remove_worker(
+                name, force=force, on_event=console.event, on_output=console.output_line
+            )
         elif args.node_command == "fence":
             if args.accept_stale_data:
 

@@ -18,6 +18,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 from cluster_settings.models import ClusterSettings
 from cluster_settings.values import K3S_VERSION
 from node_operations.firewall_plan import PortRule
+from node_operations.health import FENCE_ANNOTATION
 from node_operations.join import JoinSpec, join_worker, joined_host_changed, read_node
 from node_operations.network_mode import fixed_mode_refusal
 from node_operations.node_metadata import MetadataChange, update_node_metadata
@@ -272,6 +273,11 @@ class NodeJoinProvider(NodeProvider):
         node, version = str(known(inputs.login.node)), str(known(inputs.k3s.k3s_version))
         wait = float(known(inputs.api_wait_seconds) or API_WAIT_SECONDS)
         status = run_operation(read_node(inputs.server(), node, wait))
+        if status is not None and FENCE_ANNOTATION in status.annotations:
+            # The upgrade leaves a fenced worker alone: it keeps the release it runs until it rejoins.
+            progress(node, f"fenced: left at {status.kubelet_version} by the upgrade to {version}")
+            outs = {**olds, **{key: value for key, value in news.items() if value is not None and key != "__provider"}}
+            return {**outs, "k3s_version_in_use": status.kubelet_version, "state": "not-ready"}
         if status is None or status.kubelet_version != version:
             running = status.kubelet_version if status is not None else "no Node"
             raise SshError(

@@ -12,7 +12,9 @@ The roster keeps in its state how to log in to each worker (address, port, pinne
 the login key, secret), since a leaving worker is no longer in the stack's settings. Its
 `check` judges each removal before anything of the run changes, in `preview` and at the
 start of `up`: a worker that does not answer over SSH is refused (it may still be running:
-fence it first). Workers leave one at a time, in name order; a removal cut anywhere resumes
+fence it first). A fenced worker given up (hk3s:fences.<worker>.force_remove) is deregistered
+without a drain instead (node_operations.forced_removal); refused when its host answers and
+the fence does not hold it stopped. Workers leave one at a time, in name order; a removal cut anywhere resumes
 on the next `up` (the roster's state changes only once every removal finished).
 """
 
@@ -26,6 +28,7 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
 from node_operations.firewall_plan import KUBE_API_PORT, KUBELET_PORT, pod_network_port
+from node_operations.forced_removal import fence_hold, give_up_worker, not_held
 from node_operations.refusal import tagged
 from node_operations.worker_removal import PeerFirewall, not_answering, remove_worker, worker_answers
 from providers.base import progress, resource_inputs, run_operation
@@ -58,6 +61,8 @@ class WorkerRosterInputs(ResourceInputs):
     minimal_available_percent: pulumi.Input[int] = 25
     pod_network: pulumi.Input[str] = "wireguard"
     api_wait_seconds: pulumi.Input[float] = API_WAIT_SECONDS
+    forced: list[str] = dataclasses.field(default_factory=list)
+    """Fenced workers given up (hk3s:fences.<worker>.force_remove): deregistered without a drain."""
 
     def target(self, member: RosterMember) -> SshTarget:
         return SshTarget(
@@ -108,6 +113,11 @@ class WorkerRosterProvider(ResourceProvider):
                     "the stack holds no login for it (recorded by an earlier release): put it back in the stack, "
                     "run up once, then remove it"
                 )
+            elif name in new.forced:
+                held = run_operation(fence_hold(old.target(member)))
+                if held is not None:
+                    failures.append(CheckFailure("workers", f"{name}: {not_held(name, held)}"))
+                continue
             else:
                 silent = run_operation(worker_answers(old.target(member)))
                 problem = not_answering(name, silent) if silent is not None else ""
@@ -121,7 +131,10 @@ class WorkerRosterProvider(ResourceProvider):
         for name in leaving_workers(old.workers, new.workers):
             progress(
                 name,
-                "plan: leaves the stack: its copies move off, it is drained, wiped and deregistered, before any "
+                "plan: given up (fenced, force_remove): deregistered without a drain, the host left as it is, before "
+                "any peer's firewall drops it"
+                if name in new.forced
+                else "plan: leaves the stack: its copies move off, it is drained, wiped and deregistered, before any "
                 "peer's firewall drops it",
             )
         # Any change is stored (a leaving worker's login is read from the state); only a change of
@@ -139,6 +152,16 @@ class WorkerRosterProvider(ResourceProvider):
             member = old.member(name)
             if member is None or server is None:
                 raise RuntimeError(f"{name}: the stack holds no login for it; put it back in the stack and run up")
+            if name in new.forced:
+                given_up = give_up_worker(
+                    new.target(server),
+                    old.target(member),
+                    longhorn=bool(known(new.longhorn)),
+                    api_wait=float(known(new.api_wait_seconds)),
+                    progress=functools.partial(progress, name),
+                )
+                progress(name, run_operation(given_up))
+                continue
             report = run_operation(
                 remove_worker(
                     new.target(server),

@@ -147,6 +147,7 @@ class NodeStatus:
     kubelet_version: str = ""
     container_runtime: str = ""
     machine_id: str = ""  # the kubelet's host's /etc/machine-id
+    annotations: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> NodeStatus:
@@ -163,6 +164,7 @@ class NodeStatus:
             kubelet_version=status.get("nodeInfo", {}).get("kubeletVersion", ""),
             container_runtime=status.get("nodeInfo", {}).get("containerRuntimeVersion", ""),
             machine_id=status.get("nodeInfo", {}).get("machineID", ""),
+            annotations=dict(metadata.get("annotations") or {}),
         )
 
     def has_taint(self, key: str, effect: str | None = None) -> bool:

@@ -45,7 +45,19 @@ def python_force_deletions(source: str) -> list[tuple[int, str]]:
     or a grace period of zero passed by keyword or in a dict (an API client's delete options)."""
     found: list[tuple[int, str]] = []
     tree = ast.parse(source)
+    # The name of a command-line option the program defines (argparse's add_argument) is not an
+    # argument sent to kubectl: the CLI's own `node remove --force` gives up a fenced worker.
+    option_names = {
+        id(call.args[0])
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "add_argument"
+        and call.args
+    }
     for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and id(node) in option_names:
+            continue
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             # Command lines as strings; a docstring naming another tool's --force is prose, not a call.
             text = node.value
@@ -99,6 +111,8 @@ def test_the_scan_finds_every_way_of_writing_a_force_deletion() -> None:
         'session.run(["sh", "-c", "k3s kubectl delete pods -A --force"])',
         "client.delete_namespaced_pod(name, namespace, grace_period_seconds=0)",
         'body = {"kind": "DeleteOptions", "gracePeriodSeconds": 0}',
+        # An option's name is skipped only as add_argument's first argument, not elsewhere in it.
+        'parser.add_argument("--yes", default=["kubectl", "delete", "pod", "--force"])',
     ]
     for source in force:
         assert python_force_deletions(source), source
@@ -108,6 +122,7 @@ def test_the_scan_finds_every_way_of_writing_a_force_deletion() -> None:
         'api.kubectl(["delete", "pod", name, "--grace-period=30"])',
         '"""Enable it last with `ufw --force enable`."""',
         "client.delete_namespaced_pod(name, namespace, grace_period_seconds=30)",
+        'remove.add_argument("--force", action="store_true", help="give up a fenced worker")',
     ]
     for source in graceful:
         assert not python_force_deletions(source), source

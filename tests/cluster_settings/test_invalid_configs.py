@@ -107,6 +107,12 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     ("fence-the-server", {"fences": {"k3s-server": {}}}, "hk3s:fences.k3s-server", "only workers"),
     (
+        "give-up-a-worker-still-listed",
+        {"fences": {"worker-1": {"force_remove": True}}},
+        "hk3s:fences.worker-1.force_remove",
+        "a worker given up leaves the stack",
+    ),
+    (
         "fence-unknown-flag",
         {"fences": {"worker-1": {"powered_of": True}}},
         "hk3s:fences.worker-1.powered_of",

@@ -121,6 +121,7 @@ def test_the_workers_upgrade_in_order_after_the_server_and_before_any_join(graph
     assert [worker["node"] for worker in upgrade.inputs["workers"]] == ["w1", "w2", "metal"]
     assert upgrade.inputs["target_version"] == "v1.31.4+k3s1"
     assert upgrade.inputs["drain_on_minor_upgrade"] is True
+    assert upgrade.inputs["fenced"] == ["w1"]  # left alone by an upgrade, and listed
     assert graph.urn_of("srv-k3s") in set(upgrade.dependencies)
     assert not {graph.urn_of(f"{name}-join") for name in ("w1", "w2", "metal")} & set(upgrade.dependencies)
     for name in ("w1", "w2", "metal"):
@@ -413,8 +414,35 @@ def test_one_access_check_of_the_recorded_nodes_serves_every_join(graph: Recordi
     join carries the peers to log in to itself."""
     [check] = graph.of_type("NodeAccessCheck")
     assert check.name == "node-access" and check.parent.endswith("ClusterServer::srv")
-    assert sorted(node["node"] for node in check.inputs["nodes"]) == ["metal", "w1", "w2"]
+    # w1 is fenced (hk3s:fences): it may be powered off for good, so no run logs in to it for this.
+    assert sorted(node["node"] for node in check.inputs["nodes"]) == ["metal", "w2"]
     for name in ("w1", "w2", "metal"):
         join = graph.by_name(f"{name}-join")
         assert check.urn in set(join.dependencies), name
         assert "peers" not in join.inputs, name
+
+
+def test_a_fenced_workers_firewall_keeps_its_rules_while_the_others_change(
+    graph: Recording, ssh_key_file: Path
+) -> None:
+    """The fenced w1's host firewall ignores rule changes (peers added or removed meanwhile), so
+    those runs never log in to a worker that may be powered off; the others' firewalls follow."""
+    assert graph.by_name("w1-firewall").ignore_changes == ["rules"]
+    assert graph.by_name("w2-firewall").ignore_changes == []
+    # Given up later (force_remove), it may be gone for good: its rules are forgotten, not removed over SSH.
+    assert graph.by_name("w1-firewall").retain_on_delete and not graph.by_name("w2-firewall").retain_on_delete
+    unfenced = _run(_config(ssh_key_file, fences={}))
+    assert unfenced.by_name("w1-firewall").ignore_changes == []
+    assert not unfenced.by_name("w1-firewall").retain_on_delete
+
+
+def test_a_worker_given_up_leaves_the_roster_as_forced(ssh_key_file: Path) -> None:
+    """w1 dropped from the workers, its fence kept with force_remove: the roster gives it up
+    (no drain), and nothing of it is built any more."""
+    config = _config(ssh_key_file, fences={"w1": {"powered_off": True, "force_remove": True}})
+    config["workers"] = [w for w in config["workers"] if w["name"] != "w1"]
+    graph = _run(config)
+    roster = graph.by_name("workers")
+    assert roster.inputs["forced"] == ["w1"] and "w1" not in roster.inputs["workers"]
+    assert not [r for r in graph.registrations if r.name.startswith("w1-")]
+    assert graph.by_name("k3s-upgrade").inputs["fenced"] == []

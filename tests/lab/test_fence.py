@@ -21,6 +21,7 @@ Deployment of three web pods, one per worker.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -316,3 +317,66 @@ def test_removing_the_fence_entry_rejoins_the_worker(cluster: Cluster) -> None:
     states = {n.name: n.state for n in cluster.stack.api().nodes(live=True)}
     assert states[w1.name] == "Ready" and states[w2.name] == "OutOfService", states
     print(f"timings: {cluster.timings}")
+
+
+def test_a_fenced_worker_that_is_off_is_left_alone_by_a_join(cluster: Cluster) -> None:
+    """fe-w2 stays fenced and powered off while one `up` joins a new worker: the access check of
+    the recorded nodes leaves it out, and the run succeeds around it, its fence still recorded.
+    (That an upgrade leaves it alone is shown without the lab: tests/node_operations/
+    test_k3s_upgrade_plans.py and tests/providers/test_k3s_upgrade_plan.py. Pod-capable lab hosts
+    run a real kubelet whose version is its own, so the stand-in's next release cannot move them.)"""
+    server, w2 = cluster.server, cluster.w2
+    w4 = cluster.lab.add_host(worker_spec("fe-w4"))
+    cluster.lab.wait_ssh_ready([w4])
+    cluster.config["workers"] = [
+        *cluster.config["workers"],
+        {"name": w4.name, "kind": "existing", "address": w4.public_ip},
+    ]
+    cluster.stack.write_config(cluster.config)
+    cluster.stack.log.clear()
+    up_or_fail(cluster.stack)
+    text = cluster.stack.text()
+    # The server's recorded workers, fe-w2 left out: fe-w1 and fe-w3.
+    assert "checking SSH access to 2 recorded node(s) once for this run" in text, text[-4000:]
+    assert f"[{w4.name}] joined and released" in text, text[-4000:]
+    assert ready_status(server, w4.name) == "True"
+    found = node(server, w2.name)
+    assert FENCE_ANNOTATION in found["metadata"]["annotations"]
+    assert OUT_OF_SERVICE in {t["key"] for t in found["spec"]["taints"]}
+
+
+def test_a_fenced_worker_is_given_up_only_while_the_fence_holds_it(cluster: Cluster) -> None:
+    """`node remove fe-w2 --force`: refused while its host answers and runs its agent (powered
+    back on after a fence that confirmed it off: the fence does not hold it), and nothing
+    changes; once it is off again, it is deregistered without a drain, its fence entry kept
+    with force_remove, and the next up has nothing to do."""
+    server, w2 = cluster.server, cluster.w2
+    # Its SSH back (the block is in its network namespace, which outlives a power-off), then on.
+    subprocess.run(["ip", "netns", "exec", w2.netns, "nft", "delete", "table", "inet", "labblock"], check=True)
+    w2.power_on(wait=True)
+    wait(
+        f"{w2.name}'s agent running",
+        lambda: w2.run(["systemctl", "is-active", "k3s-agent"], check=False).stdout.strip() == "active",
+        60,
+    )
+    stack_file = cluster.stack.project / f"Pulumi.{cluster.stack.name}.yaml"
+    before = stack_file.read_bytes()
+    refused = cluster.stack.hk3s("node", "remove", w2.name, "--force", "--yes")
+    assert refused.returncode == 3, refused.stderr[-4000:]
+    assert "the fence does not hold it stopped (drop-in=absent, agent=active)" in refused.stderr, refused.stderr[-4000:]
+    assert stack_file.read_bytes() == before
+    assert FENCE_ANNOTATION in node(server, w2.name)["metadata"]["annotations"]
+    w2.power_off()
+    run = cluster.stack.hk3s("node", "remove", w2.name, "--force", "--yes")
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert f"[{w2.name}] given up (fenced since" in run.stderr, run.stderr[-4000:]
+    assert "no fence left to lift" in run.stderr, run.stderr[-4000:]
+    names = json.loads(kubectl(server, "get", "nodes", "-o", "json"))["items"]
+    assert w2.name not in {n["metadata"]["name"] for n in names}
+    secrets = kubectl(server, "get", "secrets", "-n", "kube-system", "-o", "name")
+    assert f"{w2.name}.node-password.k3s" not in secrets
+    config = stack_file.read_text()
+    assert f"name: {w2.name}" not in config and "force_remove: true" in config, config
+    result = up_or_fail(cluster.stack)
+    changes = {str(getattr(op, "value", op)): n for op, n in (result.summary.resource_changes or {}).items()}
+    assert set(changes) == {"same"}, changes

@@ -68,6 +68,20 @@ def test_fence_unfence_and_remove_edit_the_fence_map(ssh_key_file: Path) -> None
     assert "dev-worker-2" not in {w.name for w in settings.workers} and settings.fences == {}
 
 
+def test_giving_up_a_fenced_worker_keeps_its_fence_with_force_remove(ssh_key_file: Path) -> None:
+    document = StackDocument(example_text("dev", ssh_key_file))
+    with pytest.raises(SettingsRejectedError) as refused:
+        document.remove_worker("dev-worker-2", force=True)
+    assert refused.value.keys == ["hk3s:fences.dev-worker-2"] and "Fence it first" in str(refused.value)
+    assert "dev-worker-2" in {w.name for w in document.validate().workers}  # nothing changed
+    document.set_fence("dev-worker-2", powered_off=True, accept_stale_data=False)
+    document.remove_worker("dev-worker-2", force=True)
+    settings = document.validate()
+    assert "dev-worker-2" not in {w.name for w in settings.workers}
+    assert settings.fences["dev-worker-2"].force_remove and settings.fences["dev-worker-2"].powered_off
+    assert settings.forced_removals() == ["dev-worker-2"] and settings.fenced_workers() == []
+
+
 def _bytes(project: Path) -> bytes:
     return (project / "Pulumi.dev.yaml").read_bytes()
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from node_operations.health import FENCE_ANNOTATION
 from node_operations.k3s_upgrade import release_step
 from providers import node_join
 from providers.k3s_upgrade import K3sUpgradeProvider
@@ -102,14 +103,16 @@ JOINED = {
 INPUTS = {key: value for key, value in JOINED.items() if key not in ("state", "machine_id")}
 
 
-def _fake_cluster(monkeypatch: pytest.MonkeyPatch, kubelet: str) -> list[dict[str, Any]]:
+def _fake_cluster(
+    monkeypatch: pytest.MonkeyPatch, kubelet: str, annotations: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     joined: list[dict[str, Any]] = []
 
     async def host_changed(_worker: Any, _machine_id: str) -> str | None:
         return None
 
     async def read_node(_server: Any, node: str, _wait: float) -> NodeStatus:
-        return NodeStatus(name=node, ready=True, kubelet_version=kubelet)
+        return NodeStatus(name=node, ready=True, kubelet_version=kubelet, annotations=annotations or {})
 
     def join(_self: NodeJoinProvider, props: dict[str, Any], **_olds: Any) -> dict[str, Any]:
         joined.append(props)
@@ -152,3 +155,14 @@ def test_a_rotated_login_key_is_stored_and_moves_nothing(capsys: pytest.CaptureF
     result = provider.update("u", dict(OLDS), news)
     assert result.outs is not None and result.outs["private_key"] == "new-key"
     assert "plan:" not in capsys.readouterr().err
+
+
+def test_a_fenced_worker_keeps_its_release_through_an_upgrade(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The upgrade left it alone (its fence recorded on its Node): its join records the release it runs.
+    joined = _fake_cluster(monkeypatch, "v1.36.1+k3s1", {FENCE_ANNOTATION: "2026-12-03T20:00:00Z"})
+    result = NodeJoinProvider().update("w1-join", dict(JOINED), {**INPUTS, "k3s_version": "v1.36.2+k3s1"})
+    assert joined == [] and result.outs is not None
+    assert result.outs["k3s_version_in_use"] == "v1.36.1+k3s1" and result.outs["state"] == "not-ready"
+    assert "[w1] fenced: left at v1.36.1+k3s1 by the upgrade to v1.36.2+k3s1" in capsys.readouterr().err

@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 
 import asyncssh
+import pytest
 
 from node_operations.refusal import refusal_code
 from providers.worker_roster import RosterMember, WorkerRosterInputs, WorkerRosterProvider, operator_firewalls
@@ -42,6 +43,14 @@ def test_a_leaving_worker_that_does_not_answer_is_refused_naming_it_and_the_fenc
     assert "cannot connect to 127.0.0.1" in message, message
     assert "fence it first (hk3s:fences.w2)" in message and "Nothing was changed" in message
     assert refusal_code(message) == "removal"
+
+
+def test_a_fenced_worker_given_up_may_leave_while_its_host_does_not_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    port = closed_port()
+    leaving = {**roster(["w1"], port), "forced": ["w2"]}
+    assert WorkerRosterProvider().check(roster(["w1", "w2"], port), leaving).failures == []
+    assert WorkerRosterProvider().diff("r", roster(["w1", "w2"], port), leaving).changes is True
+    assert "[w2] plan: given up (fenced, force_remove): deregistered without a drain" in capsys.readouterr().err
 
 
 def test_staying_workers_and_a_new_one_are_not_judged() -> None:
