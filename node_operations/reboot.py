@@ -5,6 +5,9 @@ The rules, and why:
 - Only a Ready worker, and only while every other node is Ready and schedulable: two
   workers down at once can leave a workload (or a volume's copies) with nowhere to run.
   A worker that is down is a case for a fence, not a reboot.
+- Where Longhorn runs, a copy pinned to the server that sits on this worker moves to the
+  server first (node_operations.pinned_copies), or the reboot is refused naming the volume and
+  the space it needs: a worker that does not come back must not take a volume's only copy.
 - The reboot is recorded on the Node (an annotation) before anything changes, so an
   interrupted reboot is visible and the next call resumes it instead of refusing the
   cordoned node; the record goes when the worker is uncordoned.
@@ -28,6 +31,7 @@ from datetime import datetime
 from typing import Any
 
 from node_operations.drain import blocking_budgets, names_to_evict
+from node_operations.pinned_copies import PinnedCopyRefusedError, move_pinned_copies
 from remote_access.kube import ClusterApi, NodeStatus, Repeat
 from remote_access.ssh import RemoteCommandError, SshError, SshSession, SshTarget, open_session
 
@@ -121,11 +125,31 @@ class Reboot:
         drain_timeout: float,
         ready_timeout: float,
         progress: Progress,
+        longhorn_minimal_available: int | None = None,
     ) -> None:
         self.api, self.server, self.worker = api, server, worker
         self.node = worker.node
         self.drain_timeout, self.ready_timeout = drain_timeout, ready_timeout
         self.progress = progress
+        # hk3s:storage.minimal_available_percent where Longhorn runs; None where it does not.
+        self.longhorn_minimal_available = longhorn_minimal_available
+
+    async def _move_pinned_copies(self, *, put_back: bool) -> None:
+        """Copies pinned to the server that sit here go there first (node_operations.pinned_copies)."""
+        if self.longhorn_minimal_available is None:
+            return
+        try:
+            moved = await move_pinned_copies(
+                self.api,
+                self.node,
+                self.server.target.node,
+                minimal_available_percent=self.longhorn_minimal_available,
+                progress=lambda line: self.progress(f"[{self.node}] {line}"),
+            )
+        except PinnedCopyRefusedError as error:
+            raise RebootRefusedError(self.node, f"reboot refused: {error}", put_back=put_back) from None
+        if moved:
+            self.progress(f"[{self.node}] moved to {self.server.target.node}: {', '.join(moved)}")
 
     async def _record(self, record: Mapping[str, Any] | None) -> None:
         value = json.dumps(record, sort_keys=True) if record is not None else None
@@ -270,11 +294,14 @@ class Reboot:
                 raise RebootRefusedError(
                     self.node, "reboot refused, nothing changed: " + "; ".join(problems), put_back=True
                 )
+            await self._move_pinned_copies(put_back=True)
             record = {
                 "boot": await _boot_marker(self.worker),
                 "workloads": [[w.kind, w.namespace, w.name] for w in await ready_workloads(self.api)],
             }
             await self._record(record)
+        if resumed and "issued_at" not in record:
+            await self._move_pinned_copies(put_back=False)  # a move cut short is finished first
         before = [Workload(*item) for item in record["workloads"]]
         await self.api.cordon(self.node, True)
         evicted: list[str] = []
@@ -308,6 +335,7 @@ async def reboot_worker(
     drain_timeout: float = DRAIN_TIMEOUT_SECONDS,
     ready_timeout: float = READY_TIMEOUT_SECONDS,
     progress: Progress | None = None,
+    longhorn_minimal_available: int | None = None,
 ) -> RebootReport:
     """Reboot one worker (see the module docstring); the Kubernetes calls go through the
     server's `k3s kubectl` over SSH, as every node operation's do."""
@@ -315,5 +343,11 @@ async def reboot_worker(
     async with open_session(server) as session:
         api = ClusterApi(session, say, api_wait)
         return await Reboot(
-            api, session, worker, drain_timeout=drain_timeout, ready_timeout=ready_timeout, progress=say
+            api,
+            session,
+            worker,
+            drain_timeout=drain_timeout,
+            ready_timeout=ready_timeout,
+            progress=say,
+            longhorn_minimal_available=longhorn_minimal_available,
         ).run()

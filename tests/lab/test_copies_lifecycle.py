@@ -1,0 +1,250 @@
+"""A worker's copies through its life after the join, through the real engine, the real
+Kubernetes provider plugin and the lab's Longhorn manager stand-in (lab/longhorn_standin/manager.py:
+Longhorn nodes with the hosts' real disk figures, replicas placed, rebuilt and evicted as Longhorn's
+scheduler does). The tests share one cluster (a server and two workers) and run in order.
+
+- Reboot: a volume pinned to the server whose only copy sits on the worker is refused while the
+  server has no room for it, naming the volume and the space; with room, its copy moves to the
+  server (a second copy made there and healthy first) before the worker goes down.
+- Remove: a copy that has nowhere to go (its volume's node tags match only the leaving worker)
+  refuses the removal before anything changes, naming the volume; once that volume is gone, the
+  removal asks Longhorn to evict the worker's copies, waits until each one is healthy on another
+  node and the old one is gone, then drains, wipes and deregisters the worker.
+The volumes are made as Longhorn's API makes them (volumes.longhorn.io objects, as the CSI driver
+would for a claim; attached by setting spec.nodeID, as Longhorn's attachment controller does); the
+operator's Longhorn node tags and scheduling flags are set with kubectl, as in Longhorn's UI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from pulumi import automation as auto
+
+from lab.hosts import Host, Lab
+from lab.stack_harness import (
+    LONGHORN_STANDIN_CHART,
+    LabStack,
+    base_config,
+    server_spec,
+    skip_without_kubernetes_provider,
+    up_or_fail,
+    worker_spec,
+)
+from operator_api import MaintenanceError
+
+pytestmark = pytest.mark.lab
+K3S = "/usr/local/bin/k3s"
+GIB = 1024**3
+# The lab's disks are this machine's, often fuller than Longhorn's defaults allow a copy on
+# (25 % kept available): shares low enough that a 1 GiB copy fits, as an operator would set them.
+STORAGE = {
+    "install_longhorn": True,
+    "longhorn_chart": str(LONGHORN_STANDIN_CHART),
+    "reserved_percent": 5,
+    "minimal_available_percent": 5,
+}
+
+
+def kubectl(server: Host, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return server.run([K3S, "kubectl", "-n", "longhorn-system", *args], check=check)
+
+
+def items(server: Host, kind: str) -> list[dict[str, Any]]:
+    return list(json.loads(kubectl(server, "get", kind, "-o", "json").stdout)["items"])
+
+
+def patch(server: Host, kind: str, name: str, body: dict[str, Any]) -> None:
+    kubectl(server, "patch", kind, name, "--type", "merge", "-p", json.dumps(body))
+
+
+def wait(what: str, check: Callable[[], bool], timeout: float, diagnose: Callable[[], str] = lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f}s\n{diagnose()}")
+        time.sleep(1)
+
+
+def make_volume(server: Host, name: str, replicas: int, node_selector: list[str] | None = None) -> None:
+    manifest = {
+        "apiVersion": "longhorn.io/v1beta2",
+        "kind": "Volume",
+        "metadata": {"name": name, "namespace": "longhorn-system"},
+        "spec": {"numberOfReplicas": replicas, "size": str(GIB), "nodeSelector": node_selector or []},
+    }
+    (server.root / f"root/{name}.json").write_text(json.dumps(manifest))
+    server.run([K3S, "kubectl", "apply", "-f", f"/root/{name}.json"])
+
+
+def healthy_replicas(server: Host, name: str) -> dict[str, str]:
+    """The volume's healthy replicas: replica name -> node."""
+    return {
+        r["metadata"]["name"]: r["spec"].get("nodeID", "")
+        for r in items(server, "replicas.longhorn.io")
+        if r["spec"].get("volumeName") == name and r["spec"].get("healthyAt") and not r["spec"].get("failedAt")
+    }
+
+
+@dataclass
+class Cluster:
+    lab: Lab
+    stack: LabStack
+    server: Host
+    w1: Host
+    w2: Host
+
+    def diagnose(self) -> str:
+        kinds = "nodes.longhorn.io,volumes.longhorn.io,replicas.longhorn.io"
+        return kubectl(self.server, "get", kinds, "-o", "wide").stdout + self.stack.text()[-3000:]
+
+    def only_scheduling_on(self, node: str, tags: dict[str, list[str]] | None = None) -> None:
+        for name in (self.server.name, self.w1.name, self.w2.name):
+            body: dict[str, Any] = {"spec": {"allowScheduling": name == node}}
+            if tags and name in tags:
+                body["spec"]["tags"] = tags[name]
+            patch(self.server, "nodes.longhorn.io", name, body)
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    skip_without_kubernetes_provider()
+    server = lab.add_host(server_spec("rc-server"))
+    w1, w2 = lab.add_host(worker_spec("rc-worker-1")), lab.add_host(worker_spec("rc-worker-2"))
+    lab.wait_ssh_ready([server, w1, w2])
+    stack = LabStack(tmp_path_factory.mktemp("copies"))
+    stack.write_config(base_config(lab, server, [w1, w2], storage=STORAGE))
+    up_or_fail(stack)
+    cluster = Cluster(lab, stack, server, w1, w2)
+    names = {server.name, w1.name, w2.name}
+    wait(
+        "a Longhorn node per node",
+        lambda: {n["metadata"]["name"] for n in items(server, "nodes.longhorn.io")} == names,
+        120,
+        cluster.diagnose,
+    )
+    yield cluster
+
+
+def test_a_reboot_moves_a_copy_pinned_to_the_server_there_first(cluster: Cluster) -> None:
+    server, w1 = cluster.server, cluster.w1
+    # "db" asks for the server (its selector) but its copy lands on rc-worker-1, as one made while
+    # the worker carried the server's tag would: Longhorn never moves a placed copy by itself.
+    cluster.only_scheduling_on(w1.name, tags={w1.name: ["hk3s-server"]})
+    make_volume(server, "db", 1, ["hk3s-server"])
+    wait(
+        "db's copy on rc-worker-1",
+        lambda: list(healthy_replicas(server, "db").values()) == [w1.name],
+        60,
+        cluster.diagnose,
+    )
+    patch(server, "volumes.longhorn.io", "db", {"spec": {"nodeID": w1.name}})  # attached where its pod runs
+    wait(
+        "db attached",
+        lambda: (
+            json.loads(kubectl(server, "get", "volumes.longhorn.io", "db", "-o", "json").stdout)["status"].get("state")
+            == "attached"
+        ),
+        60,
+        cluster.diagnose,
+    )
+    patch(server, "nodes.longhorn.io", w1.name, {"spec": {"tags": []}})
+    patch(server, "nodes.longhorn.io", server.name, {"spec": {"allowScheduling": True, "tags": ["hk3s-server"]}})
+    for name in (cluster.w2.name,):
+        patch(server, "nodes.longhorn.io", name, {"spec": {"allowScheduling": True}})
+
+    # No room on the server (all of its disk reserved): refused, naming the volume and the space.
+    disk_name, disk = next(iter(items_of(server, server.name)["spec"]["disks"].items()))
+    maximum = items_of(server, server.name)["status"]["diskStatus"][disk_name]["storageMaximum"]
+    patch(
+        server, "nodes.longhorn.io", server.name, {"spec": {"disks": {disk_name: {**disk, "storageReserved": maximum}}}}
+    )
+    wait(
+        "the server's disk full by its reserve",
+        lambda: items_of(server, server.name)["spec"]["disks"][disk_name]["storageReserved"] == maximum,
+        30,
+    )
+    with pytest.raises(MaintenanceError) as refused:
+        cluster.stack.api().reboot_worker(w1.name)
+    message = str(refused.value)
+    assert (
+        refused.value.put_back and "reboot refused: the only copy of db (1.0 GiB), pinned to the server" in message
+    ), message
+    assert f"free 1.0 GiB on {server.name}'s Longhorn disk" in message, message
+    assert list(healthy_replicas(server, "db").values()) == [w1.name]
+    unschedulable = json.loads(server.run([K3S, "kubectl", "get", "node", w1.name, "-o", "json"]).stdout)["spec"]
+    assert not unschedulable.get("unschedulable")  # not cordoned: nothing changed
+    patch(server, "nodes.longhorn.io", server.name, {"spec": {"disks": {disk_name: disk}}})
+
+    # With room: the copy moves to the server before the worker goes down.
+    lines: list[str] = []
+    report = cluster.stack.api().reboot_worker(w1.name, on_output=lines.append)
+    text = "\n".join(lines)
+    assert "moving the copy of db (1.0 GiB) to rc-server first" in text and "moved to rc-server: db" in text, text
+    moved_at = next(i for i, line in enumerate(lines) if "moved to rc-server: db" in line)
+    assert not [line for line in lines[:moved_at] if "drain" in line or "cordon" in line], text
+    assert list(healthy_replicas(server, "db").values()) == [server.name], cluster.diagnose()
+    db = json.loads(kubectl(server, "get", "volumes.longhorn.io", "db", "-o", "json").stdout)
+    assert db["spec"]["numberOfReplicas"] == 1 and "hk3s.dev/moving-to-server" not in (
+        db["metadata"].get("annotations") or {}
+    )
+    assert not report.not_ready, report
+    patch(server, "volumes.longhorn.io", "db", {"spec": {"nodeID": ""}})
+
+
+def items_of(server: Host, name: str) -> dict[str, Any]:
+    return dict(json.loads(kubectl(server, "get", "nodes.longhorn.io", name, "-o", "json").stdout))
+
+
+def test_a_worker_whose_copies_cannot_move_is_refused_then_its_copies_move_off(cluster: Cluster) -> None:
+    lab, stack, server, w1, w2 = cluster.lab, cluster.stack, cluster.server, cluster.w1, cluster.w2
+    # Only rc-worker-2 takes copies while the volumes are made, so both land there.
+    cluster.only_scheduling_on(w2.name, tags={w2.name: ["only-here"]})
+    make_volume(server, "data-1", 1)
+    make_volume(server, "pinned", 1, ["only-here"])
+    for name in ("data-1", "pinned"):
+        wait(
+            f"{name}'s copy healthy on {w2.name}",
+            lambda n=name: list(healthy_replicas(server, n).values()) == [w2.name],  # type: ignore[misc]
+            60,
+            cluster.diagnose,
+        )
+    for other in (server.name, w1.name):
+        patch(server, "nodes.longhorn.io", other, {"spec": {"allowScheduling": True}})
+
+    # "pinned" can go nowhere else (no other node has its tag): refused, nothing changed.
+    stack.write_config(base_config(lab, server, [w1], storage=STORAGE))
+    stack.log.clear()
+    with pytest.raises(auto.CommandError):
+        stack.up()
+    text = stack.text()
+    assert f"{w2.name}: its copies cannot move" in text and "pinned" in text, text[-4000:]
+    assert "data-1" not in text.split("its copies cannot move", 1)[1].split("\n", 1)[0], text[-4000:]
+    longhorn_w2 = json.loads(kubectl(server, "get", "nodes.longhorn.io", w2.name, "-o", "json").stdout)
+    assert longhorn_w2["spec"]["allowScheduling"] is True and not longhorn_w2["spec"].get("evictionRequested")
+    assert w2.name in server.run([K3S, "kubectl", "get", "nodes", "-o", "name"]).stdout
+
+    # The operator lets "pinned" go; the removal then moves data-1's copy off before the wipe.
+    kubectl(server, "delete", "volumes.longhorn.io", "pinned")
+    for replica in [
+        r["metadata"]["name"] for r in items(server, "replicas.longhorn.io") if r["spec"].get("volumeName") == "pinned"
+    ]:
+        kubectl(server, "delete", "replicas.longhorn.io", replica, check=False)
+    stack.log.clear()
+    started = time.monotonic()
+    up_or_fail(stack)
+    took = time.monotonic() - started
+    text = stack.text()
+    assert f"[{w2.name}] moving copies off: 1 left" in text, text[-4000:]
+    moved = healthy_replicas(server, "data-1")
+    assert len(moved) == 1 and set(moved.values()) <= {server.name, w1.name}, (moved, cluster.diagnose())
+    assert not [r for r in items(server, "replicas.longhorn.io") if r["spec"].get("nodeID") == w2.name]
+    assert w2.name not in {n["metadata"]["name"] for n in items(server, "nodes.longhorn.io")}
+    assert w2.name not in server.run([K3S, "kubectl", "get", "nodes", "-o", "name"]).stdout
+    assert w2.run(["test", "-e", "/var/lib/rancher/k3s"], check=False).returncode != 0
+    print(f"removal with one copy moved: {took:.1f} s")
