@@ -261,8 +261,9 @@ def test_a_real_sshd_shedding_load_still_lets_every_login_through(tmp_path: Path
     print(f"sshd dropped {CONNECT_STATS.drops_retried - drops_before} handshakes, all retried")
 
 
-def _hold_slots(slot_dir: str, port: int, holders: int, hold: float, log: str) -> None:
-    """In a process of its own: `holders` tasks each take a slot of one host and note when."""
+def _hold_slots(slot_dir: str, port: int, holders: int, hold: float, log: str, *, taken: str | None = None) -> None:
+    """In a process of its own: `holders` tasks each take a slot of one host and note when (in
+    `log` when they let it go; in `taken`, if given, as soon as they hold it)."""
     import os  # noqa: PLC0415
 
     os.environ["HK3S_SSH_SLOT_DIR"] = slot_dir
@@ -271,6 +272,9 @@ def _hold_slots(slot_dir: str, port: int, holders: int, hold: float, log: str) -
     async def one() -> None:
         async with handshake_slot(target):
             entered = time.time()
+            if taken is not None:
+                with open(taken, "a") as out:
+                    out.write(f"{entered}\n")
             await asyncio.sleep(hold)
             with open(log, "a") as out:
                 out.write(f"{entered} {time.time()}\n")
@@ -300,9 +304,11 @@ def test_handshakes_to_one_host_are_bounded_across_processes(slot_dir: Path, tmp
     assert most == HANDSHAKES_PER_HOST  # never more, and the bound is really used
 
 
-def test_a_killed_holder_frees_its_slot(slot_dir: Path) -> None:
+def test_a_killed_holder_frees_its_slot(slot_dir: Path, tmp_path: Path) -> None:
     context = multiprocessing.get_context("spawn")
-    holder = context.Process(target=_hold_slots, args=(str(slot_dir), 2222, HANDSHAKES_PER_HOST, 60.0, "/dev/null"))
+    taken = tmp_path / "taken"
+    args = (str(slot_dir), 2222, HANDSHAKES_PER_HOST, 60.0, "/dev/null")
+    holder = context.Process(target=_hold_slots, args=args, kwargs={"taken": str(taken)})
     holder.start()
     target = SshTarget(node="n", address="192.0.2.10", port=2222, private_key="")
 
@@ -311,7 +317,11 @@ def test_a_killed_holder_frees_its_slot(slot_dir: Path) -> None:
         async with handshake_slot(target):
             return time.monotonic() - started
 
-    time.sleep(1.5)  # the holder has taken every slot
+    # Until the holder has taken every slot (a spawned process takes a while to start on a busy machine).
+    deadline = time.monotonic() + 60
+    while len(taken.read_text().splitlines() if taken.exists() else []) < HANDSHAKES_PER_HOST:
+        assert time.monotonic() < deadline, "the holder did not take the slots"
+        time.sleep(0.05)
     killer = threading.Timer(1.0, holder.kill)
     killer.start()
     waited = asyncio.run(take_one())
