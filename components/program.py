@@ -4,6 +4,7 @@ both call `build_cluster`."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -20,6 +21,7 @@ from components.private_network import PrivateNetwork, PrivateNetworkArgs
 from components.provider_shards import OperationShards
 from components.storage_copies import StorageCopies, StorageCopiesArgs
 from components.worker_node import WorkerNode, WorkerNodeArgs
+from providers.longhorn_node_role import LonghornNodeRole, LonghornNodeRoleInputs
 from providers.teardown_guard import TeardownGuard, TeardownGuardInputs
 from providers.worker_roster import RosterMember, WorkerRoster, WorkerRosterInputs
 from remote_access.api_forward import forward_port
@@ -148,6 +150,55 @@ def _storage(settings: StackSettings, credentials: SshCredentials, server: Clust
     )
 
 
+def _longhorn_roles(
+    settings: StackSettings,
+    credentials: SshCredentials,
+    server: ClusterServer,
+    workers: Sequence[WorkerNode],
+    storage: StorageCopies,
+) -> list[LonghornNodeRole]:
+    """Where Longhorn may place copies (node_operations/longhorn_node_role.py): the server always,
+    a worker once its disk passed the probe; applied once Longhorn runs and the node has joined and
+    (a worker) had its disk probed. None without Longhorn."""
+    if storage.release is None:
+        return []
+    login = server.endpoint.login(credentials)
+    api_wait = settings.cluster.api_wait_seconds
+    roles = [
+        LonghornNodeRole(
+            f"{settings.server.name}-longhorn-role",
+            LonghornNodeRoleInputs(
+                login=login,
+                longhorn_node=settings.server.name,
+                server=True,
+                holds_copies=True,
+                api_wait_seconds=api_wait,
+            ),
+            # Each node's role runs in its node's provider process (as its other operations do).
+            opts=server.endpoint.options(storage, [storage.release]),
+        )
+    ]
+    for worker in workers:
+        join, probe = worker.join_resource, worker.disk_probe
+        if join is None:
+            continue
+        roles.append(
+            LonghornNodeRole(
+                f"{worker.endpoint.name}-longhorn-role",
+                LonghornNodeRoleInputs(
+                    login=login,
+                    longhorn_node=worker.endpoint.name,
+                    # A worker that opted out (holds_copies: false) has no probe and holds none.
+                    holds_copies=probe.eligible if probe is not None else False,
+                    join_run=join.join_run,
+                    api_wait_seconds=api_wait,
+                ),
+                opts=worker.endpoint.options(storage, [storage.release, join, *([probe] if probe is not None else [])]),
+            )
+        )
+    return roles
+
+
 def build_cluster(settings: StackSettings, credentials: SshCredentials) -> BuiltCluster:
     """Machines first (so every address is known), then the roster (a leaving worker is
     judged and removed before anything of the cluster changes), then the network decision,
@@ -214,9 +265,12 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
             firewall_rules=firewall.node_rules[worker.endpoint.name],
         )
     storage = _storage(settings, credentials, server)
+    roles = _longhorn_roles(settings, credentials, server, workers, storage)
     # Last: a rotated login key leaves the nodes only once every resource holds the new one.
     retire_previous_login_keys(
-        [server.endpoint, *(w.endpoint for w in workers)], credentials, [roster, server, *workers, firewall]
+        [server.endpoint, *(w.endpoint for w in workers)],
+        credentials,
+        [roster, server, *workers, firewall, *storage.logins, *roles],
     )
     # Very last, depending on everything: in a destroy its delete runs first and alone, and
     # refuses unless hk3s:cluster.teardown allowed it (providers.teardown_guard).

@@ -16,15 +16,13 @@ import pulumi_kubernetes as k8s
 
 from cluster_settings.models import StorageSettings
 from components.longhorn_settings import LONGHORN_NAMESPACE, LonghornSettingPatch, kept_settings
+from node_operations.longhorn_node_role import COPIES_TAG, SERVER_TAG
+from providers.copies_offer import CopiesOffer, CopiesOfferInputs
 from providers.inputs import NodeLogin
 from remote_access.api_forward import ApiForward, forwarded_kubeconfig, open_api_forward
 from remote_access.ssh import SshTarget
 
 LONGHORN_CHART_REPO = "https://charts.longhorn.io"
-# Longhorn node tags the storage classes select: the server always holds copies;
-# a worker gets the copies tag once its disk probe passes.
-SERVER_TAG = "hk3s-server"
-COPIES_TAG = "hk3s-copies"
 STORAGE_CLASS_BY_COPIES = {1: "hk3s-one-copy", 2: "hk3s-two-copies"}
 
 
@@ -114,6 +112,10 @@ class StorageCopies(pulumi.ComponentResource):
         super().__init__("hk3s:index:StorageCopies", name, None, opts)
         storage = args.storage
         classes: list[str] = []
+        self.release: pulumi.Resource | None = None
+        """Longhorn's Helm release (its CRDs and manager), when the stack installs Longhorn."""
+        self.logins: list[pulumi.Resource] = []
+        """Its resources that log in to the server (a rotated login key waits for them)."""
         if storage.install_longhorn:
             provider = k8s.Provider(
                 f"{name}-kubernetes",
@@ -123,10 +125,23 @@ class StorageCopies(pulumi.ComponentResource):
                 delete_unreachable=args.teardown_allowed,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
             )
+            # Before anything of Longhorn changes: a lower offer is refused while volumes keep more copies.
+            offer = (
+                [
+                    CopiesOffer(
+                        f"{name}-copies-offer",
+                        CopiesOfferInputs(login=args.server_login, max_copies=storage.max_copies),
+                        opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
+                    )
+                ]
+                if args.server_login is not None
+                else []
+            )
+            self.logins = list(offer)
             namespace = k8s.core.v1.Namespace(
                 f"{name}-namespace",
                 metadata=k8s.meta.v1.ObjectMetaArgs(name=LONGHORN_NAMESPACE),
-                opts=pulumi.ResourceOptions(parent=self, provider=provider),
+                opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=offer),
             )
             release = k8s.helm.v3.Release(
                 f"{name}-longhorn",
@@ -137,6 +152,7 @@ class StorageCopies(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace]),
                 **longhorn_chart_source(storage),
             )
+            self.release = release
             for setting in kept_settings(storage):
                 LonghornSettingPatch(
                     f"{name}-setting-{setting.name}",
@@ -157,7 +173,7 @@ class StorageCopies(pulumi.ComponentResource):
                     allow_volume_expansion=True,
                     volume_binding_mode="Immediate",
                     parameters=storage_class_parameters(copies),
-                    opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[release]),
+                    opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[release, *offer]),
                 )
                 classes.append(class_name)
         self.storage_classes = pulumi.Output.from_input(classes)

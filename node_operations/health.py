@@ -9,12 +9,14 @@ without a restart needs one: the check warns 30 days ahead and says to reboot it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from host_scripts import script_path
 from node_operations.k3s_install import parse_results
-from remote_access.kube import ClusterApi, NodeStatus
+from node_operations.volume_copies import read_waiting_volumes
+from remote_access.kube import API_WAIT_SECONDS, ClusterApi, NodeStatus
 from remote_access.ssh import SshError, SshTarget, open_session
 
 HEALTH_DEADLINE_SECONDS = 60.0
@@ -91,9 +93,21 @@ async def check_host(target: SshTarget) -> HostHealth:
     return judge(target.node, parse_results(result.stdout))
 
 
-async def check_hosts(targets: Sequence[SshTarget]) -> list[HostHealth]:
-    """Every node at once; one that cannot be reached is named, not fatal."""
-    return list(await asyncio.gather(*(check_host(target) for target in targets)))
+async def check_hosts(targets: Sequence[SshTarget], longhorn_server: str | None = None) -> list[HostHealth]:
+    """Every node at once; one that cannot be reached is named, not fatal. With `longhorn_server`
+    (the server of a cluster that runs Longhorn), its entry also warns of every volume whose copies
+    wait for a node that may hold them (node_operations/volume_copies.py)."""
+    found = list(await asyncio.gather(*(check_host(target) for target in targets)))
+    for index, target in enumerate(targets):
+        if target.node == longhorn_server and found[index].reachable:
+            try:
+                waiting = await read_waiting_volumes(target, API_WAIT_SECONDS)
+            except SshError as error:
+                lines = [f"{target.node}: Longhorn's volumes could not be read: {error}"]
+            else:
+                lines = [f"{target.node}: {volume.line()}" for volume in waiting]
+            found[index] = dataclasses.replace(found[index], warnings=(*found[index].warnings, *lines))
+    return found
 
 
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"

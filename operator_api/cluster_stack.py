@@ -46,7 +46,7 @@ from node_operations.reboot import (
 from remote_access.ssh import SshTarget
 
 from .cluster_access import api_forward_during, check_probed_disk, check_rebootable, reboot, with_live_states
-from .deployment import Deployment
+from .deployment import LONGHORN_ROLE_TYPE, Deployment
 from .errors import (
     LockHolder,
     RefusedError,
@@ -185,7 +185,8 @@ class ClusterStack:
         locks = read_pulumi_locks(backend, self.project, self.env) if backend else []
         # One export of the state serves the pending operations and the hosts to check.
         deployment = Deployment.export(stack) if stack is not None else None
-        health = asyncio.run(check_hosts_of(self._host_targets(deployment))) if check_hosts and deployment else []
+        targets = self._host_targets(deployment) if check_hosts and deployment else []
+        health = asyncio.run(check_hosts_of(targets, deployment.longhorn_server())) if targets and deployment else []
         return ClusterStatus(
             stack=self.env,
             api_endpoint=output("api_endpoint"),
@@ -418,9 +419,9 @@ class ClusterStack:
     ) -> DiskCheck:
         """Probe one worker's Longhorn disk again and return the verdict (also in `nodes()` after).
 
-        An `up` that replaces that worker's `DiskProbe` and targets it and the stack's root (whose
-        `nodes` output carries the verdict): no other resource is read or changed, and the stack
-        file is not touched."""
+        An `up` that replaces that worker's `DiskProbe` and targets it, its `LonghornNodeRole` (the
+        verdict on its Longhorn node) and the stack's root (whose `nodes` output carries the verdict):
+        nothing else is read or changed, and the stack file is not touched."""
         action = f"checking the disk of {name}"
         settings = self.settings_document().validate(action)
         check_probed_disk(settings, name, action)
@@ -428,10 +429,9 @@ class ClusterStack:
             deployment = Deployment.export(self._stack())
             urn = deployment.resource_urn(DISK_PROBE_TYPE, f"{name}-disk")
             if urn is None:
-                raise StackError(
-                    f"{name}'s disk has not been probed yet: it is probed at the end of its join; run up first"
-                )
-            target = [urn, deployment.stack_urn()]
+                raise StackError(f"{name}'s disk has not been probed yet (it is probed at the end of its join); run up")
+            role = deployment.resource_urn(LONGHORN_ROLE_TYPE, f"{name}-longhorn-role")
+            target = [urn, deployment.stack_urn(), *([role] if role else [])]
             self._engine_run("up", recovery, on_event, on_output, replace=[urn], target=target)
             outputs = Deployment.export(self._stack()).resource_outputs(urn)
         return DiskCheck.from_output(outputs)

@@ -12,6 +12,9 @@ from remote_access.ssh import SshTarget
 
 from .errors import StackError
 
+#: A node's Longhorn role (providers/longhorn_node_role.py), named `<node>-longhorn-role`.
+LONGHORN_ROLE_TYPE = "pulumi-python:dynamic/hk3s:LonghornNodeRole"
+
 
 @dataclass(frozen=True)
 class Deployment:
@@ -40,6 +43,14 @@ class Deployment:
             urn = str(resource.get("urn", ""))
             if resource.get("type") == type_ and urn.endswith(f"::{name}"):
                 return urn
+        return None
+
+    def longhorn_server(self) -> str | None:
+        """The node whose Longhorn role says it is the server, where Longhorn runs; else None."""
+        for resource in self.resources:
+            outputs = resource.get("outputs") or {}
+            if resource.get("type") == LONGHORN_ROLE_TYPE and outputs.get("server"):
+                return str(outputs["longhorn_node"])
         return None
 
     def stack_urn(self) -> str:
