@@ -429,7 +429,9 @@ class ClusterStack:
             deployment = Deployment.export(self._stack())
             urn = deployment.resource_urn(DISK_PROBE_TYPE, f"{name}-disk")
             if urn is None:
-                raise StackError(f"{name}'s disk has not been probed yet (it is probed at the end of its join); run up")
+                raise StackError(
+                    f"{name}'s disk has not been probed yet: it is probed at the end of its join; run up first"
+                )
             role = deployment.resource_urn(LONGHORN_ROLE_TYPE, f"{name}-longhorn-role")
             target = [urn, deployment.stack_urn(), *([role] if role else [])]
             self._engine_run("up", recovery, on_event, on_output, replace=[urn], target=target)
