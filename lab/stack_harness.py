@@ -9,6 +9,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,18 @@ def skip_without_kubernetes_provider() -> None:
     skip_without_lab_binaries()
     if not kubernetes_plugins():
         pytest.skip(f"no Kubernetes provider plugin in {LAB_PLUGINS}; run lab/setup.sh")
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float, diagnose: Callable[[], str] = lambda: "") -> None:
+    """Poll `check` every second until it holds; past `timeout`, fail the test naming `what` and
+    what `diagnose` says."""
+    import pytest  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout:.0f} s\n{diagnose()}")
+        time.sleep(1)
 
 
 def up_or_fail(stack: LabStack) -> auto.UpResult:
@@ -335,7 +348,6 @@ def run_killable(
     as when the machine running it goes down: an operation stops wherever it was."""
     import signal  # noqa: PLC0415
     import threading  # noqa: PLC0415
-    import time  # noqa: PLC0415
 
     process = subprocess.Popen(
         list(argv),

@@ -252,10 +252,11 @@ class WorkerRemoval:
                 + "; ".join(stuck)
                 + ". Nothing was changed; add a node that can hold copies (or free space), then remove it again",
             )
+        # Counted before the eviction is asked for: Longhorn may move a small copy before the next read.
+        self.report.copies_moved = len(await self._copies_here())
         patch = {"spec": {"allowScheduling": False, "evictionRequested": True}}
         await self.api.patch_merge(LONGHORN_NODE_CRD, self.node, LONGHORN_NAMESPACE, patch)
         left = await self._copies_here()
-        self.report.copies_moved = len(left)
         deadline = time.monotonic() + self.copies_timeout
         while left:
             self.progress(f"moving copies off: {len(left)} left ({', '.join(left[:5])})")

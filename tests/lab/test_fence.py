@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -40,6 +39,7 @@ from lab.stack_harness import (
     server_spec,
     skip_without_lab_binaries,
     up_or_fail,
+    wait_until,
     worker_spec,
 )
 from node_operations.fence import FENCE_ANNOTATION
@@ -115,14 +115,6 @@ def running_on(server: Host) -> dict[str, str]:
     }
 
 
-def wait(what: str, check: Callable[[], bool], timeout: float, diagnose: Callable[[], str] = lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout:.0f} s\n{diagnose()}")
-        time.sleep(1)
-
-
 @dataclass
 class Cluster:
     lab: Lab
@@ -179,14 +171,16 @@ def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
     cluster = Cluster(lab, stack, server, workers[0], workers[1], workers[2], config)
     image = pod_hosts.busybox_image()
     for worker in workers:
-        wait(
+        wait_until(
             f"{worker.name} imports the air-gap images",
             lambda w=worker: image in w.run([K3S, "ctr", "images", "ls", "-q"]).stdout,  # type: ignore[misc]
             60,
         )
     (server.root / "root/web.yaml").write_text(DEPLOYMENT.replace("IMAGE", image))
     kubectl(server, "apply", "-f", "/root/web.yaml")
-    wait("a web pod Ready on each worker", lambda: len(set(running_on(server).values())) == 3, 120, cluster.diagnose)
+    wait_until(
+        "a web pod Ready on each worker", lambda: len(set(running_on(server).values())) == 3, 120, cluster.diagnose
+    )
     cluster.timings["cluster"] = time.monotonic() - started
     return cluster
 
@@ -197,7 +191,7 @@ def test_a_worker_down_for_less_than_a_minute_is_refused(cluster: Cluster) -> No
     for worker in (w1, w2):
         worker.run(["systemctl", "stop", "k3s-agent"])
     assert w1.run(["pgrep", "-x", "httpd"], check=False).returncode == 0, "the pod stopped with the agent"
-    wait(f"{w1.name} NotReady", lambda: ready_status(server, w1.name) != "True", 90, cluster.diagnose)
+    wait_until(f"{w1.name} NotReady", lambda: ready_status(server, w1.name) != "True", 90, cluster.diagnose)
     output = cluster.fence({w1.name: {}})
     assert "fencing is refused" in output and f"{w1.name} has been NotReady for only" in output, output[-4000:]
     assert "a fence needs it down for at least 60 s" in output and "[refused: fence]" in output, output[-4000:]
@@ -210,7 +204,7 @@ def test_a_fence_killed_after_its_record_resumes_from_it(cluster: Cluster) -> No
     right after the fence was recorded: the record stays, nothing else happened yet, and the
     fence resumes from it (the last test's `up`)."""
     server, w1, w2 = cluster.server, cluster.w1, cluster.w2
-    wait(f"{w2.name} NotReady", lambda: ready_status(server, w2.name) != "True", 60, cluster.diagnose)
+    wait_until(f"{w2.name} NotReady", lambda: ready_status(server, w2.name) != "True", 60, cluster.diagnose)
     # The minute the fence asks for, by the Nodes' own record (both stopped at the same time).
     time.sleep(max(0.0, 62 - min(down_seconds(server, w.name) for w in (w1, w2))))
     cluster.write_fences({w1.name: {}})
@@ -267,7 +261,9 @@ def test_fenced_workers_are_stopped_and_their_pods_start_elsewhere(cluster: Clus
     mounts = w1.run(["cat", "/proc/self/mounts"]).stdout
     assert not [m for m in mounts.splitlines() if " /var/lib/kubelet/pods/" in m or " /run/k3s/" in m], mounts
     # The workload runs on the worker left.
-    wait("3 web pods Ready on fe-w3", lambda: list(running_on(server).values()) == [w3.name] * 3, 120, cluster.diagnose)
+    wait_until(
+        "3 web pods Ready on fe-w3", lambda: list(running_on(server).values()) == [w3.name] * 3, 120, cluster.diagnose
+    )
     states = {n.name: n.state for n in cluster.stack.api().nodes(live=True)}
     assert states[w1.name] == states[w2.name] == "OutOfService" and states[w3.name] == "Ready", states
     # Done is done: the next up changes nothing.
@@ -313,7 +309,7 @@ def test_removing_the_fence_entry_rejoins_the_worker(cluster: Cluster) -> None:
     assert w1.run(["systemctl", "is-active", "k3s-agent"], check=False).stdout.strip() == "active"
     # It takes pods again: a fourth replica goes to the worker with none (the spread).
     kubectl(server, "scale", "deployment/web", "--replicas=4")
-    wait(f"a web pod Ready on {w1.name}", lambda: w1.name in running_on(server).values(), 90, cluster.diagnose)
+    wait_until(f"a web pod Ready on {w1.name}", lambda: w1.name in running_on(server).values(), 90, cluster.diagnose)
     states = {n.name: n.state for n in cluster.stack.api().nodes(live=True)}
     assert states[w1.name] == "Ready" and states[w2.name] == "OutOfService", states
     print(f"timings: {cluster.timings}")
@@ -346,21 +342,26 @@ def test_a_fenced_worker_that_is_off_is_left_alone_by_a_join(cluster: Cluster) -
 
 
 def test_a_fenced_worker_is_given_up_only_while_the_fence_holds_it(cluster: Cluster) -> None:
-    """`node remove fe-w2 --force`: refused while its host answers and runs its agent (powered
-    back on after a fence that confirmed it off: the fence does not hold it), and nothing
-    changes; once it is off again, it is deregistered without a drain, its fence entry kept
+    """`node remove fe-w2` without --force is refused for a fenced worker; `node remove fe-w2
+    --force` is refused while its host answers and runs its agent (powered back on after a fence
+    that confirmed it off: the fence does not hold it), and nothing changes; once it is off again, it is deregistered without a drain, its fence entry kept
     with force_remove, and the next up has nothing to do."""
     server, w2 = cluster.server, cluster.w2
     # Its SSH back (the block is in its network namespace, which outlives a power-off), then on.
     subprocess.run(["ip", "netns", "exec", w2.netns, "nft", "delete", "table", "inet", "labblock"], check=True)
     w2.power_on(wait=True)
-    wait(
+    wait_until(
         f"{w2.name}'s agent running",
         lambda: w2.run(["systemctl", "is-active", "k3s-agent"], check=False).stdout.strip() == "active",
         60,
     )
     stack_file = cluster.stack.project / f"Pulumi.{cluster.stack.name}.yaml"
     before = stack_file.read_bytes()
+    # Without --force a fenced worker is not removed (drained and wiped), even while it answers.
+    plain = cluster.stack.hk3s("node", "remove", w2.name, "--yes")
+    assert plain.returncode == 3, plain.stderr[-4000:]
+    assert f"removing the worker is refused: {w2.name} is fenced" in plain.stderr, plain.stderr[-4000:]
+    assert stack_file.read_bytes() == before
     refused = cluster.stack.hk3s("node", "remove", w2.name, "--force", "--yes")
     assert refused.returncode == 3, refused.stderr[-4000:]
     assert "the fence does not hold it stopped (drop-in=absent, agent=active)" in refused.stderr, refused.stderr[-4000:]
