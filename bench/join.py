@@ -1,13 +1,15 @@
 """What joining workers costs, on lab hosts with an injected round-trip time.
 
     venv/bin/python -m bench.join --out bench/results/join.json                 # 1, 4 and 12 workers, 50 ms
+    venv/bin/python -m bench.join --sizes 1,12,50 --out bench/results/join.json # any list of sizes
     venv/bin/python -m bench.join --sizes 1,4 --rtt-ms 0 --out /tmp/j.json
 
 For each size N, a fresh lab: one server and N workers, each host delaying the
 packets it receives by the RTT (lab.hosts netem). `pulumi up` through the real
 CLI first installs the server alone, then a second `up` adds the N workers:
 its wall time is the join time. Every join prints one "join stats" line (SSH
-connections, commands, seconds waiting on the hosts, seconds in all); from
+sessions, one per host it logs in to, each possibly on a login its provider
+process already held; commands; seconds waiting on the hosts; seconds in all); from
 those, per join:
 
 * round trips: commands sent (each at least one round trip);
@@ -23,6 +25,12 @@ The hosts' sshd keeps its default MaxStartups (10:30:100, as Hetzner's images)
 and logs at VERBOSE, so the bench also reports, from the hosts' own sshd logs,
 the most SSH handshakes in flight to one host, the connections each host
 accepted and the connections it dropped past MaxStartups during the joins.
+
+Connections per run: every SSH connection the joining `up` opened, counted on
+each host from its own sshd log (lab/sshd_log.py `connection_count`), not from
+the program's counters: in all, to the server, and the most to one joining
+host, beside the budget of issue 15 (N + 3K for K workers joining an N-node
+cluster, here N = 1: the server; at most 2 per joining host).
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.hosts import DEFAULT_CACHE_DIR, Lab
-from lab.sshd_log import handshake_load
+from lab.sshd_log import connection_count, handshake_load
 from lab.stack_harness import LabStack, base_config, lab_binaries_missing, server_spec, worker_spec
 
 STATS = re.compile(
@@ -65,10 +73,13 @@ def run_size(workers: int, rtt_ms: int, scratch: Path) -> dict[str, Any]:
         stack.log.clear()
         stack.write_config(base_config(lab, server, hosts))
         started = time.monotonic()
-        since = time.time() - 1
+        since = time.time()
         result = stack.up()
         join_seconds = time.monotonic() - started
-        loads = {host.name: handshake_load(host.sshd_log(since)) for host in (server, *hosts)}
+        until = time.time()
+        logs = {host.name: host.sshd_log(since - 1) for host in (server, *hosts)}
+        loads = {name: handshake_load(lines) for name, lines in logs.items()}
+        opened = {name: connection_count(lines, since, until).opened for name, lines in logs.items()}
         assert result.summary.result == "succeeded"
         # The engine prints each diagnostic line twice (live, then in its summary): one per node.
         joins = list({m["node"]: m.groupdict() for m in STATS.finditer(stack.text())}.values())
@@ -101,6 +112,13 @@ def run_size(workers: int, rtt_ms: int, scratch: Path) -> dict[str, Any]:
                 "connections_accepted": {name: load.accepted for name, load in loads.items()},
                 "connections_dropped": sum(load.dropped for load in loads.values()),
             },
+            "connections": {
+                "in_run": sum(opened.values()),
+                "budget": 1 + 3 * workers,
+                "to_server": opened[server.name],
+                "most_to_one_joining_host": max(opened[host.name] for host in hosts),
+                "per_host": opened,
+            },
             "joins": per_join,
         }
 
@@ -115,7 +133,12 @@ def main() -> int:
     if missing:
         print(f"lab binaries missing ({', '.join(missing)}); run lab/setup.sh", file=sys.stderr)
         return 2
-    sizes = [int(size) for size in args.sizes.split(",")]
+    try:
+        sizes = [int(size) for size in args.sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(size < 1 for size in sizes):
+        parser.error(f"--sizes {args.sizes!r}: give worker counts of 1 or more separated by commas, e.g. 1,12,50")
     with tempfile.TemporaryDirectory(prefix="hk3s-bench-join-") as scratch:
         results = [run_size(size, args.rtt_ms, Path(scratch)) for size in sizes]
     base = results[0]["join_up_seconds"]
@@ -128,13 +151,16 @@ def main() -> int:
         "workers",
         "up s",
         "ratio",
-        "ssh conn",
+        "sessions",
         "round trips",
         "join s",
         "host s",
         "added s",
         "in flight",
         "dropped",
+        "conn/run",
+        "budget",
+        "max/joiner",
     )
     print("".join(f"{name:>12}" for name in header))
     for r in results:
@@ -150,6 +176,9 @@ def main() -> int:
             m["program_added_seconds"],
             r["sshd"]["most_handshakes_in_flight_to_one_host"],
             r["sshd"]["connections_dropped"],
+            r["connections"]["in_run"],
+            r["connections"]["budget"],
+            r["connections"]["most_to_one_joining_host"],
         )
         print("".join(f"{value:>12}" for value in row))
     return 0
