@@ -20,7 +20,7 @@ async def prepare_host(target: SshTarget, pod_network: str, progress: Progress) 
 
     Raises an SshError naming the host and the failed step (the script's own message)."""
     progress("preparing the host")
-    async with open_session(target) as session:
+    async with open_session(target, shared=True) as session:
         await session.run_script(
             script_path("node_prepare.sh"),
             [pod_network],

@@ -253,7 +253,7 @@ async def served_ca_hash(session: SshSession) -> str:
 
 async def install_server(target: SshTarget, spec: ServerSpec, progress: Progress) -> ServerInstalled:
     """Install or adopt the k3s server and wait until its API is ready."""
-    async with open_session(target) as session:
+    async with open_session(target, shared=True) as session:
         facts = await gather_facts(session)
         flannel_iface = interface_of(facts, spec.node_ip)
         if flannel_iface is None:
