@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from host_scripts import script_path
 from node_operations.k3s_install import parse_results
-from node_operations.volume_copies import read_waiting_volumes
+from node_operations.volume_copies import read_copies_warnings
 from remote_access.kube import API_WAIT_SECONDS, ClusterApi, NodeStatus
 from remote_access.ssh import SshError, SshTarget, open_session
 
@@ -96,16 +96,17 @@ async def check_host(target: SshTarget) -> HostHealth:
 async def check_hosts(targets: Sequence[SshTarget], longhorn_server: str | None = None) -> list[HostHealth]:
     """Every node at once; one that cannot be reached is named, not fatal. With `longhorn_server`
     (the server of a cluster that runs Longhorn), its entry also warns of every volume whose copies
-    wait for a node that may hold them (node_operations/volume_copies.py)."""
+    wait for a node that may hold them, of single copies on workers, and of little room for copies
+    (node_operations/volume_copies.py)."""
     found = list(await asyncio.gather(*(check_host(target) for target in targets)))
     for index, target in enumerate(targets):
         if target.node == longhorn_server and found[index].reachable:
             try:
-                waiting = await read_waiting_volumes(target, API_WAIT_SECONDS)
+                copies = await read_copies_warnings(target, API_WAIT_SECONDS)
             except SshError as error:
                 lines = [f"{target.node}: Longhorn's volumes could not be read: {error}"]
             else:
-                lines = [f"{target.node}: {volume.line()}" for volume in waiting]
+                lines = [f"{target.node}: {line}" for line in copies]
             found[index] = dataclasses.replace(found[index], warnings=(*found[index].warnings, *lines))
     return found
 

@@ -86,8 +86,8 @@ def pinned_copies_on(
     return sorted(found, key=lambda copy: copy.volume)
 
 
-def server_room(server: Mapping[str, Any], minimal_available_percent: int) -> int:
-    """Bytes the server's roomiest schedulable disk can still take a copy of, by Longhorn's rules:
+def node_room(server: Mapping[str, Any], minimal_available_percent: int) -> int:
+    """Bytes a Longhorn node's roomiest schedulable disk can still take a copy of, by Longhorn's rules:
     what stays available keeps the minimal share free, and what is scheduled stays within the
     disk's size less its reserved storage."""
     spec, status = server.get("spec") or {}, server.get("status") or {}
@@ -146,7 +146,7 @@ async def move_pinned_copies(
         )
     nodes = {n["metadata"]["name"]: n for n in await _items(api, "nodes.longhorn.io")}
     to_start = [copy for copy in pinned if not copy.moving]
-    need, room = sum(copy.size for copy in to_start), server_room(nodes.get(server) or {}, minimal_available_percent)
+    need, room = sum(copy.size for copy in to_start), node_room(nodes.get(server) or {}, minimal_available_percent)
     if need > room:
         listed = ", ".join(f"{copy.volume} ({_gib(copy.size)})" for copy in to_start)
         raise PinnedCopyRefusedError(

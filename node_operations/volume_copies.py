@@ -1,5 +1,12 @@
-"""Volumes that wait for copies: read-only, from Longhorn's own objects through the server's
-`k3s kubectl`, for `status(check_hosts=True)`.
+"""What `status(check_hosts=True)` warns of about copies: read-only, from Longhorn's own objects
+through the server's `k3s kubectl`.
+
+- Volumes that wait for copies (below).
+- A single-copy volume whose copy sits on a worker: losing that worker loses the volume, so the
+  operator should move it (a reboot moves one pinned to the server: node_operations.pinned_copies).
+- Little room for copies: when the roomiest disk that may hold copies (a node carrying the copies
+  tag and allowing scheduling) can take less than 5 GiB more by Longhorn's rules, the next volume
+  of any size waits.
 
 A Longhorn volume keeps `numberOfReplicas` copies, each on a node whose tags hold the volume's whole
 node selector and that allows scheduling, never two on one node. With too few such nodes (a worker
@@ -15,10 +22,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from node_operations.pinned_copies import node_room
 from remote_access.kube import ClusterApi, Repeat
 from remote_access.ssh import SshTarget, open_session
 
 LONGHORN_NAMESPACE = "longhorn-system"
+COPIES_TAG = "hk3s-copies"
+LOW_ROOM_BYTES = 5 * 1024**3
+# Longhorn's default for storage-minimal-available-percentage, when its Setting cannot be read.
+MINIMAL_AVAILABLE_DEFAULT = 25
 
 
 @dataclass(frozen=True)
@@ -78,8 +90,42 @@ def waiting_volumes(
     return waiting
 
 
-async def read_waiting_volumes(server: SshTarget, api_wait: float) -> list[WaitingVolume]:
-    """`waiting_volumes` of the cluster the server runs (none where Longhorn is not installed)."""
+def single_copies_on_workers(volumes: list[dict[str, Any]], replicas: list[dict[str, Any]], server: str) -> list[str]:
+    """A line per single-copy volume whose copy sits on a worker."""
+    lines = []
+    for volume in volumes:
+        name = volume["metadata"]["name"]
+        if int((volume.get("spec") or {}).get("numberOfReplicas") or 0) != 1:
+            continue
+        nodes = sorted(
+            str(r["spec"]["nodeID"])
+            for r in replicas
+            if (r.get("spec") or {}).get("volumeName") == name and r["spec"].get("nodeID") not in (None, "", server)
+        )
+        if nodes:
+            lines.append(
+                f"volume {name} keeps its only copy on worker {', '.join(nodes)}: losing that worker loses it; move "
+                f"it to {server} (a reboot of the worker moves it when its volume is pinned to the server)"
+            )
+    return lines
+
+
+def low_room(nodes: list[dict[str, Any]], minimal_available_percent: int) -> str | None:
+    """A line when the roomiest disk that may hold copies can take less than 5 GiB more."""
+    eligible = [n for n in nodes if COPIES_TAG in ((n.get("spec") or {}).get("tags") or [])]
+    if not eligible:
+        return None
+    room, where = max((node_room(n, minimal_available_percent), n["metadata"]["name"]) for n in eligible)
+    if room >= LOW_ROOM_BYTES:
+        return None
+    return (
+        f"the roomiest disk that may hold copies ({where}) can take {room / 1024**3:.1f} GiB more, under 5 GiB: "
+        "a new volume's copies may wait; free space there or add a worker whose disk passes the probe"
+    )
+
+
+async def read_copies_warnings(server: SshTarget, api_wait: float) -> list[str]:
+    """The copies warnings of the cluster the server runs (see the module docstring)."""
     async with open_session(server) as session:
         cluster = ClusterApi(session, api_wait=api_wait)
 
@@ -87,6 +133,13 @@ async def read_waiting_volumes(server: SshTarget, api_wait: float) -> list[Waiti
             out = await cluster.kubectl(["get", kind, "-n", LONGHORN_NAMESPACE, "-o", "json"], repeat=Repeat.READ)
             return list(json.loads(out).get("items") or [])
 
-        return waiting_volumes(
-            await items("volumes.longhorn.io"), await items("replicas.longhorn.io"), await items("nodes.longhorn.io")
-        )
+        volumes, replicas = await items("volumes.longhorn.io"), await items("replicas.longhorn.io")
+        nodes, settings = await items("nodes.longhorn.io"), await items("settings.longhorn.io")
+    minimal = next(
+        (int(s.get("value") or 0) for s in settings if s["metadata"]["name"] == "storage-minimal-available-percentage"),
+        MINIMAL_AVAILABLE_DEFAULT,
+    )
+    lines = [volume.line() for volume in waiting_volumes(volumes, replicas, nodes)]
+    lines += single_copies_on_workers(volumes, replicas, server.node)
+    room = low_room(nodes, minimal)
+    return [*lines, *([room] if room else [])]

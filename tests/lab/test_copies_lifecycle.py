@@ -151,6 +151,11 @@ def test_a_reboot_moves_a_copy_pinned_to_the_server_there_first(cluster: Cluster
     for name in (cluster.w2.name,):
         patch(server, "nodes.longhorn.io", name, {"spec": {"allowScheduling": True}})
 
+    # status --check names the single copy on a worker.
+    warnings = cluster.stack.api().status(check_hosts=True).warnings
+    single = f"{server.name}: volume db keeps its only copy on worker {w1.name}: losing that worker loses it"
+    assert any(w.startswith(single) for w in warnings), warnings
+
     # No room on the server (all of its disk reserved): refused, naming the volume and the space.
     disk_name, disk = next(iter(items_of(server, server.name)["spec"]["disks"].items()))
     maximum = items_of(server, server.name)["status"]["diskStatus"][disk_name]["storageMaximum"]
@@ -187,6 +192,7 @@ def test_a_reboot_moves_a_copy_pinned_to_the_server_there_first(cluster: Cluster
         db["metadata"].get("annotations") or {}
     )
     assert not report.not_ready, report
+    assert not [w for w in cluster.stack.api().status(check_hosts=True).warnings if "volume db keeps" in w]
     patch(server, "volumes.longhorn.io", "db", {"spec": {"nodeID": ""}})
 
 

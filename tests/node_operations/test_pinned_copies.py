@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from node_operations.pinned_copies import MOVING_ANNOTATION, SERVER_TAG, pinned_copies_on, server_room
+from node_operations.pinned_copies import MOVING_ANNOTATION, SERVER_TAG, node_room, pinned_copies_on
 
 GIB = 1024**3
 
@@ -60,12 +60,10 @@ def node(*, maximum: int, available: int, scheduled: int = 0, reserved: int = 0,
 
 def test_the_servers_room_follows_longhorns_rules() -> None:
     # 100 GiB disk, 40 available, 25 % kept free: 15 GiB by what is available.
-    assert server_room(node(maximum=100 * GIB, available=40 * GIB), 25) == 15 * GIB
+    assert node_room(node(maximum=100 * GIB, available=40 * GIB), 25) == 15 * GIB
     # 30 GiB reserved and 60 scheduled: 10 GiB left to schedule, below the 15 available.
-    assert (
-        server_room(node(maximum=100 * GIB, available=40 * GIB, scheduled=60 * GIB, reserved=30 * GIB), 25) == 10 * GIB
-    )
+    assert node_room(node(maximum=100 * GIB, available=40 * GIB, scheduled=60 * GIB, reserved=30 * GIB), 25) == 10 * GIB
     # Full, or taking no copies: no room.
-    assert server_room(node(maximum=100 * GIB, available=20 * GIB), 25) == 0
-    assert server_room(node(maximum=100 * GIB, available=90 * GIB, allow=False), 25) == 0
-    assert server_room({}, 25) == 0
+    assert node_room(node(maximum=100 * GIB, available=20 * GIB), 25) == 0
+    assert node_room(node(maximum=100 * GIB, available=90 * GIB, allow=False), 25) == 0
+    assert node_room({}, 25) == 0
