@@ -70,6 +70,22 @@ def skip_without_kubernetes_provider() -> None:
         pytest.skip(f"no Kubernetes provider plugin in {LAB_PLUGINS}; run lab/setup.sh")
 
 
+# A TCP dial from a host: "open" when something answered (a refusal is an answer: no rule dropped
+# it), "closed" when nothing did within 3 s (a firewall drops it).
+PORT_PROBE = """
+import errno, socket, sys
+s = socket.socket()
+s.settimeout(3)
+code = s.connect_ex((sys.argv[1], int(sys.argv[2])))
+print("open" if code in (0, errno.ECONNREFUSED) else "closed")
+"""
+
+
+def port_reachable(source: Host, target: Host, port: int) -> bool:
+    """Whether `target`'s public address answers on `port` from `source` (see PORT_PROBE)."""
+    return source.run(["python3", "-c", PORT_PROBE, target.public_ip or "", str(port)]).stdout.strip() == "open"
+
+
 def wait_until(what: str, check: Callable[[], bool], timeout: float, diagnose: Callable[[], str] = lambda: "") -> None:
     """Poll `check` every second until it holds; past `timeout`, fail the test naming `what` and
     what `diagnose` says."""

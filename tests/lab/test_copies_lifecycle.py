@@ -31,6 +31,7 @@ from lab.stack_harness import (
     LONGHORN_STANDIN_CHART,
     LabStack,
     base_config,
+    port_reachable,
     server_spec,
     skip_without_kubernetes_provider,
     up_or_fail,
@@ -111,7 +112,7 @@ def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clus
     w1, w2 = lab.add_host(worker_spec("rc-worker-1")), lab.add_host(worker_spec("rc-worker-2"))
     lab.wait_ssh_ready([server, w1, w2])
     stack = LabStack(tmp_path_factory.mktemp("copies"))
-    stack.write_config(base_config(lab, server, [w1, w2], storage=STORAGE))
+    stack.write_config(base_config(lab, server, [w1, w2], storage=STORAGE, firewall={"managed": True}))
     up_or_fail(stack)
     cluster = Cluster(lab, stack, server, w1, w2)
     names = {server.name, w1.name, w2.name}
@@ -217,7 +218,7 @@ def test_a_worker_whose_copies_cannot_move_is_refused_then_its_copies_move_off(c
         patch(server, "nodes.longhorn.io", other, {"spec": {"allowScheduling": True}})
 
     # "pinned" can go nowhere else (no other node has its tag): refused, nothing changed.
-    stack.write_config(base_config(lab, server, [w1], storage=STORAGE))
+    stack.write_config(base_config(lab, server, [w1], storage=STORAGE, firewall={"managed": True}))
     stack.log.clear()
     with pytest.raises(auto.CommandError):
         stack.up()
@@ -246,4 +247,7 @@ def test_a_worker_whose_copies_cannot_move_is_refused_then_its_copies_move_off(c
     assert w2.name not in {n["metadata"]["name"] for n in items(server, "nodes.longhorn.io")}
     assert w2.name not in server.run([K3S, "kubectl", "get", "nodes", "-o", "name"]).stdout
     assert w2.run(["test", "-e", "/var/lib/rancher/k3s"], check=False).returncode != 0
+    # The peers' firewalls (the program's nftables rules) no longer admit it: real dials.
+    assert not port_reachable(w2, server, 6443) and not port_reachable(w2, w1, 10250)
+    assert port_reachable(w1, server, 6443)  # the worker staying still reaches the API
     print(f"removal with one copy moved: {took:.1f} s")

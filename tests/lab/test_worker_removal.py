@@ -19,22 +19,19 @@ from pulumi import automation as auto
 from pulumi.automation import events as auto_events
 
 from lab.hosts import Host, Lab
-from lab.stack_harness import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
+from lab.stack_harness import (
+    LabStack,
+    base_config,
+    port_reachable,
+    server_spec,
+    skip_without_lab_binaries,
+    up_or_fail,
+    worker_spec,
+)
 
 pytestmark = pytest.mark.lab
 
 K3S = "/usr/local/bin/k3s"
-PROBE = """
-import errno, socket, sys
-s = socket.socket()
-s.settimeout(3)
-code = s.connect_ex((sys.argv[1], int(sys.argv[2])))
-print("open" if code in (0, errno.ECONNREFUSED) else "closed")
-"""
-
-
-def reachable(source: Host, target: Host, port: int) -> bool:
-    return source.run(["python3", "-c", PROBE, target.public_ip or "", str(port)]).stdout.strip() == "open"
 
 
 def node_names(server: Host) -> set[str]:
@@ -81,8 +78,8 @@ def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clus
     cluster.stack.write_config(cluster.config([w1, w2]))
     up_or_fail(cluster.stack)
     # Peers reach the kubelet and the API through the program's nftables rules.
-    assert reachable(w1, w2, 10250) and reachable(server, w2, 10250) and reachable(w2, server, 6443)
-    assert reachable(w2, w1, 10250)
+    assert port_reachable(w1, w2, 10250) and port_reachable(server, w2, 10250) and port_reachable(w2, server, 6443)
+    assert port_reachable(w2, w1, 10250)
     labels = json.loads(server.run([K3S, "kubectl", "get", "node", "rm-worker-2", "-o", "json"]).stdout)
     assert labels["metadata"]["labels"].get("pool") == "edge"
     yield cluster
@@ -107,7 +104,7 @@ def test_dropping_a_worker_that_does_not_answer_is_refused_before_any_firewall_c
         assert "rm-worker-2" in node_names(cluster.server)
         cluster.w2.power_on(wait=True)
         # Back on, it is still a peer everywhere: the ports are open to it for real.
-        assert reachable(cluster.w2, cluster.server, 6443) and reachable(cluster.w2, cluster.w1, 10250)
+        assert port_reachable(cluster.w2, cluster.server, 6443) and port_reachable(cluster.w2, cluster.w1, 10250)
     finally:
         cluster.stack.write_config(cluster.config([cluster.w1, cluster.w2]))
         cluster.w2.power_on(wait=True)
@@ -120,7 +117,7 @@ def test_a_removal_killed_halfway_is_finished_by_the_next_up_before_the_peers_dr
     killed = cluster.stack.hk3s("up", "--yes", kill_when="wiping k3s, its data")
     assert killed.killed, (killed.stderr or killed.output)[-3000:]
     # The peers still admit it: the firewalls wait for the removal.
-    assert reachable(w2, server, 6443) or reachable(w2, w1, 10250)
+    assert port_reachable(w2, server, 6443) or port_reachable(w2, w1, 10250)
 
     # The operator API's up clears what the killed run left (its lock, its pending operation).
     events: list[auto_events.EngineEvent] = []
@@ -151,8 +148,8 @@ def test_a_removal_killed_halfway_is_finished_by_the_next_up_before_the_peers_dr
     assert w2.run(["test", "-e", "/var/lib/rancher/k3s"], check=False).returncode != 0
     assert w2.run(["systemctl", "is-active", "k3s-agent"], check=False).stdout.strip() != "active"
     assert w2.run(["nft", "list", "table", "inet", "hk3s_node"], check=False).returncode != 0
-    assert not reachable(w2, server, 6443) and not reachable(w2, w1, 10250)
-    assert reachable(w1, server, 6443) and reachable(server, w1, 10250)
+    assert not port_reachable(w2, server, 6443) and not port_reachable(w2, w1, 10250)
+    assert port_reachable(w1, server, 6443) and port_reachable(server, w1, 10250)
     assert ready(server, "rm-worker-1")
 
     # Removing it again is a no-op: nothing to change.
