@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from lab.stack_harness import BIN, skip_without_lab_binaries
+from tests.lab_itself.ports import free_port, port_pair
 
 pytestmark = pytest.mark.lab
 
@@ -165,33 +166,14 @@ class Server:
         return BootstrapToken(m.group(1), m.group(2))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_pair() -> int:
-    """A port p such that p and p+1 are free (the supervisor and the apiserver behind it)."""
-    for _ in range(50):
-        p = _free_port()
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
-
-
 def _start_server(tmp: Path) -> Server:
-    https_port = _port_pair()
+    https_port = port_pair()
     config = tmp / "config.yaml"
     # The controller-manager and the scheduler get ports of their own: the default ones may
     # be taken on this machine by another stand-in server.
     config.write_text(
-        f"kube-controller-manager-arg:\n  - secure-port={_free_port()}\n"
-        f"kube-scheduler-arg:\n  - secure-port={_free_port()}\n"
+        f"kube-controller-manager-arg:\n  - secure-port={free_port()}\n"
+        f"kube-scheduler-arg:\n  - secure-port={free_port()}\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("K3S_") and k != "KUBECONFIG"}
     env["HK3S_LAB_KUBE_BIN"] = str(BIN_DIR)

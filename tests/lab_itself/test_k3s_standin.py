@@ -36,6 +36,7 @@ import pytest
 from cryptography import x509
 
 from lab.stack_harness import BIN, skip_without_lab_binaries
+from tests.lab_itself.ports import free_port, port_pair
 
 pytestmark = pytest.mark.lab
 
@@ -49,25 +50,6 @@ T = TypeVar("T")
 
 def _require_binaries() -> None:
     skip_without_lab_binaries("k3s", "kine", "kube-apiserver", "kube-controller-manager", "kubectl")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_pair() -> int:
-    """A port p such that p and p+1 are free (supervisor and apiserver)."""
-    for _ in range(50):
-        p = _free_port()
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
 
 
 def _alive(pid: int) -> bool:
@@ -186,9 +168,9 @@ class Cluster:
         data.mkdir(exist_ok=True)
         config = data / "config.yaml"
         # Part of the settings come from the config file, as the product writes them.
-        port = self.state[f"{name}-kubelet-port"] = _free_port()
+        port = self.state[f"{name}-kubelet-port"] = free_port()
         # Each agent's load balancer on a port of its own (on a host of its own, 6444).
-        lb_port = self.state[f"{name}-lb-port"] = _free_port()
+        lb_port = self.state[f"{name}-lb-port"] = free_port()
         config.write_text(f"node-ip: 127.0.0.1\nlb-server-port: {lb_port}\nkubelet-arg:\n  - port={port}\n")
         return [
             "agent",
@@ -272,13 +254,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     # The agents' node password (k3s: /etc/rancher/node/password), kept off this machine's /etc.
     env["HK3S_LAB_NODE_PASSWORD_FILE"] = str(tmp / "node-password")
     c = Cluster(tmp=tmp, env=env)
-    c.https_port = _port_pair()
+    c.https_port = port_pair()
     c.kubeconfig = tmp / "k3s.yaml"
     server_dir = tmp / "server"
     server_dir.mkdir()
     (tmp / "server-config.yaml").write_text(
         "tls-san:\n  - k3s-standin.test\n"
-        f"kube-controller-manager-arg:\n  - secure-port={_free_port()}\n"
+        f"kube-controller-manager-arg:\n  - secure-port={free_port()}\n"
         "flannel-backend: wireguard-native\n"
     )
     c.state["server-notify"] = _notify_socket(tmp / "server-notify.sock")
@@ -298,7 +280,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "--https-listen-port",
         str(c.https_port),
         "--kubelet-arg",
-        f"port={_free_port()}",
+        f"port={free_port()}",
         notify=c.state["server-notify"],
     )
     try:
@@ -507,7 +489,7 @@ def test_an_unreachable_server_is_named_at_debug_level_only(cluster: Cluster) ->
     balancer on 127.0.0.1; a server it cannot dial shows at the default level only as the
     agent's own request failing on the local address, and the dial error naming the server
     is logged at debug level."""
-    closed = _free_port()  # nothing listens there
+    closed = free_port()  # nothing listens there
     args = cluster.agent_args("worker-nolb", "K10" + "0" * 64 + "::abcdef.0123456789abcdef")
     args[args.index("--server") + 1] = f"https://127.0.0.1:{closed}"
     lb = f"127.0.0.1:{cluster.state['worker-nolb-lb-port']}"

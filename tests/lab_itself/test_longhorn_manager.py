@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ from typing import Any, TypeVar
 import pytest
 
 from lab.stack_harness import BIN, REPO, skip_without_lab_binaries
+from tests.lab_itself.ports import free_port, port_pair
 
 pytestmark = pytest.mark.lab
 
@@ -52,24 +52,6 @@ SETTINGS = {
     "disable-scheduling-on-cordoned-node": "true",
 }
 WAIT_INTERVAL = 12
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_pair() -> int:
-    for _ in range(50):
-        p = _free_port()
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
 
 
 @dataclass
@@ -209,11 +191,11 @@ def set_ready(cluster: Cluster, name: str, ready: bool) -> None:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     skip_without_lab_binaries("k3s", "kine", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
     tmp = tmp_path_factory.mktemp("longhorn-manager")
-    port = _port_pair()
+    port = port_pair()
     config = tmp / "config.yaml"
     config.write_text(
-        f"kube-controller-manager-arg:\n  - secure-port={_free_port()}\n"
-        f"kube-scheduler-arg:\n  - secure-port={_free_port()}\n"
+        f"kube-controller-manager-arg:\n  - secure-port={free_port()}\n"
+        f"kube-scheduler-arg:\n  - secure-port={free_port()}\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("K3S_") and k != "KUBECONFIG"}
     env["HK3S_LAB_KUBE_BIN"] = str(BIN)
