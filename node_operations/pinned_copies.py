@@ -35,11 +35,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from node_operations.longhorn_node_role import SERVER_TAG
 from remote_access.kube import ClusterApi, Repeat
 
 LONGHORN_NAMESPACE = "longhorn-system"
-# The Longhorn node tag of the server: single-copy volumes select it.
-SERVER_TAG = "hk3s-server"
 MOVING_ANNOTATION = "hk3s.dev/moving-to-server"
 MOVE_TIMEOUT_SECONDS = 3600.0  # a copy is rebuilt over the network: 100 GiB at 100 MB/s is 17 min
 POLL_SECONDS = 2.0

@@ -22,12 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from node_operations.longhorn_node_role import COPIES_TAG
 from node_operations.pinned_copies import node_room
 from remote_access.kube import ClusterApi, Repeat
 from remote_access.ssh import SshTarget, open_session
 
 LONGHORN_NAMESPACE = "longhorn-system"
-COPIES_TAG = "hk3s-copies"
 LOW_ROOM_BYTES = 5 * 1024**3
 # Longhorn's default for storage-minimal-available-percentage, when its Setting cannot be read.
 MINIMAL_AVAILABLE_DEFAULT = 25
