@@ -253,8 +253,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
         ),
     )
     server.install_k3s(after=firewall.in_place())
-    # A fenced worker may be powered off for good: the runs that add or remove others go on
-    # without logging in to it (its fence's record is what holds it, not its answer).
+    # A fenced worker may be off for good: runs that add or remove others never log in to it.
     fenced = settings.fenced_workers()
     node_access = server.check_node_access([w.endpoint for w in workers if w.endpoint.name not in fenced])
     server.upgrade_workers([worker.endpoint for worker in workers])

@@ -426,17 +426,7 @@ def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack)
                 on_output=console.output_line,
             )
         elif args.node_command == "remove":
-            force = bool(args.force)
-            proposed = stack.propose(lambda doc: doc.remove_worker(name, force=force), f"removing worker {name}")
-            question = (
-                f"Give {name} up (no drain, its host left as it is)?"
-                if force
-                else f"Remove {name} and release its data?"
-            )
-            _confirm_plan(console, stack, proposed, question, args.yes)
-            runs["up"] = lambda: stack.remove_worker(
-                name, force=force, on_event=console.event, on_output=console.output_line
-            )
+            runs["up"] = _removal(console, stack, name, force=bool(args.force), yes=args.yes)
         elif args.node_command == "fence":
             if args.accept_stale_data:
 
@@ -458,6 +448,17 @@ def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack)
     result = runs["up"]()
     console.result(run_data(result), run_text(result))
     return EXIT_OK
+
+
+def _removal(console: Console, stack: ClusterStack, name: str, *, force: bool, yes: bool) -> Callable[[], RunResult]:
+    """`node remove NAME [--force]`: the plan shown and confirmed, then the run that removes it
+    (with `force`, gives a fenced worker up)."""
+    proposed = stack.propose(lambda doc: doc.remove_worker(name, force=force), f"removing worker {name}")
+    question = (
+        f"Give {name} up (no drain, its host left as it is)?" if force else f"Remove {name} and release its data?"
+    )
+    _confirm_plan(console, stack, proposed, question, yes)
+    return lambda: stack.remove_worker(name, force=force, on_event=console.event, on_output=console.output_line)
 
 
 def _error_data(error: Exception) -> dict[str, Any]:
