@@ -26,6 +26,7 @@ from .values import (
     HOSTNAME,
     SHA256_HEX,
     SSH_PUBLIC_KEY,
+    HetznerServer,
     IPv4Addr,
     IPv4Cidr,
     K3sVersion,
@@ -398,6 +399,11 @@ class WorkerSettings(HostSettings):
         "its own fields win.",
     )
     holds_copies: bool = Field(True, description="False opts the worker out of holding volume copies (no disk check).")
+    hcloud_server: HetznerServer | None = Field(
+        None,
+        description="kind existing: the Hetzner server this host is (its id or name), so a fence powers it off "
+        "through the Hetzner API (hcloud:token) with no powered_off confirmation.",
+    )
     ignore_slow_disk: bool = Field(
         False,
         description="Let the worker hold copies on a disk over storage.disk_sync_p99_ms (recorded as an override), "

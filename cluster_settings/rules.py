@@ -70,6 +70,7 @@ def check_stack_rules(settings: StackSettings) -> list[SettingProblem]:
     return [
         *_check_names(settings),
         *_check_hosts(settings),
+        *_check_hetzner_servers(settings),
         *_check_addresses(settings),
         *_check_networks(settings),
         *_check_ssh(settings),
@@ -135,6 +136,29 @@ def _check_hosts(settings: StackSettings) -> Iterator[SettingProblem]:
                         f"{host.name} is a Hetzner server the program creates, so Hetzner assigns its "
                         f"addresses; remove {field} or set kind: existing",
                     )
+
+
+def _check_hetzner_servers(settings: StackSettings) -> Iterator[SettingProblem]:
+    """hcloud_server names the Hetzner server an existing worker is, once: a fence powers it off."""
+    named: dict[str, str] = {}
+    for worker in settings.all_workers():
+        if worker.hcloud_server is None:
+            continue
+        key = _host_key(settings, worker, "hcloud_server")
+        if worker.kind == "hetzner":
+            yield SettingProblem(
+                key,
+                f"{worker.name} is a Hetzner server the program creates, so the program knows its server; "
+                "remove hcloud_server (it is for kind: existing hosts that are Hetzner servers)",
+            )
+        elif worker.hcloud_server in named:
+            yield SettingProblem(
+                key,
+                f"Hetzner server {worker.hcloud_server} is already {named[worker.hcloud_server]}'s; a fence of "
+                f"{worker.name} would power off the other worker. Give each worker its own server",
+            )
+        else:
+            named[worker.hcloud_server] = worker.name
 
 
 def _check_addresses(settings: StackSettings) -> Iterator[SettingProblem]:

@@ -8,7 +8,7 @@ import ipaddress
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from node_operations.k3s_release import K3S_VERSION
 
@@ -182,7 +182,24 @@ def _labels(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
+def _hetzner_server_in(value: object) -> object:
+    # YAML gives an id as a number; it is kept as text, as a name is.
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _hetzner_server(value: str) -> str:
+    if value.isdigit() and int(value) > 0:
+        return value
+    if not value.isdigit() and HOSTNAME.match(value) and len(value) <= 63:
+        return value
+    raise ValueError(
+        f"{value!r} names no Hetzner server; give the server's id (e.g. 4711) or its name as Hetzner's "
+        "console shows it (a host name, e.g. 'worker-1')"
+    )
+
+
 NodeName = Annotated[str, AfterValidator(_node_name)]
+HetznerServer = Annotated[str, BeforeValidator(_hetzner_server_in), AfterValidator(_hetzner_server)]
 PoolName = Annotated[str, AfterValidator(_pool_name)]
 Taint = Annotated[str, AfterValidator(_taint)]
 Taints = Annotated[list[Taint], AfterValidator(_unique_taints)]

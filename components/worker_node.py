@@ -3,13 +3,16 @@ it may hold copies) its disk probe; its fence when the stack fences it."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 
+from cluster_settings.loading import SettingsError
 from cluster_settings.models import StackSettings, WorkerSettings
+from cluster_settings.rules import SettingProblem
 from components.cluster_server import ClusterServer, k3s_release
 from components.machine import provision_machine
 from components.node_endpoint import NodeEndpoint, SshCredentials
@@ -23,7 +26,30 @@ from providers.node_fence import NodeFence, NodeFenceInputs
 from providers.node_join import NodeJoin, NodeJoinInputs
 
 LONGHORN_DISK_PATH = "/var/lib/longhorn"
+HCLOUD_TOKEN = "hcloud:token"
 VALIDATION_TAINT = "hk3s.dev/validating=true:NoSchedule"
+
+
+def hetzner_api_access(worker: str) -> tuple[pulumi.Output[str], str | None]:
+    """The Hetzner API's token (a secret) and endpoint for fencing `worker`, read where the Hetzner
+    Pulumi provider reads them: hcloud:token and hcloud:endpoint, else HCLOUD_TOKEN and
+    HCLOUD_ENDPOINT in the environment. No token is a settings error: the fence cannot prove the
+    worker off without it."""
+    config = pulumi.Config("hcloud")
+    token = config.get_secret("token")
+    if token is None and os.environ.get("HCLOUD_TOKEN"):
+        token = pulumi.Output.secret(os.environ["HCLOUD_TOKEN"])
+    if token is None:
+        raise SettingsError(
+            [
+                SettingProblem(
+                    HCLOUD_TOKEN,
+                    f"hk3s:fences.{worker} fences a Hetzner server, which the fence powers off through the Hetzner "
+                    f"API, but there is no token; set it: pulumi config set --secret {HCLOUD_TOKEN} <token>",
+                )
+            ]
+        )
+    return token, config.get("endpoint") or os.environ.get("HCLOUD_ENDPOINT") or None
 
 
 @dataclass(frozen=True)
@@ -108,13 +134,17 @@ class WorkerNode(pulumi.ComponentResource):
             )
         fence = settings.fences.get(worker.name)
         if fence is not None:
+            hcloud_server = self.endpoint.hcloud_server_id if worker.kind == "hetzner" else worker.hcloud_server
+            token, endpoint = hetzner_api_access(worker.name) if hcloud_server is not None else (None, None)
             NodeFence(
                 f"{worker.name}-fence",
                 NodeFenceInputs(
                     login=login,
                     powered_off=fence.powered_off,
                     accept_stale_data=fence.accept_stale_data,
-                    hcloud_server_id=self.endpoint.hcloud_server_id,
+                    hcloud_server=hcloud_server,
+                    hcloud_token=token,
+                    hcloud_endpoint=endpoint,
                     kubeconfig=server.kubeconfig,
                     # The fence goes through the server's API, logged in as the join logs in there.
                     server_node=server.endpoint.name,

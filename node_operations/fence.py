@@ -19,6 +19,18 @@ worker is down; the program then proves it before anything moves. The order, and
      k3s agent from starting (even after a reboot), stops the agent and every container, and
      lists what is left (a container's process, a containerd shim, a Longhorn process, a pod
      mount); anything left stops the fence, named, before the taint.
+   - it is a Hetzner server (one the program created, or an existing host naming its server in
+     `hcloud_server`): the program proves it off itself, so no confirmation is asked. Before the
+     record, the server is looked up through the Hetzner API (a wrong token or server refuses
+     the fence unchanged). After it: if the host still answers over SSH, `k3s_fence.sh` first
+     writes the drop-in and stops the agent and every container (so the agent stays down even
+     if someone powers the server on again; what is left is reported, not fatal, as the power
+     goes next); then the server is powered off through the API (`poweroff`, which cuts the
+     power; never the ACPI `shutdown`, whose action finishing says only that the signal was
+     sent), the fence waits for the action and confirms the server's status reads `off`. A
+     failed action stops the fence (recorded, not tainted), naming the action's error; the
+     next `up` resumes it. Last, the server's dial of the worker's kubelet must fail: a kubelet
+     still answering means `hcloud_server` names another machine, and the fence stops there.
    - it does not answer: the operator must confirm it is powered off and stays off
      (`hk3s:fences.<worker>.powered_off`), and the server must fail to reach its kubelet at its
      recorded address: a kubelet that answers, an address that is not IPv4, or a check that
@@ -35,8 +47,7 @@ worker is down; the program then proves it before anything moves. The order, and
 Not in this release (no Longhorn stand-in in the lab to prove them against): the decision per
 workload with a single-node Longhorn volume on the worker (a current copy elsewhere, stale
 copies and `accept_stale_data`, Jobs suspended), the deletion of pods whose volume
-attachments are gone, and powering Hetzner servers off through the Hetzner API. Lifting a fence
-is node_operations/fence_lift.py.
+attachments are gone. Lifting a fence is node_operations/fence_lift.py.
 """
 
 from __future__ import annotations
@@ -48,7 +59,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from host_scripts import script_path
 from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
@@ -56,6 +67,7 @@ from node_operations.join_validation import KUBELET_PORT, KUBELET_SILENT, dial_k
 from node_operations.k3s_install import parse_results
 from node_operations.refusal import tagged
 from node_operations.worker_removal import worker_answers
+from remote_access.hetzner_api import HetznerAccess, HetznerApiError, power_off, server_state
 from remote_access.kube import ClusterApi, Repeat, Taint
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
@@ -87,6 +99,10 @@ class FenceOrder:
 
     powered_off: bool
     kubelet_address: str
+    hcloud_server: str | None = None
+    """The worker's Hetzner server (its id, or its name), when it is one: the fence powers it off."""
+    hcloud: HetznerAccess | None = None
+    """The Hetzner API's token and endpoint (hcloud:token, hcloud:endpoint)."""
 
 
 @dataclass(frozen=True)
@@ -198,7 +214,10 @@ class FenceReport:
     recorded_at: str = ""
     resumed: bool = False
     down_seconds: float | None = None
-    stopped_by: str = ""  # "ssh": stopped by the program; "powered-off": confirmed off by the operator
+    # "ssh": stopped by the program; "hetzner": powered off through the Hetzner API (after the
+    # drop-in, when the host answered); "powered-off": confirmed off by the operator
+    stopped_by: str = ""
+    hetzner_action: str = ""  # "<server> (id N): action M (stop_server)", or "<server> (id N) was off"
     pods_deleted: list[str] = field(default_factory=list)
     pods_staying: list[str] = field(default_factory=list)
     running_now: dict[str, list[str]] = field(default_factory=dict)  # controller -> "pod on node (phase)"
@@ -206,7 +225,10 @@ class FenceReport:
 
     def lines(self) -> list[str]:
         """The report, one line per fact."""
-        how = "stopped over SSH (agent held down by a drop-in)" if self.stopped_by == "ssh" else "confirmed powered off"
+        how = {
+            "ssh": "stopped over SSH (agent held down by a drop-in)",
+            "hetzner": f"powered off through the Hetzner API ({self.hetzner_action}), status off",
+        }.get(self.stopped_by, "confirmed powered off")
         down = f", NotReady for {self.down_seconds:.0f} s" if self.down_seconds is not None else ""
         lines = [
             f"fenced (recorded {self.recorded_at}{', resumed' if self.resumed else ''}{down}): {how}, tainted "
@@ -240,6 +262,7 @@ class WorkerFence:
         self.node, self.progress = worker.node, progress
         self.min_down, self.pods_timeout = min_down, pods_timeout
         self.report = FenceReport(worker.node)
+        self.answers_ssh = False
 
     async def _server_now(self) -> datetime:
         result = await self.server.run(["date", "-u", "+%s"], deadline=20)
@@ -269,6 +292,9 @@ class WorkerFence:
         elif (refusal := down_refusal(self.node, ready, now, self.min_down)) is not None:
             raise FenceRefusedError(self.node, refusal)
         silent = await worker_answers(self.worker)
+        if self.order.hcloud_server is not None:
+            await self._judge_hetzner(silent)
+            return
         if silent is None:
             self.report.stopped_by = "ssh"
             return
@@ -290,6 +316,67 @@ class WorkerFence:
         self.progress(f"confirmed powered off; its kubelet at {where} does not answer")
         self.report.stopped_by = "powered-off"
 
+    def _refuse(self, refusal: str) -> NoReturn:
+        if self.report.resumed:
+            # The record is there from an earlier run: not "nothing changed", but nothing more.
+            raise FenceStoppedError(
+                self.node, f"the fence recorded at {self.report.recorded_at} cannot go on: {refusal}"
+            )
+        raise FenceRefusedError(self.node, refusal)
+
+    async def _judge_hetzner(self, silent: str | None) -> None:
+        """A Hetzner worker: the API must know its server (before the record: a wrong token or
+        server changes nothing), and its kubelet address must be one the server can dial."""
+        server, access = str(self.order.hcloud_server), self.order.hcloud
+        if access is None or not access.token:
+            self._refuse(
+                f"{self.node} is Hetzner server {server}, which the fence powers off through the Hetzner API, but "
+                "the stack has no Hetzner token; set it (pulumi config set --secret hcloud:token <token>) and run up "
+                "again"
+            )
+        try:
+            state = await server_state(access, server)
+        except HetznerApiError as error:
+            self._refuse(f"{self.node}'s Hetzner server cannot be read: {error}")
+        if (refusal := address_refusal(self.node, self.order.kubelet_address)) is not None:
+            self._refuse(refusal)
+        self.answers_ssh = silent is None
+        answers = "answers over SSH" if silent is None else f"does not answer over SSH ({silent})"
+        self.progress(f"is Hetzner server {state.name} (id {state.id}, {state.status}) and {answers}")
+        self.report.stopped_by = "hetzner"
+
+    async def _stop_through_hetzner(self) -> None:
+        """Drop-in first when the host answers (the agent stays down should the server be powered
+        on again), then the power off, confirmed by the API and by a kubelet that no longer answers."""
+        if self.answers_ssh:
+            await self._stop_over_ssh(leftovers_stop=False)
+        assert self.order.hcloud is not None  # _judge_hetzner refuses without it
+        try:
+            state, action = await power_off(self.order.hcloud, str(self.order.hcloud_server), self.progress)
+        except HetznerApiError as error:
+            raise FenceStoppedError(
+                self.node,
+                f"the fence is recorded but powering the host off did not finish: {error}. The node is not tainted, "
+                "so nothing was started elsewhere; the next up resumes the fence",
+            ) from None
+        where = f"{state.name} (id {state.id})"
+        self.report.hetzner_action = (
+            f"{where}: action {action.id} ({action.command})" if action else f"{where} was off already"
+        )
+        self.progress(f"Hetzner server {self.report.hetzner_action}; its status reads off")
+        address = self.order.kubelet_address
+        dialled = await dial_kubelet(self.server, address)
+        if dialled is None or not dialled.startswith(KUBELET_SILENT):
+            seen = "still answers" if dialled is None else f"could not be checked ({dialled})"
+            raise FenceStoppedError(
+                self.node,
+                f"Hetzner server {where} is off, but {self.node}'s kubelet at {address}:{KUBELET_PORT} {seen} "
+                f"(checked from the server). If it answers, the worker's Hetzner server (hcloud_server) names another "
+                f"machine: fix it, power the wrong server back on, and stop {self.node} yourself. The node is not "
+                "tainted; run up again",
+            )
+        self.progress(f"its kubelet at {address}:{KUBELET_PORT} does not answer")
+
     async def _record(self) -> None:
         if self.report.recorded_at:
             return
@@ -300,7 +387,7 @@ class WorkerFence:
         self.report.recorded_at = recorded
         self.progress(f"fence recorded on the Node ({FENCE_ANNOTATION}={recorded})")
 
-    async def _stop_over_ssh(self) -> None:
+    async def _stop_over_ssh(self, *, leftovers_stop: bool = True) -> None:
         self.progress("stopping the k3s agent and every container; a drop-in keeps the agent down")
         try:
             async with open_session(self.worker) as session:
@@ -310,6 +397,9 @@ class WorkerFence:
                 self.node, f"the fence is recorded but stopping the host did not finish ({error}); run up again"
             ) from None
         left = parse_results(result.stdout).get("left", "").split()
+        if left and not leftovers_stop:
+            self.progress(f"left on the host, ended by the power off next: {', '.join(left)}")
+            return
         if left:
             raise FenceStoppedError(
                 self.node,
@@ -359,6 +449,8 @@ class WorkerFence:
         await self._record()
         if self.report.stopped_by == "ssh":
             await self._stop_over_ssh()
+        elif self.report.stopped_by == "hetzner":
+            await self._stop_through_hetzner()
         await self._let_pods_go()
         return self.report
 

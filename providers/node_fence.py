@@ -23,6 +23,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, Resource, Up
 from node_operations.fence import FenceOrder, fence_worker
 from node_operations.fence_lift import lift_fence
 from node_operations.join_validation import ValidatedNode
+from remote_access.hetzner_api import DEFAULT_ENDPOINT, HetznerAccess
 from providers.base import (
     CapabilityMissingError,
     NodeProvider,
@@ -48,7 +49,13 @@ class NodeFenceInputs(NodeInputs):
 
     powered_off: pulumi.Input[bool] = False
     accept_stale_data: pulumi.Input[bool] = False
-    hcloud_server_id: pulumi.Input[str] | None = None
+    hcloud_server: pulumi.Input[str] | None = None
+    """The worker's Hetzner server, its id or name (the id of a server the program created; an
+    existing host's hcloud_server): the fence powers it off through the Hetzner API."""
+    hcloud_token: pulumi.Input[str] | None = None
+    """A secret: hcloud:token, for the Hetzner API."""
+    hcloud_endpoint: pulumi.Input[str] | None = None
+    """hcloud:endpoint (None: Hetzner's own)."""
     kubeconfig: pulumi.Input[str]
     """A secret."""
     server_node: pulumi.Input[str]
@@ -78,6 +85,16 @@ class NodeFenceInputs(NodeInputs):
             kubelet_address=str(known(self.kubelet_address)),
         )
 
+    def fence_order(self) -> FenceOrder:
+        hcloud_server = known(self.hcloud_server)
+        token = known(self.hcloud_token)
+        return FenceOrder(
+            powered_off=bool(known(self.powered_off)),
+            kubelet_address=str(known(self.kubelet_address)),
+            hcloud_server=str(hcloud_server) if hcloud_server else None,
+            hcloud=HetznerAccess(str(token), str(known(self.hcloud_endpoint) or DEFAULT_ENDPOINT)) if token else None,
+        )
+
     def server(self) -> SshTarget:
         return other_node(self.login, self.server_node, self.server_address, self.server_ssh_port, self.server_host_key)
 
@@ -89,7 +106,7 @@ def _fence(props: dict[str, Any]) -> dict[str, Any]:
         fence_worker(
             inputs.server(),
             ssh_target(inputs.login),
-            FenceOrder(powered_off=bool(known(inputs.powered_off)), kubelet_address=str(known(inputs.kubelet_address))),
+            inputs.fence_order(),
             api_wait=float(known(inputs.api_wait_seconds) or API_WAIT_SECONDS),
             progress=functools.partial(progress, node),
         )
@@ -158,5 +175,5 @@ class NodeFence(Resource, module="hk3s", name="NodeFence"):
     stopped_services: pulumi.Output[list[str]]
 
     def __init__(self, resource_name: str, inputs: NodeFenceInputs, opts: pulumi.ResourceOptions | None = None) -> None:
-        props = resource_inputs(inputs, list(OUTPUTS), secrets=["kubeconfig"])
+        props = resource_inputs(inputs, list(OUTPUTS), secrets=["kubeconfig", "hcloud_token"])
         super().__init__(NodeFenceProvider(), resource_name, props, opts)

@@ -1,0 +1,270 @@
+"""A stand-in of the Hetzner Cloud API for the lab: an HTTP server on this machine that serves
+only the calls the program's client (remote_access/hetzner_api.py, through Hetzner's `hcloud`
+library) makes, for lab hosts registered as Hetzner servers. LAB ONLY: the product never
+imports it; it reaches it through hcloud:endpoint as it would reach Hetzner.
+
+What it serves, each as Hetzner's API reference (docs.hetzner.cloud) describes it:
+- Authentication ("Authentication"): every request needs `Authorization: Bearer <token>`; a
+  missing or wrong token is answered 401 `{"error": {"code": "unauthorized", "message":
+  "unable to authenticate", "details": {}}}`.
+- Errors ("Errors"): `{"error": {"code", "message", "details"}}` with the HTTP status of the
+  code: `not_found` 404 (an unknown server, action or path), `locked` 423 (an action while the
+  server's previous one still runs), `unauthorized` 401.
+- GET /servers/{id} ("Servers: Get a Server"): `{"server": {...}}` with id, name, status,
+  created, labels, locked. The status is the host's power, read when asked: `running` while the
+  lab host runs, `off` once it is powered off (never `off` before it really is).
+- GET /servers?name=NAME ("Servers: List Servers", `name` filter, exact match): `{"servers":
+  [...], "meta": {"pagination": {...}}}` (one page).
+- POST /servers/{id}/actions/poweroff and .../poweron ("Server Actions: Power off / Power on a
+  Server"): 201 `{"action": {...}}` with command `stop_server` / `start_server`, status
+  `running`, progress 0. The action runs on its own thread: after ACTION_SECONDS it powers the
+  lab host off (Host.power_off: the host's init killed, like pulling the cord) or on
+  (Host.power_on), then ends `success` (progress 100, `finished` set).
+- GET /actions/{id} ("Actions: Get an Action"): `{"action": {...}}`, status `running`, then
+  `success` or `error` with `error: {"code", "message"}`.
+- An injectable failure (`fail_actions`): every later power action of that server ends in
+  `error` with the given code and message and leaves the host as it was, until
+  `clear_failures`.
+
+What it does not model: every other endpoint (404), `shutdown`, `reset` and `reboot`, the
+rate limit (no RateLimit-* headers, never a 429), pagination beyond one page, a server's
+other fields (type, image, datacenter, networks, public_net), labels and label selectors,
+`protection`, the `deprecation` of API calls, and TLS (it serves plain HTTP on 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+# How long an action stays `running` before it acts (Hetzner's power actions take seconds).
+ACTION_SECONDS = 1.0
+
+
+class Machine(Protocol):
+    """What the stand-in powers: a lab host (lab.hosts.Host) or anything with the same calls."""
+
+    @property
+    def is_running(self) -> bool: ...
+
+    def power_off(self) -> None: ...
+
+    def power_on(self) -> None: ...
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S+00:00")
+
+
+@dataclass
+class StandinServer:
+    id: int
+    name: str
+    machine: Machine
+    created: str = field(default_factory=_now)
+    busy: bool = False  # an action of it runs
+    failure: tuple[str, str] | None = None
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "status": "running" if self.machine.is_running else "off",
+            "created": self.created,
+            "labels": {},
+            "locked": False,
+        }
+
+
+@dataclass
+class StandinAction:
+    id: int
+    command: str
+    server: int
+    status: str = "running"
+    progress: int = 0
+    started: str = field(default_factory=_now)
+    finished: str | None = None
+    error: dict[str, str] | None = None
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "command": self.command,
+            "status": self.status,
+            "progress": self.progress,
+            "started": self.started,
+            "finished": self.finished,
+            "resources": [{"id": self.server, "type": "server"}],
+            "error": self.error,
+        }
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+class HcloudStandin:
+    """The stand-in: `add_server` registers a lab host; `url` is what hcloud:endpoint takes."""
+
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token or secrets.token_hex(32)
+        self.servers: dict[int, StandinServer] = {}
+        self.actions: dict[int, StandinAction] = {}
+        self.requests: list[tuple[str, str]] = []  # (method, path) of every authenticated request
+        self._ids = itertools.count(4711)
+        self._action_ids = itertools.count(13)
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._http.daemon_threads = True
+        self._serving = threading.Thread(target=self._http.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._http.server_address[1]}/v1"
+
+    def start(self) -> HcloudStandin:
+        self._serving.start()
+        return self
+
+    def stop(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+        for thread in self._threads:
+            thread.join(timeout=60)
+
+    def add_server(self, name: str, machine: Machine) -> int:
+        """Register `machine` as the Hetzner server `name`; its id."""
+        with self._lock:
+            server = StandinServer(next(self._ids), name, machine)
+            self.servers[server.id] = server
+            return server.id
+
+    def fail_actions(self, server: int, code: str, message: str) -> None:
+        """Every later power action of `server` ends in `error` (`code`, `message`), the host untouched."""
+        self.servers[server].failure = (code, message)
+
+    def clear_failures(self, server: int) -> None:
+        self.servers[server].failure = None
+
+    def power_actions(self, server: int, command: str = "stop_server") -> list[StandinAction]:
+        """The actions `command` of `server` started, in order."""
+        return [a for a in self.actions.values() if a.server == server and a.command == command]
+
+    # The API.
+
+    def _server(self, raw: str) -> StandinServer:
+        server = self.servers.get(int(raw)) if raw.isdigit() else None
+        if server is None:
+            raise ApiError(404, "not_found", f"server with ID '{raw}' not found")
+        return server
+
+    def _route(self, method: str, path: str, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
+        parts = [part for part in path.split("/") if part]
+        if parts[:1] != ["v1"]:
+            raise ApiError(404, "not_found", "not found")
+        parts = parts[1:]
+        if method == "GET" and parts == ["servers"]:
+            names = query.get("name")
+            found = [s.view() for s in self.servers.values() if not names or s.name == names[0]]
+            pagination = {"page": 1, "per_page": 25, "previous_page": None, "next_page": None, "last_page": 1}
+            return 200, {"servers": found, "meta": {"pagination": {**pagination, "total_entries": len(found)}}}
+        if method == "GET" and len(parts) == 2 and parts[0] == "servers":
+            return 200, {"server": self._server(parts[1]).view()}
+        if method == "POST" and len(parts) == 4 and parts[0] == "servers" and parts[2] == "actions":
+            command = {"poweroff": "stop_server", "poweron": "start_server"}.get(parts[3])
+            if command is not None:
+                return 201, {"action": self._start_action(self._server(parts[1]), command).view()}
+        if method == "GET" and len(parts) == 2 and parts[0] == "actions" and parts[1].isdigit():
+            action = self.actions.get(int(parts[1]))
+            if action is None:
+                raise ApiError(404, "not_found", f"action with ID '{parts[1]}' not found")
+            return 200, {"action": action.view()}
+        raise ApiError(404, "not_found", "not found")
+
+    def _start_action(self, server: StandinServer, command: str) -> StandinAction:
+        with self._lock:
+            if server.busy:
+                raise ApiError(423, "locked", f"server {server.id} is locked by a running action")
+            server.busy = True
+            action = StandinAction(next(self._action_ids), command, server.id)
+            self.actions[action.id] = action
+        thread = threading.Thread(target=self._run_action, args=(server, action), daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        return action
+
+    def _run_action(self, server: StandinServer, action: StandinAction) -> None:
+        time.sleep(ACTION_SECONDS)
+        try:
+            if server.failure is not None:
+                code, message = server.failure
+                action.error, action.status = {"code": code, "message": message}, "error"
+                return
+            if action.command == "stop_server":
+                server.machine.power_off()
+            else:
+                server.machine.power_on()
+            action.progress, action.status = 100, "success"
+        except Exception as error:  # noqa: BLE001 - an action that could not act ends in error, as Hetzner's would
+            action.error, action.status = {"code": "action_failed", "message": str(error)}, "error"
+        finally:
+            action.finished = _now()
+            server.busy = False
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        standin = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _serve(self, method: str) -> None:
+                split = urlsplit(self.path)
+                try:
+                    if self.headers.get("Authorization") != f"Bearer {standin.token}":
+                        raise ApiError(401, "unauthorized", "unable to authenticate")
+                    standin.requests.append((method, split.path))
+                    status, body = standin._route(method, split.path, parse_qs(split.query))
+                except ApiError as error:
+                    status = error.status
+                    body = {"error": {"code": error.code, "message": error.message, "details": {}}}
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._serve("GET")
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                self._serve("POST")
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+                return
+
+        return Handler
+
+
+@contextmanager
+def running_standin(token: str | None = None) -> Iterator[HcloudStandin]:
+    """A started stand-in, stopped on the way out."""
+    standin = HcloudStandin(token).start()
+    try:
+        yield standin
+    finally:
+        standin.stop()

@@ -1,0 +1,217 @@
+"""The program's own calls to the Hetzner Cloud API, through Hetzner's official Python library
+(`hcloud`): find a server (by id, or by name), read its status, power it off or on, and wait
+for the action each power change starts.
+
+- The token is a Pulumi secret the caller passes in (hcloud:token, the setting the Hetzner
+  Pulumi provider reads); it goes only into the library's `Authorization: Bearer` header, never
+  into a message or a log line. The endpoint is hcloud:endpoint (default Hetzner's).
+- Every call has a deadline: each HTTP request a timeout, each action wait a bound number of
+  polls. The library retries what Hetzner says may be retried (a 429 `rate_limit_exceeded`,
+  `conflict`, 502/504, a network timeout) with backoff; anything else is reported at once.
+- Power changes are actions: POST /servers/{id}/actions/poweroff (or poweron) answers with an
+  `action` whose status goes from `running` to `success` or `error` (with `error.code` and
+  `error.message`). `poweroff` cuts the power like pulling the cord; the ACPI `shutdown` is
+  never used, since its action finishing says only that the signal was sent. After the action
+  succeeds, the server's own status must read `off`.
+- Every error names the server, the call or action, Hetzner's code and message, and the fix.
+
+The library's calls block, so they run in a worker thread (`asyncio.to_thread`); the client is
+made inside each call (a dynamic provider is pickled: no client may live on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hcloud import APIException, Client
+from hcloud.actions import ActionFailedException, ActionTimeoutException, BoundAction
+from hcloud.servers import BoundServer
+from requests import RequestException
+
+DEFAULT_ENDPOINT = "https://api.hetzner.cloud/v1"
+APPLICATION = "hk3s"
+# One request: 10 s to connect, 30 s for the answer (the library's default waits forever).
+REQUEST_TIMEOUT = (10.0, 30.0)
+POLL_SECONDS = 1.0
+# Hetzner's power actions finish within seconds; a minute and a half of polls is ample.
+ACTION_POLLS = 90
+# After a successful poweroff, how long the server's status may take to read `off`.
+STATUS_OFF_SECONDS = 30.0
+
+Progress = Callable[[str], None]
+
+
+class HetznerApiError(RuntimeError):
+    """A Hetzner API call failed or did not do what it must; the message names the server,
+    the call, Hetzner's answer and the fix (never the token)."""
+
+
+@dataclass(frozen=True)
+class HetznerAccess:
+    """How to reach the Hetzner API: the token (a secret: kept out of repr) and the endpoint."""
+
+    token: str
+    endpoint: str = DEFAULT_ENDPOINT
+
+    def __repr__(self) -> str:
+        return f"HetznerAccess(endpoint={self.endpoint!r}, token=<secret>)"
+
+    def client(self) -> Client:
+        return Client(
+            token=self.token,
+            api_endpoint=(self.endpoint or DEFAULT_ENDPOINT).rstrip("/"),
+            application_name=APPLICATION,
+            poll_interval=POLL_SECONDS,
+            poll_max_retries=ACTION_POLLS,
+            timeout=REQUEST_TIMEOUT,
+        )
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """A Hetzner server as the API reports it."""
+
+    id: int
+    name: str
+    status: str  # running, initializing, starting, stopping, off, deleting, migrating, rebuilding, unknown
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """A power action that finished with `success` (None: none was needed, the server was already there)."""
+
+    id: int
+    command: str
+
+
+def _answer(error: APIException) -> str:
+    return f"Hetzner answered {error.code}: {error.message}"
+
+
+def _fix(error: APIException) -> str:
+    if error.code in ("unauthorized", 401):
+        return "check hcloud:token (pulumi config set --secret hcloud:token <token>) and hcloud:endpoint"
+    if error.code in ("forbidden", 403):
+        return "the token is read-only or of another project: give a read & write token of the server's project"
+    if error.code in ("not_found", 404):
+        return "check that the server exists in the token's project and that the worker names the right one"
+    if error.code in ("rate_limit_exceeded", 429):
+        return "the project's API rate limit is spent; run up again in a minute"
+    return "check the server in Hetzner's console, then run up again"
+
+
+def _call_failed(what: str, server: str, error: Exception) -> HetznerApiError:
+    if isinstance(error, APIException):
+        return HetznerApiError(f"{what} of Hetzner server {server} failed: {_answer(error)}; {_fix(error)}")
+    # A network failure: requests names the URL, never the header holding the token.
+    return HetznerApiError(
+        f"{what} of Hetzner server {server} failed: the Hetzner API did not answer ({type(error).__name__}: "
+        f"{error}); check hcloud:endpoint and this machine's network, then run up again"
+    )
+
+
+def _find(client: Client, server: str) -> BoundServer:
+    """The server `server` names: its id (digits) or its name."""
+    try:
+        found = client.servers.get_by_id(int(server)) if server.isdigit() else client.servers.get_by_name(server)
+    except APIException as error:
+        if error.code == "not_found" and server.isdigit():
+            raise HetznerApiError(
+                f"there is no Hetzner server with id {server} in the token's project ({_answer(error)}); "
+                "check the worker's Hetzner server (hcloud_server) and hcloud:token"
+            ) from None
+        raise _call_failed("reading", server, error) from None
+    except RequestException as error:
+        raise _call_failed("reading", server, error) from None
+    if found is None:
+        raise HetznerApiError(
+            f"there is no Hetzner server named {server!r} in the token's project; check the worker's Hetzner "
+            "server (hcloud_server: its id or name) and hcloud:token"
+        )
+    return found
+
+
+def _state(server: BoundServer) -> ServerState:
+    return ServerState(id=int(server.id or 0), name=str(server.name), status=str(server.status))
+
+
+def _wait_action(action: BoundAction, server: ServerState, call: str) -> ActionResult:
+    where = f"Hetzner server {server.name} (id {server.id})"
+    try:
+        action.wait_until_finished()
+    except ActionFailedException:
+        failure = action.error
+        code = failure["code"] if failure else "no code"
+        message = failure["message"] if failure else ""
+        raise HetznerApiError(
+            f"the {call} action {action.id} ({action.command}) of {where} ended in error: "
+            f"{code}: {message or 'no message'}; the server may still be "
+            "running. Check it in Hetzner's console (or Hetzner's status page), then run up again"
+        ) from None
+    except ActionTimeoutException:
+        raise HetznerApiError(
+            f"the {call} action {action.id} ({action.command}) of {where} was still running after "
+            f"{ACTION_POLLS * POLL_SECONDS:.0f} s; check the server in Hetzner's console, then run up again"
+        ) from None
+    except (APIException, RequestException) as error:
+        raise _call_failed(f"waiting for the {call} action {action.id}", server.name, error) from None
+    return ActionResult(id=int(action.id or 0), command=str(action.command))
+
+
+def _power_off(access: HetznerAccess, server: str, progress: Progress) -> tuple[ServerState, ActionResult | None]:
+    client = access.client()
+    found = _find(client, server)
+    state = _state(found)
+    result = None
+    if state.status != "off":
+        progress(f"powering off Hetzner server {state.name} (id {state.id}, {state.status}) through the Hetzner API")
+        try:
+            action = client.servers.power_off(found)
+        except (APIException, RequestException) as error:
+            raise _call_failed("the poweroff", f"{state.name} (id {state.id})", error) from None
+        result = _wait_action(action, state, "poweroff")
+    deadline = time.monotonic() + STATUS_OFF_SECONDS
+    while True:
+        state = _state(_find(client, str(state.id)))
+        if state.status == "off":
+            return state, result
+        if time.monotonic() > deadline:
+            raise HetznerApiError(
+                f"Hetzner server {state.name} (id {state.id}) reads {state.status!r}, not 'off', "
+                f"{STATUS_OFF_SECONDS:.0f} s after its poweroff action succeeded; check it in Hetzner's console, "
+                "then run up again"
+            )
+        time.sleep(POLL_SECONDS)
+
+
+async def power_off(access: HetznerAccess, server: str, progress: Progress) -> tuple[ServerState, ActionResult | None]:
+    """Power `server` (an id or a name) off, wait for the action, and confirm its status reads
+    `off`; the action is None when the server was off already."""
+    return await asyncio.to_thread(_power_off, access, server, progress)
+
+
+def _power_on(access: HetznerAccess, server: str, progress: Progress) -> tuple[ServerState, ActionResult | None]:
+    client = access.client()
+    found = _find(client, server)
+    state = _state(found)
+    if state.status != "off":
+        return state, None
+    progress(f"powering on Hetzner server {state.name} (id {state.id}) through the Hetzner API")
+    try:
+        action = client.servers.power_on(found)
+    except (APIException, RequestException) as error:
+        raise _call_failed("the poweron", f"{state.name} (id {state.id})", error) from None
+    return _state(_find(client, str(state.id))), _wait_action(action, state, "poweron")
+
+
+async def power_on(access: HetznerAccess, server: str, progress: Progress) -> tuple[ServerState, ActionResult | None]:
+    """Power `server` on when it is off and wait for the action; None when it was not off."""
+    return await asyncio.to_thread(_power_on, access, server, progress)
+
+
+async def server_state(access: HetznerAccess, server: str) -> ServerState:
+    """The server `server` (an id or a name) names, and its status."""
+    return await asyncio.to_thread(lambda: _state(_find(access.client(), server)))
