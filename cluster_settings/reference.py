@@ -53,6 +53,7 @@ _VALIDATED_TYPE_NAMES = {
     "_ssh_address": "host or IP",
     "_ipv4_network": "IPv4 CIDR",
     "_ipv4_address": "IPv4 address",
+    "_hetzner_server": "Hetzner server id or name",
 }
 
 

@@ -219,7 +219,7 @@ class HcloudStandin:
             else:
                 server.machine.power_on()
             action.progress, action.status = 100, "success"
-        except Exception as error:  # noqa: BLE001 - an action that could not act ends in error, as Hetzner's would
+        except Exception as error:  # an action that could not act ends in error, as Hetzner's would
             action.error, action.status = {"code": "action_failed", "message": str(error)}, "error"
         finally:
             action.finished = _now()
@@ -254,7 +254,7 @@ class HcloudStandin:
                 self.rfile.read(length)
                 self._serve("POST")
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+            def log_message(self, format: str, *args: Any) -> None:
                 return
 
         return Handler

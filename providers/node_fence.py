@@ -23,7 +23,6 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, Resource, Up
 from node_operations.fence import FenceOrder, fence_worker
 from node_operations.fence_lift import lift_fence
 from node_operations.join_validation import ValidatedNode
-from remote_access.hetzner_api import DEFAULT_ENDPOINT, HetznerAccess
 from providers.base import (
     CapabilityMissingError,
     NodeProvider,
@@ -35,6 +34,7 @@ from providers.base import (
 )
 from providers.inputs import NodeInputs, known
 from providers.node_join import other_node
+from remote_access.hetzner_api import DEFAULT_ENDPOINT, HetznerAccess
 from remote_access.kube import API_WAIT_SECONDS
 from remote_access.ssh import SshTarget
 

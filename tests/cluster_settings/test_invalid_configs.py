@@ -126,6 +126,28 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     ("existing-host-ipv6", {"workers.1.address": "2001:db8::1"}, "hk3s:workers[1].address", "IPv6"),
     (
+        "hcloud-server-of-a-created-server",
+        {"workers.0.hcloud_server": 4711},
+        "hk3s:workers[0].hcloud_server",
+        "remove hcloud_server",
+    ),
+    (
+        "hcloud-server-not-a-name",
+        {"workers.1.hcloud_server": "no such/name"},
+        "hk3s:workers[1].hcloud_server",
+        "give the server's id",
+    ),
+    ("hcloud-server-id-zero", {"workers.1.hcloud_server": 0}, "hk3s:workers[1].hcloud_server", "its name"),
+    (
+        "hcloud-server-twice",
+        {
+            "workers.0": {"name": "metal-0", "kind": "existing", "address": "198.51.100.21", "hcloud_server": "m1"},
+            "workers.1.hcloud_server": "m1",
+        },
+        "hk3s:workers[1].hcloud_server",
+        "its own server",
+    ),
+    (
         "existing-host-hostname-as-address",
         {"workers.1.address": "metal.example.com"},
         "hk3s:workers[1].address",
@@ -286,6 +308,15 @@ def test_disk_sync_threshold_defaults_to_etcds_10_ms_and_takes_another(ssh_key_f
     config = _base(ssh_key_file)
     config["storage"] = {"disk_sync_p99_ms": 25}
     assert load_settings(config).storage.disk_sync_p99_ms == 25.0
+
+
+def test_an_existing_host_names_its_hetzner_server_by_id_or_name(ssh_key_file: Path) -> None:
+    config = _base(ssh_key_file)
+    config["workers"][1]["hcloud_server"] = 4711
+    config["workers"].append({"name": "metal-2", "kind": "existing", "address": "198.51.100.21"})
+    config["workers"][2]["hcloud_server"] = "metal-2.example"
+    workers = load_settings(config).all_workers()
+    assert [w.hcloud_server for w in workers] == [None, "4711", "metal-2.example"]
 
 
 def test_every_problem_is_reported_at_once(ssh_key_file: Path) -> None:

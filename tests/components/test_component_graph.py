@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cluster_settings import load_settings
+from cluster_settings import SettingsError, load_settings
 from components.program import build_cluster, read_credentials
 from remote_access.api_forward import forward_port
 from tests.components.mock_engine import Recording, fake_id, fake_ipv4, run_with_mocks
@@ -41,6 +41,15 @@ def _config(key_file: Path, **overrides: Any) -> dict[str, Any]:
 def _run(config: dict[str, Any]) -> Recording:
     settings = load_settings(config)
     return run_with_mocks(lambda: build_cluster(settings, read_credentials(settings)))
+
+
+@pytest.fixture(autouse=True)
+def hetzner_token(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The Hetzner token the fence of a Hetzner worker needs (read as the Hetzner provider reads
+    it: hcloud:token, else HCLOUD_TOKEN)."""
+    monkeypatch.setenv("HCLOUD_TOKEN", "test-hetzner-token")
+    monkeypatch.delenv("HCLOUD_ENDPOINT", raising=False)
+    return "test-hetzner-token"
 
 
 @pytest.fixture
@@ -220,7 +229,32 @@ def test_secrets_stay_secret(graph: Recording) -> None:
         assert reg.is_secret("__provider"), f"{reg.name}: serialized provider is not secret"
     assert "kubeconfig" in graph.by_name("srv-k3s").additional_secret_outputs
     assert graph.by_name("w1-fence").is_secret("kubeconfig")
+    assert graph.by_name("w1-fence").is_secret("hcloud_token")
     assert graph.by_name("storage-kubernetes").is_secret("kubeconfig")
+
+
+def test_the_fence_of_a_hetzner_worker_gets_its_server_and_the_token(graph: Recording) -> None:
+    fence = graph.by_name("w1-fence").inputs
+    assert fence["hcloud_server"] == fake_id("w1")
+    assert fence["hcloud_token"]["value"] == "test-hetzner-token"  # a secret (test_secrets_stay_secret)
+    assert fence.get("hcloud_endpoint") is None
+
+
+def test_an_existing_host_names_its_hetzner_server_for_the_fence(ssh_key_file: Path) -> None:
+    workers = [{"name": "metal", "kind": "existing", "address": METAL_ADDRESS, "hcloud_server": "metal-1"}]
+    graph = _run(_config(ssh_key_file, workers=workers, fences={"metal": {}}))
+    assert graph.by_name("metal-fence").inputs["hcloud_server"] == "metal-1"
+    plain = _run(_config(ssh_key_file, workers=[{**workers[0], "hcloud_server": None}], fences={"metal": {}}))
+    fence = plain.by_name("metal-fence").inputs
+    assert fence.get("hcloud_server") is None and fence["hcloud_token"]["value"] is None
+
+
+def test_fencing_a_hetzner_worker_without_a_token_is_a_settings_error(
+    ssh_key_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HCLOUD_TOKEN")
+    with pytest.raises(SettingsError, match=r"hcloud:token: hk3s:fences.w1 fences a Hetzner server"):
+        _run(_config(ssh_key_file))
 
 
 def test_every_resource_waits_for_the_worker_roster(graph: Recording) -> None:

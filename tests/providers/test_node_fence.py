@@ -78,3 +78,14 @@ def test_a_fence_that_cannot_reach_the_server_fails_naming_it() -> None:
     with pytest.raises(RuntimeError) as failed:
         NodeFenceProvider().create(fence_props(closed_port(), powered_off=True))
     assert str(failed.value).startswith("srv: "), failed.value
+
+
+def test_the_fence_order_carries_the_hetzner_server_and_api_access() -> None:
+    props = fence_props(closed_port(), powered_off=False)
+    props |= {"hcloud_server": "4711", "hcloud_token": "secret-token", "hcloud_endpoint": None}
+    order = NodeFenceInputs.from_props(props).fence_order()
+    assert order.hcloud_server == "4711" and order.hcloud is not None
+    assert order.hcloud.token == "secret-token" and order.hcloud.endpoint == "https://api.hetzner.cloud/v1"
+    assert "secret-token" not in repr(order)
+    plain = NodeFenceInputs.from_props(fence_props(closed_port(), powered_off=True)).fence_order()
+    assert plain.hcloud_server is None and plain.hcloud is None and plain.powered_off

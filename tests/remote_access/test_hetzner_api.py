@@ -107,9 +107,7 @@ def test_a_second_action_while_one_runs_is_locked(standin: HcloudStandin) -> Non
         off(standin, str(server))
 
 
-def test_a_server_not_off_after_its_action_is_reported(
-    standin: HcloudStandin, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_server_not_off_after_its_action_is_reported(standin: HcloudStandin, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hetzner_api, "STATUS_OFF_SECONDS", 2.0)
     server = standin.add_server("worker-6", FakeMachine(stuck=True))
     with pytest.raises(HetznerApiError, match=r"worker-6 \(id \d+\) reads 'running', not 'off'"):

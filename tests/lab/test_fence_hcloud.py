@@ -1,0 +1,209 @@
+"""Fencing Hetzner workers through the Hetzner API, through the real Pulumi engine: lab hosts
+registered as servers in the lab's Hetzner API stand-in (lab/hcloud_standin.py), which the
+program reaches at hcloud:endpoint with the token in hcloud:token (a stack secret), through its
+real client (remote_access/hetzner_api.py, Hetzner's own library) as it would reach Hetzner.
+
+One cluster for the module (the tests run in order): a server and two existing workers that
+name their Hetzner servers (hcloud_server: fh-w1 by id, fh-w2 by name), both agents stopped so
+their Nodes go NotReady.
+- fh-w1 still answers over SSH: fenced with no powered_off. The drop-in goes on over SSH, then
+  the stand-in sees one poweroff and the lab host is really off (no SSH, no process left); the
+  Node has the fence record and the out-of-service taint; the token is nowhere in plain text.
+- fh-w2 does not answer over SSH and its poweroff action fails (injected): the `up` fails naming
+  the action's error; the fence is recorded and nothing else was done (no taint, the host
+  running). With the failure gone, the next `up` resumes the fence and completes it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pytest
+import yaml
+from pulumi import automation as auto
+
+from lab.hcloud_standin import HcloudStandin, running_standin
+from lab.hosts import Host, Lab
+from lab.stack_harness import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
+from node_operations.fence import FENCE_ANNOTATION
+
+pytestmark = pytest.mark.lab
+
+K3S = "/usr/local/bin/k3s"
+DROP_IN = "etc/systemd/system/k3s-agent.service.d/hk3s-fence.conf"
+OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
+BLOCK_SSH = "add table inet labblock; add chain inet labblock input { type filter hook input priority -10; }; " + (
+    "add rule inet labblock input tcp dport 22 reject with tcp reset"
+)
+FAILURE = ("action_failed", "the server's host is in maintenance")
+
+
+def kubectl(server: Host, *args: str) -> str:
+    return server.run([K3S, "kubectl", *args], timeout=60).stdout
+
+
+def node(server: Host, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(kubectl(server, "get", "node", name, "-o", "json"))
+    return found
+
+
+def ready(server: Host, name: str) -> dict[str, Any]:
+    return next(c for c in node(server, name)["status"]["conditions"] if c["type"] == "Ready")
+
+
+def wait(what: str, check: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout:.0f} s")
+        time.sleep(1)
+
+
+def ssh_answers(host: Host) -> bool:
+    try:
+        with socket.create_connection((host.ssh_ip, 22), timeout=3) as connection:
+            return connection.recv(4).startswith(b"SSH")
+    except OSError:
+        return False
+
+
+@dataclass
+class Cluster:
+    stack: LabStack
+    standin: HcloudStandin
+    server: Host
+    w1: Host
+    w2: Host
+    ids: dict[str, int]
+    config: dict[str, Any]
+
+    def write(self) -> None:
+        """The hk3s config; the stack file's other keys (hcloud:*, the secrets' salt) kept."""
+        path = self.stack.project / f"Pulumi.{self.stack.name}.yaml"
+        old = yaml.safe_load(path.read_text()) if path.exists() else {}
+        self.stack.write_config(self.config)
+        new = yaml.safe_load(path.read_text())
+        new.update({key: value for key, value in (old or {}).items() if key != "config"})
+        new["config"].update({k: v for k, v in ((old or {}).get("config") or {}).items() if not k.startswith("hk3s:")})
+        path.write_text(yaml.safe_dump(new, sort_keys=False))
+
+    def fence(self, fences: dict[str, dict[str, bool]]) -> str:
+        """`up` with these fences; the run's output (it failed) or "" (it succeeded)."""
+        self.config["fences"] = fences
+        self.write()
+        self.stack.log.clear()
+        try:
+            self.stack.up()
+        except auto.CommandError as error:
+            return f"{self.stack.text()}\n{error}"
+        return ""
+
+    def not_fenced(self, worker: Host) -> None:
+        found = node(self.server, worker.name)
+        assert OUT_OF_SERVICE not in (found["spec"].get("taints") or []), found["spec"]
+
+
+@pytest.fixture(scope="module")
+def standin() -> Iterator[HcloudStandin]:
+    with running_standin() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab, standin: HcloudStandin, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
+    skip_without_lab_binaries()
+    server = lab.add_host(server_spec("fh-srv"))
+    w1, w2 = (lab.add_host(worker_spec(name)) for name in ("fh-w1", "fh-w2"))
+    lab.wait_ssh_ready([server, w1, w2])
+    ids = {host.name: standin.add_server(f"lab-{host.name}", host) for host in (w1, w2)}
+    stack = LabStack(tmp_path_factory.mktemp("fence-hcloud-stack"))
+    config = base_config(lab, server, [w1, w2])
+    # fh-w1 names its server by id, fh-w2 by name.
+    config["workers"][0]["hcloud_server"] = ids[w1.name]
+    config["workers"][1]["hcloud_server"] = f"lab-{w2.name}"
+    cluster = Cluster(stack, standin, server, w1, w2, ids, config)
+    cluster.write()
+    stack.stack().set_all_config(
+        {
+            "hcloud:token": auto.ConfigValue(standin.token, secret=True),
+            "hcloud:endpoint": auto.ConfigValue(standin.url),
+        }
+    )
+    up_or_fail(stack)
+    return cluster
+
+
+def test_a_hetzner_worker_is_powered_off_through_the_api_with_no_confirmation(cluster: Cluster) -> None:
+    server, w1, w2, standin = cluster.server, cluster.w1, cluster.w2, cluster.standin
+    for worker in (w1, w2):  # both down now: fh-w2's minute runs while fh-w1 is fenced
+        worker.run(["systemctl", "stop", "k3s-agent"])
+    for worker in (w1, w2):
+        wait(f"{worker.name} NotReady", lambda w=worker: ready(server, w.name)["status"] != "True", 90)  # type: ignore[misc]
+    since = datetime.fromisoformat(ready(server, w1.name)["lastTransitionTime"]).timestamp()
+    time.sleep(max(0.0, since + 62 - float(server.run(["date", "+%s"]).stdout)))
+    assert ssh_answers(w1)
+    started = time.monotonic()
+    output = cluster.fence({w1.name: {}})
+    elapsed = time.monotonic() - started
+    if output:
+        pytest.fail(output[-8000:])
+    text = cluster.stack.text()
+    print(f"fence up: {elapsed:.1f} s\n" + "\n".join(line for line in text.splitlines() if f"[{w1.name}]" in line))
+    # The drop-in went on over SSH first, then one poweroff through the API, waited for.
+    assert text.find(f"[{w1.name}] stopping the k3s agent") < text.find(f"[{w1.name}] powering off Hetzner server")
+    actions = standin.power_actions(cluster.ids[w1.name])
+    assert [(a.command, a.status) for a in actions] == [("stop_server", "success")], actions
+    assert (
+        f"powered off through the Hetzner API (lab-{w1.name} (id {cluster.ids[w1.name]}): action {actions[0].id}"
+        in text
+    )
+    # The host is really off: no SSH, no process of it left, and the drop-in on its disk.
+    assert not w1.is_running and w1.leader_pid is None
+    assert not ssh_answers(w1)
+    assert (w1.root / DROP_IN).is_file()
+    found = node(server, w1.name)
+    assert FENCE_ANNOTATION in found["metadata"]["annotations"]
+    assert OUT_OF_SERVICE in found["spec"]["taints"]
+    # The token is a secret: neither the run's output nor the state holds it in plain text.
+    assert standin.token not in text
+    state = "".join(path.read_text() for path in (cluster.stack.directory / "state").rglob("*.json"))
+    assert state and standin.token not in state
+    assert w2.is_running and standin.power_actions(cluster.ids[w2.name]) == []
+
+
+def test_a_failed_power_off_stops_the_fence_naming_the_actions_error(cluster: Cluster) -> None:
+    server, w2, standin = cluster.server, cluster.w2, cluster.standin
+    w2_id = cluster.ids[w2.name]
+    w2.run(["nft", BLOCK_SSH])  # fh-w2 no longer answers over SSH
+    standin.fail_actions(w2_id, *FAILURE)
+    output = cluster.fence({cluster.w1.name: {}, w2.name: {}})
+    assert output, "the up succeeded with a failed poweroff action"
+    action = standin.power_actions(w2_id)[0]
+    assert action.status == "error"
+    expected = f"the poweroff action {action.id} (stop_server) of Hetzner server lab-{w2.name} (id {w2_id}) ended"
+    assert expected in output and f"{FAILURE[0]}: {FAILURE[1]}" in output, output[-6000:]
+    assert "the fence is recorded but powering the host off did not finish" in output, output[-6000:]
+    assert f"hk3s:fences.{w2.name}.powered_off" not in output  # no confirmation asked of the operator
+    # Recorded, and nothing else: no taint, the host still running.
+    recorded = node(server, w2.name)["metadata"]["annotations"][FENCE_ANNOTATION]
+    cluster.not_fenced(w2)
+    assert w2.is_running
+
+    standin.clear_failures(w2_id)
+    output = cluster.fence({cluster.w1.name: {}, w2.name: {}})
+    if output:
+        pytest.fail(output[-8000:])
+    text = cluster.stack.text()
+    assert f"[{w2.name}] the fence recorded at {recorded} resumes" in text, text[-4000:]
+    assert [a.status for a in standin.power_actions(w2_id)] == ["error", "success"]
+    assert not w2.is_running
+    found = node(server, w2.name)
+    assert found["metadata"]["annotations"][FENCE_ANNOTATION] == recorded
+    assert OUT_OF_SERVICE in found["spec"]["taints"]
+    assert len(standin.power_actions(cluster.ids[cluster.w1.name])) == 1  # fh-w1's fence stays done
