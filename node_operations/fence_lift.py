@@ -4,7 +4,9 @@ The fence started the worker's workloads elsewhere; the worker comes back the wa
 brings a node in, so no pod lands on it before its checks pass. The order, and why:
 
 1. **It must answer over SSH**: only a host the program can log in to can be started and
-   checked; one that does not answer keeps its fence (power it on first).
+   checked; one that does not answer keeps its fence (power it on first). A Hetzner worker
+   (the fence powered it off through the Hetzner API) is powered on through the API first
+   when its server is off, and the lift waits for its SSH (`SSH_AFTER_POWER_ON_SECONDS`).
 2. **The validation taint goes on first** (`hk3s.dev/validating=true:NoSchedule`), before
    anything else changes: once the out-of-service taint comes off, no pod is scheduled there
    until the checks pass.
@@ -33,12 +35,15 @@ from node_operations.join_validation import TaintedNodeValidation, ValidatedNode
 from node_operations.k3s_install import parse_results
 from node_operations.refusal import tagged
 from node_operations.worker_removal import worker_answers
+from remote_access.hetzner_api import HetznerAccess, HetznerApiError, power_on
 from remote_access.kube import ClusterApi, NodeStatus, Repeat, Taint
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
 READY_DEADLINE_SECONDS = 180.0
 UNFENCE_SCRIPT_DEADLINE_SECONDS = 120.0
 POLL_SECONDS = 2.0
+# A powered-on server boots and starts sshd within a minute or two (Hetzner's images, the lab's hosts).
+SSH_AFTER_POWER_ON_SECONDS = 180.0
 
 Progress = Callable[[str], None]
 
@@ -122,11 +127,45 @@ class FenceLift:
         self.progress(f"fence lifted: rejoined ({', '.join(f'{k} {v}' for k, v in self.checks.items())})")
 
 
+async def _power_on_hetzner(worker: SshTarget, hcloud: HetznerAccess, server: str, progress: Progress) -> str | None:
+    """Power the worker's Hetzner server on when it is off, then wait for its SSH; None when it
+    answers, else why not."""
+    try:
+        state, action = await power_on(hcloud, server, progress)
+    except HetznerApiError as error:
+        raise FenceLiftError(
+            worker.node, f"the fence stays: powering {worker.node} on through the Hetzner API failed: {error}"
+        ) from None
+    if action is not None:
+        progress(f"Hetzner server {state.name} (id {state.id}) powered on (action {action.id}); waiting for SSH")
+    deadline = time.monotonic() + SSH_AFTER_POWER_ON_SECONDS
+    while (silent := await worker_answers(worker)) is not None:
+        if time.monotonic() > deadline:
+            raise FenceLiftError(
+                worker.node,
+                f"Hetzner server {state.name} (id {state.id}) reads {state.status}, but {worker.node} did not answer "
+                f"over SSH within {SSH_AFTER_POWER_ON_SECONDS:.0f} s ({silent}); the fence stays. Check the server "
+                "in Hetzner's console, then run up again",
+            )
+        await asyncio.sleep(POLL_SECONDS)
+    return None
+
+
 async def lift_fence(
-    server: SshTarget, worker: SshTarget, target: ValidatedNode, *, api_wait: float, progress: Progress
+    server: SshTarget,
+    worker: SshTarget,
+    target: ValidatedNode,
+    *,
+    api_wait: float,
+    progress: Progress,
+    hcloud: HetznerAccess | None = None,
+    hcloud_server: str | None = None,
 ) -> None:
-    """Lift `worker`'s fence through the server's API (see the module docstring)."""
+    """Lift `worker`'s fence through the server's API (see the module docstring); a Hetzner
+    worker (`hcloud_server`, reached with `hcloud`) is powered on first when it is off."""
     silent = await worker_answers(worker)
+    if silent is not None and hcloud is not None and hcloud_server is not None:
+        silent = await _power_on_hetzner(worker, hcloud, hcloud_server, progress)
     if silent is not None:
         if await _node_gone(server, worker.node, api_wait, progress):
             # Given up (force_remove) or deregistered: no fence is left to lift on a host that is

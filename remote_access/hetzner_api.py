@@ -204,7 +204,8 @@ def _power_on(access: HetznerAccess, server: str, progress: Progress) -> tuple[S
         action = client.servers.power_on(found)
     except (APIException, RequestException) as error:
         raise _call_failed("the poweron", f"{state.name} (id {state.id})", error) from None
-    return _state(_find(client, str(state.id))), _wait_action(action, state, "poweron")
+    result = _wait_action(action, state, "poweron")
+    return _state(_find(client, str(state.id))), result
 
 
 async def power_on(access: HetznerAccess, server: str, progress: Progress) -> tuple[ServerState, ActionResult | None]:

@@ -12,6 +12,8 @@ their Nodes go NotReady.
 - fh-w2 does not answer over SSH and its poweroff action fails (injected): the `up` fails naming
   the action's error; the fence is recorded and nothing else was done (no taint, the host
   running). With the failure gone, the next `up` resumes the fence and completes it.
+- fh-w1's fence entry removed: the lift powers its server on through the API, waits for its SSH,
+  and the worker rejoins (the drop-in gone, the Node Ready with neither taint nor record).
 """
 
 from __future__ import annotations
@@ -207,3 +209,23 @@ def test_a_failed_power_off_stops_the_fence_naming_the_actions_error(cluster: Cl
     assert found["metadata"]["annotations"][FENCE_ANNOTATION] == recorded
     assert OUT_OF_SERVICE in found["spec"]["taints"]
     assert len(standin.power_actions(cluster.ids[cluster.w1.name])) == 1  # fh-w1's fence stays done
+
+
+def test_lifting_the_fence_powers_the_hetzner_worker_on_and_it_rejoins(cluster: Cluster) -> None:
+    server, w1, w2, standin = cluster.server, cluster.w1, cluster.w2, cluster.standin
+    started = time.monotonic()
+    output = cluster.fence({w2.name: {}})
+    elapsed = time.monotonic() - started
+    if output:
+        pytest.fail(output[-8000:])
+    text = cluster.stack.text()
+    print(f"lift up: {elapsed:.1f} s\n" + "\n".join(line for line in text.splitlines() if f"[{w1.name}]" in line))
+    assert [a.status for a in standin.power_actions(cluster.ids[w1.name], "start_server")] == ["success"]
+    assert f"[{w1.name}] fence lifted: rejoined" in text, text[-4000:]
+    assert w1.is_running and not (w1.root / DROP_IN).exists()
+    found = node(server, w1.name)
+    assert ready(server, w1.name)["status"] == "True"
+    assert FENCE_ANNOTATION not in (found["metadata"].get("annotations") or {})
+    assert not {t["key"] for t in found["spec"].get("taints") or []} & {OUT_OF_SERVICE["key"], "hk3s.dev/validating"}
+    # fh-w2 stays fenced and off.
+    assert not w2.is_running and standin.power_actions(cluster.ids[w2.name], "start_server") == []
