@@ -186,6 +186,7 @@ def test_a_failed_power_off_stops_the_fence_naming_the_actions_error(cluster: Cl
     standin.fail_actions(w2_id, *FAILURE)
     output = cluster.fence({cluster.w1.name: {}, w2.name: {}})
     assert output, "the up succeeded with a failed poweroff action"
+    print("\n".join(line for line in output.splitlines() if "poweroff action" in line)[-3000:])
     action = standin.power_actions(w2_id)[0]
     assert action.status == "error"
     expected = f"the poweroff action {action.id} (stop_server) of Hetzner server lab-{w2.name} (id {w2_id}) ended"
