@@ -13,13 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    field_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from .values import (
     HETZNER_SPREAD_GROUP_MAX,
