@@ -18,7 +18,9 @@ worker is down; the program then proves it before anything moves. The order, and
    - it answers over SSH: `host_scripts/k3s_fence.sh` writes a systemd drop-in that keeps the
      k3s agent from starting (even after a reboot), stops the agent and every container, and
      lists what is left (a container's process, a containerd shim, a Longhorn process, a pod
-     mount); anything left stops the fence, named, before the taint.
+     mount); anything left stops the fence, named, before the taint. The host's boot marker is
+     recorded on the Node (`FENCE_BOOT_ANNOTATION`, the first seen), so the lift can tell
+     whether it has booted since.
    - it is a Hetzner server (one the program created, or an existing host naming its server in
      `hcloud_server`): the program proves it off itself, so no confirmation is asked. Before the
      record, the server is looked up through the Hetzner API (a wrong token or server refuses
@@ -65,6 +67,7 @@ from host_scripts import script_path
 from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
 from node_operations.join_validation import KUBELET_PORT, KUBELET_SILENT, dial_kubelet
 from node_operations.k3s_install import parse_results
+from node_operations.reboot import BOOT_MARKER_COMMAND
 from node_operations.refusal import tagged
 from node_operations.worker_removal import worker_answers
 from remote_access.hetzner_api import HetznerAccess, HetznerApiError, power_off, server_state
@@ -72,6 +75,10 @@ from remote_access.kube import ClusterApi, Repeat, Taint
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
 OUT_OF_SERVICE = Taint(OUT_OF_SERVICE_TAINT, "nodeshutdown", "NoExecute")
+# The boot the fence found the worker in when it stopped it over SSH (node_operations.reboot's boot
+# marker): lifting the fence reboots a host still in that boot, so nothing the fence stopped
+# half-way (a mount, a process a stop missed) outlives the fence.
+FENCE_BOOT_ANNOTATION = "hk3s.dev/fenced-boot"
 # How long a Node must have been NotReady: longer than a brief network loss or an agent restart.
 MIN_DOWN_SECONDS = 60.0
 FENCE_SCRIPT_DEADLINE_SECONDS = 180.0
@@ -217,6 +224,7 @@ class FenceReport:
     # "ssh": stopped by the program; "hetzner": powered off through the Hetzner API (after the
     # drop-in, when the host answered); "powered-off": confirmed off by the operator
     stopped_by: str = ""
+    boot: str = ""  # the boot marker recorded when the fence stopped the host over SSH
     hetzner_action: str = ""  # "<server> (id N): action M (stop_server)", or "<server> (id N) was off"
     pods_deleted: list[str] = field(default_factory=list)
     pods_staying: list[str] = field(default_factory=list)
@@ -263,6 +271,7 @@ class WorkerFence:
         self.min_down, self.pods_timeout = min_down, pods_timeout
         self.report = FenceReport(worker.node)
         self.answers_ssh = False
+        self.recorded_boot = ""
 
     async def _server_now(self) -> datetime:
         result = await self.server.run(["date", "-u", "+%s"], deadline=20)
@@ -283,7 +292,8 @@ class WorkerFence:
         recorded already), and how it is stopped."""
         node = await self._node_object()
         ready, now = ReadyCondition.of(node), await self._server_now()
-        recorded = ((node.get("metadata") or {}).get("annotations") or {}).get(FENCE_ANNOTATION)
+        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        recorded, self.recorded_boot = annotations.get(FENCE_ANNOTATION), annotations.get(FENCE_BOOT_ANNOTATION, "")
         if ready.status != "True" and ready.since is not None:
             self.report.down_seconds = (now - ready.since).total_seconds()
         if recorded:
@@ -392,10 +402,19 @@ class WorkerFence:
         try:
             async with open_session(self.worker) as session:
                 result = await session.run_script(script_path("k3s_fence.sh"), deadline=FENCE_SCRIPT_DEADLINE_SECONDS)
+                boot = " ".join((await session.run(["sh", "-c", BOOT_MARKER_COMMAND], deadline=20)).stdout.split())
         except SshError as error:
             raise FenceStoppedError(
                 self.node, f"the fence is recorded but stopping the host did not finish ({error}); run up again"
             ) from None
+        if not self.recorded_boot:
+            # The first boot seen stays: a resumed fence may find the host booted again since.
+            await self.api.kubectl(
+                ["annotate", "node", self.node, "--overwrite", f"{FENCE_BOOT_ANNOTATION}={boot}"],
+                repeat=Repeat.IDEMPOTENT,
+            )
+            self.recorded_boot = boot
+        self.report.boot = self.recorded_boot
         left = parse_results(result.stdout).get("left", "").split()
         if left and not leftovers_stop:
             self.progress(f"left on the host, ended by the power off next: {', '.join(left)}")

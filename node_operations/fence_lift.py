@@ -4,9 +4,9 @@ The fence started the worker's workloads elsewhere; the worker comes back the wa
 brings a node in, so no pod lands on it before its checks pass. The order, and why:
 
 1. **It must answer over SSH**: only a host the program can log in to can be started and
-   checked; one that does not answer keeps its fence (power it on first). A Hetzner worker
-   (the fence powered it off through the Hetzner API) is powered on through the API first
-   when its server is off, and the lift waits for its SSH (`SSH_AFTER_POWER_ON_SECONDS`).
+   checked; one that does not answer keeps its fence (power it on first: a Hetzner worker the
+   fence powered off too, since the run's access check of the recorded nodes, before any
+   lift, needs every unfenced worker to answer).
 2. **The validation taint goes on first** (`hk3s.dev/validating=true:NoSchedule`), before
    anything else changes: once the out-of-service taint comes off, no pod is scheduled there
    until the checks pass.
@@ -18,8 +18,14 @@ brings a node in, so no pod lands on it before its checks pass. The order, and w
 Every step is idempotent, so a lift cut anywhere finishes on the next `up`; a worker whose
 Node is gone (removed from the stack in the same run) has nothing left to lift.
 
-Not in this release: rebooting a host that has not booted since the fence, and the
-workloads a fence kept stopped (none are kept stopped until the Longhorn decisions land).
+Before step 2, a host the fence stopped over SSH that has not booted since (its boot marker
+still the one the fence recorded, `FENCE_BOOT_ANNOTATION`) is rebooted and the lift waits for
+its new boot: whatever the fence's stop left behind does not outlive the fence (the drop-in keeps
+the agent down through that reboot). A host the fence did not reach over SSH records no boot: it
+was off, so it has booted since.
+
+Not in this release: the workloads a fence kept stopped (none are kept stopped until the
+Longhorn decisions land).
 """
 
 from __future__ import annotations
@@ -30,20 +36,20 @@ import time
 from collections.abc import Callable
 
 from host_scripts import script_path
-from node_operations.fence import FENCE_ANNOTATION, OUT_OF_SERVICE
+from node_operations.fence import FENCE_ANNOTATION, FENCE_BOOT_ANNOTATION, OUT_OF_SERVICE
 from node_operations.join_validation import TaintedNodeValidation, ValidatedNode, ValidationError
 from node_operations.k3s_install import parse_results
+from node_operations.reboot import BOOT_MARKER_COMMAND
 from node_operations.refusal import tagged
 from node_operations.worker_removal import worker_answers
-from remote_access.hetzner_api import HetznerAccess, HetznerApiError, power_on
 from remote_access.kube import ClusterApi, NodeStatus, Repeat, Taint
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
 READY_DEADLINE_SECONDS = 180.0
 UNFENCE_SCRIPT_DEADLINE_SECONDS = 120.0
 POLL_SECONDS = 2.0
-# A powered-on server boots and starts sshd within a minute or two (Hetzner's images, the lab's hosts).
-SSH_AFTER_POWER_ON_SECONDS = 180.0
+# A rebooted host boots and starts sshd within a minute or two (Hetzner's images, the lab's hosts).
+BOOT_WAIT_SECONDS = 180.0
 
 Progress = Callable[[str], None]
 
@@ -120,52 +126,65 @@ class FenceLift:
         out = await self.cluster.kubectl(["get", "node", self.node, "-o", "json"], repeat=Repeat.READ)
         if FENCE_ANNOTATION in (json.loads(out)["metadata"].get("annotations") or {}):
             # A merge patch to null: repeated after an outage it finds the annotation gone and changes nothing.
-            unset = json.dumps({"metadata": {"annotations": {FENCE_ANNOTATION: None}}})
+            unset = json.dumps({"metadata": {"annotations": {FENCE_ANNOTATION: None, FENCE_BOOT_ANNOTATION: None}}})
             await self.cluster.kubectl(
                 ["patch", "node", self.node, "--type", "merge", "-p", unset], repeat=Repeat.IDEMPOTENT
             )
         self.progress(f"fence lifted: rejoined ({', '.join(f'{k} {v}' for k, v in self.checks.items())})")
 
 
-async def _power_on_hetzner(worker: SshTarget, hcloud: HetznerAccess, server: str, progress: Progress) -> str | None:
-    """Power the worker's Hetzner server on when it is off, then wait for its SSH; None when it
-    answers, else why not."""
+async def _boot(worker: SshTarget) -> str | None:
+    """The host's boot marker, or None when it does not answer."""
     try:
-        state, action = await power_on(hcloud, server, progress)
-    except HetznerApiError as error:
-        raise FenceLiftError(
-            worker.node, f"the fence stays: powering {worker.node} on through the Hetzner API failed: {error}"
-        ) from None
-    if action is not None:
-        progress(f"Hetzner server {state.name} (id {state.id}) powered on (action {action.id}); waiting for SSH")
-    deadline = time.monotonic() + SSH_AFTER_POWER_ON_SECONDS
-    while (silent := await worker_answers(worker)) is not None:
+        async with open_session(worker) as session:
+            result = await session.run(["sh", "-c", BOOT_MARKER_COMMAND], deadline=20)
+    except SshError:
+        return None
+    return " ".join(result.stdout.split())
+
+
+async def reboot_unless_booted(worker: SshTarget, cluster: ClusterApi, progress: Progress) -> None:
+    """Reboot the host when it is still in the boot the fence recorded, and wait for its new boot."""
+    out = await cluster.kubectl(["get", "node", worker.node, "-o", "json", "--ignore-not-found"], repeat=Repeat.READ)
+    recorded = (
+        ((json.loads(out).get("metadata") or {}).get("annotations") or {}).get(FENCE_BOOT_ANNOTATION)
+        if out.strip()
+        else None
+    )
+    if not recorded:
+        return
+    current = await _boot(worker)
+    if current is None:
+        raise FenceLiftError(worker.node, "its boot could not be read over SSH; the fence stays. Run up again")
+    if current != recorded:
+        progress("it has booted since the fence: no reboot needed")
+        return
+    progress(
+        f"it has not booted since the fence (boot {recorded}): rebooting it first; the drop-in keeps the agent down"
+    )
+    try:
+        async with open_session(worker) as session:
+            await session.run(["systemctl", "reboot", "--no-block"], deadline=30)
+    except SshError as error:
+        # The host may cut the connection as it goes down; its boot marker below says whether it rebooted.
+        progress(f"the connection ended with the reboot command ({error})")
+    deadline = time.monotonic() + BOOT_WAIT_SECONDS
+    while (boot := await _boot(worker)) in (None, recorded):
         if time.monotonic() > deadline:
             raise FenceLiftError(
                 worker.node,
-                f"Hetzner server {state.name} (id {state.id}) reads {state.status}, but {worker.node} did not answer "
-                f"over SSH within {SSH_AFTER_POWER_ON_SECONDS:.0f} s ({silent}); the fence stays. Check the server "
-                "in Hetzner's console, then run up again",
+                f"the host did not come back from its reboot over SSH within {BOOT_WAIT_SECONDS:.0f} s; the "
+                "fence stays (the drop-in keeps the agent down). Check its console, then run up again",
             )
         await asyncio.sleep(POLL_SECONDS)
-    return None
+    progress(f"rebooted (boot {boot})")
 
 
 async def lift_fence(
-    server: SshTarget,
-    worker: SshTarget,
-    target: ValidatedNode,
-    *,
-    api_wait: float,
-    progress: Progress,
-    hcloud: HetznerAccess | None = None,
-    hcloud_server: str | None = None,
+    server: SshTarget, worker: SshTarget, target: ValidatedNode, *, api_wait: float, progress: Progress
 ) -> None:
-    """Lift `worker`'s fence through the server's API (see the module docstring); a Hetzner
-    worker (`hcloud_server`, reached with `hcloud`) is powered on first when it is off."""
+    """Lift `worker`'s fence through the server's API (see the module docstring)."""
     silent = await worker_answers(worker)
-    if silent is not None and hcloud is not None and hcloud_server is not None:
-        silent = await _power_on_hetzner(worker, hcloud, hcloud_server, progress)
     if silent is not None:
         if await _node_gone(server, worker.node, api_wait, progress):
             # Given up (force_remove) or deregistered: no fence is left to lift on a host that is
@@ -178,9 +197,11 @@ async def lift_fence(
             f"host up; the fence stays. Power it on (or bring its SSH back) and run up again, or put "
             f"hk3s:fences.{worker.node} back",
         )
-    async with open_session(server) as server_session, open_session(worker) as worker_session:
+    async with open_session(server) as server_session:
         cluster = ClusterApi(server_session, progress=progress, api_wait=api_wait)
-        await FenceLift(target, worker_session, server_session, cluster, progress).run()
+        await reboot_unless_booted(worker, cluster, progress)
+        async with open_session(worker) as worker_session:
+            await FenceLift(target, worker_session, server_session, cluster, progress).run()
 
 
 async def _node_gone(server: SshTarget, node: str, api_wait: float, progress: Progress) -> bool:

@@ -154,7 +154,6 @@ class NodeFenceProvider(NodeProvider):
                 "lifting a fence recorded by an earlier release (put hk3s:fences back, run up once, then remove it)",
                 FENCE_CAPABILITY,
             )
-        order = inputs.fence_order()
         run_operation(
             lift_fence(
                 inputs.server(),
@@ -162,8 +161,6 @@ class NodeFenceProvider(NodeProvider):
                 inputs.validated_node(),
                 api_wait=float(known(inputs.api_wait_seconds) or API_WAIT_SECONDS),
                 progress=functools.partial(progress, node),
-                hcloud=order.hcloud,
-                hcloud_server=order.hcloud_server,
             )
         )
         return None
