@@ -299,6 +299,15 @@ class LabStack:
         # As scripts/stack.sh: more than the engine's default 8 operations at once.
         return self.stack().up(color="never", on_output=record, parallel=PARALLEL)
 
+    def up_output(self) -> str:
+        """`up` with a fresh log: the run's output and error when it failed, "" when it succeeded."""
+        self.log.clear()
+        try:
+            self.up()
+        except auto.CommandError as error:
+            return f"{self.text()}\n{error}"
+        return ""
+
     def preview(self) -> auto.PreviewResult:
         return self.stack().preview(color="never", on_output=self.log.append)
 

@@ -29,16 +29,15 @@ way, so a move cut anywhere (even SIGKILL) is finished by the next call.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from node_operations.longhorn_node_role import SERVER_TAG
+from node_operations.longhorn_objects import LONGHORN_NAMESPACE, disks, longhorn_items
 from remote_access.kube import ClusterApi, Repeat
 
-LONGHORN_NAMESPACE = "longhorn-system"
 MOVING_ANNOTATION = "hk3s.dev/moving-to-server"
 MOVE_TIMEOUT_SECONDS = 3600.0  # a copy is rebuilt over the network: 100 GiB at 100 MB/s is 17 min
 POLL_SECONDS = 2.0
@@ -85,33 +84,17 @@ def pinned_copies_on(
     return sorted(found, key=lambda copy: copy.volume)
 
 
-def node_room(server: Mapping[str, Any], minimal_available_percent: int) -> int:
-    """Bytes a Longhorn node's roomiest schedulable disk can still take a copy of, by Longhorn's rules:
-    what stays available keeps the minimal share free, and what is scheduled stays within the
-    disk's size less its reserved storage."""
-    spec, status = server.get("spec") or {}, server.get("status") or {}
+def node_room(node: Mapping[str, Any], minimal_available_percent: int) -> int:
+    """Bytes a Longhorn node's roomiest schedulable disk can still take a copy of, by Longhorn's
+    rules (`Disk.room`); 0 for a node that takes no new copies."""
+    spec = node.get("spec") or {}
     if spec.get("allowScheduling") is False or spec.get("evictionRequested"):
         return 0
-    room = 0
-    for disk_name, disk in (spec.get("disks") or {}).items():
-        figures = (status.get("diskStatus") or {}).get(disk_name) or {}
-        if disk.get("allowScheduling") is False or disk.get("evictionRequested") or not figures:
-            continue
-        maximum, available = int(figures.get("storageMaximum") or 0), int(figures.get("storageAvailable") or 0)
-        scheduled, reserved = int(figures.get("storageScheduled") or 0), int(disk.get("storageReserved") or 0)
-        free = available - maximum * minimal_available_percent // 100
-        schedulable = maximum - reserved - scheduled
-        room = max(room, min(free, schedulable))
-    return max(room, 0)
+    return max((disk.room(minimal_available_percent) for disk in disks(node)), default=0)
 
 
 def _gib(size: int) -> str:
     return f"{size / 1024**3:.1f} GiB"
-
-
-async def _items(api: ClusterApi, kind: str) -> list[dict[str, Any]]:
-    out = await api.kubectl(["get", kind, "-n", LONGHORN_NAMESPACE, "-o", "json"], repeat=Repeat.READ)
-    return list(json.loads(out).get("items", []))
 
 
 async def _patch_volume(api: ClusterApi, name: str, replicas: int, moving: bool) -> None:
@@ -133,7 +116,9 @@ async def move_pinned_copies(
 ) -> list[str]:
     """Move the copies pinned to `server` off `node` (see the module docstring); the volumes moved.
     Raises PinnedCopyRefusedError, with nothing changed, when the server has no room for them."""
-    pinned = pinned_copies_on(node, await _items(api, "volumes.longhorn.io"), await _items(api, "replicas.longhorn.io"))
+    pinned = pinned_copies_on(
+        node, await longhorn_items(api, "volumes.longhorn.io"), await longhorn_items(api, "replicas.longhorn.io")
+    )
     if not pinned:
         return []
     detached = [copy.volume for copy in pinned if not copy.attached]
@@ -143,7 +128,7 @@ async def move_pinned_copies(
             "only while its volume is attached: start the workload that uses it (which attaches it) and reboot "
             f"again, or move the copy to {server} in Longhorn first"
         )
-    nodes = {n["metadata"]["name"]: n for n in await _items(api, "nodes.longhorn.io")}
+    nodes = {n["metadata"]["name"]: n for n in await longhorn_items(api, "nodes.longhorn.io")}
     to_start = [copy for copy in pinned if not copy.moving]
     need, room = sum(copy.size for copy in to_start), node_room(nodes.get(server) or {}, minimal_available_percent)
     if need > room:
@@ -159,7 +144,7 @@ async def move_pinned_copies(
         deadline = time.monotonic() + timeout
         while not [
             r
-            for r in await _items(api, "replicas.longhorn.io")
+            for r in await longhorn_items(api, "replicas.longhorn.io")
             if r["spec"].get("volumeName") == copy.volume and r["spec"].get("nodeID") == server and _healthy(r)
         ]:
             if time.monotonic() > deadline:

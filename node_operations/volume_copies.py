@@ -17,17 +17,16 @@ nodes that could hold the volume's copies, so the operator sees what to fix.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from node_operations.longhorn_node_role import COPIES_TAG
+from node_operations.longhorn_objects import longhorn_items
 from node_operations.pinned_copies import node_room
-from remote_access.kube import ClusterApi, Repeat
+from remote_access.kube import ClusterApi
 from remote_access.ssh import SshTarget, open_session
 
-LONGHORN_NAMESPACE = "longhorn-system"
 LOW_ROOM_BYTES = 5 * 1024**3
 # Longhorn's default for storage-minimal-available-percentage, when its Setting cannot be read.
 MINIMAL_AVAILABLE_DEFAULT = 25
@@ -128,13 +127,14 @@ async def read_copies_warnings(server: SshTarget, api_wait: float) -> list[str]:
     """The copies warnings of the cluster the server runs (see the module docstring)."""
     async with open_session(server) as session:
         cluster = ClusterApi(session, api_wait=api_wait)
-
-        async def items(kind: str) -> list[dict[str, Any]]:
-            out = await cluster.kubectl(["get", kind, "-n", LONGHORN_NAMESPACE, "-o", "json"], repeat=Repeat.READ)
-            return list(json.loads(out).get("items") or [])
-
-        volumes, replicas = await items("volumes.longhorn.io"), await items("replicas.longhorn.io")
-        nodes, settings = await items("nodes.longhorn.io"), await items("settings.longhorn.io")
+        volumes, replicas = (
+            await longhorn_items(cluster, "volumes.longhorn.io"),
+            await longhorn_items(cluster, "replicas.longhorn.io"),
+        )
+        nodes, settings = (
+            await longhorn_items(cluster, "nodes.longhorn.io"),
+            await longhorn_items(cluster, "settings.longhorn.io"),
+        )
     minimal = next(
         (int(s.get("value") or 0) for s in settings if s["metadata"]["name"] == "storage-minimal-available-percentage"),
         MINIMAL_AVAILABLE_DEFAULT,

@@ -36,12 +36,12 @@ from typing import Any
 
 from node_operations.drain import blocking_budgets, names_to_evict
 from node_operations.health import FENCE_ANNOTATION
+from node_operations.longhorn_objects import LONGHORN_NAMESPACE, Disk, disks, longhorn_items
 from node_operations.refusal import tagged
 from node_operations.teardown import wipe_node
 from remote_access.kube import ClusterApi, Repeat
 from remote_access.ssh import RemoteCommandError, SshError, SshSession, SshTarget, open_session
 
-LONGHORN_NAMESPACE = "longhorn-system"
 LONGHORN_NODE_CRD = "nodes.longhorn.io"
 DRAIN_TIMEOUT_SECONDS = 300.0
 ANSWER_SECONDS = 20.0
@@ -93,42 +93,6 @@ class RemovalReport:
         return lines
 
 
-@dataclass(frozen=True)
-class _Disk:
-    available: int
-    maximum: int
-    reserved: int
-    scheduled: int
-    schedulable: bool
-
-
-def _disks(node: Mapping[str, Any]) -> list[_Disk]:
-    spec_disks = (node.get("spec") or {}).get("disks") or {}
-    status_disks = (node.get("status") or {}).get("diskStatus") or {}
-    disks = []
-    for name, spec in spec_disks.items():
-        status = status_disks.get(name) or {}
-        disks.append(
-            _Disk(
-                available=int(status.get("storageAvailable") or 0),
-                maximum=int(status.get("storageMaximum") or 0),
-                reserved=int(spec.get("storageReserved") or 0),
-                scheduled=int(status.get("storageScheduled") or 0),
-                schedulable=bool(spec.get("allowScheduling", True)) and not spec.get("evictionRequested"),
-            )
-        )
-    return disks
-
-
-def _disk_takes(disk: _Disk, size: int, minimal_available_percent: int) -> bool:
-    """Longhorn's own scheduling test for one more copy of `size` bytes on a disk: the
-    scheduled total stays within the disk less its reserve (over-provisioning at Longhorn's
-    default of 100 %), and the free space left stays above the minimal-available share."""
-    within_reserve = disk.scheduled + size <= disk.maximum - disk.reserved
-    keeps_minimum = disk.available - size >= disk.maximum * minimal_available_percent / 100
-    return disk.schedulable and within_reserve and keeps_minimum
-
-
 def copies_that_cannot_move(
     leaving: Collection[str],
     volumes: Sequence[Mapping[str, Any]],
@@ -145,7 +109,7 @@ def copies_that_cannot_move(
     for replica in replicas:
         spec = replica.get("spec") or {}
         holders.setdefault(str(spec.get("volumeName")), set()).add(str(spec.get("nodeID")))
-    disks = {node["metadata"]["name"]: _disks(node) for node in nodes}
+    node_disks = {node["metadata"]["name"]: disks(node) for node in nodes}
     problems = []
     for volume in sorted(volumes, key=lambda v: str(v["metadata"]["name"])):
         name = str(volume["metadata"]["name"])
@@ -174,15 +138,15 @@ def copies_that_cannot_move(
             room = [
                 (node["metadata"]["name"], index)
                 for node in tagged
-                for index, disk in enumerate(disks[node["metadata"]["name"]])
-                if _disk_takes(disk, size, minimal_available_percent)
+                for index, disk in enumerate(node_disks[node["metadata"]["name"]])
+                if disk.takes(size, minimal_available_percent)
             ]
             if not room:
                 problems.append(f"volume {name}: no node it may use has room for its {size / 2**30:.1f} GiB")
                 break
             chosen, index = room[0]
-            disk = disks[chosen][index]
-            disks[chosen][index] = _Disk(
+            disk = node_disks[chosen][index]
+            node_disks[chosen][index] = Disk(
                 disk.available - size, disk.maximum, disk.reserved, disk.scheduled + size, disk.schedulable
             )
             tagged = [node for node in tagged if node["metadata"]["name"] != chosen]
@@ -214,9 +178,7 @@ class WorkerRemoval:
         self.also_leaving = tuple(also_leaving)
 
     async def _items(self, kind: str) -> list[dict[str, Any]]:
-        out = await self.api.kubectl(["get", kind, "-n", LONGHORN_NAMESPACE, "-o", "json"], repeat=Repeat.READ)
-        items: list[dict[str, Any]] = json.loads(out).get("items", [])
-        return items
+        return await longhorn_items(self.api, kind)
 
     async def _longhorn_node(self) -> bool:
         """Whether Longhorn knows this worker (its CRD installed and a Longhorn node for it)."""

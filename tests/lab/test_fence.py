@@ -28,7 +28,6 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from pulumi import automation as auto
 
 from lab import pod_hosts
 from lab.hosts import DEFAULT_CACHE_DIR, Host, Lab
@@ -130,12 +129,7 @@ class Cluster:
     def fence(self, fences: dict[str, dict[str, bool]]) -> str:
         """`up` with these fences; the run's output (it failed) or "" (it succeeded)."""
         self.write_fences(fences)
-        self.stack.log.clear()
-        try:
-            self.stack.up()
-        except auto.CommandError as error:
-            return f"{self.stack.text()}\n{error}"
-        return ""
+        return self.stack.up_output()
 
     def write_fences(self, fences: dict[str, dict[str, bool]]) -> None:
         self.config["fences"] = fences

@@ -103,12 +103,7 @@ class Cluster:
         """`up` with these fences; the run's output (it failed) or "" (it succeeded)."""
         self.config["fences"] = fences
         self.write()
-        self.stack.log.clear()
-        try:
-            self.stack.up()
-        except auto.CommandError as error:
-            return f"{self.stack.text()}\n{error}"
-        return ""
+        return self.stack.up_output()
 
     def not_fenced(self, worker: Host) -> None:
         found = node(self.server, worker.name)
