@@ -153,6 +153,7 @@ class WorkerNode(pulumi.ComponentResource):
                     server_host_key=server.endpoint.probe.host_key,
                     kubelet_address=server.cluster_address(worker.name),
                     api_wait_seconds=settings.cluster.api_wait_seconds,
+                    network_mode=server.network.mode,
                     # Lifting the fence rejoins the worker through the join's checks.
                     server_url=server.cluster_address(server.endpoint.name).apply(
                         lambda address: f"https://{address}:{KUBE_API_PORT}"

@@ -18,6 +18,14 @@ brings a node in, so no pod lands on it before its checks pass. The order, and w
 Every step is idempotent, so a lift cut anywhere finishes on the next `up`; a worker whose
 Node is gone (removed from the stack in the same run) has nothing left to lift.
 
+Before anything changes, the host must still carry the address its Node was recorded with (the
+cluster address every peer's firewall admits and the agent's configured node IP). In public mode
+an address that changed while the worker was fenced is refused: the peers' firewalls, the
+kubelet's address and the agent's configuration all name the old one, so a rejoin there would
+either fail its checks half-way or open the cluster to an address nobody approved. The fix is
+to give the host its address back, or to give the worker up (`remove --force`) and add it again
+at its new address.
+
 Before step 2, a host the fence stopped over SSH that has not booted since (its boot marker
 still the one the fence recorded, `FENCE_BOOT_ANNOTATION`) is rebooted and the lift waits for
 its new boot: whatever the fence's stop left behind does not outlive the fence (the drop-in keeps
@@ -35,10 +43,13 @@ import json
 import time
 from collections.abc import Callable
 
+import yaml
+
 from host_scripts import script_path
 from node_operations.fence import FENCE_ANNOTATION, FENCE_BOOT_ANNOTATION, OUT_OF_SERVICE
+from node_operations.host_facts import gather_facts, interface_of
 from node_operations.join_validation import TaintedNodeValidation, ValidatedNode, ValidationError
-from node_operations.k3s_install import parse_results
+from node_operations.k3s_install import CONFIG_PATH, parse_results
 from node_operations.reboot import BOOT_MARKER_COMMAND
 from node_operations.refusal import tagged
 from node_operations.worker_removal import worker_answers
@@ -180,8 +191,43 @@ async def reboot_unless_booted(worker: SshTarget, cluster: ClusterApi, progress:
     progress(f"rebooted (boot {boot})")
 
 
+async def address_refusal(worker: SshTarget, network_mode: str) -> str | None:
+    """Why the lift may not go on because the host's address changed while it was fenced, or None.
+
+    The address is the node IP its join wrote into the agent's configuration (the Node's
+    InternalIP): behind a 1:1 NAT the address peers dial is another, so that one is not looked
+    for on the host."""
+    if network_mode != "public":
+        return None
+    async with open_session(worker) as session:
+        config = await session.run(["cat", CONFIG_PATH], deadline=30, check=False)
+        facts = await gather_facts(session)
+    try:
+        loaded = yaml.safe_load(config.stdout) if config.exit_status == 0 else None
+    except yaml.YAMLError:
+        loaded = None
+    recorded = str(loaded.get("node-ip") or "") if isinstance(loaded, dict) else ""
+    if not recorded or interface_of(facts, recorded) is not None:
+        # No configuration of the program's left: the join's checks judge the host as they find it.
+        return None
+    found = ", ".join(" on ".join(reversed(entry.split(" ", 1))) for entry in facts.ipv4_addresses) or "no IPv4 address"
+    return (
+        f"{worker.node}'s address changed while it was fenced: it joined with node IP {recorded} ({CONFIG_PATH}), "
+        f"and the host now has {found}. In public mode every peer's firewall, the kubelet's address and the agent's "
+        f"configuration name the recorded one. Give the host {recorded} back and run up again, or give the worker up "
+        f"(`node remove {worker.node} --force`, or hk3s:fences.{worker.node}.force_remove with the worker removed) and "
+        "add it again at its new address"
+    )
+
+
 async def lift_fence(
-    server: SshTarget, worker: SshTarget, target: ValidatedNode, *, api_wait: float, progress: Progress
+    server: SshTarget,
+    worker: SshTarget,
+    target: ValidatedNode,
+    *,
+    api_wait: float,
+    progress: Progress,
+    network_mode: str = "",
 ) -> None:
     """Lift `worker`'s fence through the server's API (see the module docstring)."""
     silent = await worker_answers(worker)
@@ -197,6 +243,9 @@ async def lift_fence(
             f"host up; the fence stays. Power it on (or bring its SSH back) and run up again, or put "
             f"hk3s:fences.{worker.node} back",
         )
+    refusal = await address_refusal(worker, network_mode)
+    if refusal is not None:
+        raise FenceLiftRefusedError(worker.node, refusal)
     async with open_session(server) as server_session:
         cluster = ClusterApi(server_session, progress=progress, api_wait=api_wait)
         await reboot_unless_booted(worker, cluster, progress)

@@ -66,6 +66,8 @@ class NodeFenceInputs(NodeInputs):
     """Where the other nodes reach the worker's kubelet (its cluster address): the server dials
     it there to check that a worker reported powered off is."""
     api_wait_seconds: pulumi.Input[float] = API_WAIT_SECONDS
+    network_mode: pulumi.Input[str] = ""
+    """The cluster's network mode (the plan's): in public mode a lift refuses an address that changed."""
     # What the join's checks need when the fence is lifted (the worker rejoins).
     server_url: pulumi.Input[str] = ""
     registry: pulumi.Input[str] | None = None
@@ -161,6 +163,7 @@ class NodeFenceProvider(NodeProvider):
                 inputs.validated_node(),
                 api_wait=float(known(inputs.api_wait_seconds) or API_WAIT_SECONDS),
                 progress=functools.partial(progress, node),
+                network_mode=str(known(inputs.network_mode) or ""),
             )
         )
         return None
