@@ -8,9 +8,10 @@ Deployment of three web pods, one per worker.
   less than a minute is refused, naming how long; after a minute it is fenced over SSH: a drop-in
   holds its agent down, no container, shim or pod mount is left, and the drop-in holds across a
   reboot of the host.
-- A run SIGKILLed (with its provider processes) right after fe-w1's fence was recorded leaves the
-  record and nothing else; after `cancel` and `refresh --clear-pending-creates` the next `up`
-  resumes from that record (one record, the same time).
+- Runs SIGKILLed (with their provider processes) at each boundary of fe-w1's fence (after the
+  record, after the stop, after the taint) leave the record and what was done; after `cancel` and
+  `refresh --clear-pending-creates` each next `up` resumes from that record (one record, the same
+  time), and the last one finishes the fence.
 - fe-w2 does not answer over SSH: refused without powered_off, refused while something answers
   at its kubelet's address, fenced once it is powered off.
 - Both Nodes show OutOfService, and the web pods run on fe-w3.
@@ -193,25 +194,40 @@ def test_a_worker_down_for_less_than_a_minute_is_refused(cluster: Cluster) -> No
     assert w1.run(["pgrep", "-x", "httpd"], check=False).returncode == 0, "a refused fence stopped a container"
 
 
-def test_a_fence_killed_after_its_record_resumes_from_it(cluster: Cluster) -> None:
+def test_a_fence_killed_at_each_step_boundary_resumes_from_its_record(cluster: Cluster) -> None:
     """SIGKILL of the run and every process it started (as when the machine running it goes down)
-    right after the fence was recorded: the record stays, nothing else happened yet, and the
-    fence resumes from it (the last test's `up`)."""
+    at each boundary between the fence's steps: right after the record, right after the host was
+    stopped, right after the taint. Each time the record stays (one record, the first time) and
+    what the steps before did stays done; the next run resumes from the record (the last kill's
+    run here, then the fence's own test's `up`, which finishes it)."""
     server, w1, w2 = cluster.server, cluster.w1, cluster.w2
     wait_until(f"{w2.name} NotReady", lambda: ready_status(server, w2.name) != "True", 60, cluster.diagnose)
     # The minute the fence asks for, by the Nodes' own record (both stopped at the same time).
     time.sleep(max(0.0, 62 - min(down_seconds(server, w.name) for w in (w1, w2))))
     cluster.write_fences({w1.name: {}})
-    record_line = f"[{w1.name}] fence recorded on the Node"
-    run = run_cli(cluster.stack, ["up", "--yes", "--skip-preview"], kill_when=record_line, crash=True)
-    assert run.killed, run.output[-4000:]
-    found = node(server, w1.name)
-    cluster.recorded_at = found["metadata"]["annotations"][FENCE_ANNOTATION]
-    assert OUT_OF_SERVICE not in {t["key"] for t in found["spec"].get("taints") or []}
-    # As "When a run is interrupted" says: the killed run's lock, then its pending operations.
-    assert run_cli(cluster.stack, ["cancel", "--yes"]).returncode == 0
-    refresh = run_cli(cluster.stack, ["refresh", "--yes", "--skip-preview", "--clear-pending-creates"])
-    assert refresh.returncode == 0, refresh.output[-3000:]
+    boundaries = [
+        ("recorded", f"[{w1.name}] fence recorded on the Node"),
+        ("stopped", f"[{w1.name}] no container, shim, Longhorn process or pod mount is left on the host"),
+        ("tainted", f"[{w1.name}] tainted {OUT_OF_SERVICE}=nodeshutdown:NoExecute"),
+    ]
+    for step, line in boundaries:
+        run = run_cli(cluster.stack, ["up", "--yes", "--skip-preview"], kill_when=line, crash=True)
+        assert run.killed, f"not killed after {step}: {run.output[-4000:]}"
+        found = node(server, w1.name)
+        recorded = found["metadata"]["annotations"][FENCE_ANNOTATION]
+        cluster.recorded_at = cluster.recorded_at or recorded
+        assert recorded == cluster.recorded_at, f"a second record after the kill at {step}"
+        tainted = OUT_OF_SERVICE in {t["key"] for t in found["spec"].get("taints") or []}
+        assert tainted == (step == "tainted"), f"killed after {step}: taints {found['spec'].get('taints')}"
+        if step != "recorded":
+            # The stop is done and holds: the drop-in written, the agent down.
+            assert (w1.root / DROP_IN.lstrip("/")).exists(), f"no drop-in after the kill at {step}"
+            assert w1.run(["systemctl", "is-active", "k3s-agent"], check=False).stdout.strip() != "active"
+            assert f"[{w1.name}] the fence recorded at {cluster.recorded_at} resumes" in run.output, run.output[-4000:]
+        # As "When a run is interrupted" says: the killed run's lock, then its pending operations.
+        assert run_cli(cluster.stack, ["cancel", "--yes"]).returncode == 0
+        refresh = run_cli(cluster.stack, ["refresh", "--yes", "--skip-preview", "--clear-pending-creates"])
+        assert refresh.returncode == 0, refresh.output[-3000:]
 
 
 def test_a_worker_that_does_not_answer_needs_powered_off_and_a_silent_kubelet(cluster: Cluster) -> None:
