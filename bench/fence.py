@@ -160,7 +160,10 @@ def fence_run(stack: LabStack, server: Host, dead: Host, alive: Host) -> dict[st
 def lift(stack: LabStack, server: Host, dead: Host) -> None:
     """Lift the fence (the worker rejoins) and spread the web pods over both workers again."""
     stack.api().unfence(dead.name)
-    server.run([K3S, "kubectl", "rollout", "restart", "deployment/web"])
+    # Scaled down and up again, so the spread places one on each (a rolling restart may not).
+    server.run([K3S, "kubectl", "scale", "deployment/web", "--replicas=0"])
+    wait_until("no web pod left", lambda: not _kubectl_json(server, "get", "pods", "-l", "app=web")["items"], 120)
+    server.run([K3S, "kubectl", "scale", "deployment/web", "--replicas=2"])
     wait_until("a web pod Ready on each worker", lambda: len(set(_web_ready_on(server))) == 2, 180)
 
 

@@ -14,6 +14,11 @@ real engine, one `up` installs the server and a second joins the N workers. Then
   sshd logged, relative to the run's start: a serial walk would spread them over most of the run,
   a parallel one starts them within a few seconds of each other).
 
+The join of the N workers and the growth are profiled (lab/cpu_profile.py): CPU seconds per
+group of processes (the engine, the language host, the dynamic providers, the control plane, the
+lab hosts, the rest) beside the machine's busy time and its capacity (cores x wall time), which
+says what bounds a run on this machine.
+
 Reported beside the smallest size's figures (ratios) and as seconds and counts.
 """
 
@@ -29,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lab.cpu_profile import CpuProfile
 from lab.hosts import DEFAULT_CACHE_DIR, Host, Lab
 from lab.sshd_log import ssh_connections
 from lab.stack_harness import LabStack, base_config, lab_binaries_missing, server_spec, worker_spec
@@ -61,13 +67,15 @@ def run_size(workers: int, rtt_ms: int, scratch: Path) -> dict[str, Any]:
         stack.up()
         stack.write_config(base_config(lab, server, hosts[:workers]))
         started = time.monotonic()
-        stack.up()
+        with CpuProfile() as join_profile:
+            stack.up()
         join_wall = time.monotonic() - started
 
         preview_wall, preview_conns, _ = _timed(stack.preview, everyone)
         noop_wall, noop_conns, _ = _timed(stack.up, everyone)
         stack.write_config(base_config(lab, server, hosts))
-        grow_wall, grow_conns, grow_since = _timed(stack.up, everyone)
+        with CpuProfile() as grow_profile:
+            grow_wall, grow_conns, grow_since = _timed(stack.up, everyone)
 
     peers = [server, *hosts[:workers]]
     first_login = [min(grow_conns[p.name]) - grow_since for p in peers if grow_conns[p.name]]
@@ -75,6 +83,7 @@ def run_size(workers: int, rtt_ms: int, scratch: Path) -> dict[str, Any]:
         "workers": workers,
         "rtt_ms": rtt_ms,
         "join_up_seconds": round(join_wall, 1),
+        "join_cpu_profile": join_profile.report(),
         "noop_preview": {"seconds": round(preview_wall, 1), "connections": sum(map(len, preview_conns.values()))},
         "noop_up": {"seconds": round(noop_wall, 1), "connections": sum(map(len, noop_conns.values()))},
         "grow_by_one": {
@@ -83,6 +92,7 @@ def run_size(workers: int, rtt_ms: int, scratch: Path) -> dict[str, Any]:
             "connections_to_new_worker": len(grow_conns[hosts[workers].name]),
             "peers_logged_in_to": len(first_login),
             "peers": len(peers),
+            "cpu_profile": grow_profile.report(),
             "peer_first_login_seconds": {
                 "min": round(min(first_login), 1) if first_login else None,
                 "median": round(statistics.median(first_login), 1) if first_login else None,
