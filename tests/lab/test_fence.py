@@ -218,7 +218,10 @@ def test_a_fence_killed_at_each_step_boundary_resumes_from_its_record(cluster: C
         cluster.recorded_at = cluster.recorded_at or recorded
         assert recorded == cluster.recorded_at, f"a second record after the kill at {step}"
         tainted = OUT_OF_SERVICE in {t["key"] for t in found["spec"].get("taints") or []}
-        assert tainted == (step == "tainted"), f"killed after {step}: taints {found['spec'].get('taints')}"
+        # Right after the record the stop (seconds over SSH) still lies ahead, so no taint; right
+        # after the stop the taint is a single API call away and may have landed before the kill.
+        if step != "stopped":
+            assert tainted == (step == "tainted"), f"killed after {step}: taints {found['spec'].get('taints')}"
         if step != "recorded":
             # The stop is done and holds: the drop-in written, the agent down.
             assert (w1.root / DROP_IN.lstrip("/")).exists(), f"no drop-in after the kill at {step}"
