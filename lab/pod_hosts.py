@@ -25,6 +25,14 @@ see ``../shared/guide/lab-pods.md``) that needs, beyond a plain host:
   bound read-only at ``/var/lib/rancher/k3s/data/current/bin``, where a real k3s binary
   extracts its bundled containerd, runc, CNI plugins and tools. The k3s stand-in runs the
   runtime only when it finds it there, so plain hosts behave as before.
+* **Longhorn's CSI node plugin** (the lab's stand-in, ``lab/longhorn_standin/csi``, built by
+  ``lab/build/pod_runtime.sh``), bound read-only at ``/usr/local/lib/hk3s-lab/`` and run by the
+  unit ``hk3s-lab-longhorn-csi@<k3s unit>.service``, bound to ``k3s.service`` and
+  ``k3s-agent.service`` (``BindsTo=`` and ``After=``, pulled in by each through a ``.wants``
+  link): it runs while k3s runs and stops with it, so ``k3s-killall.sh`` and a fence leave none
+  of it behind, as they leave no pod. On a real node it is a DaemonSet pod (``longhorn-csi-plugin``);
+  here it is not, because that pod would need Longhorn's images, and a DaemonSet would never be
+  ready on the lab's plain hosts, which run no pods.
 """
 
 from __future__ import annotations
@@ -47,6 +55,11 @@ KUBELET_DIR_IN_HOST = "/var/lib/kubelet"
 # still checks them): bound per host as files, never written on the machine.
 KERNEL_FILES = {"kernel/panic": "10", "kernel/panic_on_oops": "1", "vm/overcommit_memory": "1"}
 RUNTIME_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "crictl", "kubelet")
+CSI_PLUGIN = "longhorn-csi-plugin"
+CSI_PLUGIN_DIR_IN_HOST = "/usr/local/lib/hk3s-lab"
+CSI_PLUGIN_UNIT = "hk3s-lab-longhorn-csi@.service"
+#: The k3s units that run the kubelet (the server's and the agent's).
+K3S_UNITS = ("k3s", "k3s-agent")
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 
 
@@ -191,6 +204,47 @@ def install_killall(root: Path) -> None:
     target.chmod(0o755)
 
 
+def install_csi_plugin_unit(root: Path) -> None:
+    """The unit that runs Longhorn's CSI node plugin while k3s runs (see the module docstring).
+
+    ``BindsTo=`` with ``After=``: the plugin stops when the k3s unit stops, and does not start
+    while that unit is not active (a fenced agent's unit, skipped by its condition, keeps the
+    plugin down too). The node ID is the host name, which is the node's name in the lab."""
+    units = root / "etc/systemd/system"
+    units.mkdir(parents=True, exist_ok=True)
+    (units / CSI_PLUGIN_UNIT).write_text(
+        "[Unit]\n"
+        "Description=hk3s lab: Longhorn's CSI node plugin (stand-in) beside %i (LAB ONLY)\n"
+        "BindsTo=%i.service\n"
+        "After=%i.service\n"
+        "[Service]\n"
+        f"ExecStart={CSI_PLUGIN_DIR_IN_HOST}/{CSI_PLUGIN} --node-id=%H\n"
+        "Restart=on-failure\n"
+        "RestartSec=2\n"
+    )
+    for unit in K3S_UNITS:
+        wants = units / f"{unit}.service.wants"
+        wants.mkdir(parents=True, exist_ok=True)
+        link = wants / CSI_PLUGIN_UNIT.replace("@.", f"@{unit}.")
+        if not link.is_symlink():
+            link.symlink_to(f"/etc/systemd/system/{CSI_PLUGIN_UNIT}")
+
+
+def assemble_csi_plugin(cache_dir: Path, target: Path) -> Path:
+    """A directory holding the CSI node plugin (a hard link into the build cache) to bind into hosts."""
+    source = cache_dir / "bin" / CSI_PLUGIN
+    if not source.exists():
+        raise PodHostError(f"Longhorn's CSI node plugin not built ({source} missing): run lab/build/pod_runtime.sh")
+    target.mkdir(parents=True, exist_ok=True)
+    dest = target / CSI_PLUGIN
+    dest.unlink(missing_ok=True)
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copy2(source, dest)
+    return target
+
+
 def assemble_runtime(cache_dir: Path, target: Path) -> Path:
     """A directory of the runtime's binaries (hard links into the build cache) to bind into hosts."""
     bin_dir = cache_dir / "bin"
@@ -221,7 +275,9 @@ def image_archives(cache_dir: Path) -> list[Path]:
 
 def runtime_missing(cache_dir: Path) -> str | None:
     """Why pod-capable hosts cannot be made here (the runtime or its images not built), or None."""
-    missing = [str(cache_dir / "bin" / b) for b in RUNTIME_BINARIES if not (cache_dir / "bin" / b).exists()]
+    missing = [
+        str(cache_dir / "bin" / b) for b in (*RUNTIME_BINARIES, CSI_PLUGIN) if not (cache_dir / "bin" / b).exists()
+    ]
     if missing:
         return f"pod runtime not built: {', '.join(missing)} missing (run lab/setup.sh)"
     try:
@@ -252,9 +308,10 @@ def place_airgap_images(host_root: Path, cache_dir: Path) -> None:
         os.replace(folder / f".{archive.name}.part", folder / archive.name)
 
 
-def nspawn_args(host_dir: Path, view: Path, runtime: Path) -> list[str]:
+def nspawn_args(host_dir: Path, view: Path, runtime: Path, csi_plugin: Path) -> list[str]:
     """systemd-nspawn arguments that make a host pod-capable (see the module docstring)."""
     args = [
+        f"--bind-ro={csi_plugin}:{CSI_PLUGIN_DIR_IN_HOST}",
         f"--bind={view}:/sys/fs/cgroup",
         f"--bind={host_dir / 'containerd'}:{CONTAINERD_DIR_IN_HOST}",
         f"--bind={host_dir / 'kubelet'}:{KUBELET_DIR_IN_HOST}",

@@ -9,7 +9,8 @@
 #     about 7 min cold, skipped while its stamp matches)
 #   - the slow disk, a FUSE filesystem whose syncs wait (lab/build/slow_disk.sh)
 #   - the pod runtime of pod-capable hosts: runc, containerd, CNI plugins, crictl, the kubelet and the
-#     pause and test images (lab/build/pod_runtime.sh; the kubelet at kube.sh's Kubernetes release)
+#     pause and test images, and the stand-in for Longhorn's CSI node plugin (lab/build/pod_runtime.sh;
+#     the kubelet and the plugin built in kube.sh's tools module, at its Kubernetes release)
 #   - the Debian base tree lab hosts boot from (lab.hosts.base_tree.ensure_base)
 # Prints each step and its time; `--timings FILE` also writes them as JSON.
 set -euo pipefail

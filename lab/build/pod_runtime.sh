@@ -7,6 +7,10 @@
 #   kubelet                      (k8s.io/kubernetes at lab/build/kube.sh's release, built in
 #                                 kube.sh's tools module; it reports v1.X.Y+k3s1 as the
 #                                 kubelet k3s embeds does)
+#   longhorn-csi-plugin          (lab/longhorn_standin/csi: the lab's stand-in for Longhorn's CSI
+#                                 node plugin, built in the same tools module, whose go.sum
+#                                 already holds the CSI spec, gRPC and the kubelet's plugin
+#                                 registration API: no module is fetched for it)
 #     -> "$HK3S_LAB_CACHE/bin"
 #   bridge, host-local, loopback, portmap CNI plugins (github.com/containernetworking/plugins)
 #     -> "$HK3S_LAB_CACHE/cni/bin"
@@ -45,6 +49,8 @@ readonly CNI_BIN="$CACHE/cni/bin"
 readonly IMAGES="$CACHE/images"
 readonly STAMPS="$CACHE/pods"
 readonly CNI_PLUGINS=(bridge host-local loopback portmap)
+CSI_SOURCE="$(cd "$HERE/../longhorn_standin/csi" && pwd)/main.go"
+readonly CSI_SOURCE
 
 case "${1:-}" in
   "") ;;
@@ -141,6 +147,18 @@ build_kubelet() {
   (cd "$tools" && go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$flags" -o "$1/kubelet" k8s.io/kubernetes/cmd/kubelet)
 }
 
+# The stand-in's source is copied into a package of the tools module for the build and taken
+# out again, so kube.sh's module stays as it generated it.
+build_csi_plugin() {
+  local tools="$CACHE/src/kube-tools" pkg="longhorn-csi-plugin"
+  grep -qs 'k8s.io/kubelet ' "$tools/go.mod" || die "no kube-tools module with the kubelet in $tools: run lab/build/kube.sh first"
+  rm -rf "${tools:?}/$pkg"
+  mkdir -p "$tools/$pkg"
+  cp "$CSI_SOURCE" "$tools/$pkg/main.go"
+  (cd "$tools" && go build -mod=readonly -trimpath -ldflags "-s -w" -o "$1/longhorn-csi-plugin" "./$pkg") || { rm -rf "${tools:?}/$pkg"; return 1; }
+  rm -rf "${tools:?}/$pkg"
+}
+
 build_crictl() {
   GOBIN="$1" go install -trimpath \
     -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" \
@@ -205,7 +223,9 @@ verify() {
   [[ $out == *"${CRICTL_VERSION#v}"* ]] || die "crictl reports '$out'"
   out=$("$BIN/kubelet" --version)
   [[ $out == "Kubernetes $KUBE_VERSION+k3s1" ]] || die "kubelet reports '$out', want Kubernetes $KUBE_VERSION+k3s1"
-  for b in runc containerd containerd-shim-runc-v2 ctr crictl kubelet; do static_or_die "$BIN/$b"; done
+  out=$("$BIN/longhorn-csi-plugin" --version)
+  [[ $out == "longhorn-csi-plugin (lab stand-in) driver.longhorn.io "* ]] || die "longhorn-csi-plugin reports '$out'"
+  for b in runc containerd containerd-shim-runc-v2 ctr crictl kubelet longhorn-csi-plugin; do static_or_die "$BIN/$b"; done
   for b in "${CNI_PLUGINS[@]}"; do
     static_or_die "$CNI_BIN/$b"
     [[ $(CNI_COMMAND=VERSION "$CNI_BIN/$b" </dev/null) == *cniVersion* ]] || die "CNI plugin $b does not answer VERSION"
@@ -213,7 +233,7 @@ verify() {
   for b in pause busybox; do
     tar -tf "$IMAGES/$b.tar" manifest.json >/dev/null || die "$IMAGES/$b.tar is not an image archive"
   done
-  log "kubelet $KUBE_VERSION+k3s1, runc ${RUNC_VERSION}, containerd $CONTAINERD_VERSION, crictl $CRICTL_VERSION, CNI plugins $CNI_PLUGINS_VERSION (${CNI_PLUGINS[*]}), images $PAUSE_IMAGE $BUSYBOX_IMAGE: static, answering"
+  log "kubelet $KUBE_VERSION+k3s1, the lab's Longhorn CSI node plugin, runc ${RUNC_VERSION}, containerd $CONTAINERD_VERSION, crictl $CRICTL_VERSION, CNI plugins $CNI_PLUGINS_VERSION (${CNI_PLUGINS[*]}), images $PAUSE_IMAGE $BUSYBOX_IMAGE: static, answering"
 }
 
 # ---- main -------------------------------------------------------------------------
@@ -223,6 +243,7 @@ step containerd "$CONTAINERD_VERSION" build_containerd "$BIN/containerd" "$BIN/c
 step cni-plugins "$CNI_PLUGINS_VERSION" build_cni "${CNI_PLUGINS[@]/#/$CNI_BIN/}"
 step crictl "$CRICTL_VERSION" build_crictl "$BIN/crictl"
 step kubelet "$KUBE_VERSION+k3s1" build_kubelet "$BIN/kubelet"
+step longhorn-csi-plugin "$KUBE_VERSION $(sha256sum "$CSI_SOURCE" | cut -c1-16)" build_csi_plugin "$BIN/longhorn-csi-plugin"
 step images "$KUBE_VERSION $PAUSE_IMAGE $BUSYBOX_IMAGE $(sha256sum /bin/busybox 2>/dev/null | cut -c1-16)" build_images "$IMAGES/pause.tar" "$IMAGES/busybox.tar"
 verify
 log "all done in $(( $(date +%s) - START_ALL ))s"

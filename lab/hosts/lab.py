@@ -438,7 +438,9 @@ class Lab:
         for src, dst in host.spec.extra_binds_rw:
             argv.append(f"--bind={Path(src).resolve()}:{dst}")
         if host.spec.pods:
-            argv += pod_hosts.nspawn_args(host.dir, host.dir / "cgroup", self.run_dir / "pod-runtime")
+            argv += pod_hosts.nspawn_args(
+                host.dir, host.dir / "cgroup", self.run_dir / "pod-runtime", self.run_dir / "longhorn-csi"
+            )
         if host.spec.disk_sync_delay_ms is not None:
             argv.append(slow_disk.of_host_dir(host.dir).nspawn_bind())
         argv += list(host.spec.extra_nspawn_args)
@@ -447,10 +449,12 @@ class Lab:
     def _prepare_pods(self, host: Host) -> None:
         """A pod-capable host's cgroup subtree, plain directories and runtime (see :mod:`lab.pod_hosts`)."""
         pod_hosts.assemble_runtime(self.cache_dir, self.run_dir / "pod-runtime")
+        pod_hosts.assemble_csi_plugin(self.cache_dir, self.run_dir / "longhorn-csi")
         for sub in ("containerd", "kubelet"):
             (host.dir / sub).mkdir(parents=True, exist_ok=True)
         pod_hosts.install_kernel_files(host.root)
         pod_hosts.install_killall(host.root)
+        pod_hosts.install_csi_plugin_unit(host.root)
         host.cgroup_dirs = pod_hosts.create_cgroups(f"{self.lab_id}-{host.name}")
         self._save_state()
 

@@ -75,8 +75,9 @@ a replica placed on a Ready node of an attached volume, or made for an eviction,
 once: rebuilds take no time), Longhorn's VolumeAttachment tickets (a volume is attached by
 setting its `spec.nodeID`, as Longhorn's attachment controller does), auto-salvage, the removal
 of stale failed replicas or of replicas beyond `numberOfReplicas`, zones, disk tags and the
-`diskSelector`, data locality, replica auto-balance, backing images, the CSI driver, and the
-deletion of Longhorn nodes (the product deletes them).
+`diskSelector`, data locality, replica auto-balance, backing images, and the deletion of
+Longhorn nodes (the product deletes them). The CSI driver's controller side is csi_controller.py,
+run after each pass; its node side is the lab's node plugin (csi/main.go).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from lab.longhorn_standin.csi_controller import CsiController
 from lab.longhorn_standin.kube import LONGHORN_GROUP, Kube, KubeError
 
 log = logging.getLogger("longhorn-standin-manager")
@@ -184,6 +186,11 @@ class HostDisks:
     def path(self, node: str) -> Path | None:
         if node in self.fixed:
             return self.fixed[node]
+        root = self.root(node)
+        return None if root is None else root / DEFAULT_DISK_PATH.lstrip("/")
+
+    def root(self, node: str) -> Path | None:
+        """The running lab host's root directory, seen through its init's /proc entry."""
         if self.lab_run_dir is None:
             return None
         from lab.hosts.processes import _container_leader  # noqa: PLC0415
@@ -195,7 +202,7 @@ class HostDisks:
         leader = _container_leader(nspawn)
         if leader is None:
             return None
-        return Path(f"/proc/{leader}/root{DEFAULT_DISK_PATH}")
+        return Path(f"/proc/{leader}/root")
 
     def figures(self, node: str) -> DiskFigures | None:
         path = self.path(node)
@@ -765,13 +772,16 @@ def main(argv: list[str] | None = None) -> int:
     fixed = {item.split("=", 1)[0]: Path(item.split("=", 1)[1]) for item in args.disk}
     disks = HostDisks(args.lab_run_dir, fixed)
     manager: Manager | None = None
+    csi: CsiController | None = None
     while True:
         try:
             if manager is None and args.kubeconfig.exists():
                 kube = Kube.from_kubeconfig(args.kubeconfig, args.state_dir / "kube", args.server)
                 manager = Manager(kube, disks)
-            if manager is not None:
+                csi = CsiController(kube, disks.root)
+            if manager is not None and csi is not None:
                 manager.run_once()
+                csi.run_once()
         except (KubeError, OSError, ValueError, KeyError) as err:
             # The API restarts with k3s, objects change under a pass: the next pass starts afresh.
             log.warning("pass failed: %s", err)
