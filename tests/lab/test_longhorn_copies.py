@@ -7,7 +7,8 @@ disk is this machine's, which may be fuller than Longhorn's minimal-available ru
 is the lab's stand-in: its chart installed through the product's air-gapped path and its manager
 (lab/longhorn_standin/manager.py) started beside the stack, reached by the product only through the
 Kubernetes API. Volumes are made as Longhorn's CSI provisioner makes them from a claim: a Longhorn
-Volume with the storage class's parameters (the CSI path is not in the stand-in).
+Volume with the storage class's parameters, made directly: these tests run no pod (the CSI path from a
+claim to a pod is tests/lab/test_longhorn_csi.py).
 
 The tests of this module share one cluster and run in order."""
 
