@@ -56,6 +56,7 @@ from .errors import (
     TeardownNotConfirmedError,
 )
 from .events import EventCallback, RunRecord
+from .hetzner_power import fenced_hetzner_server, power_on_fenced
 from .locks import OperatorLock, backend_directory, read_pulumi_locks
 from .nodes import ClusterStatus, DiskCheck, HostCheck, LastRun, Node
 from .runs import Preview, Recovery, RunResult, holders_from_message, keys_recorded_on_first_use
@@ -341,7 +342,20 @@ class ClusterStack:
     def unfence(
         self, name: str, *, on_event: EventCallback | None = None, on_output: OutputCallback | None = None
     ) -> RunResult:
-        """Lift `hk3s:fences.<name>` and run `up`."""
+        """Lift `hk3s:fences.<name>` and run `up`; a Hetzner worker is powered on first (hetzner_power)."""
+        settings = self.settings_document().validate(f"unfencing {name}")
+        if fenced_hetzner_server(settings, self.env, name) is not None:
+            with self._exclusive(f"powering on {name}", on_output, clear_pending=False):
+                config = (stack := self._stack()).get_all_config()
+                power_on_fenced(
+                    settings,
+                    name,
+                    stack=self.env,
+                    targets=self._host_targets(Deployment.export(stack)),
+                    config=lambda key: config[key].value if key in config else None,
+                    env=self.env_vars,
+                    say=lambda line: _say(on_output, line),
+                )
         return self.change(
             f"unfencing {name}", lambda doc: doc.remove_fence(name), on_event=on_event, on_output=on_output
         )

@@ -17,6 +17,8 @@ their Nodes go NotReady.
 - fh-w3, no Hetzner server, is fenced over SSH beside fh-w1 (its boot recorded) and lifted beside
   it: still in the boot the fence recorded, it is rebooted before it rejoins; fh-w1, power-cycled
   since its fence, is not.
+- fh-w2, still fenced and off, is unfenced through the API: its server is powered on through the
+  Hetzner API, the API waits for SSH, and the run's lift rejoins it.
 """
 
 from __future__ import annotations
@@ -245,3 +247,27 @@ def test_lifting_the_fences_rejoins_the_workers_rebooting_one_not_booted_since(c
         assert FENCE_BOOT_ANNOTATION not in (node(server, worker.name)["metadata"].get("annotations") or {})
     # fh-w2 stays fenced and off.
     assert not w2.is_running and standin.power_actions(cluster.ids[w2.name], "start_server") == []
+
+
+def test_unfence_through_the_api_powers_a_hetzner_worker_on_before_it_rejoins(cluster: Cluster) -> None:
+    """`ClusterStack.unfence` of fh-w2, fenced and powered off through the Hetzner API: the API
+    powers its server on through the same API, waits for SSH, then the run lifts the fence."""
+    server, w2, standin = cluster.server, cluster.w2, cluster.standin
+    w2_id = cluster.ids[w2.name]
+    assert not w2.is_running
+    # A real server's power cycle drops the nftables rules set at run time (the SSH block); the lab
+    # keeps a host's network namespace while it is off, so the block goes as its boot would take it.
+    w2.netns_run(["nft", "delete", "table", "inet", "labblock"])
+    lines: list[str] = []
+    cluster.stack.api().unfence(w2.name, on_output=lines.append)
+    text = "\n".join(lines)
+    assert [a.status for a in standin.power_actions(w2_id, "start_server")] == ["success"], text[-4000:]
+    assert f"hk3s: {w2.name}: Hetzner server lab-{w2.name} powered on" in text, text[-4000:]
+    assert f"hk3s: {w2.name} answers over SSH" in text, text[-4000:]
+    assert f"[{w2.name}] fence lifted: rejoined" in text, text[-4000:]
+    assert w2.is_running and ready(server, w2.name)["status"] == "True"
+    found = node(server, w2.name)
+    assert FENCE_ANNOTATION not in (found["metadata"].get("annotations") or {})
+    assert not {t["key"] for t in found["spec"].get("taints") or []} & {OUT_OF_SERVICE["key"], "hk3s.dev/validating"}
+    # The token is a secret of the stack: nowhere in what the API said.
+    assert standin.token not in text
