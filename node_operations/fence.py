@@ -46,10 +46,11 @@ worker is down; the program then proves it before anything moves. The order, and
    other code path to it). The fence waits until every pod that does not tolerate the taint
    is gone and reports where their workloads run now.
 
-Not in this release (no Longhorn stand-in in the lab to prove them against): the decision per
-workload with a single-node Longhorn volume on the worker (a current copy elsewhere, stale
-copies and `accept_stale_data`, Jobs suspended), the deletion of pods whose volume
-attachments are gone. Lifting a fence is node_operations/fence_lift.py.
+Before the taint, each workload whose pods on the worker use Longhorn volumes is judged by the
+copies of its volumes elsewhere, and one that may not start elsewhere is stopped first
+(node_operations/fence_workloads.py, which also deletes, after a minute, pods with Longhorn
+volumes that Kubernetes left, only once their volumes are detached from the worker). Lifting a
+fence is node_operations/fence_lift.py.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from host_scripts import script_path
+from node_operations.fence_workloads import RELEASE_AFTER_SECONDS, WorkloadDecision, WorkloadReport, release_pods
 from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
 from node_operations.join_validation import KUBELET_PORT, KUBELET_SILENT, dial_kubelet
 from node_operations.k3s_install import parse_results
@@ -110,6 +112,8 @@ class FenceOrder:
     """The worker's Hetzner server (its id, or its name), when it is one: the fence powers it off."""
     hcloud: HetznerAccess | None = None
     """The Hetzner API's token and endpoint (hcloud:token, hcloud:endpoint)."""
+    accept_stale_data: bool = False
+    """Workloads may start from copies of their Longhorn volumes that may be older (fence_workloads)."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +234,7 @@ class FenceReport:
     pods_staying: list[str] = field(default_factory=list)
     running_now: dict[str, list[str]] = field(default_factory=dict)  # controller -> "pod on node (phase)"
     not_restarted: list[str] = field(default_factory=list)  # deleted pods no controller starts again
+    workloads: WorkloadReport = field(default_factory=WorkloadReport)  # the Longhorn decisions
 
     def lines(self) -> list[str]:
         """The report, one line per fact."""
@@ -249,7 +254,7 @@ class FenceReport:
         if self.pods_staying:
             staying = ", ".join(self.pods_staying)
             lines.append(f"staying on the node (they tolerate the out-of-service taint): {staying}")
-        return lines
+        return lines + self.workloads.lines()
 
 
 class WorkerFence:
@@ -439,16 +444,22 @@ class WorkerFence:
         before = await self._pods(self.node)
         leaving = [pod for pod in before if not tolerates(pod, OUT_OF_SERVICE)]
         self.report.pods_staying = [pod_name(pod) for pod in before if tolerates(pod, OUT_OF_SERVICE)]
+        decision = WorkloadDecision(self.api, self.node, self.progress, accept_stale_data=self.order.accept_stale_data)
+        self.report.workloads = await decision.decide(leaving)
         await self.api.add_taint(self.node, OUT_OF_SERVICE)
         self.progress(f"tainted {OUT_OF_SERVICE}: waiting for Kubernetes to delete {len(leaving)} pod(s)")
-        deadline = time.monotonic() + self.pods_timeout
+        tainted = time.monotonic()
+        deadline = tainted + self.pods_timeout
         uids = {pod["metadata"]["uid"] for pod in leaving}
-        while left := [pod_name(p) for p in await self._pods(self.node) if p["metadata"]["uid"] in uids]:
+        while left := [p for p in await self._pods(self.node) if p["metadata"]["uid"] in uids]:
+            if time.monotonic() > tainted + RELEASE_AFTER_SECONDS:
+                self.report.workloads.released += await release_pods(self.api, self.node, left, self.progress)
             if time.monotonic() > deadline:
                 raise FenceStoppedError(
                     self.node,
-                    f"the node is fenced and tainted, but Kubernetes has not deleted {', '.join(left)} within "
-                    f"{self.pods_timeout:.0f} s; check the kube-controller-manager on the server, then run up again",
+                    f"the node is fenced and tainted, but Kubernetes has not deleted {', '.join(map(pod_name, left))} "
+                    f"within {self.pods_timeout:.0f} s; check the kube-controller-manager on the server, then run up "
+                    "again",
                 )
             await asyncio.sleep(POLL_SECONDS)
         self.report.pods_deleted = sorted(pod_name(pod) for pod in leaving)

@@ -32,8 +32,10 @@ its new boot: whatever the fence's stop left behind does not outlive the fence (
 the agent down through that reboot). A host the fence did not reach over SSH records no boot: it
 was off, so it has booted since.
 
-Not in this release: the workloads a fence kept stopped (none are kept stopped until the
-Longhorn decisions land).
+Once the validation taint is gone, the workloads the fence kept stopped start again
+(node_operations/fence_workloads.py `start_stopped`), judged by their volumes' copies with the
+rejoined worker's counted again: its copy that failed last is the newest. One still without a
+copy it may start from stays stopped, named, with its record on its owner.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import yaml
 
 from host_scripts import script_path
 from node_operations.fence import FENCE_ANNOTATION, FENCE_BOOT_ANNOTATION, OUT_OF_SERVICE
+from node_operations.fence_workloads import NODE_STOPPED_ANNOTATION, WorkloadDecision
 from node_operations.host_facts import gather_facts, interface_of
 from node_operations.join_validation import TaintedNodeValidation, ValidatedNode, ValidationError
 from node_operations.k3s_install import CONFIG_PATH, parse_results
@@ -81,10 +84,17 @@ class FenceLift:
     both, as `JoinSessions`)."""
 
     def __init__(
-        self, target: ValidatedNode, worker: SshSession, server: SshSession, cluster: ClusterApi, progress: Progress
+        self,
+        target: ValidatedNode,
+        worker: SshSession,
+        server: SshSession,
+        cluster: ClusterApi,
+        progress: Progress,
+        *,
+        accept_stale_data: bool = False,
     ) -> None:
         self.target, self.worker, self.server, self.cluster = target, worker, server, cluster
-        self.progress = progress
+        self.progress, self.accept_stale_data = progress, accept_stale_data
         self.checks: dict[str, str] = {}
         self.ready_deadline = READY_DEADLINE_SECONDS
 
@@ -134,10 +144,15 @@ class FenceLift:
                 "is scheduled there); fix it and run up again",
             ) from None
         await self.cluster.remove_taint(self.node, validation.key)
+        # The workloads the fence stopped start once the worker takes pods again (their copy may be there).
+        decision = WorkloadDecision(self.cluster, self.node, self.progress, accept_stale_data=self.accept_stale_data)
+        for line in (await decision.start_stopped(worker_back=True)).lines():
+            self.progress(line)
         out = await self.cluster.kubectl(["get", "node", self.node, "-o", "json"], repeat=Repeat.READ)
         if FENCE_ANNOTATION in (json.loads(out)["metadata"].get("annotations") or {}):
             # A merge patch to null: repeated after an outage it finds the annotation gone and changes nothing.
-            unset = json.dumps({"metadata": {"annotations": {FENCE_ANNOTATION: None, FENCE_BOOT_ANNOTATION: None}}})
+            records = (FENCE_ANNOTATION, FENCE_BOOT_ANNOTATION, NODE_STOPPED_ANNOTATION)
+            unset = json.dumps({"metadata": {"annotations": dict.fromkeys(records)}})
             await self.cluster.kubectl(
                 ["patch", "node", self.node, "--type", "merge", "-p", unset], repeat=Repeat.IDEMPOTENT
             )
@@ -228,6 +243,7 @@ async def lift_fence(
     api_wait: float,
     progress: Progress,
     network_mode: str = "",
+    accept_stale_data: bool = False,
 ) -> None:
     """Lift `worker`'s fence through the server's API (see the module docstring)."""
     silent = await worker_answers(worker)
@@ -250,7 +266,10 @@ async def lift_fence(
         cluster = ClusterApi(server_session, progress=progress, api_wait=api_wait)
         await reboot_unless_booted(worker, cluster, progress)
         async with open_session(worker) as worker_session:
-            await FenceLift(target, worker_session, server_session, cluster, progress).run()
+            lift = FenceLift(
+                target, worker_session, server_session, cluster, progress, accept_stale_data=accept_stale_data
+            )
+            await lift.run()
 
 
 async def _node_gone(server: SshTarget, node: str, api_wait: float, progress: Progress) -> bool:

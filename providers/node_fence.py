@@ -6,9 +6,11 @@ Create runs the fence (node_operations.fence: down for a minute, recorded on the
 before anything is touched, the host stopped or confirmed off, the Node tainted out of
 service) and resumes a fence an earlier run left unfinished: the record on the Node says
 so, and every step is idempotent. Update only stores changed inputs: a fence done stays
-done. Delete (the entry removed from hk3s:fences) lifts the fence: the worker rejoins under the
-validation taint and passes the join's checks (node_operations.fence_lift); in a teardown the
-worker is wiped instead, so nothing is lifted.
+done; only accept_stale_data turned on acts, starting the workloads the fence keeps stopped for
+copies that may be older (node_operations.fence_workloads). Delete (the entry removed from
+hk3s:fences) lifts the fence: the worker rejoins under the validation taint and passes the join's
+checks (node_operations.fence_lift); in a teardown the worker is wiped instead, so nothing is
+lifted.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, Resource, Up
 
 from node_operations.fence import FenceOrder, fence_worker
 from node_operations.fence_lift import lift_fence
+from node_operations.fence_workloads import start_with_consent
 from node_operations.join_validation import ValidatedNode
 from providers.base import (
     CapabilityMissingError,
@@ -95,6 +98,7 @@ class NodeFenceInputs(NodeInputs):
             kubelet_address=str(known(self.kubelet_address)),
             hcloud_server=str(hcloud_server) if hcloud_server else None,
             hcloud=HetznerAccess(str(token), str(known(self.hcloud_endpoint) or DEFAULT_ENDPOINT)) if token else None,
+            accept_stale_data=bool(known(self.accept_stale_data)),
         )
 
     def server(self) -> SshTarget:
@@ -120,10 +124,27 @@ def _fence(props: dict[str, Any]) -> dict[str, Any]:
         "recorded_at": report.recorded_at,
         "stopped_by": report.stopped_by,
         "pods_deleted": report.pods_deleted,
-        # Workloads the fence keeps stopped (their data's only current copy was on the worker): none
-        # until the Longhorn decisions land.
-        "stopped_services": [],
+        # Workloads the fence keeps stopped, each with why (node_operations.fence_workloads).
+        "stopped_services": [report.workloads.stopped[owner] for owner in sorted(report.workloads.stopped)],
     }
+
+
+def _start_with_consent(news: dict[str, Any]) -> list[str]:
+    """accept_stale_data turned on for a fence that keeps workloads stopped: start the ones whose
+    copies elsewhere may be older; the workloads still stopped after it."""
+    inputs = NodeFenceInputs.from_props(news)
+    node = str(known(inputs.login.node))
+    report = run_operation(
+        start_with_consent(
+            inputs.server(),
+            node,
+            api_wait=float(known(inputs.api_wait_seconds) or API_WAIT_SECONDS),
+            progress=functools.partial(progress, node),
+        )
+    )
+    for line in report.lines():
+        progress(node, line)
+    return [report.stopped[owner] for owner in sorted(report.stopped)]
 
 
 class NodeFenceProvider(NodeProvider):
@@ -141,8 +162,12 @@ class NodeFenceProvider(NodeProvider):
         return CreateResult(id_=f"{props['node']}-fence", outs=_fence(props))
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        # The fence is done (create finished it); a changed flag or server changes nothing on it.
-        return UpdateResult(outs={**news, **{name: olds.get(name) for name in OUTPUTS}})
+        # The fence is done (create finished it); a changed flag or server changes nothing on it,
+        # except the consent to stale copies while it keeps workloads stopped: they start now.
+        outs = {**news, **{name: olds.get(name) for name in OUTPUTS}}
+        if news.get("accept_stale_data") and not olds.get("accept_stale_data") and olds.get("stopped_services"):
+            outs["stopped_services"] = _start_with_consent(news)
+        return UpdateResult(outs=outs)
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         inputs = NodeFenceInputs.from_props(props)
@@ -164,6 +189,7 @@ class NodeFenceProvider(NodeProvider):
                 api_wait=float(known(inputs.api_wait_seconds) or API_WAIT_SECONDS),
                 progress=functools.partial(progress, node),
                 network_mode=str(known(inputs.network_mode) or ""),
+                accept_stale_data=bool(known(inputs.accept_stale_data)),
             )
         )
         return None

@@ -29,7 +29,9 @@ PRODUCT = (
     "operator_cli",
     "scripts",
 )
-ALLOWED = {"node_operations/fence.py"}
+# The fence, and its decision per workload: it deletes pods with Longhorn volumes left on a fenced
+# node only after reading again that the fence is recorded there and their volumes are detached.
+ALLOWED = {"node_operations/fence.py", "node_operations/fence_workloads.py"}
 # kubectl's ways to skip a pod's graceful termination (`--now` is a grace period of 1 s: graceful).
 FORCE_WORDS = re.compile(r"(?<![\w-])(--force|--grace-period[= ]+0+)(?![\w-])")
 GRACE_ZERO_KEYS = {"grace_period_seconds", "gracePeriodSeconds", "grace_period"}

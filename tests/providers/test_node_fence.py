@@ -89,3 +89,17 @@ def test_the_fence_order_carries_the_hetzner_server_and_api_access() -> None:
     assert "secret-token" not in repr(order)
     plain = NodeFenceInputs.from_props(fence_props(closed_port(), powered_off=True)).fence_order()
     assert plain.hcloud_server is None and plain.hcloud is None and plain.powered_off
+
+
+def test_consent_to_stale_copies_reaches_the_server_only_while_workloads_stay_stopped() -> None:
+    port = closed_port()
+    done = {**fence_props(port, powered_off=False), "recorded_at": "2026-12-03T18:00:00Z", "stopped_by": "ssh"}
+    consent = {**fence_props(port, powered_off=False), "accept_stale_data": True}
+    # Nothing stopped: the consent is stored, no host is reached (the closed port would fail it).
+    outs = NodeFenceProvider().update("w1-fence", {**done, "stopped_services": []}, consent).outs
+    assert outs is not None and outs["accept_stale_data"] is True and outs["stopped_services"] == []
+    # Workloads stopped: the consent starts them through the server (here unreachable: named).
+    stopped = {**done, "stopped_services": ["Deployment default/db stays stopped: ..."]}
+    with pytest.raises(RuntimeError) as failed:
+        NodeFenceProvider().update("w1-fence", stopped, consent)
+    assert str(failed.value).startswith("srv: "), failed.value

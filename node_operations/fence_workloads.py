@@ -1,0 +1,538 @@
+"""The fence's decision per workload whose pods on the fenced worker use Longhorn volumes, and
+the start of what it stopped.
+
+A Longhorn volume keeps copies (replicas) on several nodes; the one on the fenced worker may be
+the newest. Starting the workload elsewhere from a copy that missed its last writes loses those
+writes without a word, so before the worker is tainted out of service each such workload is
+judged by the copies of its volumes on the *other* nodes (Longhorn's replica fields):
+
+- **current**: a copy healthy since it last failed (`healthyAt` set, `failedAt` empty) holds every
+  write the volume took. With a current copy of every one of its volumes the workload may start
+  elsewhere: Kubernetes deletes its pods once the node is tainted, and its controller starts them
+  on another node.
+- **stale**: copies elsewhere that were healthy once but failed since (`failedAt` set) may be
+  older than the lost one. The workload stays stopped until the operator accepts that
+  (`hk3s:fences.<worker>.accept_stale_data`); the report lists every copy with its
+  `lastHealthyAt` and `lastFailedAt`.
+- **only copy**: no other node ever held a healthy copy. The workload stays stopped until the
+  worker rejoins; no consent starts it, since there is nothing to start it from.
+A workload takes the worst verdict among its volumes. A copy never healthy holds no data and
+does not count.
+
+Stopping means what the workload's controller can be told: a Deployment, StatefulSet or a
+ReplicaSet no Deployment owns is scaled to zero, a Job is suspended. A controller cannot leave
+out one pod, so a StatefulSet stops whole, its pods on other nodes too. The stop and its record
+are one merge patch of the owner (`STOPPED_ANNOTATION`: the worker, why, the former replica count
+or suspension, the volumes), so an interrupted run finds either both or neither; a resumed fence
+keeps the record's verdict and does not judge that owner again. The Node carries a summary
+(`NODE_STOPPED_ANNOTATION`) for the operator. A pod with Longhorn volumes and no owner the
+program can stop (a bare pod, a DaemonSet's, another controller's) is named in a warning: the
+taint deletes it and the program cannot say whether something starts it on an older copy.
+
+Starting (`start_stopped`: after consent, or at the lift) judges a stopped workload again by its
+recorded volumes: current copies, or with consent stale ones, let it start; at the lift the
+rejoined worker's copies count again, and the worker's copy that failed last (no other failed
+later) is the newest one, since the workload was stopped from then on.
+
+After the taint (`release_pods`): a pod with Longhorn volumes that Kubernetes has not deleted
+within `RELEASE_AFTER_SECONDS` is deleted by the fence itself, with no grace period (its kubelet
+is gone, so a graceful deletion would never finish), and only while the fence is recorded on the
+Node, the Node is NotReady and tainted out of service, and no VolumeAttachment of its volumes to
+the worker is left: a volume attached there may still be written there.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
+from node_operations.longhorn_objects import longhorn_items
+from remote_access.kube import ClusterApi, Repeat
+from remote_access.ssh import SshTarget, open_session
+
+# On an owner the fence stopped: JSON {"node", "reason", "replicas" | "suspend", "volumes"}.
+STOPPED_ANNOTATION = "hk3s.dev/fence-stopped"
+# On the fenced Node: JSON {"Kind namespace/name": reason} of what its fence keeps stopped.
+NODE_STOPPED_ANNOTATION = "hk3s.dev/fence-stopped-workloads"
+LONGHORN_DRIVER = "driver.longhorn.io"
+# Kubernetes' pod garbage collector deletes the pods of an out-of-service node within about
+# 40 s (taint eviction at once, then a 20 s collection period); a minute leaves it room first.
+RELEASE_AFTER_SECONDS = 60.0
+# The owners the fence can stop: kind -> the kubectl resource and how it is stopped.
+SCALED = {"Deployment": "deployment", "StatefulSet": "statefulset", "ReplicaSet": "replicaset"}
+SUSPENDED = {"Job": "job"}
+
+Progress = Callable[[str], None]
+
+
+class Verdict(enum.IntEnum):
+    """A volume's (and a workload's, the worst of its volumes) verdict; higher is worse."""
+
+    MOVES = 0
+    STALE = 1
+    ONLY_COPY = 2
+
+
+REASON = {Verdict.STALE: "stale", Verdict.ONLY_COPY: "only-copy"}
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One replica of a Longhorn volume, by Longhorn's own fields."""
+
+    node: str
+    healthy_at: str = ""
+    failed_at: str = ""
+    last_healthy_at: str = ""
+    last_failed_at: str = ""
+
+    @classmethod
+    def of(cls, replica: Mapping[str, Any]) -> Copy:
+        spec = replica.get("spec") or {}
+        return cls(
+            node=str(spec.get("nodeID") or ""),
+            healthy_at=str(spec.get("healthyAt") or ""),
+            failed_at=str(spec.get("failedAt") or ""),
+            last_healthy_at=str(spec.get("lastHealthyAt") or ""),
+            last_failed_at=str(spec.get("lastFailedAt") or ""),
+        )
+
+    @property
+    def current(self) -> bool:
+        """Healthy since it last failed: it holds every write the volume took."""
+        return bool(self.node and self.healthy_at and not self.failed_at)
+
+    @property
+    def held_data(self) -> bool:
+        """Placed and healthy at some time (a copy never healthy holds nothing)."""
+        return bool(self.node and (self.healthy_at or self.last_healthy_at))
+
+    def line(self) -> str:
+        state = "current" if self.current else "failed"
+        return (
+            f"{self.node} ({state}; lastHealthyAt {self.last_healthy_at or 'never'}, "
+            f"lastFailedAt {self.last_failed_at or 'never'})"
+        )
+
+
+@dataclass(frozen=True)
+class VolumeCopies:
+    """A Longhorn volume a workload uses, through its claim, and every copy of it."""
+
+    volume: str
+    claim: str  # namespace/name
+    copies: tuple[Copy, ...] = ()
+
+    def verdict(self, worker: str, *, worker_back: bool = False) -> Verdict:
+        """The volume's verdict with `worker` fenced (or, `worker_back`, rejoining)."""
+        held = [c for c in self.copies if c.held_data]
+        others = [c for c in held if c.node != worker]
+        if any(c.current for c in (held if worker_back else others)):
+            return Verdict.MOVES
+        mine = [c for c in held if c.node == worker]
+        if worker_back and mine:
+            # The workload was stopped when the worker went down: a worker's copy that failed no
+            # earlier than every other copy took the last writes.
+            newest_mine = max(c.last_failed_at or c.failed_at for c in mine)
+            if all((c.last_failed_at or c.failed_at) <= newest_mine for c in others):
+                return Verdict.MOVES
+        return Verdict.STALE if others else Verdict.ONLY_COPY
+
+    def line(self) -> str:
+        copies = ", ".join(c.line() for c in self.copies if c.held_data) or "none"
+        return f"volume {self.volume} (claim {self.claim}): copies on {copies}"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A controller the fence can stop."""
+
+    kind: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+    @property
+    def resource(self) -> str:
+        return {**SCALED, **SUSPENDED}[self.kind]
+
+
+@dataclass
+class Workload:
+    """The pods of one owner on the worker and the Longhorn volumes they use."""
+
+    owner: Owner
+    pods: list[str] = field(default_factory=list)
+    volumes: dict[str, VolumeCopies] = field(default_factory=dict)
+
+    def verdict(self, worker: str, *, worker_back: bool = False) -> Verdict:
+        return max((v.verdict(worker, worker_back=worker_back) for v in self.volumes.values()), default=Verdict.MOVES)
+
+
+def why_stopped(owner: str, verdict: Verdict, worker: str, volumes: list[VolumeCopies], *, worker_back: bool) -> str:
+    """The report's line for a workload that stays stopped."""
+    if worker_back:
+        lines = "; ".join(v.line() for v in volumes)
+        return (
+            f"{owner} stays stopped although {worker} rejoined: no current copy, and the worker's is not the newest: "
+            f"{lines}. Check its data, then start it yourself (its former size is in its {STOPPED_ANNOTATION} "
+            "annotation; remove the annotation)"
+        )
+    if verdict is Verdict.ONLY_COPY:
+        only = ", ".join(v.volume for v in volumes if v.verdict(worker) is Verdict.ONLY_COPY)
+        return (
+            f"{owner} stays stopped until {worker} rejoins: the only copy of {only} is on {worker} (lift the fence "
+            "once the worker is back: it starts then)"
+        )
+    lines = "; ".join(v.line() for v in volumes if v.verdict(worker) is Verdict.STALE)
+    return (
+        f"{owner} stays stopped: no other node holds a current copy, and these may be older than the one on "
+        f"{worker}: {lines}. To start it from them, set hk3s:fences.{worker}.accept_stale_data: true and run up; "
+        f"otherwise it starts when {worker} rejoins"
+    )
+
+
+@dataclass
+class WorkloadReport:
+    """What the decision did: where workloads may go, what stays stopped and why, warnings."""
+
+    moving: dict[str, str] = field(default_factory=dict)  # owner -> its volumes' current copies
+    stopped: dict[str, str] = field(default_factory=dict)  # owner -> why it stays stopped
+    started: dict[str, str] = field(default_factory=dict)  # owner -> from which copies
+    unjudged: list[str] = field(default_factory=list)  # warnings: pods the program cannot judge
+    released: list[str] = field(default_factory=list)  # pods the fence deleted itself (step 5)
+
+    def lines(self) -> list[str]:
+        lines = [f"{owner} may start elsewhere: {how}" for owner, how in sorted(self.moving.items())]
+        lines += [f"{owner} started again: {how}" for owner, how in sorted(self.started.items())]
+        lines += list(self.stopped[owner] for owner in sorted(self.stopped))
+        lines += [f"warning: {line}" for line in self.unjudged]
+        if self.released:
+            lines.append(
+                f"deleted by the fence (not deleted by Kubernetes within {RELEASE_AFTER_SECONDS:.0f} s, their volumes "
+                f"detached from the worker): {', '.join(self.released)}"
+            )
+        return lines
+
+
+@dataclass
+class ClaimMap:
+    """The cluster's claims bound to Longhorn volumes, read once."""
+
+    longhorn: dict[str, str]  # "namespace/claim" -> Longhorn volume name
+    bound: dict[str, str]  # "namespace/claim" -> its PersistentVolume's name
+
+    @classmethod
+    def of(cls, claims: list[dict[str, Any]], volumes: list[dict[str, Any]]) -> ClaimMap:
+        handles = {
+            v["metadata"]["name"]: str(v["spec"]["csi"].get("volumeHandle") or "")
+            for v in volumes
+            if ((v.get("spec") or {}).get("csi") or {}).get("driver") == LONGHORN_DRIVER
+        }
+        longhorn, bound = {}, {}
+        for claim in claims:
+            pv = str((claim.get("spec") or {}).get("volumeName") or "")
+            if handles.get(pv):
+                name = f"{claim['metadata']['namespace']}/{claim['metadata']['name']}"
+                longhorn[name], bound[name] = handles[pv], pv
+        return cls(longhorn, bound)
+
+    @classmethod
+    async def read(cls, api: ClusterApi) -> ClaimMap:
+        claims, volumes = await read_json(api, "pvc", "-A"), await read_json(api, "pv")
+        return cls.of(claims.get("items") or [], volumes.get("items") or [])
+
+    def volumes_of(self, pod: Mapping[str, Any]) -> dict[str, str]:
+        """The pod's Longhorn volumes: claim ("namespace/name") -> volume (generic ephemeral
+        volumes included: their claim is named `<pod>-<volume>`)."""
+        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        found = {}
+        for volume in (pod.get("spec") or {}).get("volumes") or []:
+            if volume.get("persistentVolumeClaim"):
+                claim = f"{namespace}/{volume['persistentVolumeClaim']['claimName']}"
+            elif volume.get("ephemeral"):
+                claim = f"{namespace}/{name}-{volume['name']}"
+            else:
+                continue
+            if claim in self.longhorn:
+                found[claim] = self.longhorn[claim]
+        return found
+
+
+def copies_by_volume(replicas: list[dict[str, Any]]) -> dict[str, tuple[Copy, ...]]:
+    found: dict[str, list[Copy]] = {}
+    for replica in replicas:
+        found.setdefault(str((replica.get("spec") or {}).get("volumeName") or ""), []).append(Copy.of(replica))
+    return {volume: tuple(copies) for volume, copies in found.items()}
+
+
+def controller_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(kind, name) of the object's controller, or None."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref["kind"]), str(ref["name"])
+    return None
+
+
+def pod_label(pod: Mapping[str, Any]) -> str:
+    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+
+
+def stoppable_owner(pod: Mapping[str, Any], replicaset: Mapping[str, Any] | None) -> Owner | None:
+    """The controller the fence can stop for `pod` (`replicaset`: its ReplicaSet, when that is its
+    controller): a ReplicaSet's Deployment, else the ReplicaSet itself, a StatefulSet or a Job;
+    None for a pod with no controller or another kind's (a DaemonSet's, an operator's)."""
+    ref, namespace = controller_of(pod), pod["metadata"]["namespace"]
+    if ref is None:
+        return None
+    kind, name = ref
+    if kind == "ReplicaSet":
+        if replicaset is None:
+            return None  # gone: nothing to scale
+        above = controller_of(replicaset)
+        if above is not None and above[0] != "Deployment":
+            return None  # another controller scales this ReplicaSet and would undo a scale
+        kind, name = above or (kind, name)
+    return Owner(kind, namespace, name) if kind in SCALED or kind in SUSPENDED else None
+
+
+def stop_patch(
+    owner: Owner, obj: Mapping[str, Any], worker: str, verdict: Verdict, volumes: list[VolumeCopies]
+) -> dict[str, Any]:
+    """One merge patch that records the stop on the owner and stops it (so neither happens alone)."""
+    spec = obj.get("spec") or {}
+    record: dict[str, Any] = {
+        "node": worker,
+        "reason": REASON[verdict],
+        "volumes": [[v.volume, v.claim] for v in volumes],
+    }
+    if owner.kind in SUSPENDED:
+        record["suspend"] = bool(spec.get("suspend"))
+        change: dict[str, Any] = {"suspend": True}
+    else:
+        record["replicas"] = int(spec["replicas"]) if spec.get("replicas") is not None else 1
+        change = {"replicas": 0}
+    return {"metadata": {"annotations": {STOPPED_ANNOTATION: json.dumps(record, sort_keys=True)}}, "spec": change}
+
+
+def start_patch(owner: Owner, record: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that starts a stopped owner as it was and drops the record, at once."""
+    change = (
+        {"suspend": bool(record.get("suspend"))}
+        if owner.kind in SUSPENDED
+        else {"replicas": int(record.get("replicas", 1))}
+    )
+    return {"metadata": {"annotations": {STOPPED_ANNOTATION: None}}, "spec": change}
+
+
+def stop_record(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The fence's record on an owner, or None (a record that is not JSON is not the fence's)."""
+    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(STOPPED_ANNOTATION)
+    if not text:
+        return None
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+async def read_json(api: ClusterApi, *args: str) -> dict[str, Any]:
+    """`kubectl get ARGS -o json`, read (repeated through an API outage)."""
+    found: dict[str, Any] = json.loads(await api.kubectl(["get", *args, "-o", "json"], repeat=Repeat.READ))
+    return found
+
+
+class WorkloadDecision:
+    """The decision for one fenced worker, through the server's API."""
+
+    def __init__(self, api: ClusterApi, worker: str, progress: Progress, *, accept_stale_data: bool) -> None:
+        self.api, self.worker, self.progress = api, worker, progress
+        self.accept_stale_data = accept_stale_data
+        self.report = WorkloadReport()
+
+    async def _owner(self, pod: Mapping[str, Any]) -> Owner | None:
+        ref = controller_of(pod)
+        replicaset = None
+        if ref is not None and ref[0] == "ReplicaSet":
+            out = await self.api.kubectl(
+                ["get", "replicaset", ref[1], "-n", pod["metadata"]["namespace"], "-o", "json", "--ignore-not-found"],
+                repeat=Repeat.READ,
+            )
+            replicaset = json.loads(out) if out.strip() else None
+        return stoppable_owner(pod, replicaset)
+
+    async def _object(self, owner: Owner) -> dict[str, Any] | None:
+        out = await self.api.kubectl(
+            ["get", owner.resource, owner.name, "-n", owner.namespace, "-o", "json", "--ignore-not-found"],
+            repeat=Repeat.READ,
+        )
+        return json.loads(out) if out.strip() else None
+
+    async def _workloads(self, pods: list[dict[str, Any]]) -> dict[Owner, Workload]:
+        """The worker's pods with Longhorn volumes, by owner; the ones without one named in warnings."""
+        claims = await ClaimMap.read(self.api)
+        workloads: dict[Owner, Workload] = {}
+        with_volumes = [(pod, claims.volumes_of(pod)) for pod in pods]
+        with_volumes = [(pod, used) for pod, used in with_volumes if used]
+        if not with_volumes:
+            return workloads
+        copies = copies_by_volume(await longhorn_items(self.api, "replicas.longhorn.io"))
+        for pod, used in with_volumes:
+            owner = await self._owner(pod)
+            if owner is None:
+                ref = controller_of(pod)
+                by = f"owned by {ref[0]} {ref[1]}" if ref else "no owner"
+                self.report.unjudged.append(
+                    f"pod {pod_label(pod)} uses Longhorn volume(s) {', '.join(sorted(used.values()))} on {self.worker} "
+                    f"and has no owner the fence can stop ({by}): Kubernetes deletes it with the fence, and whatever "
+                    "starts it again may use a copy older than the one on the worker; check its data yourself"
+                )
+                continue
+            workload = workloads.setdefault(owner, Workload(owner))
+            workload.pods.append(pod_label(pod))
+            for claim, volume in used.items():
+                workload.volumes[volume] = VolumeCopies(volume, claim, copies.get(volume, ()))
+        return workloads
+
+    async def decide(self, pods: list[dict[str, Any]]) -> WorkloadReport:
+        """Judge the worker's leaving pods (before the taint); stop what may not start elsewhere."""
+        for owner, workload in (await self._workloads(pods)).items():
+            obj = await self._object(owner)
+            if obj is None:
+                self.report.unjudged.append(f"{owner} (pods {', '.join(workload.pods)}) could not be read")
+                continue
+            record = stop_record(obj)
+            if record is not None:
+                # Stopped already: by an earlier run of this fence (start_stopped judges it), or by
+                # another worker's fence, whose record keeps the count to restore.
+                if record.get("node") != self.worker:
+                    self.report.stopped[str(owner)] = f"{owner} stays stopped by the fence of {record.get('node')}"
+                continue
+            verdict = workload.verdict(self.worker)
+            volumes = list(workload.volumes.values())
+            if verdict is Verdict.MOVES or (verdict is Verdict.STALE and self.accept_stale_data):
+                how = "; ".join(v.line() for v in volumes)
+                consent = " (stale copies accepted: accept_stale_data)" if verdict is Verdict.STALE else ""
+                self.report.moving[str(owner)] = how + consent
+                continue
+            await self.api.patch_merge(
+                owner.resource, owner.name, owner.namespace, stop_patch(owner, obj, self.worker, verdict, volumes)
+            )
+            how = "suspended" if owner.kind in SUSPENDED else "scaled to 0"
+            self.progress(f"{owner} {how}: {REASON[verdict]} ({', '.join(workload.volumes)})")
+        await self.start_stopped(worker_back=False)
+        return self.report
+
+    async def _stopped(self) -> list[tuple[Owner, dict[str, Any]]]:
+        """Every owner this worker's fence keeps stopped, with its record."""
+        kinds = ",".join(sorted({*SCALED.values(), *SUSPENDED.values()}))
+        found = []
+        for obj in (await read_json(self.api, kinds, "-A")).get("items") or []:
+            record = stop_record(obj)
+            if record is not None and record.get("node") == self.worker:
+                meta = obj["metadata"]
+                found.append((Owner(str(obj["kind"]), meta["namespace"], meta["name"]), record))
+        return found
+
+    async def start_stopped(self, *, worker_back: bool) -> WorkloadReport:
+        """Start each workload the fence stopped whose volumes now allow it (current copies, or
+        stale ones with consent; with `worker_back`, the rejoined worker's too); the rest stay
+        stopped, each with its reason. The Node's summary follows."""
+        stopped = await self._stopped()
+        copies = copies_by_volume(await longhorn_items(self.api, "replicas.longhorn.io")) if stopped else {}
+        still: dict[str, str] = {}
+        for owner, record in stopped:
+            volumes = [VolumeCopies(v, c, copies.get(v, ())) for v, c in record.get("volumes") or []]
+            verdict = max((v.verdict(self.worker, worker_back=worker_back) for v in volumes), default=Verdict.MOVES)
+            if verdict is Verdict.MOVES or (verdict is Verdict.STALE and self.accept_stale_data):
+                await self.api.patch_merge(owner.resource, owner.name, owner.namespace, start_patch(owner, record))
+                consent = " (stale copies accepted: accept_stale_data)" if verdict is Verdict.STALE else ""
+                self.report.started[str(owner)] = "; ".join(v.line() for v in volumes) + consent
+                self.progress(f"{owner} started again{consent}")
+                continue
+            self.report.stopped[str(owner)] = why_stopped(
+                str(owner), verdict, self.worker, volumes, worker_back=worker_back
+            )
+            still[str(owner)] = REASON[verdict]
+        # The Node's summary of what its fence keeps stopped (removed when nothing is).
+        summary = json.dumps(still, sort_keys=True) if still else None
+        patch = {"metadata": {"annotations": {NODE_STOPPED_ANNOTATION: summary}}}
+        await self.api.kubectl(
+            ["patch", "node", self.worker, "--type", "merge", "-p", json.dumps(patch)], repeat=Repeat.IDEMPOTENT
+        )
+        return self.report
+
+
+def release_refusal(node: Mapping[str, Any]) -> str | None:
+    """Why the fence may not delete pods of this Node itself (None when it may): the fence must be
+    recorded, the Node NotReady and tainted out of service."""
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = next((c.get("status") for c in conditions if c.get("type") == "Ready"), "")
+    taints = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
+    if FENCE_ANNOTATION not in annotations:
+        return "no fence is recorded on it"
+    if ready == "True":
+        return "it is Ready again"
+    if OUT_OF_SERVICE_TAINT not in taints:
+        return "it is not tainted out of service"
+    return None
+
+
+def attached_volumes(attachments: list[dict[str, Any]], node: str) -> set[str]:
+    """The persistent volumes with a VolumeAttachment to `node` (attached or not yet detached)."""
+    return {
+        str(((a.get("spec") or {}).get("source") or {}).get("persistentVolumeName") or "")
+        for a in attachments
+        if (a.get("spec") or {}).get("nodeName") == node
+    }
+
+
+async def release_pods(api: ClusterApi, worker: str, pods: list[dict[str, Any]], progress: Progress) -> list[str]:
+    """Delete, with no grace period, the worker's pods left with Longhorn volumes whose
+    VolumeAttachments to the worker are gone, while the fence holds (see the module docstring).
+    Returns the pods deleted."""
+    claims = await ClaimMap.read(api)
+    with_volumes = [pod for pod in pods if claims.volumes_of(pod)]
+    deleted: list[str] = []
+    for pod in with_volumes:
+        # Read again before each deletion: the fence must still hold and the volumes be detached now.
+        node = await read_json(api, "node", worker)
+        if (refusal := release_refusal(node)) is not None:
+            progress(f"pods with Longhorn volumes left on {worker}, not deleted by the fence: {refusal}")
+            return deleted
+        attached = attached_volumes((await read_json(api, "volumeattachments")).get("items") or [], worker)
+        if {claims.bound[claim] for claim in claims.volumes_of(pod)} & attached:
+            continue  # still attached to the worker: Kubernetes detaches it first
+        meta = pod["metadata"]
+        await api.kubectl(
+            [
+                "delete",
+                "pod",
+                meta["name"],
+                "-n",
+                meta["namespace"],
+                "--ignore-not-found",
+                "--wait=false",
+                "--grace-period=0",
+                "--force",
+            ],
+            repeat=Repeat.IDEMPOTENT,
+        )
+        deleted.append(pod_label(pod))
+        progress(f"deleted pod {pod_label(pod)} (its volumes detached from {worker}, the fence recorded)")
+    return deleted
+
+
+async def start_with_consent(server: SshTarget, worker: str, *, api_wait: float, progress: Progress) -> WorkloadReport:
+    """accept_stale_data given to a fence done: start what it stopped for stale copies (judged again)."""
+    async with open_session(server) as session:
+        api = ClusterApi(session, progress=progress, api_wait=api_wait)
+        return await WorkloadDecision(api, worker, progress, accept_stale_data=True).start_stopped(worker_back=False)

@@ -1,0 +1,211 @@
+"""The fence's rules per workload with Longhorn volumes: which copies are current, stale or the
+only one; which owner is stopped and how; which pods the program cannot judge; and when the fence
+may delete a pod itself. The decision through the API runs in the lab
+(tests/lab/test_fence_workloads.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from node_operations.fence_workloads import (
+    STOPPED_ANNOTATION,
+    ClaimMap,
+    Copy,
+    Owner,
+    Verdict,
+    VolumeCopies,
+    Workload,
+    WorkloadReport,
+    attached_volumes,
+    release_refusal,
+    start_patch,
+    stop_patch,
+    stop_record,
+    stoppable_owner,
+    why_stopped,
+)
+
+W = "w1"
+# Longhorn's timestamps (RFC 3339, UTC): string order is time order.
+T1, T2, T3 = "2026-12-04T01:00:00Z", "2026-12-04T02:00:00Z", "2026-12-04T03:00:00Z"
+
+
+def current(node: str) -> Copy:
+    return Copy(node, healthy_at=T1, last_healthy_at=T1)
+
+
+def failed(node: str, at: str, healthy: str = T1) -> Copy:
+    # Longhorn keeps healthyAt when a replica fails (it clears it only before a rebuild).
+    return Copy(node, healthy_at=healthy, failed_at=at, last_healthy_at=healthy, last_failed_at=at)
+
+
+def volume(*copies: Copy) -> VolumeCopies:
+    return VolumeCopies("pvc-1", "default/data", tuple(copies))
+
+
+def test_a_current_copy_elsewhere_lets_the_workload_move() -> None:
+    assert volume(failed(W, T3), current("srv")).verdict(W) is Verdict.MOVES
+
+
+def test_copies_elsewhere_that_failed_since_are_stale() -> None:
+    # srv's copy failed before the worker's: it may miss the worker's last writes.
+    assert volume(failed(W, T3), failed("srv", T2)).verdict(W) is Verdict.STALE
+
+
+def test_the_workers_copy_alone_is_the_only_copy() -> None:
+    assert volume(failed(W, T3)).verdict(W) is Verdict.ONLY_COPY
+    # The worker's own copy being current (its node not yet marked down) does not count either.
+    assert volume(current(W)).verdict(W) is Verdict.ONLY_COPY
+    # A copy elsewhere that was never healthy holds no data: not a copy to start from.
+    assert volume(failed(W, T3), Copy("srv")).verdict(W) is Verdict.ONLY_COPY
+    # An unplaced replica neither.
+    assert volume(failed(W, T3), Copy("", healthy_at=T1)).verdict(W) is Verdict.ONLY_COPY
+
+
+def test_a_workload_takes_the_worst_verdict_of_its_volumes() -> None:
+    owner = Owner("Deployment", "default", "db")
+    workload = Workload(owner, ["default/db-1"])
+    workload.volumes["a"] = VolumeCopies("a", "default/a", (failed(W, T3), current("srv")))
+    assert workload.verdict(W) is Verdict.MOVES
+    workload.volumes["b"] = VolumeCopies("b", "default/b", (failed(W, T3), failed("w2", T2)))
+    assert workload.verdict(W) is Verdict.STALE
+    workload.volumes["c"] = VolumeCopies("c", "default/c", (failed(W, T3),))
+    assert workload.verdict(W) is Verdict.ONLY_COPY
+
+
+def test_at_the_rejoin_the_workers_copy_that_failed_last_is_the_newest() -> None:
+    assert volume(failed(W, T3)).verdict(W, worker_back=True) is Verdict.MOVES
+    assert volume(failed(W, T3), failed("srv", T2)).verdict(W, worker_back=True) is Verdict.MOVES
+    # Another copy failed after the worker's: the worker's may be the older one.
+    assert volume(failed(W, T2), failed("srv", T3)).verdict(W, worker_back=True) is Verdict.STALE
+    assert volume(current(W)).verdict(W, worker_back=True) is Verdict.MOVES
+    # Nothing of the volume left anywhere: no copy to start from.
+    assert volume().verdict(W, worker_back=True) is Verdict.ONLY_COPY
+
+
+def test_the_stale_line_lists_every_copy_with_its_times() -> None:
+    copies = volume(failed(W, T3, healthy=T1), failed("srv", T2, healthy=T1))
+    line = why_stopped("Deployment default/db", Verdict.STALE, W, [copies], worker_back=False)
+    assert "Deployment default/db stays stopped: no other node holds a current copy" in line
+    assert f"srv (failed; lastHealthyAt {T1}, lastFailedAt {T2})" in line
+    assert f"w1 (failed; lastHealthyAt {T1}, lastFailedAt {T3})" in line
+    assert "set hk3s:fences.w1.accept_stale_data: true" in line
+    only = why_stopped("Job default/backup", Verdict.ONLY_COPY, W, [volume(failed(W, T3))], worker_back=False)
+    assert only.startswith("Job default/backup stays stopped until w1 rejoins: the only copy of pvc-1 is on w1")
+
+
+def pod(name: str, owner: tuple[str, str] | None = None, volumes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    refs = [{"kind": owner[0], "name": owner[1], "controller": True}] if owner else []
+    return {
+        "metadata": {"name": name, "namespace": "default", "ownerReferences": refs},
+        "spec": {"volumes": volumes or []},
+    }
+
+
+def test_the_owner_stopped_is_the_deployment_statefulset_replicaset_or_job() -> None:
+    deployment_rs = {"metadata": {"ownerReferences": [{"kind": "Deployment", "name": "db", "controller": True}]}}
+    assert stoppable_owner(pod("db-x", ("ReplicaSet", "db-5f")), deployment_rs) == Owner("Deployment", "default", "db")
+    assert stoppable_owner(pod("rs-x", ("ReplicaSet", "rs")), {"metadata": {}}) == Owner("ReplicaSet", "default", "rs")
+    assert stoppable_owner(pod("s-0", ("StatefulSet", "s")), None) == Owner("StatefulSet", "default", "s")
+    assert stoppable_owner(pod("j-x", ("Job", "backup")), None) == Owner("Job", "default", "backup")
+
+
+def test_pods_without_an_owner_the_fence_can_stop_are_not_judged() -> None:
+    assert stoppable_owner(pod("bare"), None) is None
+    assert stoppable_owner(pod("ds-x", ("DaemonSet", "agent")), None) is None
+    assert stoppable_owner(pod("pg-1", ("Cluster", "pg")), None) is None
+    # A ReplicaSet another controller owns (it would scale it back), or one that is gone.
+    rollout = {"metadata": {"ownerReferences": [{"kind": "Rollout", "name": "r", "controller": True}]}}
+    assert stoppable_owner(pod("r-x", ("ReplicaSet", "r-1")), rollout) is None
+    assert stoppable_owner(pod("r-x", ("ReplicaSet", "r-1")), None) is None
+
+
+def test_claims_bound_to_longhorn_volumes_are_found_in_a_pod() -> None:
+    claims = [
+        {"metadata": {"namespace": "default", "name": "data"}, "spec": {"volumeName": "pv-a"}},
+        {"metadata": {"namespace": "default", "name": "web-0-scratch"}, "spec": {"volumeName": "pv-b"}},
+        {"metadata": {"namespace": "default", "name": "nfs"}, "spec": {"volumeName": "pv-c"}},
+    ]
+    pvs = [
+        {"metadata": {"name": "pv-a"}, "spec": {"csi": {"driver": "driver.longhorn.io", "volumeHandle": "vol-a"}}},
+        {"metadata": {"name": "pv-b"}, "spec": {"csi": {"driver": "driver.longhorn.io", "volumeHandle": "vol-b"}}},
+        {"metadata": {"name": "pv-c"}, "spec": {"nfs": {"server": "x", "path": "/"}}},
+    ]
+    found = ClaimMap.of(claims, pvs)
+    volumes = [
+        {"name": "d", "persistentVolumeClaim": {"claimName": "data"}},
+        {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {}}},
+        {"name": "n", "persistentVolumeClaim": {"claimName": "nfs"}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    assert found.volumes_of(pod("web-0", volumes=volumes)) == {
+        "default/data": "vol-a",
+        "default/web-0-scratch": "vol-b",
+    }
+    assert found.bound["default/data"] == "pv-a"
+    assert found.volumes_of(pod("other", volumes=[volumes[2], volumes[3]])) == {}
+
+
+def test_a_stop_and_its_record_are_one_patch_that_the_start_undoes() -> None:
+    owner = Owner("Deployment", "default", "db")
+    patch = stop_patch(owner, {"spec": {"replicas": 3}}, W, Verdict.STALE, [volume(failed(W, T3))])
+    assert patch["spec"] == {"replicas": 0}
+    record = stop_record(patch)
+    assert record == {"node": W, "reason": "stale", "replicas": 3, "volumes": [["pvc-1", "default/data"]]}
+    assert start_patch(owner, record) == {
+        "metadata": {"annotations": {STOPPED_ANNOTATION: None}},
+        "spec": {"replicas": 3},
+    }
+
+
+def test_a_job_is_suspended_and_resumed_as_it_was() -> None:
+    job = Owner("Job", "default", "backup")
+    patch = stop_patch(job, {"spec": {"parallelism": 1}}, W, Verdict.ONLY_COPY, [volume(failed(W, T3))])
+    assert patch["spec"] == {"suspend": True}
+    record = stop_record(patch)
+    assert record is not None and record["suspend"] is False and record["reason"] == "only-copy"
+    assert start_patch(job, record)["spec"] == {"suspend": False}
+
+
+def test_a_record_that_is_not_the_fences_is_ignored() -> None:
+    assert stop_record({"metadata": {"annotations": {STOPPED_ANNOTATION: "by hand"}}}) is None
+    assert stop_record({"metadata": {"annotations": {STOPPED_ANNOTATION: json.dumps([1])}}}) is None
+    assert stop_record({"metadata": {}}) is None
+
+
+def fenced_node(*, recorded: bool = True, ready: str = "Unknown", tainted: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {"annotations": {"hk3s.dev/fenced-at": T3} if recorded else {}},
+        "spec": {"taints": [{"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}] if tainted else []},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    }
+
+
+def test_the_fence_deletes_pods_itself_only_while_it_holds_the_node() -> None:
+    assert release_refusal(fenced_node()) is None
+    assert release_refusal(fenced_node(recorded=False)) == "no fence is recorded on it"
+    assert release_refusal(fenced_node(ready="True")) == "it is Ready again"
+    assert release_refusal(fenced_node(tainted=False)) == "it is not tainted out of service"
+
+
+def test_only_volume_attachments_to_the_worker_hold_a_pod() -> None:
+    attachments = [
+        {"spec": {"nodeName": W, "source": {"persistentVolumeName": "pv-a"}}},
+        {"spec": {"nodeName": "w2", "source": {"persistentVolumeName": "pv-b"}}},
+    ]
+    assert attached_volumes(attachments, W) == {"pv-a"}
+
+
+def test_the_report_says_where_workloads_go_and_what_stays_stopped() -> None:
+    report = WorkloadReport(
+        moving={"Deployment default/web": "volume v (claim default/c): copies on srv (current; ...)"},
+        stopped={"Deployment default/db": "Deployment default/db stays stopped until w1 rejoins: ..."},
+        unjudged=["pod default/bare uses Longhorn volume(s) v ..."],
+        released=["default/web-1"],
+    )
+    lines = report.lines()
+    assert lines[0].startswith("Deployment default/web may start elsewhere: volume v")
+    assert "Deployment default/db stays stopped until w1 rejoins: ..." in lines
+    assert "warning: pod default/bare uses Longhorn volume(s) v ..." in lines
+    assert lines[-1].startswith("deleted by the fence (not deleted by Kubernetes within 60 s")
