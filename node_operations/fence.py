@@ -248,6 +248,8 @@ class FenceReport:
             f"{OUT_OF_SERVICE}; {len(self.pods_deleted)} pod(s) deleted by Kubernetes"
         ]
         for controller, pods in sorted(self.running_now.items()):
+            if controller in self.workloads.stopped_controllers:
+                continue  # kept stopped: said below, with why
             lines.append(f"{controller} now runs: {', '.join(pods) or 'no pod yet'}")
         if self.not_restarted:
             lines.append(f"deleted with no controller to start them again: {', '.join(self.not_restarted)}")

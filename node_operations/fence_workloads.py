@@ -170,6 +170,7 @@ class Workload:
     owner: Owner
     pods: list[str] = field(default_factory=list)
     volumes: dict[str, VolumeCopies] = field(default_factory=dict)
+    controllers: set[str] = field(default_factory=set)  # its pods' own controllers ("ReplicaSet ns/name")
 
     def verdict(self, worker: str, *, worker_back: bool = False) -> Verdict:
         return max((v.verdict(worker, worker_back=worker_back) for v in self.volumes.values()), default=Verdict.MOVES)
@@ -207,6 +208,8 @@ class WorkloadReport:
     started: dict[str, str] = field(default_factory=dict)  # owner -> from which copies
     unjudged: list[str] = field(default_factory=list)  # warnings: pods the program cannot judge
     released: list[str] = field(default_factory=list)  # pods the fence deleted itself (step 5)
+    # The controllers of the pods of workloads kept stopped ("ReplicaSet ns/name"): none runs anew.
+    stopped_controllers: set[str] = field(default_factory=set)
 
     def lines(self) -> list[str]:
         lines = [f"{owner} may start elsewhere: {how}" for owner, how in sorted(self.moving.items())]
@@ -377,8 +380,10 @@ class WorkloadDecision:
 
     async def _workloads(self, pods: list[dict[str, Any]]) -> dict[Owner, Workload]:
         """The worker's pods with Longhorn volumes, by owner; the ones without one named in warnings."""
-        claims = await ClaimMap.read(self.api)
         workloads: dict[Owner, Workload] = {}
+        if not pods:
+            return workloads
+        claims = await ClaimMap.read(self.api)
         with_volumes = [(pod, claims.volumes_of(pod)) for pod in pods]
         with_volumes = [(pod, used) for pod, used in with_volumes if used]
         if not with_volumes:
@@ -397,6 +402,8 @@ class WorkloadDecision:
                 continue
             workload = workloads.setdefault(owner, Workload(owner))
             workload.pods.append(pod_label(pod))
+            ref = controller_of(pod)
+            workload.controllers.add(f"{ref[0]} {pod['metadata']['namespace']}/{ref[1]}" if ref else str(owner))
             for claim, volume in used.items():
                 workload.volumes[volume] = VolumeCopies(volume, claim, copies.get(volume, ()))
         return workloads
@@ -408,20 +415,21 @@ class WorkloadDecision:
             if obj is None:
                 self.report.unjudged.append(f"{owner} (pods {', '.join(workload.pods)}) could not be read")
                 continue
-            record = stop_record(obj)
+            record, verdict = stop_record(obj), workload.verdict(self.worker)
+            volumes = list(workload.volumes.values())
             if record is not None:
                 # Stopped already: by an earlier run of this fence (start_stopped judges it), or by
                 # another worker's fence, whose record keeps the count to restore.
+                self.report.stopped_controllers |= workload.controllers
                 if record.get("node") != self.worker:
                     self.report.stopped[str(owner)] = f"{owner} stays stopped by the fence of {record.get('node')}"
                 continue
-            verdict = workload.verdict(self.worker)
-            volumes = list(workload.volumes.values())
             if verdict is Verdict.MOVES or (verdict is Verdict.STALE and self.accept_stale_data):
                 how = "; ".join(v.line() for v in volumes)
                 consent = " (stale copies accepted: accept_stale_data)" if verdict is Verdict.STALE else ""
                 self.report.moving[str(owner)] = how + consent
                 continue
+            self.report.stopped_controllers |= workload.controllers
             await self.api.patch_merge(
                 owner.resource, owner.name, owner.namespace, stop_patch(owner, obj, self.worker, verdict, volumes)
             )
@@ -436,7 +444,8 @@ class WorkloadDecision:
         found = []
         for obj in (await read_json(self.api, kinds, "-A")).get("items") or []:
             record = stop_record(obj)
-            if record is not None and record.get("node") == self.worker:
+            # A Deployment's ReplicaSets carry copies of its annotations: the Deployment is the one stopped.
+            if record is not None and record.get("node") == self.worker and controller_of(obj) is None:
                 meta = obj["metadata"]
                 found.append((Owner(str(obj["kind"]), meta["namespace"], meta["name"]), record))
         return found

@@ -1,0 +1,382 @@
+"""The fence's decision per workload with Longhorn volumes, through the real Pulumi engine, the
+real kube-controller-manager (its taint eviction, pod garbage collector, Deployment, ReplicaSet
+and Job controllers, attach-detach controller) and the lab's Longhorn manager stand-in
+(lab/longhorn_standin/manager.py: replicas placed by node tags, failed with `failedAt` and
+`lastFailedAt` when their node goes NotReady, rebuilt only from a healthy copy of an attached
+volume, as Longhorn's manager does).
+
+One cluster for the module (the tests run in order): a server and two workers, Longhorn's stand-in
+installed. The volumes are made as Longhorn's CSI provisioner makes them (a Longhorn Volume, a
+PersistentVolume of driver.longhorn.io whose handle is the volume, a claim bound to it) and
+attached where their pods are scheduled (spec.nodeID, as Longhorn's attachment controller does).
+The workers run no container runtime, so the pods are scheduled (spec.nodeName) but never start:
+what the fence decides rests on where pods are scheduled and on the copies, not on running
+containers.
+
+- `cur` keeps copies on fw-w1 and the server; `old` on fw-w1 and fw-w2; `only` one copy on fw-w1.
+  The workloads using them are scheduled to fw-w1: Deployments cur-app, old-app (2 replicas),
+  only-app, a Job only-job, and a pod with no owner (bare).
+- fw-w2 goes down, then fw-w1 while fw-w2 is still down (so `old`'s copy on fw-w2 misses
+  fw-w1's last writes), then fw-w2 comes back.
+- The fence of fw-w1 is SIGKILLed right after its first stop, then resumed: cur-app starts on
+  fw-w2 (a current copy on the server), only-app and only-job stay stopped until fw-w1 rejoins,
+  old-app stays stopped, its copies listed with their timestamps; the bare pod gets a warning;
+  each stopped owner's record keeps its former size across the kill.
+- accept_stale_data: old-app starts (on fw-w2); only-app stays stopped.
+- The fence lifted: fw-w1 back Ready, only-app and only-job started again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from lab.hosts import Host, Lab
+from lab.stack_harness import (
+    LONGHORN_STANDIN_CHART,
+    LabStack,
+    base_config,
+    run_cli,
+    server_spec,
+    skip_without_kubernetes_provider,
+    up_or_fail,
+    wait_until,
+    worker_spec,
+)
+from node_operations.fence_workloads import NODE_STOPPED_ANNOTATION, STOPPED_ANNOTATION
+
+pytestmark = pytest.mark.lab
+
+K3S = "/usr/local/bin/k3s"
+MIB = 1 << 20
+# The lab's disks are this machine's; shares low enough that the test's copies fit.
+STORAGE = {
+    "install_longhorn": True,
+    "longhorn_chart": str(LONGHORN_STANDIN_CHART),
+    "reserved_percent": 5,
+    "minimal_available_percent": 5,
+}
+LABEL = "fence-test/place"
+# Which Longhorn node tags each volume's copies follow (its nodeSelector), and how many it keeps.
+VOLUMES = {"cur": (2, "t-cur"), "old": (2, "t-old"), "only": (1, "t-only")}
+
+
+def kubectl(server: Host, *args: str) -> str:
+    return server.run([K3S, "kubectl", *args], timeout=60).stdout
+
+
+def get(server: Host, *args: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(kubectl(server, "get", *args, "-o", "json"))
+    return found
+
+
+def apply(server: Host, name: str, objects: list[dict[str, Any]]) -> None:
+    (server.root / f"root/{name}.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    kubectl(server, "apply", "-f", f"/root/{name}.json")
+
+
+def replicas(server: Host, volume: str) -> list[dict[str, Any]]:
+    items = get(server, "replicas.longhorn.io", "-n", "longhorn-system")["items"]
+    return [r["spec"] for r in items if r["spec"]["volumeName"] == volume]
+
+
+def longhorn_objects(volume: str, pods_node: str) -> list[dict[str, Any]]:
+    """A Longhorn volume with its PersistentVolume and bound claim, as the CSI provisioner makes them."""
+    count, tag = VOLUMES[volume]
+    meta = {"name": volume, "namespace": "longhorn-system"}
+    return [
+        {
+            "apiVersion": "longhorn.io/v1beta2",
+            "kind": "Volume",
+            "metadata": meta,
+            "spec": {"numberOfReplicas": count, "size": str(64 * MIB), "nodeSelector": [tag], "nodeID": pods_node},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": f"pv-{volume}"},
+            "spec": {
+                "capacity": {"storage": "64Mi"},
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "claimRef": {"namespace": "default", "name": volume},
+                "csi": {"driver": "driver.longhorn.io", "volumeHandle": volume, "fsType": "ext4"},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": volume, "namespace": "default"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "volumeName": f"pv-{volume}",
+                "resources": {"requests": {"storage": "64Mi"}},
+            },
+        },
+    ]
+
+
+def pod_spec(claim: str, restart: str = "Always") -> dict[str, Any]:
+    return {
+        "nodeSelector": {LABEL: "yes"},
+        "restartPolicy": restart,
+        "terminationGracePeriodSeconds": 2,
+        "containers": [{"name": "app", "image": "busybox", "command": ["sleep", "3600"]}],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+    }
+
+
+def workloads() -> list[dict[str, Any]]:
+    def deployment(name: str, claim: str, count: int = 1) -> dict[str, Any]:
+        labels = {"app": name}
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "replicas": count,
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": pod_spec(claim)},
+            },
+        }
+
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "only-job", "namespace": "default"},
+        "spec": {"backoffLimit": 6, "template": {"spec": pod_spec("only", "Never")}},
+    }
+    bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": "default"}}
+    bare["spec"] = pod_spec("cur")
+    return [deployment("cur-app", "cur"), deployment("old-app", "old", 2), deployment("only-app", "only"), job, bare]
+
+
+def attached_to(server: Host, node: str) -> set[str]:
+    """The persistent volumes with a VolumeAttachment to `node`."""
+    items = get(server, "volumeattachments")["items"]
+    return {a["spec"]["source"].get("persistentVolumeName", "") for a in items if a["spec"]["nodeName"] == node}
+
+
+@dataclass
+class Cluster:
+    lab: Lab
+    stack: LabStack
+    server: Host
+    w1: Host
+    w2: Host
+    config: dict[str, Any]
+
+    def diagnose(self) -> str:
+        kinds = "pods,deployments,jobs,volumeattachments,nodes"
+        longhorn = kubectl(self.server, "get", "volumes.longhorn.io,replicas.longhorn.io", "-A", "-o", "wide")
+        return kubectl(self.server, "get", kinds, "-o", "wide") + longhorn + self.stack.text()[-4000:]
+
+    def write_fences(self, fences: dict[str, dict[str, bool]]) -> None:
+        self.config["fences"] = fences
+        self.stack.write_config(self.config)
+
+    def pods_of(self, app: str) -> list[dict[str, Any]]:
+        selector = f"job-name={app}" if app.endswith("-job") else f"app={app}"
+        return [
+            p for p in get(self.server, "pods", "-l", selector)["items"] if not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def scheduled(self, app: str) -> list[str]:
+        return sorted(p["spec"].get("nodeName") or "" for p in self.pods_of(app))
+
+    def ready(self, host: Host) -> str:
+        found = get(self.server, "node", host.name)
+        return str(next(c["status"] for c in found["status"]["conditions"] if c["type"] == "Ready"))
+
+    def down(self, host: Host) -> None:
+        host.run(["systemctl", "stop", "k3s-agent"])
+        wait_until(f"{host.name} NotReady", lambda: self.ready(host) != "True", 90, self.diagnose)
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    skip_without_kubernetes_provider()
+    server = lab.add_host(server_spec("fw-srv"))
+    w1, w2 = lab.add_host(worker_spec("fw-w1")), lab.add_host(worker_spec("fw-w2"))
+    lab.wait_ssh_ready([server, w1, w2])
+    stack = LabStack(tmp_path_factory.mktemp("fence-workloads"))
+    config = base_config(lab, server, [w1, w2], storage=STORAGE)
+    stack.write_config(config)
+    up_or_fail(stack)
+    cluster = Cluster(lab, stack, server, w1, w2, config)
+    names = {server.name, w1.name, w2.name}
+    wait_until(
+        "a Longhorn node per node",
+        lambda: (
+            {n["metadata"]["name"] for n in get(server, "nodes.longhorn.io", "-n", "longhorn-system")["items"]} == names
+        ),
+        120,
+        cluster.diagnose,
+    )
+    tags = {server.name: ["t-cur"], w1.name: ["t-cur", "t-old", "t-only"], w2.name: ["t-old"]}
+    for name, extra in tags.items():
+        node = get(server, "nodes.longhorn.io", name, "-n", "longhorn-system")
+        body = {"spec": {"allowScheduling": True, "tags": sorted({*(node["spec"].get("tags") or []), *extra})}}
+        kubectl(
+            server,
+            "patch",
+            "nodes.longhorn.io",
+            name,
+            "-n",
+            "longhorn-system",
+            "--type",
+            "merge",
+            "-p",
+            json.dumps(body),
+        )
+    apply(server, "volumes", [obj for volume in VOLUMES for obj in longhorn_objects(volume, w1.name)])
+    for volume, (count, _tag) in VOLUMES.items():
+        wait_until(
+            f"{count} healthy copies of {volume}",
+            lambda v=volume, c=count: len([r for r in replicas(server, v) if r.get("healthyAt")]) == c,  # type: ignore[misc]
+            90,
+            cluster.diagnose,
+        )
+    kubectl(server, "label", "node", w1.name, f"{LABEL}=yes")
+    apply(server, "workloads", workloads())
+    wait_until(
+        "every workload's pods scheduled to fw-w1",
+        lambda: (
+            all(
+                cluster.scheduled(app) == [w1.name] * count
+                for app, count in (("cur-app", 1), ("old-app", 2), ("only-app", 1), ("only-job", 1))
+            )
+            and get(server, "pod", "bare")["spec"].get("nodeName") == w1.name
+        ),
+        120,
+        cluster.diagnose,
+    )
+    # The attach-detach controller attaches each claim's volume to the node its pods are on.
+    wait_until(
+        "VolumeAttachments of the three volumes to fw-w1",
+        lambda: {f"pv-{v}" for v in VOLUMES} <= attached_to(server, w1.name),
+        120,
+        cluster.diagnose,
+    )
+    yield cluster
+
+
+def test_a_fence_keeps_stopped_what_has_no_current_copy_elsewhere(cluster: Cluster) -> None:
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    # fw-w2 goes down first: `old`'s copy there fails; then fw-w1, while fw-w2 is still down, so
+    # that copy cannot be rebuilt before fw-w1 went (and stays behind its last writes).
+    cluster.down(w2)
+    wait_until(
+        "old's copy on fw-w2 failed",
+        lambda: any(r["nodeID"] == w2.name and r.get("failedAt") for r in replicas(server, "old")),
+        60,
+        cluster.diagnose,
+    )
+    cluster.down(w1)
+    wait_until(
+        "fw-w1's copies failed",
+        lambda: all(r.get("failedAt") for v in VOLUMES for r in replicas(server, v) if r["nodeID"] == w1.name),
+        60,
+        cluster.diagnose,
+    )
+    w2.run(["systemctl", "start", "k3s-agent"])
+    wait_until("fw-w2 Ready again", lambda: cluster.ready(w2) == "True", 90, cluster.diagnose)
+    kubectl(server, "label", "node", w2.name, f"{LABEL}=yes")  # the workloads may run there too
+    old_w2 = next(r for r in replicas(server, "old") if r["nodeID"] == w2.name)
+    assert old_w2.get("failedAt"), old_w2  # not rebuilt: no healthy copy to rebuild from
+    time.sleep(62)  # fw-w1 down for the minute a fence asks for
+
+    # The run is killed right after its first stop; the next up resumes.
+    cluster.write_fences({w1.name: {}})
+    run = run_cli(cluster.stack, ["up", "--yes", "--skip-preview"], kill_when="scaled to 0:", crash=True)
+    assert run.killed, run.output[-4000:]
+    # The operator API's up clears what the killed run left (its lock, its pending operations,
+    # refreshed through the API forward) and resumes.
+    lines: list[str] = []
+    cluster.stack.api().up(on_output=lines.append)
+    text = "\n".join(lines)
+    assert "pending operation(s) of an interrupted run" in text, text[-4000:]
+    print("\n".join(line for line in text.splitlines() if f"[{w1.name}]" in line))
+
+    # A current copy on the server: cur-app starts on the worker left.
+    assert "Deployment default/cur-app may start elsewhere: volume cur (claim default/cur): copies on" in text
+    wait_until("cur-app scheduled to fw-w2", lambda: cluster.scheduled("cur-app") == [w2.name], 120, cluster.diagnose)
+    # The only copy on fw-w1: stopped until it rejoins, the records keeping the former sizes.
+    assert f"Deployment default/only-app stays stopped until {w1.name} rejoins: the only copy of only" in text, text[
+        -4000:
+    ]
+    assert f"Job default/only-job stays stopped until {w1.name} rejoins" in text, text[-4000:]
+    only_app = get(server, "deployment", "only-app")
+    assert only_app["spec"]["replicas"] == 0
+    assert json.loads(only_app["metadata"]["annotations"][STOPPED_ANNOTATION])["replicas"] == 1
+    job = get(server, "job", "only-job")
+    assert job["spec"]["suspend"] is True
+    assert json.loads(job["metadata"]["annotations"][STOPPED_ANNOTATION])["suspend"] is False
+    # Stale copies: old-app stays stopped, every copy listed with its timestamps.
+    old_app = get(server, "deployment", "old-app")
+    assert old_app["spec"]["replicas"] == 0
+    assert json.loads(old_app["metadata"]["annotations"][STOPPED_ANNOTATION])["replicas"] == 2
+    assert "Deployment default/old-app stays stopped: no other node holds a current copy" in text, text[-4000:]
+    for copy in replicas(server, "old"):
+        line = f"{copy['nodeID']} (failed; lastHealthyAt {copy['lastHealthyAt']}, lastFailedAt {copy['lastFailedAt']})"
+        assert line in text, (line, text[-4000:])
+    assert f"hk3s:fences.{w1.name}.accept_stale_data: true" in text
+    # The pod the program cannot judge is named.
+    assert "warning: pod default/bare uses Longhorn volume(s) cur" in text, text[-4000:]
+    # Where each workload runs now leaves out the ones kept stopped (said above, with why).
+    assert "ReplicaSet default/cur-app-" in text and "ReplicaSet default/old-app-" not in text, text[-4000:]
+    # Nothing of them is left on fw-w1, and none of the stopped ones runs anywhere.
+    for app in ("only-app", "old-app", "only-job"):
+        assert cluster.scheduled(app) == [], (app, cluster.diagnose())
+    summary = json.loads(get(server, "node", w1.name)["metadata"]["annotations"][NODE_STOPPED_ANNOTATION])
+    assert summary == {
+        "Deployment default/old-app": "stale",
+        "Deployment default/only-app": "only-copy",
+        "Job default/only-job": "only-copy",
+    }
+    # Kubernetes detached their volumes from the fenced worker.
+    wait_until(f"no VolumeAttachment to {w1.name}", lambda: not attached_to(server, w1.name), 120, cluster.diagnose)
+
+
+def test_accepting_stale_data_starts_the_workload_from_the_older_copies(cluster: Cluster) -> None:
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    cluster.write_fences({w1.name: {"accept_stale_data": True}})
+    cluster.stack.log.clear()
+    output = cluster.stack.up_output()
+    if output:
+        pytest.fail(output[-8000:])
+    text = cluster.stack.text()
+    assert "Deployment default/old-app started again" in text and "stale copies accepted" in text, text[-4000:]
+    old_app = get(server, "deployment", "old-app")
+    assert old_app["spec"]["replicas"] == 2 and STOPPED_ANNOTATION not in old_app["metadata"].get("annotations", {})
+    wait_until(
+        "old-app scheduled to fw-w2", lambda: cluster.scheduled("old-app") == [w2.name] * 2, 120, cluster.diagnose
+    )
+    # The only copy stays where it is: no consent starts it.
+    assert get(server, "deployment", "only-app")["spec"]["replicas"] == 0
+    assert f"Deployment default/only-app stays stopped until {w1.name} rejoins" in text, text[-4000:]
+
+
+def test_lifting_the_fence_starts_what_it_stopped(cluster: Cluster) -> None:
+    server, w1 = cluster.server, cluster.w1
+    cluster.write_fences({})
+    cluster.stack.log.clear()
+    output = cluster.stack.up_output()
+    if output:
+        pytest.fail(output[-8000:])
+    text = cluster.stack.text()
+    assert f"[{w1.name}] fence lifted: rejoined" in text, text[-4000:]
+    assert cluster.ready(w1) == "True"
+    assert "Deployment default/only-app started again" in text and "Job default/only-job started again" in text
+    only_app = get(server, "deployment", "only-app")
+    assert only_app["spec"]["replicas"] == 1 and STOPPED_ANNOTATION not in only_app["metadata"].get("annotations", {})
+    assert get(server, "job", "only-job")["spec"]["suspend"] is False
+    annotations = get(server, "node", w1.name)["metadata"].get("annotations") or {}
+    assert NODE_STOPPED_ANNOTATION not in annotations
+    wait_until("only-app scheduled", lambda: len(cluster.scheduled("only-app")) == 1, 120, cluster.diagnose)
