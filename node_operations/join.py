@@ -28,14 +28,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from host_scripts import script_path
-from node_operations.agent_log import agent_log, agent_log_diagnosis, agent_since, log_message
+# agent_since: where the join reads the agent's log from, kept importable here for the lab tests
+# that start an agent the way the join does.
+from node_operations.agent_log import agent_log, agent_log_diagnosis, agent_since, log_message  # noqa: F401
 from node_operations.firewall_plan import PortRule
-from node_operations.host_facts import HostFacts, gather_facts, interface_of
-from node_operations.host_firewall.inspection import inspect_firewall
+from node_operations.host_facts import HostFacts, interface_of
 from node_operations.host_firewall.operator_firewall import evaluate_operator_firewall
+from node_operations.join_host import JoiningHost, install_agent, prepare_joining_host, read_joining_host
 from node_operations.join_validation import POLL_SECONDS, TaintedNodeValidation, ValidatedNode, ValidationError
-from node_operations.k3s_install import K3S_BIN, K3sBinary, agent_config, install_k3s
+from node_operations.k3s_install import K3S_BIN, K3sBinary, agent_config
 from node_operations.network_mode import check_connection
 from node_operations.node_access import NodeAccessError, RecordedNode, check_recorded_nodes
 from node_operations.node_metadata import MANAGED_LABEL, put_metadata_in_step
@@ -52,6 +53,9 @@ AGENT_UNIT = "/etc/systemd/system/k3s-agent.service"
 TOKEN_TTL = "10m"
 REGISTER_DEADLINE_SECONDS = 120.0
 READY_DEADLINE_SECONDS = 120.0
+# The longest single watch of the Node while waiting for it to turn Ready (kubectl's own request
+# timeout ends a watch after as long).
+READY_WATCH_SECONDS = 30.0
 PERMITS_CONFIGMAP = "hk3s-join-permits"
 PERMIT_POLICY = "hk3s-node-join-permits"
 
@@ -181,11 +185,21 @@ class Joiner:
         # Every API call rides through a brief outage (a k3s restart on the server) and says so.
         self.cluster = ClusterApi(server, progress, spec.api_wait)
         self.checks: dict[str, str] = {}
+        self.host: JoiningHost | None = None  # what preflight read on the worker
 
     # --- preflight ---------------------------------------------------------------
     async def preflight(self) -> tuple[HostFacts, NodeStatus | None]:
         self.progress("preflight")
-        facts, nodes = await asyncio.gather(gather_facts(self.worker), self.cluster.nodes())
+        # The worker's reads go in one command (join_host), beside the server's list of nodes.
+        host, nodes = await asyncio.gather(
+            read_joining_host(
+                self.worker,
+                k3s_checksum=self.spec.binary.local_path is not None,
+                operator_firewall=self.spec.operator_firewall_rules is not None,
+            ),
+            self.cluster.nodes(),
+        )
+        self.host, facts = host, host.facts
         existing = next((n for n in nodes if n.name == self.spec.node), None)
         unrecorded = sorted(n.name for n in nodes if n.name not in self.spec.recorded_nodes)
         if unrecorded:
@@ -196,7 +210,7 @@ class Joiner:
                 "Add each to hk3s:workers (kind: existing, with its address) to adopt it, then run pulumi up",
             )
         await self._check_peers()
-        own_state = existing is not None or await self._joined_this_cluster_before()
+        own_state = existing is not None or host.joined_cluster_before(self.spec.ca_hash)
         problems = evaluate_preflight(
             self.spec.node,
             facts,
@@ -209,7 +223,7 @@ class Joiner:
         if problems:
             raise JoinError(self.spec.node, "preflight", "; ".join(f"{p.check}: {p.message}" for p in problems))
         if self.spec.operator_firewall_rules is not None:
-            await self._check_operator_firewall(self.spec.operator_firewall_rules)
+            self._check_operator_firewall(self.spec.operator_firewall_rules)
         if interface_of(facts, self.spec.node_ip) is None:
             raise JoinError(
                 self.spec.node,
@@ -220,25 +234,14 @@ class Joiner:
         # Before the host changes: a host rebuilt under a live node's name stops here.
         await self._settle_node_password(existing)
         self.checks["preflight"] = "passed"
-        # From here on, k3s state on this host is this program's, for this cluster: a join
-        # resumed after an interruption must not mistake it for a foreign install.
-        await self.worker.run(
-            [
-                "sh",
-                "-c",
-                'mkdir -p /var/lib/hk3s/journal && printf "%s\\n" "$1" > /var/lib/hk3s/journal/join-ca',
-                "-",
-                self.spec.ca_hash,
-            ],
-            deadline=15,
-        )
         return facts, existing
 
-    async def _check_operator_firewall(self, required: tuple[PortRule, ...]) -> None:
+    def _check_operator_firewall(self, required: tuple[PortRule, ...]) -> None:
         """A firewall the program does not manage must already allow the cluster's traffic
         (an active firewall the program does not run would silently drop the new node's
         traffic, so it stops the join); list what to add."""
-        report = evaluate_operator_firewall(await inspect_firewall(self.worker, operator=True), required)
+        assert self.host is not None, "preflight reads the host first"
+        report = evaluate_operator_firewall(self.host.firewall_inspection(), required)
         if report.stops_join:
             raise JoinError(self.spec.node, "firewall", report.message())
         self.checks["operator-firewall"] = f"{report.firewall}: nothing missing"
@@ -261,19 +264,12 @@ class Joiner:
         if self.spec.peers:
             self.checks["ssh-peers"] = f"{len(self.spec.peers)} reachable"
 
-    async def _joined_this_cluster_before(self) -> bool:
-        result = await self.worker.run(["cat", "/var/lib/hk3s/journal/join-ca"], deadline=15, check=False)
-        return result.exit_status == 0 and result.stdout.strip() == self.spec.ca_hash
-
     # --- prepare -----------------------------------------------------------------
     async def prepare(self) -> None:
+        """The journal entry (from here on, k3s state on this host is this program's, for this
+        cluster), then node_prepare.sh: one command."""
         self.progress("preparing the host")
-        await self.worker.run_script(
-            script_path("node_prepare.sh"),
-            [self.spec.pod_network],
-            deadline=600,
-            on_line=lambda line: self.progress(line.removeprefix("result ")) if line.startswith("result ") else None,
-        )
+        await prepare_joining_host(self.worker, self.spec.ca_hash, self.spec.pod_network, self.progress)
         self.checks["prepare"] = "done"
 
     # --- join --------------------------------------------------------------------
@@ -310,15 +306,20 @@ class Joiner:
                 token_file=token_file,
             )
 
-        since = await agent_since(self.worker)
         try:
-            if token is not None:
-                await self.worker.upload(token.value.encode() + b"\n", TOKEN_FILE, deadline=30, mode=0o600)
-            results = await install_k3s(self.worker, "agent", spec.binary, config(TOKEN_FILE), self.progress)
-            if token is not None and results.get("service") == "running":
+            installed = await install_agent(
+                self.worker,
+                binary=spec.binary,
+                config_text=config(TOKEN_FILE),
+                token_file=TOKEN_FILE,
+                token=token,
+                installed_sha256=self.host.k3s_sha256 if self.host is not None else None,
+                progress=self.progress,
+            )
+            if token is not None and installed.results.get("service") == "running":
                 # A new token with an unchanged config: the running agent must read it.
                 await self.worker.run(["systemctl", "restart", "--no-block", "k3s-agent"], deadline=30)
-            node = await self.wait_registered(since)
+            node = await self.wait_registered(installed.since)
         except BaseException:
             if token is not None:
                 await self._forget_token(token, registered=False)
@@ -341,13 +342,8 @@ class Joiner:
         if existing is None:
             await self.cluster.delete_node_password(self.spec.node)
             return
-        result = await self.worker.run(
-            ["sh", "-c", "cat /etc/machine-id; test -s /etc/rancher/node/password && echo password"],
-            deadline=15,
-            check=False,
-        )
-        lines = result.stdout.split()
-        machine_id = lines[0] if lines else ""
+        assert self.host is not None, "preflight reads the host first"
+        machine_id = self.host.machine_id
         if existing.machine_id and machine_id and existing.machine_id != machine_id:
             raise JoinError(
                 self.spec.node,
@@ -358,7 +354,7 @@ class Joiner:
                 f"{self.spec.node}) and run pulumi up again; if it still runs, give this host another name in "
                 "hk3s:workers",
             )
-        if "password" not in lines:
+        if not self.host.keeps_node_password:
             await self.cluster.delete_node_password(self.spec.node)
             self.progress("node password record removed: this machine registered the node and lost its password")
 
@@ -414,11 +410,16 @@ class Joiner:
         self.progress(f"the agent's token file restored (token {token.token_id}, deleted on the server)")
 
     async def wait_registered(self, since: str) -> NodeStatus:
-        """Wait for the Node, diagnosing from the agent's log what keeps it away."""
+        """Wait for the Node, diagnosing from the agent's log what keeps it away.
+
+        The Node is watched for a poll interval at a time (it is there the moment it registers,
+        with no interval to wait out), the agent's log read between: a diagnosis that never
+        heals stops the wait within an interval, as when the Node was polled."""
         deadline = self.paused_clock(self.spec.register_deadline)
         self.progress("waiting for the node to register")
         while True:
-            node = await self.cluster.get_node(self.spec.node)
+            looked = time.monotonic()
+            node = await self.cluster.watch_node(self.spec.node, POLL_SECONDS)
             if node is not None:
                 return node
             lines = await agent_log(self.worker, since)
@@ -441,7 +442,8 @@ class Joiner:
                     f"the node did not register within {self.spec.register_deadline:.0f}s (agent log: {tail}); "
                     "see journalctl -u k3s-agent on the host",
                 )
-            await asyncio.sleep(POLL_SECONDS)
+            # What of the interval the watch did not wait (it ended early, without the Node).
+            await asyncio.sleep(max(0.0, POLL_SECONDS - (time.monotonic() - looked)))
 
     async def _api_unreachable_from_node(self) -> JoinError | None:
         """A TCP connection from the node to the server's API port; the api-reachable diagnosis
@@ -463,23 +465,32 @@ class Joiner:
         started, waited = time.monotonic(), self.cluster.waited_seconds
         return lambda: started + seconds + (self.cluster.waited_seconds - waited)
 
-    async def wait_ready(self) -> NodeStatus:
+    async def wait_ready(self, registered: NodeStatus | None = None) -> NodeStatus:
+        """Wait for the Node to be Ready (`registered`: as its registration showed it, no need to
+        look again when it was Ready then). Watched, not polled: it returns the moment the Node
+        turns Ready, each look lasting up to what is left of the deadline (at most
+        READY_WATCH_SECONDS)."""
         deadline = self.paused_clock(self.spec.ready_deadline)
-        while True:
-            node = await self.cluster.get_node(self.spec.node)
+        node = registered
+        while node is None or not node.ready:
+            looked = time.monotonic()
+            window = min(max(deadline() - looked, POLL_SECONDS), READY_WATCH_SECONDS)
+            node = await self.cluster.watch_node(self.spec.node, window, lambda seen: seen.ready)
             if node is not None and node.ready:
-                self.checks["ready"] = "yes"
-                return node
+                break
             if time.monotonic() > deadline():
                 reason = node.ready_reason if node is not None else "node gone"
                 raise JoinError(
                     self.spec.node,
                     "ready",
-                    f"the node registered but was not Ready within {self.spec.ready_deadline:.0f}s ({reason}): the "
-                    "kubelet is not healthy or the pod network ports are blocked; see journalctl -u k3s-agent and "
-                    "check 51820/udp or 8472/udp between the nodes",
+                    f"the node registered but was not Ready within {self.spec.ready_deadline:.0f}s ({reason}): "
+                    "the kubelet is not healthy or the pod network ports are blocked; see journalctl -u k3s-agent "
+                    "and check 51820/udp or 8472/udp between the nodes",
                 )
-            await asyncio.sleep(POLL_SECONDS)
+            # What of the interval the watch did not wait (it ended early, the Node not Ready).
+            await asyncio.sleep(max(0.0, POLL_SECONDS - (time.monotonic() - looked)))
+        self.checks["ready"] = "yes"
+        return node
 
     # --- validate while tainted ---------------------------------------------------------
     async def validate(self, node: NodeStatus) -> None:
@@ -529,8 +540,7 @@ async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, prog
         facts, existing = await joiner.preflight()
         await joiner.prepare()
         rejoin = existing is not None
-        await joiner.join(facts, existing)
-        node = await joiner.wait_ready()
+        node = await joiner.wait_ready(await joiner.join(facts, existing))
         await joiner.validate(node)
         node = await joiner.release(rejoin)
         sessions = (worker_session, server_session)

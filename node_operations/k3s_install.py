@@ -194,7 +194,7 @@ def agent_config(
 _GZIPPED: dict[str, bytes] = {}
 
 
-def _gzipped(path: Path, sha256: str) -> bytes:
+def gzipped_binary(path: Path, sha256: str) -> bytes:
     if sha256 not in _GZIPPED:
         _GZIPPED[sha256] = gzip.compress(path.expanduser().read_bytes(), compresslevel=1)
     return _GZIPPED[sha256]
@@ -229,7 +229,7 @@ async def install_k3s(
     want_sha = binary.local_sha256()
     await session.run(["mkdir", "-p", "/etc/rancher/k3s"], deadline=30)
     if binary.local_path is not None and want_sha is not None and await remote_sha256(session, K3S_BIN) != want_sha:
-        packed = _gzipped(binary.local_path, want_sha)
+        packed = gzipped_binary(binary.local_path, want_sha)
         progress(f"uploading k3s {binary.version} ({len(packed) // 1_000_000} MB gzipped)")
         await session.upload(packed, f"{K3S_BIN}.hk3s-upload.gz", deadline=INSTALL_DEADLINE_SECONDS, mode=0o644)
     if config_text is not None:

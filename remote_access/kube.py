@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -27,9 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from remote_access.ssh import RemoteCommandError, SshError, SshSession
+from remote_access.stop_reading import StopWhen
 
 K3S = "/usr/local/bin/k3s"
 KUBECTL_DEADLINE_SECONDS = 30.0
+# How much longer than this side reads it a watch runs on the server before kubectl ends it.
+WATCH_MARGIN_SECONDS = 5.0
 FIELD_MANAGER = "hk3s"
 APPLY_ATTEMPTS = 3
 TOKEN_PATTERN = re.compile(r"^K10[0-9a-f]{64}::([a-z0-9]{6})\.([a-z0-9]{16})$")
@@ -246,13 +250,17 @@ class ClusterApi:
         repeat: Repeat = Repeat.ONCE,
         stdin: str | None = None,
         deadline: float = KUBECTL_DEADLINE_SECONDS,
+        until: StopWhen | None = None,
     ) -> str:
         """Run `k3s kubectl args` on the server; `repeat` says whether it may run again
-        after finding the API away (a call that does not say is never repeated)."""
+        after finding the API away (a call that does not say is never repeated); `until`
+        says when to stop reading a watch."""
         what = f"kubectl {' '.join(args[:3])}"
 
         async def attempt() -> str:
-            result = await self._server.run([K3S, "kubectl", *args], stdin=stdin, deadline=deadline, what=what)
+            result = await self._server.run(
+                [K3S, "kubectl", *args], stdin=stdin, deadline=deadline, what=what, until=until
+            )
             return result.stdout
 
         return await self._call(what, attempt, repeat)
@@ -275,6 +283,27 @@ class ClusterApi:
     async def get_node(self, name: str) -> NodeStatus | None:
         out = await self.kubectl(["get", "node", name, "-o", "json", "--ignore-not-found"], repeat=Repeat.READ)
         return NodeStatus.from_object(json.loads(out)) if out.strip() else None
+
+    async def watch_node(
+        self, name: str, seconds: float, done: Callable[[NodeStatus], bool] = lambda _node: True
+    ) -> NodeStatus | None:
+        """The Node as a watch sees it for up to `seconds`: returned as soon as `done` accepts
+        it (by default, as soon as it exists), else its last state seen (None: no such Node).
+
+        One call where polling costs one per interval, and no interval to wait out once the
+        Node is there. This side stops reading after `seconds`; kubectl's own request timeout
+        ends the watch on the server a little later (WATCH_MARGIN_SECONDS), since sshd ends a
+        root login's command only at its next write (remote_access.stop_reading)."""
+        watch = _NodeWatch(done)
+        args = ["get", "node", "--field-selector", f"metadata.name={name}", "--watch", "-o", "json"]
+        out = await self.kubectl(
+            [*args, f"--request-timeout={math.ceil(seconds + WATCH_MARGIN_SECONDS)}s"],
+            repeat=Repeat.READ,
+            until=StopWhen(watch.line, seconds),
+            deadline=seconds + KUBECTL_DEADLINE_SECONDS,
+        )
+        objects = _json_objects(out)
+        return NodeStatus.from_object(objects[-1]) if objects else None
 
     async def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
         """Set labels (a None value removes the label). Idempotent: with --overwrite a label
@@ -408,6 +437,37 @@ class ClusterApi:
             ["delete", "secret", "-n", "kube-system", f"bootstrap-token-{token_id}", "--ignore-not-found"],
             repeat=Repeat.IDEMPOTENT,
         )
+
+
+class _NodeWatch:
+    """Follows `kubectl get --watch -o json` line by line: each object ends with a "}" line."""
+
+    def __init__(self, done: Callable[[NodeStatus], bool]) -> None:
+        self.done = done
+        self.lines: list[str] = []
+
+    def line(self, text: str) -> bool:
+        self.lines.append(text)
+        if text != "}":
+            return False
+        objects = _json_objects("\n".join(self.lines))
+        self.lines.clear()
+        return bool(objects) and self.done(NodeStatus.from_object(objects[-1]))
+
+
+def _json_objects(text: str) -> list[dict[str, Any]]:
+    """The JSON objects printed one after the other (as a watch prints them)."""
+    decoder, objects, position = json.JSONDecoder(), [], 0
+    while (position := _skip_space(text, position)) < len(text):
+        found, position = decoder.raw_decode(text, position)
+        objects.append(found)
+    return objects
+
+
+def _skip_space(text: str, position: int) -> int:
+    while position < len(text) and text[position].isspace():
+        position += 1
+    return position
 
 
 def _b64(text: str) -> str:

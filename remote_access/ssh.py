@@ -37,6 +37,7 @@ from pathlib import Path
 import asyncssh
 
 from remote_access.session_pool import LoginKey, active_pool
+from remote_access.stop_reading import StopWhen, read_stdout
 
 LineCallback = Callable[[str], None]
 
@@ -145,11 +146,13 @@ class SshSession:
         on_line: LineCallback | None = None,
         check: bool = True,
         what: str | None = None,
+        until: StopWhen | None = None,
     ) -> CommandResult:
-        """Run one command (argv, each argument quoted) under a deadline in seconds."""
+        """Run one command (argv, each argument quoted) under a deadline in seconds; with
+        `until`, stop reading it as that says."""
         command = shlex.join(argv)
         return await self._run_command(
-            command, deadline=deadline, stdin=stdin, on_line=on_line, check=check, what=what or command
+            command, deadline=deadline, stdin=stdin, on_line=on_line, check=check, what=what or command, until=until
         )
 
     async def run_script(
@@ -213,6 +216,7 @@ class SshSession:
         on_line: LineCallback | None,
         check: bool,
         what: str,
+        until: StopWhen | None = None,
     ) -> CommandResult:
         stdout_lines: list[str] = []
         stderr_chunks: list[str] = []
@@ -233,15 +237,12 @@ class SshSession:
                         stderr_chunks.append(chunk)
 
                 stderr_task = asyncio.create_task(read_stderr())
-                async for line in process.stdout:
-                    if not line:  # end of stream, not an empty line (that would be "\n")
-                        continue
-                    text = line.rstrip("\n")
-                    stdout_lines.append(text)
-                    if on_line is not None:
-                        on_line(text)
-                await stderr_task
-                completed = await process.wait()
+                if await read_stdout(process, stdout_lines, on_line, until):
+                    process.close()
+                    completed = asyncssh.SSHCompletedProcess(exit_status=0)
+                else:
+                    await stderr_task
+                    completed = await process.wait()
         except TimeoutError:
             if process is not None:
                 process.close()

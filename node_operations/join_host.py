@@ -1,0 +1,175 @@
+"""The join's work on the worker host, one command per phase.
+
+Each phase's host steps have nothing to decide between them, so each phase sends them as
+one batch (remote_access.host_steps): at 50 ms between the program and the host, a step
+costs a round trip of its own otherwise. The steps are the ones the join ran one by one
+before, in the same order, with the same checks and the same errors:
+
+- preflight reads (nothing on the host changes): the host's facts, the CA hash an earlier
+  join of this cluster journaled, the machine-id and whether a node password is kept, the
+  installed k3s binary's checksum (to upload the binary only when it differs), and the
+  operator's firewall when the operator runs it;
+- preparation: the journal entry saying the host's k3s state is this cluster's (written only
+  once preflight passed), then node_prepare.sh;
+- install: the host's clock (where the agent's log is read from), the join token's file, the
+  agent's config, then k3s_install.sh. The binary, when it must be uploaded, goes before
+  them by SFTP: it is megabytes, not a value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from host_scripts import script_path
+from node_operations.host_facts import HOST_FACTS_DEADLINE_SECONDS, HostFacts, parse_host_facts
+from node_operations.host_firewall.inspection import INSPECT_DEADLINE_SECONDS, FirewallInspection, parse_inspection
+from node_operations.k3s_install import (
+    CONFIG_PATH,
+    INSTALL_DEADLINE_SECONDS,
+    K3S_BIN,
+    K3sBinary,
+    gzipped_binary,
+    parse_results,
+)
+from remote_access.host_steps import HostStep, run_steps
+from remote_access.kube import JoinToken
+from remote_access.ssh import CommandResult, RemoteCommandError, SshSession
+
+Progress = Callable[[str], None]
+
+JOURNAL_CA = "/var/lib/hk3s/journal/join-ca"
+PREPARE_DEADLINE_SECONDS = 600.0
+READ_DEADLINE_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class JoiningHost:
+    """What the join reads on the worker before anything there changes."""
+
+    node: str
+    facts: HostFacts
+    journal_ca: CommandResult  # `cat` of the journaled CA hash (fails when no join journaled one)
+    machine: CommandResult  # the machine-id, then "password" when the node password file is kept
+    k3s_sha256: str | None  # the installed binary's, None when none (or not asked)
+    firewall: CommandResult | None  # firewall_inspect.sh operator, when asked
+
+    def joined_cluster_before(self, ca_hash: str) -> bool:
+        """Whether an earlier join of this cluster (`ca_hash`) left the host's k3s state."""
+        return self.journal_ca.exit_status == 0 and self.journal_ca.stdout.strip() == ca_hash
+
+    @property
+    def machine_id(self) -> str:
+        lines = self.machine.stdout.split()
+        return lines[0] if lines else ""
+
+    @property
+    def keeps_node_password(self) -> bool:
+        return "password" in self.machine.stdout.split()
+
+    def firewall_inspection(self) -> FirewallInspection:
+        """The operator's firewall as firewall_inspect.sh reported it; its failure raised as
+        running the script alone raises it."""
+        assert self.firewall is not None, "the firewall was not read"
+        if self.firewall.exit_status != 0:
+            tail = " | ".join(self.firewall.stderr.strip().splitlines()[-5:])
+            raise RemoteCommandError(self.node, "script firewall_inspect.sh", self.firewall.exit_status, tail)
+        return parse_inspection(self.node, self.firewall.stdout)
+
+
+async def read_joining_host(worker: SshSession, *, k3s_checksum: bool, operator_firewall: bool) -> JoiningHost:
+    """The preflight's reads of the worker, in one command (see the module docstring)."""
+    steps = [
+        HostStep.script(script_path("host_facts.sh")),
+        HostStep.command(["cat", JOURNAL_CA], check=False),
+        HostStep.command(
+            ["sh", "-c", "cat /etc/machine-id; test -s /etc/rancher/node/password && echo password"], check=False
+        ),
+    ]
+    if k3s_checksum:
+        steps.append(HostStep.command(["sh", "-c", f"sha256sum {K3S_BIN} 2>/dev/null | cut -d' ' -f1"], check=False))
+    if operator_firewall:
+        steps.append(HostStep.script(script_path("firewall_inspect.sh"), ["operator"], check=False))
+    deadline = HOST_FACTS_DEADLINE_SECONDS + INSPECT_DEADLINE_SECONDS + 3 * READ_DEADLINE_SECONDS
+    results = await run_steps(worker, steps, deadline=deadline)
+    facts, journal_ca, machine = results[:3]
+    rest = list(results[3:])
+    checksum = rest.pop(0).stdout.strip() or None if k3s_checksum else None
+    return JoiningHost(
+        node=worker.target.node,
+        facts=parse_host_facts(worker.target.node, facts.stdout),
+        journal_ca=journal_ca,
+        machine=machine,
+        k3s_sha256=checksum,
+        firewall=rest.pop(0) if operator_firewall else None,
+    )
+
+
+def _relay_results(progress: Progress) -> Callable[[str], None]:
+    return lambda line: progress(line.removeprefix("result ")) if line.startswith("result ") else None
+
+
+async def prepare_joining_host(worker: SshSession, ca_hash: str, pod_network: str, progress: Progress) -> None:
+    """Journal that the host's k3s state is this cluster's from here on (a join resumed after an
+    interruption must not mistake it for a foreign install), then prepare the host."""
+    await run_steps(
+        worker,
+        [
+            HostStep.command(
+                ["sh", "-c", 'mkdir -p "${1%/*}" && printf "%s\\n" "$2" > "$1"', "-", JOURNAL_CA, ca_hash],
+                what="writing the join journal",
+            ),
+            HostStep.script(script_path("node_prepare.sh"), [pod_network], on_line=_relay_results(progress)),
+        ],
+        deadline=READ_DEADLINE_SECONDS + PREPARE_DEADLINE_SECONDS,
+    )
+
+
+# Writes $HK3S_FILE_TEXT to the file $1 as root-only, atomically (a temporary file, then a
+# rename), as the program's uploads do; the text comes in the environment, never on a command line.
+_WRITE_PRIVATE_FILE = (
+    'mkdir -p "${1%/*}" && umask 077 && printf "%s" "$HK3S_FILE_TEXT" > "$1.hk3s-upload" && '
+    'chmod 600 "$1.hk3s-upload" && mv -f "$1.hk3s-upload" "$1"'
+)
+
+
+def _private_file(path: str, text: str, what: str) -> HostStep:
+    return HostStep.command(["sh", "-c", _WRITE_PRIVATE_FILE, "-", path], what=what, env={"HK3S_FILE_TEXT": text})
+
+
+@dataclass(frozen=True)
+class AgentInstalled:
+    """What installing the agent reported: the host's clock before it, k3s_install.sh's results."""
+
+    since: str
+    results: dict[str, str]
+
+
+async def install_agent(
+    worker: SshSession,
+    *,
+    binary: K3sBinary,
+    config_text: str,
+    token_file: str,
+    token: JoinToken | None,
+    installed_sha256: str | None,
+    progress: Progress,
+) -> AgentInstalled:
+    """Upload the binary when the host's differs, then in one command: read the host's clock,
+    write the token (when there is a new one) and the config, and run k3s_install.sh."""
+    want_sha = binary.local_sha256()
+    if binary.local_path is not None and want_sha is not None and installed_sha256 != want_sha:
+        packed = gzipped_binary(binary.local_path, want_sha)
+        progress(f"uploading k3s {binary.version} ({len(packed) // 1_000_000} MB gzipped)")
+        await worker.upload(packed, f"{K3S_BIN}.hk3s-upload.gz", deadline=INSTALL_DEADLINE_SECONDS, mode=0o644)
+    steps = [HostStep.command(["date", "+%Y-%m-%d %H:%M:%S"])]
+    if token is not None:
+        steps.append(_private_file(token_file, token.value + "\n", f"writing {token_file}"))
+    steps.append(_private_file(f"{CONFIG_PATH}.hk3s-new", config_text, f"writing {CONFIG_PATH}.hk3s-new"))
+    steps.append(
+        HostStep.script(
+            script_path("k3s_install.sh"), ["agent", binary.version, want_sha or "-"], on_line=_relay_results(progress)
+        )
+    )
+    results = await run_steps(worker, steps, deadline=3 * READ_DEADLINE_SECONDS + INSTALL_DEADLINE_SECONDS)
+    return AgentInstalled(since=results[0].stdout.strip(), results=parse_results(results[-1].stdout))
