@@ -35,11 +35,13 @@ from node_operations.firewall_plan import PortRule
 from node_operations.host_facts import HostFacts, interface_of
 from node_operations.host_firewall.operator_firewall import evaluate_operator_firewall
 from node_operations.join_host import JoiningHost, install_agent, prepare_joining_host, read_joining_host
+from node_operations.join_permits import JOIN_PERMIT_POLICY, PERMITS_CONFIGMAP, grant_join_permits  # noqa: F401
+from node_operations.join_server import ClusterReading, JoinGrant, grant_join, read_cluster, release_node
 from node_operations.join_validation import POLL_SECONDS, TaintedNodeValidation, ValidatedNode, ValidationError
 from node_operations.k3s_install import K3S_BIN, K3sBinary, agent_config
 from node_operations.network_mode import check_connection
 from node_operations.node_access import NodeAccessError, RecordedNode, check_recorded_nodes
-from node_operations.node_metadata import MANAGED_LABEL, put_metadata_in_step
+from node_operations.node_metadata import MANAGED_LABEL
 from node_operations.preflight import PreflightRequirements, evaluate_preflight
 from node_operations.refusal import tagged
 from remote_access.kube import API_WAIT_SECONDS, ClusterApi, JoinToken, NodeStatus, Taint
@@ -56,50 +58,6 @@ READY_DEADLINE_SECONDS = 120.0
 # The longest single watch of the Node while waiting for it to turn Ready (kubectl's own request
 # timeout ends a watch after as long).
 READY_WATCH_SECONDS = 30.0
-PERMITS_CONFIGMAP = "hk3s-join-permits"
-PERMIT_POLICY = "hk3s-node-join-permits"
-
-JOIN_PERMIT_POLICY = f"""\
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicy
-metadata:
-  name: {PERMIT_POLICY}
-spec:
-  failurePolicy: Fail
-  paramKind:
-    apiVersion: v1
-    kind: ConfigMap
-  matchConstraints:
-    resourceRules:
-      - apiGroups: [""]
-        apiVersions: ["v1"]
-        operations: ["CREATE"]
-        resources: ["nodes"]
-  validations:
-    - expression: >-
-        !('system:nodes' in request.userInfo.groups) ||
-        (has(params.data) && object.metadata.name in params.data)
-      messageExpression: >-
-        'node ' + object.metadata.name + ' holds no join permit: its join token was made for another node'
----
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicyBinding
-metadata:
-  name: {PERMIT_POLICY}
-spec:
-  policyName: {PERMIT_POLICY}
-  validationActions: [Deny]
-  paramRef:
-    name: {PERMITS_CONFIGMAP}
-    namespace: kube-system
-    parameterNotFoundAction: Deny
----
-apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: {PERMITS_CONFIGMAP}
-  namespace: kube-system
-"""
 
 
 class JoinError(RuntimeError):
@@ -186,22 +144,24 @@ class Joiner:
         self.cluster = ClusterApi(server, progress, spec.api_wait)
         self.checks: dict[str, str] = {}
         self.host: JoiningHost | None = None  # what preflight read on the worker
+        self.cluster_reading: ClusterReading | None = None  # and on the server
+        self.forget_node_password = False  # preflight found k3s's record of it must go
 
     # --- preflight ---------------------------------------------------------------
     async def preflight(self) -> tuple[HostFacts, NodeStatus | None]:
         self.progress("preflight")
         # The worker's reads go in one command (join_host), beside the server's list of nodes.
-        host, nodes = await asyncio.gather(
+        host, cluster = await asyncio.gather(
             read_joining_host(
                 self.worker,
                 k3s_checksum=self.spec.binary.local_path is not None,
                 operator_firewall=self.spec.operator_firewall_rules is not None,
             ),
-            self.cluster.nodes(),
+            read_cluster(self.cluster, server_ufw=self.server.target.node in self.spec.unmanaged_firewall_nodes),
         )
-        self.host, facts = host, host.facts
-        existing = next((n for n in nodes if n.name == self.spec.node), None)
-        unrecorded = sorted(n.name for n in nodes if n.name not in self.spec.recorded_nodes)
+        self.host, self.cluster_reading, facts = host, cluster, host.facts
+        existing = next((n for n in cluster.nodes if n.name == self.spec.node), None)
+        unrecorded = sorted(n.name for n in cluster.nodes if n.name not in self.spec.recorded_nodes)
         if unrecorded:
             raise JoinError(
                 self.spec.node,
@@ -254,10 +214,11 @@ class Joiner:
             RecordedNode(peer, firewall_managed=peer.node not in self.spec.unmanaged_firewall_nodes)
             for peer in self.spec.peers
         ]
-        server_unmanaged = self.server.target.node in self.spec.unmanaged_firewall_nodes
+        # The server's UFW, when the operator runs it there, was read with the cluster (preflight).
+        server_ufw = self.cluster_reading is not None and self.cluster_reading.server_ufw_active
         try:
             await check_recorded_nodes(
-                peers, joining=self.spec.node, extra_ufw_sessions=(self.server,) if server_unmanaged else ()
+                peers, joining=self.spec.node, ufw_active_on=(self.server.target.node,) if server_ufw else ()
             )
         except NodeAccessError as error:
             raise JoinError(self.spec.node, error.check, str(error)) from None
@@ -279,17 +240,29 @@ class Joiner:
         if rejoin:
             # Rejoin: checks run cordoned; running pods stay where they are.
             self.progress("already registered: cordoning for the checks (running pods stay)")
-            await self.cluster.cordon(spec.node, True)
-        await self.cluster.apply(JOIN_PERMIT_POLICY)
-        token: JoinToken | None = None
-        await self._delete_stale_tokens()
         # The permit stays while the Node exists: a kubelet creates its Node at every start (and
         # takes "already exists" as registered), and admission runs before that check, so a
         # revoked permit would refuse a joined node's restart. A node joined before this rule
-        # gets it back here.
-        await self._grant_permit()
-        if not rejoin:
-            token = await self.cluster.create_join_token(spec.node, TOKEN_TTL)
+        # gets it back here. Tokens an interrupted earlier join made for this node go first.
+        assert self.cluster_reading is not None, "preflight reads the cluster first"
+        token = await grant_join(
+            self.cluster,
+            JoinGrant(
+                node=spec.node,
+                server_node=self.server.target.node,
+                cordon=rejoin,
+                forget_node_password=self.forget_node_password,
+                stale_tokens=tuple(
+                    token_id
+                    for token_id, description in self.cluster_reading.token_ids.items()
+                    if description == spec.node
+                ),
+                token_ttl=None if rejoin else TOKEN_TTL,
+            ),
+        )
+        if self.forget_node_password and rejoin:
+            self.progress("node password record removed: this machine registered the node and lost its password")
+        if token is not None:
             self.progress(f"join token {token.token_id} created (valid {TOKEN_TTL}, for {spec.node} only)")
         elif not await self._keeps_dead_token():
             await self._write_dead_token()
@@ -337,10 +310,11 @@ class Joiner:
         name with another password ("Node password rejected"). Its record is removed here only
         when it can belong to no other live host: the Node is gone (a record left by a refused
         join or a deleted node), or the Node was registered from this very machine (same
-        machine-id) whose password file is lost. A live Node registered from another machine is
-        a conflict the operator must resolve: the join stops naming it."""
+        machine-id) whose password file is lost (the grant removes it: forget_node_password). A live
+        Node registered from another machine is a conflict the operator must resolve: the join
+        stops naming it."""
         if existing is None:
-            await self.cluster.delete_node_password(self.spec.node)
+            self.forget_node_password = True
             return
         assert self.host is not None, "preflight reads the host first"
         machine_id = self.host.machine_id
@@ -354,20 +328,8 @@ class Joiner:
                 f"{self.spec.node}) and run pulumi up again; if it still runs, give this host another name in "
                 "hk3s:workers",
             )
-        if not self.host.keeps_node_password:
-            await self.cluster.delete_node_password(self.spec.node)
-            self.progress("node password record removed: this machine registered the node and lost its password")
-
-    async def _delete_stale_tokens(self) -> None:
-        """Tokens an interrupted earlier join made for this node go first."""
-        for token_id, description in (await self.cluster.token_ids()).items():
-            if description == self.spec.node:
-                await self.cluster.delete_token(token_id)
-
-    async def _grant_permit(self) -> None:
-        # The server's own kubelet is a node too, registered before the policy existed, and it
-        # creates its Node at every k3s start (an upgrade, a config change): it holds a permit as well.
-        await grant_join_permits(self.cluster, (self.spec.node, self.server.target.node))
+        # Removed with the join's grant (join_server), before the agent starts.
+        self.forget_node_password = not self.host.keeps_node_password
 
     async def _revoke_permit(self) -> None:
         await self.cluster.patch_merge("configmap", PERMITS_CONFIGMAP, "kube-system", {"data": {self.spec.node: None}})
@@ -516,16 +478,7 @@ class Joiner:
     # --- release ------------------------------------------------------------------
     async def release(self, rejoin: bool) -> NodeStatus:
         self.progress("releasing: removing the validation taint")
-        taint = Taint.parse(self.spec.validation_taint)
-        await self.cluster.remove_taint(self.spec.node, taint.key)
-        # k3s applies --node-label and --node-taint only at registration; a rejoin (or a join that
-        # registered under an older config) puts them in step itself.
-        await put_metadata_in_step(self.cluster, self.spec)
-        if rejoin:
-            await self.cluster.cordon(self.spec.node, False)
-        node = await self.cluster.get_node(self.spec.node)
-        assert node is not None
-        return node
+        return await release_node(self.cluster, self.spec, Taint.parse(self.spec.validation_taint), rejoin=rejoin)
 
 
 async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, progress: Progress) -> JoinResult:
@@ -596,12 +549,6 @@ async def joined_host_changed(worker: SshTarget, machine_id: str) -> str | None:
     if agent != "agent":
         return f"the host at {worker.address} no longer has the k3s agent it joined with ({K3S_BIN}, {AGENT_UNIT})"
     return None
-
-
-async def grant_join_permits(cluster: ClusterApi, nodes: Sequence[str]) -> None:
-    """Grant `nodes` their join permit (see the module docstring); idempotent."""
-    granted = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    await cluster.patch_merge("configmap", PERMITS_CONFIGMAP, "kube-system", {"data": dict.fromkeys(nodes, granted)})
 
 
 async def read_node(server: SshTarget, node: str, api_wait: float = API_WAIT_SECONDS) -> NodeStatus | None:

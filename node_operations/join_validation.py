@@ -21,7 +21,16 @@ from typing import Any, Protocol
 
 from host_scripts import script_path
 from node_operations.k3s_install import parse_results
-from remote_access.kube import ApiUnavailableError, ClusterApi, NodeStatus, Repeat
+from remote_access.host_steps import HostStep
+from remote_access.kube import (
+    KUBECTL_DEADLINE_SECONDS,
+    ApiUnavailableError,
+    ClusterApi,
+    NodeStatus,
+    Repeat,
+    healthz_args,
+    kubectl_step,
+)
 from remote_access.ssh import RemoteCommandError, SshError, SshSession
 
 Progress = Callable[[str], None]
@@ -114,13 +123,38 @@ class TaintedNodeValidation:
             raise ValidationError("validation", detail)
         # The API server reaching the kubelet: what logs and exec need. A kubelet that
         # was just restarted (rejoin with a changed config) gets a short while to listen.
-        # The API itself being away is waited for by the API layer (and not counted here);
-        # past its deadline that error stands on its own.
         deadline = self.paused_clock(KUBELET_REACH_SECONDS)
+        if not await self._kubelet_reached_at_once():
+            await self._kubelet_through_api(deadline)
+            await self._kubelet_port_direct(deadline)
+        self.checks["kubelet-reachable"] = f"ok (through the API and at {self.target.kubelet_address}:{KUBELET_PORT})"
+        if not node.container_runtime:
+            # Where no pods can run (no container runtime reported), there is no validation pod to start.
+            self.checks["validation-pod"] = "skipped: the node reports no container runtime"
+        else:
+            await self._validation_pod()
+
+    async def _kubelet_reached_at_once(self) -> bool:
+        """Both ways to the kubelet (below) tried once, in one command to the server; False when
+        either failed, and the checks then go their own way, each with its waits and diagnosis."""
+        results = await self.cluster.run_steps(
+            [
+                kubectl_step(healthz_args(self.target.node), check=False),
+                HostStep.command(dial_argv(self.target.kubelet_address), check=False),
+            ],
+            Repeat.ONCE,
+            deadline=KUBECTL_DEADLINE_SECONDS + KUBELET_DIAL_SECONDS + 15,
+        )
+        return all(result.exit_status == 0 for result in results)
+
+    async def _kubelet_through_api(self, deadline: Callable[[], float]) -> None:
+        """The kubelet's health through the API server's node proxy, until `deadline`. The API
+        itself being away is waited for by the API layer (and not counted here); past its
+        deadline that error stands on its own."""
         while True:
             try:
                 await self.cluster.kubelet_healthz(self.target.node)
-                break
+                return
             except ApiUnavailableError:
                 raise
             except SshError as error:
@@ -131,9 +165,11 @@ class TaintedNodeValidation:
                         "rules for 10250/tcp between the nodes",
                     ) from None
                 await asyncio.sleep(POLL_SECONDS)
-        # k3s carries the API server's own kubelet traffic (logs, exec, the node proxy) through the
-        # agent's tunnel over 6443, so the check above passes with 10250 blocked; metrics-server
-        # and anything else that dials a kubelet directly does not. So dial it from the server.
+
+    async def _kubelet_port_direct(self, deadline: Callable[[], float]) -> None:
+        """k3s carries the API server's own kubelet traffic (logs, exec, the node proxy) through the
+        agent's tunnel over 6443, so the check above passes with 10250 blocked; metrics-server and
+        anything else that dials a kubelet directly does not. So dial it from the server."""
         while (failure := await self._kubelet_port_from_server()) is not None:
             if time.monotonic() > deadline():
                 raise ValidationError(
@@ -144,12 +180,6 @@ class TaintedNodeValidation:
                     f"{KUBELET_PORT}/tcp from the other nodes to {self.target.node} in its host and cloud firewalls",
                 )
             await asyncio.sleep(POLL_SECONDS)
-        self.checks["kubelet-reachable"] = f"ok (through the API and at {self.target.kubelet_address}:{KUBELET_PORT})"
-        if not node.container_runtime:
-            # Where no pods can run (no container runtime reported), there is no validation pod to start.
-            self.checks["validation-pod"] = "skipped: the node reports no container runtime"
-        else:
-            await self._validation_pod()
 
     async def _last_warning(self, pod: str) -> str | None:
         """The pod's latest Warning event (a sandbox or image failure shows there, not in
@@ -255,24 +285,25 @@ class TaintedNodeValidation:
 KUBELET_SILENT = ("no answer", "connection refused", "no route to host", "network is unreachable")
 
 
+def dial_argv(address: str) -> list[str]:
+    """A TCP connection to the kubelet port at `address`, given up after KUBELET_DIAL_SECONDS."""
+    return [
+        "timeout",
+        str(KUBELET_DIAL_SECONDS),
+        "bash",
+        "-c",
+        'exec 3<>"/dev/tcp/$1/$2"',
+        "-",
+        address,
+        str(KUBELET_PORT),
+    ]
+
+
 async def dial_kubelet(server: SshSession, address: str) -> str | None:
     """A TCP connection from `server` to the kubelet port at `address`; None when it opens,
     else why not: "no answer within N s", "connection refused", "no route to host",
     "network is unreachable", or what the dial printed when it failed otherwise."""
-    result = await server.run(
-        [
-            "timeout",
-            str(KUBELET_DIAL_SECONDS),
-            "bash",
-            "-c",
-            'exec 3<>"/dev/tcp/$1/$2"',
-            "-",
-            address,
-            str(KUBELET_PORT),
-        ],
-        deadline=KUBELET_DIAL_SECONDS + 15,
-        check=False,
-    )
+    result = await server.run(dial_argv(address), deadline=KUBELET_DIAL_SECONDS + 15, check=False)
     if result.exit_status == 0:
         return None
     if result.exit_status == 124:

@@ -38,24 +38,36 @@ class NodeAccessError(RuntimeError):
         super().__init__(message)
 
 
+# Prints UFW's status line when UFW is installed; read-only.
+UFW_STATUS_ARGV = ("sh", "-c", "command -v ufw >/dev/null 2>&1 && ufw status 2>/dev/null | head -n 1")
+
+
+def ufw_status_active(stdout: str) -> bool:
+    """Whether UFW_STATUS_ARGV's output says UFW is enabled."""
+    return stdout.strip() == "Status: active"
+
+
 async def ufw_active(session: SshSession) -> bool:
     """True when UFW is installed and enabled on the host."""
-    result = await session.run(
-        ["sh", "-c", "command -v ufw >/dev/null 2>&1 && ufw status 2>/dev/null | head -n 1"], deadline=30, check=False
-    )
-    return result.stdout.strip() == "Status: active"
+    result = await session.run(UFW_STATUS_ARGV, deadline=30, check=False)
+    return ufw_status_active(result.stdout)
 
 
 async def check_recorded_nodes(
-    nodes: Sequence[RecordedNode], *, joining: str, extra_ufw_sessions: Sequence[SshSession] = ()
+    nodes: Sequence[RecordedNode],
+    *,
+    joining: str,
+    extra_ufw_sessions: Sequence[SshSession] = (),
+    ufw_active_on: Sequence[str] = (),
 ) -> list[str]:
     """Log in to every node in parallel and name every failure, not only the first.
 
     `joining` says what the run adds (for the messages). `extra_ufw_sessions` are
     open sessions (the server's) whose UFW is checked too; the program does not
-    manage their firewall. Returns the names checked.
+    manage their firewall; `ufw_active_on` names nodes already found (by the caller's own
+    read) with an active UFW the program does not manage. Returns the names checked.
     """
-    ufw_nodes: list[str] = []
+    ufw_nodes: list[str] = list(ufw_active_on)
 
     async def check_ufw(session: SshSession, managed: bool) -> None:
         if not managed and await ufw_active(session):

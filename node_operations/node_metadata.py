@@ -38,12 +38,18 @@ class NodeMetadata(Protocol):
     def removed_taints(self) -> tuple[str, ...]: ...
 
 
+def wanted_labels(metadata: NodeMetadata) -> dict[str, str | None]:
+    """The labels to set (None: to remove): those the config dropped go, the stack's and the
+    program's own are set."""
+    labels: dict[str, str | None] = {key: None for key in metadata.removed_labels}
+    labels.update({**metadata.labels, MANAGED_LABEL: "true", WORKER_ROLE_LABEL: "true"})
+    return labels
+
+
 async def put_metadata_in_step(cluster: ClusterApi, metadata: NodeMetadata) -> None:
     """Labels and taints as the config says: those it dropped removed, the others set; labels
     and taints that anyone else set are left alone."""
-    labels: dict[str, str | None] = {key: None for key in metadata.removed_labels}
-    labels.update({**metadata.labels, MANAGED_LABEL: "true", WORKER_ROLE_LABEL: "true"})
-    await cluster.set_labels(metadata.node, labels)
+    await cluster.set_labels(metadata.node, wanted_labels(metadata))
     for pair in metadata.removed_taints:
         key, _, effect = pair.rpartition(":")
         await cluster.remove_taint(metadata.node, key, effect)

@@ -27,7 +27,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from remote_access.ssh import RemoteCommandError, SshError, SshSession
+from remote_access.host_steps import HostStep, run_steps
+from remote_access.ssh import CommandResult, RemoteCommandError, SshError, SshSession
 from remote_access.stop_reading import StopWhen
 
 K3S = "/usr/local/bin/k3s"
@@ -243,6 +244,15 @@ class ClusterApi:
                 self._progress(f"waited for the Kubernetes API on {self.node}: {reason}, {waited:.0f} s")
             return result
 
+    async def run_steps(
+        self, steps: Sequence[HostStep], repeat: Repeat, *, deadline: float = KUBECTL_DEADLINE_SECONDS
+    ) -> list[CommandResult]:
+        """Several calls (kubectl_step, or other commands) in one command to the server; while the
+        API is away and `repeat` allows, the whole batch is repeated, as `kubectl` repeats one
+        call. Each step's failure is raised as that call's would be."""
+        what = ", then ".join(step.what for step in steps)
+        return await self._call(what, lambda: run_steps(self._server, steps, deadline=deadline), repeat)
+
     async def kubectl(
         self,
         args: Sequence[str],
@@ -268,7 +278,7 @@ class ClusterApi:
     async def delete_node_password(self, node: str) -> None:
         """Delete k3s's record of the node's password (kube-system/<node>.node-password.k3s)."""
         await self.kubectl(
-            ["delete", "secret", "-n", "kube-system", f"{node}.node-password.k3s", "--ignore-not-found"],
+            node_password_delete_args(node),
             repeat=Repeat.IDEMPOTENT,
         )
 
@@ -277,8 +287,7 @@ class ClusterApi:
         await self.kubectl(["get", "--raw", "/readyz"], repeat=Repeat.READ)
 
     async def nodes(self) -> list[NodeStatus]:
-        data = json.loads(await self.kubectl(["get", "nodes", "-o", "json"], repeat=Repeat.READ))
-        return [NodeStatus.from_object(item) for item in data.get("items", [])]
+        return parse_nodes(await self.kubectl(NODES_ARGS, repeat=Repeat.READ))
 
     async def get_node(self, name: str) -> NodeStatus | None:
         out = await self.kubectl(["get", "node", name, "-o", "json", "--ignore-not-found"], repeat=Repeat.READ)
@@ -308,12 +317,12 @@ class ClusterApi:
     async def set_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
         """Set labels (a None value removes the label). Idempotent: with --overwrite a label
         gets the same value however often it is set, and removing a missing one is no error."""
-        args = [f"{key}-" if value is None else f"{key}={value}" for key, value in sorted(labels.items())]
+        args = label_args(name, labels)
         if args:
-            await self.kubectl(["label", "node", name, "--overwrite", *args], repeat=Repeat.IDEMPOTENT)
+            await self.kubectl(args, repeat=Repeat.IDEMPOTENT)
 
     async def add_taint(self, name: str, taint: Taint) -> None:
-        await self.kubectl(["taint", "node", name, "--overwrite", str(taint)], repeat=Repeat.IDEMPOTENT)
+        await self.kubectl(taint_add_args(name, taint), repeat=Repeat.IDEMPOTENT)
 
     async def remove_taint(self, name: str, key: str, effect: str | None = None) -> None:
         """Remove a taint (with `effect`, only the one of that effect). Not blindly repeatable (a
@@ -324,15 +333,14 @@ class ClusterApi:
             if node is None or not node.has_taint(key, effect):
                 return
             try:
-                target = f"{key}:{effect}-" if effect else f"{key}-"
-                await self.kubectl(["taint", "node", name, target], repeat=Repeat.ONCE)
+                await self.kubectl(taint_remove_args(name, key, effect), repeat=Repeat.ONCE)
                 return
             except RemoteCommandError as error:
                 if api_unavailable(error) is None:
                     raise
 
     async def cordon(self, name: str, cordoned: bool) -> None:
-        await self.kubectl(["cordon" if cordoned else "uncordon", name], repeat=Repeat.IDEMPOTENT)
+        await self.kubectl(cordon_args(name, cordoned), repeat=Repeat.IDEMPOTENT)
 
     async def drain(self, name: str, timeout: float) -> None:
         """Cordon and evict: PodDisruptionBudgets respected (a blocked eviction is retried until
@@ -347,25 +355,21 @@ class ClusterApi:
     async def patch_merge(self, kind: str, name: str, namespace: str, patch: Mapping[str, Any]) -> None:
         """A JSON merge patch of fixed values: idempotent, the object ends the same whether
         it ran once or twice."""
-        await self.kubectl(
-            ["patch", kind, name, "-n", namespace, "--type", "merge", "-p", json.dumps(patch)],
-            repeat=Repeat.IDEMPOTENT,
-        )
+        await self.kubectl(merge_patch_args(kind, name, namespace, patch), repeat=Repeat.IDEMPOTENT)
 
     async def kubelet_healthz(self, node: str) -> None:
         """The kubelet's health through the API server's node proxy (what logs and exec need).
         The API being away is waited for; the kubelet not answering is raised at once."""
-        await self.kubectl(["get", "--raw", f"/api/v1/nodes/{node}/proxy/healthz"], repeat=Repeat.READ)
+        await self.kubectl(healthz_args(node), repeat=Repeat.READ)
 
     async def apply(self, manifest: str) -> None:
         """Create or update the manifest's objects. Server-side apply, because joins run side
         by side: client-side apply reads then creates, and two joins creating the same object
         at once fail with AlreadyExists. A conflict left over is retried. Server-side apply is
         idempotent, so it is repeated through an API outage too."""
-        args = ["apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", "-"]
         for attempt in range(APPLY_ATTEMPTS):
             try:
-                await self.kubectl(args, stdin=manifest, repeat=Repeat.IDEMPOTENT)
+                await self.kubectl(APPLY_ARGS, stdin=manifest, repeat=Repeat.IDEMPOTENT)
                 return
             except RemoteCommandError as error:
                 retried = any(word in str(error) for word in ("AlreadyExists", "Conflict"))
@@ -382,11 +386,7 @@ class ClusterApi:
         what = f"k3s token create for {node}"
 
         async def attempt() -> str:
-            result = await self._server.run(
-                [K3S, "token", "create", "--ttl", ttl, "--description", node],
-                deadline=KUBECTL_DEADLINE_SECONDS,
-                what=what,
-            )
+            result = await self._server.run(token_create_argv(node, ttl), deadline=KUBECTL_DEADLINE_SECONDS, what=what)
             return result.stdout
 
         while True:
@@ -400,43 +400,92 @@ class ClusterApi:
                 for token_id, description in (await self.token_ids()).items():
                     if description == node:
                         await self.delete_token(token_id)
-        value = out.strip().splitlines()[-1] if out.strip() else ""
-        match = TOKEN_PATTERN.match(value)
-        if match is None:
-            # Never echo what was printed: it may be a token in an unexpected shape.
-            raise RemoteCommandError(self.node, f"k3s token create for {node}", 0, "printed no K10 token")
-        return JoinToken(token_id=match.group(1), value=value)
+        return parse_join_token(self.node, node, out)
 
     async def token_ids(self) -> dict[str, str]:
         """Existing bootstrap token ids and their descriptions."""
-        data = json.loads(
-            await self.kubectl(
-                [
-                    "get",
-                    "secrets",
-                    "-n",
-                    "kube-system",
-                    "--field-selector",
-                    "type=bootstrap.kubernetes.io/token",
-                    "-o",
-                    "json",
-                ],
-                repeat=Repeat.READ,
-            )
-        )
-        tokens: dict[str, str] = {}
-        for item in data.get("items", []):
-            name = item["metadata"]["name"]
-            description = item.get("data", {}).get("description", "")
-            tokens[name.removeprefix("bootstrap-token-")] = _b64(description)
-        return tokens
+        return parse_token_ids(await self.kubectl(TOKENS_ARGS, repeat=Repeat.READ))
 
     async def delete_token(self, token_id: str) -> None:
         # --ignore-not-found: a second delete (after the API was away) finds nothing and succeeds.
-        await self.kubectl(
-            ["delete", "secret", "-n", "kube-system", f"bootstrap-token-{token_id}", "--ignore-not-found"],
-            repeat=Repeat.IDEMPOTENT,
-        )
+        await self.kubectl(token_delete_args(token_id), repeat=Repeat.IDEMPOTENT)
+
+
+# The calls' arguments, shared by the calls one at a time and the batches (kubectl_step).
+NODES_ARGS = ("get", "nodes", "-o", "json")
+TOKENS_ARGS = (
+    *("get", "secrets", "-n", "kube-system"),
+    *("--field-selector", "type=bootstrap.kubernetes.io/token", "-o", "json"),
+)
+APPLY_ARGS = ("apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", "-")
+
+
+def node_password_delete_args(node: str) -> list[str]:
+    return ["delete", "secret", "-n", "kube-system", f"{node}.node-password.k3s", "--ignore-not-found"]
+
+
+def token_delete_args(token_id: str) -> list[str]:
+    # --ignore-not-found: a second delete (after the API was away) finds nothing and succeeds.
+    return ["delete", "secret", "-n", "kube-system", f"bootstrap-token-{token_id}", "--ignore-not-found"]
+
+
+def token_create_argv(node: str, ttl: str) -> list[str]:
+    return [K3S, "token", "create", "--ttl", ttl, "--description", node]
+
+
+def merge_patch_args(kind: str, name: str, namespace: str, patch: Mapping[str, Any]) -> list[str]:
+    return ["patch", kind, name, "-n", namespace, "--type", "merge", "-p", json.dumps(patch)]
+
+
+def label_args(name: str, labels: Mapping[str, str | None]) -> list[str] | None:
+    """`kubectl label` setting `labels` (None removes one); None when there is nothing to set."""
+    args = [f"{key}-" if value is None else f"{key}={value}" for key, value in sorted(labels.items())]
+    return ["label", "node", name, "--overwrite", *args] if args else None
+
+
+def taint_add_args(name: str, taint: Taint) -> list[str]:
+    return ["taint", "node", name, "--overwrite", str(taint)]
+
+
+def taint_remove_args(name: str, key: str, effect: str | None = None) -> list[str]:
+    return ["taint", "node", name, f"{key}:{effect}-" if effect else f"{key}-"]
+
+
+def cordon_args(name: str, cordoned: bool) -> list[str]:
+    return ["cordon" if cordoned else "uncordon", name]
+
+
+def healthz_args(node: str) -> list[str]:
+    return ["get", "--raw", f"/api/v1/nodes/{node}/proxy/healthz"]
+
+
+def kubectl_step(args: Sequence[str], *, stdin: str | None = None, check: bool = True) -> HostStep:
+    """One `k3s kubectl` call as a step of a batch (ClusterApi.run_steps), named as the call is."""
+    return HostStep.command([K3S, "kubectl", *args], what=f"kubectl {' '.join(args[:3])}", stdin=stdin, check=check)
+
+
+def parse_nodes(out: str) -> list[NodeStatus]:
+    return [NodeStatus.from_object(item) for item in json.loads(out).get("items", [])]
+
+
+def parse_token_ids(out: str) -> dict[str, str]:
+    """Bootstrap token ids and their descriptions, from TOKENS_ARGS' output."""
+    tokens: dict[str, str] = {}
+    for item in json.loads(out).get("items", []):
+        name = item["metadata"]["name"]
+        description = item.get("data", {}).get("description", "")
+        tokens[name.removeprefix("bootstrap-token-")] = _b64(description)
+    return tokens
+
+
+def parse_join_token(server: str, node: str, out: str) -> JoinToken:
+    """The token `k3s token create` printed (its last line)."""
+    value = out.strip().splitlines()[-1] if out.strip() else ""
+    match = TOKEN_PATTERN.match(value)
+    if match is None:
+        # Never echo what was printed: it may be a token in an unexpected shape.
+        raise RemoteCommandError(server, f"k3s token create for {node}", 0, "printed no K10 token")
+    return JoinToken(token_id=match.group(1), value=value)
 
 
 class _NodeWatch:
