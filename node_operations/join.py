@@ -34,7 +34,14 @@ from node_operations.agent_log import agent_log, agent_log_diagnosis, agent_sinc
 from node_operations.firewall_plan import PortRule
 from node_operations.host_facts import HostFacts, interface_of
 from node_operations.host_firewall.operator_firewall import evaluate_operator_firewall
-from node_operations.join_host import JoiningHost, install_agent, prepare_joining_host, read_joining_host
+from node_operations.join_host import (
+    AgentBinary,
+    JoiningHost,
+    agent_binary,
+    install_agent,
+    prepare_joining_host,
+    read_joining_host,
+)
 from node_operations.join_permits import JOIN_PERMIT_POLICY, PERMITS_CONFIGMAP, grant_join_permits  # noqa: F401
 from node_operations.join_server import ClusterReading, JoinGrant, grant_join, read_cluster, release_node
 from node_operations.join_validation import POLL_SECONDS, TaintedNodeValidation, ValidatedNode, ValidationError
@@ -146,6 +153,21 @@ class Joiner:
         self.host: JoiningHost | None = None  # what preflight read on the worker
         self.cluster_reading: ClusterReading | None = None  # and on the server
         self.forget_node_password = False  # preflight found k3s's record of it must go
+        self.binary: asyncio.Task[AgentBinary] | None = None  # started once preflight read the host
+
+    async def _agent_binary(self) -> AgentBinary:
+        if self.binary is None:
+            self.binary = asyncio.create_task(agent_binary(self.spec.binary, None))
+        return await self.binary
+
+    def close(self) -> None:
+        """A join stopped before its install leaves the binary's preparation: stop it, or take its
+        error, so nothing is reported later as never retrieved."""
+        if self.binary is not None:
+            if not self.binary.done():
+                self.binary.cancel()
+            elif not self.binary.cancelled():
+                self.binary.exception()
 
     # --- preflight ---------------------------------------------------------------
     async def preflight(self) -> tuple[HostFacts, NodeStatus | None]:
@@ -160,6 +182,8 @@ class Joiner:
             read_cluster(self.cluster, server_ufw=self.server.target.node in self.spec.unmanaged_firewall_nodes),
         )
         self.host, self.cluster_reading, facts = host, cluster, host.facts
+        # Hashed and compressed while the host is checked and prepared (join_host.agent_binary).
+        self.binary = asyncio.create_task(agent_binary(self.spec.binary, host.k3s_sha256))
         existing = next((n for n in cluster.nodes if n.name == self.spec.node), None)
         unrecorded = sorted(n.name for n in cluster.nodes if n.name not in self.spec.recorded_nodes)
         if unrecorded:
@@ -283,10 +307,10 @@ class Joiner:
             installed = await install_agent(
                 self.worker,
                 binary=spec.binary,
+                prepared=await self._agent_binary(),
                 config_text=config(TOKEN_FILE),
                 token_file=TOKEN_FILE,
                 token=token,
-                installed_sha256=self.host.k3s_sha256 if self.host is not None else None,
                 progress=self.progress,
             )
             if token is not None and installed.results.get("service") == "running":
@@ -490,12 +514,15 @@ async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, prog
 
     async with open_session(worker, shared=True) as worker_session, open_session(server, shared=True) as server_session:
         joiner = Joiner(spec, worker_session, server_session, timed)
-        facts, existing = await joiner.preflight()
-        await joiner.prepare()
-        rejoin = existing is not None
-        node = await joiner.wait_ready(await joiner.join(facts, existing))
-        await joiner.validate(node)
-        node = await joiner.release(rejoin)
+        try:
+            facts, existing = await joiner.preflight()
+            await joiner.prepare()
+            rejoin = existing is not None
+            node = await joiner.wait_ready(await joiner.join(facts, existing))
+            await joiner.validate(node)
+            node = await joiner.release(rejoin)
+        finally:
+            joiner.close()
         sessions = (worker_session, server_session)
         # One machine-readable line for benchmarks: what the join cost in SSH terms.
         commands = sum(s.commands for s in sessions)

@@ -18,6 +18,7 @@ before, in the same order, with the same checks and the same errors:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -138,6 +139,25 @@ def _private_file(path: str, text: str, what: str) -> HostStep:
 
 
 @dataclass(frozen=True)
+class AgentBinary:
+    """The k3s binary the join installs: its SHA-256, and its gzipped bytes when the host's
+    binary differs (None: nothing to upload)."""
+
+    sha256: str | None
+    packed: bytes | None
+
+
+async def agent_binary(binary: K3sBinary, installed_sha256: str | None) -> AgentBinary:
+    """Hash the binary and, when the host's differs, compress it: a second of the program's own
+    work for tens of MB, done in threads (hashlib and zlib let go of the GIL), so the join starts
+    it once preflight has read the host and uses it at the install."""
+    want_sha = await asyncio.to_thread(binary.local_sha256)
+    if binary.local_path is None or want_sha is None or installed_sha256 == want_sha:
+        return AgentBinary(want_sha, None)
+    return AgentBinary(want_sha, await asyncio.to_thread(gzipped_binary, binary.local_path, want_sha))
+
+
+@dataclass(frozen=True)
 class AgentInstalled:
     """What installing the agent reported: the host's clock before it, k3s_install.sh's results."""
 
@@ -149,19 +169,19 @@ async def install_agent(
     worker: SshSession,
     *,
     binary: K3sBinary,
+    prepared: AgentBinary,
     config_text: str,
     token_file: str,
     token: JoinToken | None,
-    installed_sha256: str | None,
     progress: Progress,
 ) -> AgentInstalled:
-    """Upload the binary when the host's differs, then in one command: read the host's clock,
-    write the token (when there is a new one) and the config, and run k3s_install.sh."""
-    want_sha = binary.local_sha256()
-    if binary.local_path is not None and want_sha is not None and installed_sha256 != want_sha:
-        packed = gzipped_binary(binary.local_path, want_sha)
-        progress(f"uploading k3s {binary.version} ({len(packed) // 1_000_000} MB gzipped)")
-        await worker.upload(packed, f"{K3S_BIN}.hk3s-upload.gz", deadline=INSTALL_DEADLINE_SECONDS, mode=0o644)
+    """Upload the binary when the host's differs (`prepared`: agent_binary), then in one
+    command: read the host's clock, write the token (when there is a new one) and the config,
+    and run k3s_install.sh."""
+    want_sha = prepared.sha256
+    if prepared.packed is not None:
+        progress(f"uploading k3s {binary.version} ({len(prepared.packed) // 1_000_000} MB gzipped)")
+        await worker.upload(prepared.packed, f"{K3S_BIN}.hk3s-upload.gz", deadline=INSTALL_DEADLINE_SECONDS, mode=0o644)
     steps = [HostStep.command(["date", "+%Y-%m-%d %H:%M:%S"])]
     if token is not None:
         steps.append(_private_file(token_file, token.value + "\n", f"writing {token_file}"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import shlex
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,14 +191,17 @@ def agent_config(
 
 
 # Gzipped binaries by SHA-256, kept for the provider process's lifetime: joining many
-# workers compresses the binary once and sends a third of its bytes to each host.
+# workers compresses the binary once and sends a third of its bytes to each host. Joins compress
+# in threads (node_operations.join_host): one at a time, so the others find it done.
 _GZIPPED: dict[str, bytes] = {}
+_GZIPPING = threading.Lock()
 
 
 def gzipped_binary(path: Path, sha256: str) -> bytes:
-    if sha256 not in _GZIPPED:
-        _GZIPPED[sha256] = gzip.compress(path.expanduser().read_bytes(), compresslevel=1)
-    return _GZIPPED[sha256]
+    with _GZIPPING:
+        if sha256 not in _GZIPPED:
+            _GZIPPED[sha256] = gzip.compress(path.expanduser().read_bytes(), compresslevel=1)
+        return _GZIPPED[sha256]
 
 
 def parse_results(output: str) -> dict[str, str]:
