@@ -12,7 +12,9 @@ sessions, one per host it logs in to, each possibly on a login its provider
 process already held; commands; seconds waiting on the hosts; seconds in all); from
 those, per join:
 
-* round trips: commands sent (each at least one round trip);
+* round trips: commands sent (each at least one round trip), in all and per phase of the
+  join (preflight, prepare, join: the grant, the install and the registration, ready,
+  validate, release);
 * host work: time waiting on commands minus one RTT per command;
 * program's own time: the join's total minus the host work (the RTTs, the
   program's bookkeeping, its polling interval).
@@ -51,7 +53,7 @@ from lab.stack_harness import LabStack, base_config, lab_binaries_missing, serve
 
 STATS = re.compile(
     r"\[(?P<node>[^\]]+)\] join stats: ssh_connections=(?P<connections>\d+) commands=(?P<commands>\d+) "
-    r"remote_seconds=(?P<remote>[\d.]+) total_seconds=(?P<total>[\d.]+)"
+    r"remote_seconds=(?P<remote>[\d.]+) total_seconds=(?P<total>[\d.]+)(?: commands_by_phase=(?P<phases>\S+))?"
 )
 
 
@@ -93,6 +95,14 @@ def run_size(workers: int, rtt_ms: int, scratch: Path) -> dict[str, Any]:
                     "node": join["node"],
                     "ssh_connections": int(join["connections"]),
                     "round_trips": commands,
+                    # Where they go: preflight, prepare, join (grant, install, registration), ready,
+                    # validate, release.
+                    "round_trips_by_phase": {
+                        name: int(count)
+                        for name, _, count in (
+                            pair.partition(":") for pair in (join["phases"] or "").split(",") if pair
+                        )
+                    },
                     "seconds": total,
                     "host_work_seconds": round(host_work, 2),
                     "program_added_seconds": round(total - host_work, 2),
@@ -181,6 +191,9 @@ def main() -> int:
             r["connections"]["most_to_one_joining_host"],
         )
         print("".join(f"{value:>12}" for value in row))
+    for r in results:
+        phases = r["joins"][0]["round_trips_by_phase"]
+        print(f"{r['workers']} worker(s), round trips by phase: " + ", ".join(f"{k} {v}" for k, v in phases.items()))
     return 0
 
 

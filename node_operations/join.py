@@ -25,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 # agent_since: where the join reads the agent's log from, kept importable here for the lab tests
 # that start an agent the way the join does.
@@ -55,6 +56,7 @@ from remote_access.kube import API_WAIT_SECONDS, ClusterApi, JoinToken, NodeStat
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
 Progress = Callable[[str], None]
+T = TypeVar("T")
 
 TOKEN_FILE = "/etc/rancher/k3s/hk3s-join-token"
 # The unit host_scripts/k3s_install.sh writes for a worker's agent.
@@ -514,22 +516,31 @@ async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, prog
 
     async with open_session(worker, shared=True) as worker_session, open_session(server, shared=True) as server_session:
         joiner = Joiner(spec, worker_session, server_session, timed)
+        sessions = (worker_session, server_session)
+        phases: dict[str, int] = {}  # commands sent in each phase
+
+        async def phase(name: str, step: Awaitable[T]) -> T:
+            before = sum(s.commands for s in sessions)
+            done = await step
+            phases[name] = sum(s.commands for s in sessions) - before
+            return done
+
         try:
-            facts, existing = await joiner.preflight()
-            await joiner.prepare()
+            facts, existing = await phase("preflight", joiner.preflight())
+            await phase("prepare", joiner.prepare())
             rejoin = existing is not None
-            node = await joiner.wait_ready(await joiner.join(facts, existing))
-            await joiner.validate(node)
-            node = await joiner.release(rejoin)
+            node = await phase("ready", joiner.wait_ready(await phase("join", joiner.join(facts, existing))))
+            await phase("validate", joiner.validate(node))
+            node = await phase("release", joiner.release(rejoin))
         finally:
             joiner.close()
-        sessions = (worker_session, server_session)
         # One machine-readable line for benchmarks: what the join cost in SSH terms.
         commands = sum(s.commands for s in sessions)
         remote = sum(s.remote_seconds for s in sessions)
         timed(
             f"join stats: ssh_connections={len(sessions)} commands={commands} "
-            f"remote_seconds={remote:.2f} total_seconds={time.monotonic() - started:.2f}"
+            f"remote_seconds={remote:.2f} total_seconds={time.monotonic() - started:.2f} "
+            f"commands_by_phase={','.join(f'{name}:{count}' for name, count in phases.items())}"
         )
         timed("joined and released")
         return JoinResult(
