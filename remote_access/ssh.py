@@ -37,7 +37,7 @@ from pathlib import Path
 import asyncssh
 
 from remote_access.session_pool import LoginKey, active_pool
-from remote_access.stop_reading import StopWhen, read_stdout
+from remote_access.stop_reading import StopWhen, read_stdout, stoppable
 
 LineCallback = Callable[[str], None]
 
@@ -149,10 +149,16 @@ class SshSession:
         until: StopWhen | None = None,
     ) -> CommandResult:
         """Run one command (argv, each argument quoted) under a deadline in seconds; with
-        `until`, stop reading it as that says."""
-        command = shlex.join(argv)
+        `until` (no `stdin` then), stop reading it as that says, and it ends on the host."""
+        command = shlex.join(argv) if until is None else stoppable(argv)
         return await self._run_command(
-            command, deadline=deadline, stdin=stdin, on_line=on_line, check=check, what=what or command, until=until
+            command,
+            deadline=deadline,
+            stdin=stdin,
+            on_line=on_line,
+            check=check,
+            what=what or shlex.join(argv),
+            until=until,
         )
 
     async def run_script(
@@ -229,7 +235,8 @@ class SshSession:
                 process = await self._connection.create_process(command, encoding="utf-8", errors="replace")
                 if stdin is not None:
                     process.stdin.write(stdin)
-                process.stdin.write_eof()
+                if until is None:  # a stoppable command's stdin stays open until it is stopped
+                    process.stdin.write_eof()
 
                 async def read_stderr() -> None:
                     assert process is not None
@@ -238,6 +245,7 @@ class SshSession:
 
                 stderr_task = asyncio.create_task(read_stderr())
                 if await read_stdout(process, stdout_lines, on_line, until):
+                    process.stdin.write_eof()
                     process.close()
                     completed = asyncssh.SSHCompletedProcess(exit_status=0)
                 else:

@@ -1,28 +1,52 @@
 """Reading a command's output until the caller has what it waits for.
 
 A watch (`kubectl get --watch`) does not end by itself: the caller reads until the line it
-waits for, or for a while, then closes the channel. What it printed so far is the result.
-The command itself ends at its next write (SIGPIPE), so a watch must also bound itself
-(kubectl's --request-timeout): sshd takes no signal for a root login's session, whose
-privileges it does not separate ("session signalling requires privilege separation").
+waits for, or for a while, then stops it. What it printed so far is the result.
+
+Stopping it must end it on the host at once. Closing the channel alone would leave it running
+until its next write (SIGPIPE), and sshd keeps a session whose command still runs, which counts
+against the connection's MaxSessions (10 by default) that the logins shared by a provider
+process's joins draw on. sshd takes no signal for a root login's session either ("session
+signalling requires privilege separation"). So the command runs under a small bash wrapper that
+ends it when its stdin ends: this side keeps stdin open while it reads, and closes it to stop.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import asyncssh
 
 LineCallback = Callable[[str], None]
 
+# Runs "$@" with stdin from /dev/null; ends it (SIGTERM) when this shell's own stdin ends, which
+# is how the program stops it; exits with its status when it ends first.
+_STOPPABLE = """\
+"$@" </dev/null &
+command=$!
+exec 3<&0
+{ while read -r -u 3 _; do :; done; kill "$command"; } </dev/null >/dev/null 2>&1 &
+stopper=$!
+wait "$command"
+status=$?
+kill "$stopper" 2>/dev/null
+exit "$status"
+"""
+
+
+def stoppable(argv: Sequence[str]) -> str:
+    """The command line running `argv` so that closing its stdin ends it on the host."""
+    return shlex.join(["bash", "-c", _STOPPABLE, "-", *argv])
+
 
 @dataclass(frozen=True)
 class StopWhen:
     """For a command that does not end by itself (a watch): stop reading it after the first
-    line `line` accepts, or after `seconds`; the channel is then closed, and what the command
-    printed so far is its result, with exit status 0."""
+    line `line` accepts, or after `seconds`; it is then ended on the host, and what it printed
+    so far is its result, with exit status 0."""
 
     line: Callable[[str], bool]
     seconds: float

@@ -92,11 +92,9 @@ def test_a_failed_checked_step_ends_the_batch_with_its_own_error(sshd: LoopbackS
     assert not never.exists()
 
 
-def test_a_watch_is_stopped_at_the_line_awaited_and_ends_at_its_next_write(sshd: LoopbackSshd, tmp_path: Path) -> None:
-    went_on = tmp_path / "went-on"
-    # Prints what is awaited, later writes again (that write finds the channel closed), then
-    # would leave a mark.
-    program = f"echo starting; echo ready; sleep 1; echo more; touch {went_on}"
+def test_a_watch_is_stopped_at_the_line_awaited_and_ended_on_the_host(sshd: LoopbackSshd) -> None:
+    # Prints its pid and what is awaited, then would go on for half a minute.
+    program = "echo $$; echo ready; sleep 30; echo more"
 
     async def scenario() -> CommandResult:
         async with open_session(_target(sshd)) as session:
@@ -105,10 +103,27 @@ def test_a_watch_is_stopped_at_the_line_awaited_and_ends_at_its_next_write(sshd:
             )
 
     result = asyncio.run(scenario())
-    # Returned at "ready": "more" (a second later) never read.
-    assert result.exit_status == 0 and result.stdout == "starting\nready\n"
-    time.sleep(3)
-    assert not went_on.exists(), "the command went on past its next write"
+    pid, awaited = result.stdout.splitlines()
+    assert result.exit_status == 0 and awaited == "ready"
+    # The loopback host is this machine: the command is gone, not left waiting for its next write.
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists(), "the command went on running on the host"
+
+
+def test_a_watch_that_ends_by_itself_returns_its_output_and_status(sshd: LoopbackSshd) -> None:
+    async def scenario() -> CommandResult:
+        async with open_session(_target(sshd)) as session:
+            return await session.run(
+                ["sh", "-c", "echo one; echo two; exit 3"],
+                deadline=20,
+                check=False,
+                until=StopWhen(lambda _l: False, 15),
+            )
+
+    result = asyncio.run(scenario())
+    assert result.exit_status == 3 and result.stdout == "one\ntwo\n"
 
 
 def test_a_watch_that_sees_nothing_is_stopped_after_its_time(sshd: LoopbackSshd) -> None:
