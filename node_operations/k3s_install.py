@@ -50,7 +50,7 @@ class K3sBinary:
     def local_sha256(self) -> str | None:
         if self.local_path is None:
             return self.sha256
-        digest = hashlib.sha256(self.local_path.expanduser().read_bytes()).hexdigest()
+        digest = file_sha256(self.local_path.expanduser())
         if self.sha256 and digest != self.sha256:
             raise ValueError(
                 f"{self.local_path} has SHA-256 {digest}, but hk3s:cluster.k3s_sha256 says {self.sha256}; "
@@ -188,6 +188,22 @@ def agent_config(
             "kubelet-arg": list(KUBELET_HARDENING_ARGS),
         }
     )
+
+
+# SHA-256 of local files by path, size and modification time, kept for the provider process's
+# lifetime: every join checks the binary it uploads, and hashing tens of MB takes a while.
+_HASHED: dict[tuple[str, int, int], str] = {}
+_HASHING = threading.Lock()
+
+
+def file_sha256(path: Path) -> str:
+    """The file's SHA-256, hashed once per process while the file is unchanged."""
+    with _HASHING:
+        found = path.stat()
+        key = (str(path), found.st_size, found.st_mtime_ns)
+        if key not in _HASHED:
+            _HASHED[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+        return _HASHED[key]
 
 
 # Gzipped binaries by SHA-256, kept for the provider process's lifetime: joining many
