@@ -1,0 +1,269 @@
+"""The fence's decision per workload with real pods on Longhorn volumes: pod-capable lab workers
+(a real containerd, runc and kubelet under the k3s stand-in), the real kube-controller-manager
+(taint eviction, pod garbage collector, Deployment controller, PV binder, attach/detach
+controller) and the Longhorn stand-in's CSI path (lab/longhorn_standin: the manager provisions and
+attaches, the node plugin the real kubelet calls stages and publishes), through the real engine.
+
+One cluster for the module: a server and two pod-capable workers. Two Deployments run on fw-w1,
+each writing into its own Longhorn volume:
+- cur-app's claim is of the program's one-copy class: its copy is on the server;
+- only-app's claim is of a class whose copies follow a tag only fw-w1 carries: its only copy is on
+  fw-w1.
+fw-w1's agent stops (its containers keep running, as on k3s), and a minute later it is fenced:
+cur-app runs again on fw-w2, its volume attached there by the real attach/detach controller after
+the one to fw-w1 was deleted; only-app stays stopped (scaled to zero) and says so. Lifting the fence
+brings fw-w1 back Ready and starts only-app again (its pod scheduled; the stand-in has no Longhorn
+auto-salvage, so a volume whose every copy failed does not attach again in the lab: stricter than
+Longhorn, which salvages the copies that failed last).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from lab import pod_hosts
+from lab.hosts import DEFAULT_CACHE_DIR, Host, Lab
+from lab.stack_harness import (
+    LONGHORN_STANDIN_CHART,
+    LabStack,
+    base_config,
+    server_spec,
+    skip_without_kubernetes_provider,
+    up_or_fail,
+    wait_until,
+    worker_spec,
+)
+from node_operations.fence_workloads import STOPPED_ANNOTATION
+
+pytestmark = pytest.mark.lab
+
+K3S = "/usr/local/bin/k3s"
+DRIVER = "driver.longhorn.io"
+LABEL = "fence-test/place"
+# The lab's disks are this machine's; shares low enough that the test's copies fit.
+STORAGE = {
+    "install_longhorn": True,
+    "longhorn_chart": str(LONGHORN_STANDIN_CHART),
+    "reserved_percent": 5,
+    "minimal_available_percent": 5,
+}
+# A class whose volumes keep one copy on the nodes tagged t-only (fw-w1 alone), as an operator's
+# class with a node selector would.
+ONLY_CLASS = {
+    "apiVersion": "storage.k8s.io/v1",
+    "kind": "StorageClass",
+    "metadata": {"name": "fence-test-only"},
+    "provisioner": DRIVER,
+    "parameters": {"numberOfReplicas": "1", "nodeSelector": "t-only"},
+}
+
+
+def claim(name: str, storage_class: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": storage_class,
+            "resources": {"requests": {"storage": "16Mi"}},
+        },
+    }
+
+
+def deployment(name: str, claim_name: str, image: str) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {LABEL: "yes"},
+                    "terminationGracePeriodSeconds": 1,
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim_name}}],
+                    "containers": [
+                        {
+                            "name": "app",
+                            "image": image,
+                            "imagePullPolicy": "Never",
+                            "command": ["sh", "-c", "hostname >> /data/written-by && sync && exec sleep 3600"],
+                            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+@dataclass
+class Cluster:
+    lab: Lab
+    stack: LabStack
+    server: Host
+    w1: Host
+    w2: Host
+    config: dict[str, Any]
+
+    def kubectl(self, *args: str) -> str:
+        return self.server.run([K3S, "kubectl", *args], timeout=60).stdout
+
+    def get(self, *args: str) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(self.kubectl("get", *args, "-o", "json"))
+        return found
+
+    def apply(self, name: str, objects: list[dict[str, Any]]) -> None:
+        text = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+        (self.server.root / f"root/{name}.json").write_text(text)
+        self.kubectl("apply", "-f", f"/root/{name}.json")
+
+    def running(self, app: str) -> list[str]:
+        """The nodes of the app's Running pods that are not being deleted."""
+        return sorted(
+            p["spec"]["nodeName"]
+            for p in self.get("pods", "-l", f"app={app}")["items"]
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        )
+
+    def attached(self, claim_name: str) -> dict[str, bool]:
+        """The claim's volume's VolumeAttachments: node -> attached."""
+        pv = self.get("pvc", claim_name)["spec"].get("volumeName")
+        return {
+            a["spec"]["nodeName"]: bool((a.get("status") or {}).get("attached"))
+            for a in self.get("volumeattachments")["items"]
+            if a["spec"]["source"].get("persistentVolumeName") == pv
+        }
+
+    def ready(self, host: Host) -> str:
+        found = self.get("node", host.name)
+        return str(next(c["status"] for c in found["status"]["conditions"] if c["type"] == "Ready"))
+
+    def diagnose(self) -> str:
+        kinds = "pods,pvc,pv,volumeattachments,nodes"
+        longhorn = self.kubectl("get", "volumes.longhorn.io,replicas.longhorn.io", "-A", "-o", "wide")
+        return self.kubectl("get", kinds, "-A", "-o", "wide") + longhorn + self.stack.text()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
+    skip_without_kubernetes_provider()
+    reason = pod_hosts.runtime_missing(DEFAULT_CACHE_DIR)
+    if reason:
+        pytest.skip(reason)
+    server = lab.add_host(server_spec("fp-srv"))
+    w1, w2 = (lab.add_host(worker_spec(f"fp-w{i}", pods=True)) for i in (1, 2))
+    lab.wait_ssh_ready([server, w1, w2])
+    for worker in (w1, w2):  # before k3s is installed, as k3s's air-gap instructions say
+        pod_hosts.place_airgap_images(worker.root, DEFAULT_CACHE_DIR)
+    stack = LabStack(tmp_path_factory.mktemp("fence-pods"))
+    config = base_config(lab, server, [w1, w2], storage=STORAGE)
+    stack.write_config(config)
+    up_or_fail(stack)
+    cluster = Cluster(lab, stack, server, w1, w2, config)
+    names = {server.name, w1.name, w2.name}
+    wait_until(
+        "a Longhorn node per node",
+        lambda: {n["metadata"]["name"] for n in cluster.get("nodes.longhorn.io", "-A")["items"]} == names,
+        120,
+        cluster.diagnose,
+    )
+    for name in names:
+        node = cluster.get("nodes.longhorn.io", name, "-n", "longhorn-system")
+        tags = sorted({*(node["spec"].get("tags") or []), *(["t-only"] if name == w1.name else [])})
+        body = json.dumps({"spec": {"allowScheduling": True, "tags": tags}})
+        cluster.kubectl("patch", "nodes.longhorn.io", name, "-n", "longhorn-system", "--type", "merge", "-p", body)
+    image = pod_hosts.busybox_image()
+    for worker in (w1, w2):
+        wait_until(
+            f"{worker.name} imports the air-gap images",
+            lambda w=worker: image in w.run([K3S, "ctr", "images", "ls", "-q"]).stdout,  # type: ignore[misc]
+            60,
+        )
+    cluster.kubectl("label", "node", w1.name, f"{LABEL}=yes")
+    cluster.apply(
+        "apps",
+        [
+            ONLY_CLASS,
+            claim("cur", "hk3s-one-copy"),
+            claim("only", "fence-test-only"),
+            deployment("cur-app", "cur", image),
+            deployment("only-app", "only", image),
+        ],
+    )
+    for app in ("cur-app", "only-app"):
+        wait_until(f"{app} Running on fp-w1", lambda a=app: cluster.running(a) == [w1.name], 240, cluster.diagnose)  # type: ignore[misc]
+    return cluster
+
+
+def test_a_workload_with_a_current_copy_runs_again_elsewhere_and_one_with_its_only_copy_stays_stopped(
+    cluster: Cluster,
+) -> None:
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    assert cluster.attached("cur") == {w1.name: True} and cluster.attached("only") == {w1.name: True}
+    w1.run(["systemctl", "stop", "k3s-agent"])  # its containers keep running, as on k3s
+    wait_until("fp-w1 NotReady", lambda: cluster.ready(w1) != "True", 90, cluster.diagnose)
+    cluster.kubectl("label", "node", w2.name, f"{LABEL}=yes")
+    time.sleep(62)  # the minute a fence asks for
+    cluster.config["fences"] = {w1.name: {}}
+    cluster.stack.write_config(cluster.config)
+    started = time.monotonic()
+    output = cluster.stack.up_output()
+    if output:
+        pytest.fail(output[-8000:])
+    fence_seconds = time.monotonic() - started
+    text = cluster.stack.text()
+    print("\n".join(line for line in text.splitlines() if f"[{w1.name}]" in line))
+
+    assert "Deployment default/cur-app may start elsewhere: volume pvc-" in text, text[-4000:]
+    assert f"{server.name} (current; lastHealthyAt" in text, text[-4000:]
+    # cur-app runs on fp-w2: its volume detached from fp-w1, attached to fp-w2, the pod writing in it.
+    wait_until("cur-app Running on fp-w2", lambda: cluster.running("cur-app") == [w2.name], 240, cluster.diagnose)
+    print(
+        f"fence up {fence_seconds:.1f} s; cur-app Running on fp-w2 {time.monotonic() - started:.1f} s after its start"
+    )
+    assert cluster.attached("cur") == {w2.name: True}, cluster.diagnose()
+    pod = next(p for p in cluster.get("pods", "-l", "app=cur-app")["items"] if p["spec"]["nodeName"] == w2.name)
+    written = cluster.kubectl("exec", pod["metadata"]["name"], "--", "cat", "/data/written-by")
+    assert pod["metadata"]["name"] in written.split(), written
+    # only-app stays stopped, recorded, and nothing of it runs.
+    assert f"Deployment default/only-app stays stopped until {w1.name} rejoins: the only copy of pvc-" in text
+    only_app = cluster.get("deployment", "only-app")
+    assert only_app["spec"]["replicas"] == 0
+    assert json.loads(only_app["metadata"]["annotations"][STOPPED_ANNOTATION])["reason"] == "only-copy"
+    assert cluster.running("only-app") == [] and not cluster.get("pods", "-l", "app=only-app")["items"]
+    wait_until(
+        "only's volume detached from fp-w1", lambda: w1.name not in cluster.attached("only"), 120, cluster.diagnose
+    )
+
+
+def test_lifting_the_fence_starts_the_workload_it_stopped(cluster: Cluster) -> None:
+    w1 = cluster.w1
+    cluster.config["fences"] = {}
+    cluster.stack.write_config(cluster.config)
+    cluster.stack.log.clear()
+    output = cluster.stack.up_output()
+    if output:
+        pytest.fail(output[-8000:])
+    text = cluster.stack.text()
+    assert f"[{w1.name}] fence lifted: rejoined" in text and "Deployment default/only-app started again" in text
+    assert cluster.ready(w1) == "True"
+    only_app = cluster.get("deployment", "only-app")
+    assert only_app["spec"]["replicas"] == 1 and STOPPED_ANNOTATION not in only_app["metadata"].get("annotations", {})
+    wait_until(
+        "an only-app pod scheduled",
+        lambda: any(p["spec"].get("nodeName") for p in cluster.get("pods", "-l", "app=only-app")["items"]),
+        120,
+        cluster.diagnose,
+    )
+    assert cluster.running("cur-app") == [cluster.w2.name]
