@@ -86,10 +86,17 @@ def host_state(host: Host) -> str:
     return host.run(["sh", "-c", script]).stdout
 
 
+# The controller manager's root-ca-cert-publisher writes this ConfigMap into every namespace on
+# its own schedule (later under load): its coming is Kubernetes' doing, never the program's.
+ROOT_CA_CONFIGMAP = "kube-root-ca.crt"
+
+
 def cluster_objects(server: Host) -> list[str]:
     out = server.run([K3S, "kubectl", "get", "nodes,namespaces,secrets,configmaps", "-A", "-o", "json"]).stdout
     return sorted(
-        f"{i['kind']}/{i['metadata'].get('namespace', '')}/{i['metadata']['name']}" for i in json.loads(out)["items"]
+        f"{i['kind']}/{i['metadata'].get('namespace', '')}/{i['metadata']['name']}"
+        for i in json.loads(out)["items"]
+        if not (i["kind"] == "ConfigMap" and i["metadata"]["name"] == ROOT_CA_CONFIGMAP)
     )
 
 
