@@ -1,7 +1,8 @@
 """A worker's copies through its life after the join, through the real engine, the real
 Kubernetes provider plugin and the lab's Longhorn manager stand-in (lab/longhorn_standin/manager.py:
 Longhorn nodes with the hosts' real disk figures, replicas placed, rebuilt and evicted as Longhorn's
-scheduler does). The tests share one cluster (a server and two workers) and run in order.
+scheduler does). The tests share one cluster (a server and two workers; the last test adds a third)
+and run in order.
 
 - Reboot: a volume pinned to the server whose only copy sits on the worker is refused while the
   server has no room for it, naming the volume and the space; with room, its copy moves to the
@@ -10,12 +11,17 @@ scheduler does). The tests share one cluster (a server and two workers) and run 
   refuses the removal before anything changes, naming the volume; once that volume is gone, the
   removal asks Longhorn to evict the worker's copies, waits until each one is healthy on another
   node and the old one is gone, then drains, wipes and deregisters the worker.
+- Give up: a third worker joins, goes down, is fenced as powered off; back on with its agent
+  running, `node remove --force` is refused and nothing changes; off again, it is given up: no
+  Node, no Longhorn node, and no peer's host firewall (the program's nftables rules, read on each
+  peer before and after) admits its address any more; the next `up` has nothing to do.
 The volumes are made as Longhorn's API makes them (volumes.longhorn.io objects, as the CSI driver
 would for a claim; attached by setting spec.nodeID, as Longhorn's attachment controller does); the
 operator's Longhorn node tags and scheduling flags are set with kubectl, as in Longhorn's UI."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import subprocess
 import time
@@ -251,3 +257,129 @@ def test_a_worker_whose_copies_cannot_move_is_refused_then_its_copies_move_off(c
     assert not port_reachable(w2, server, 6443) and not port_reachable(w2, w1, 10250)
     assert port_reachable(w1, server, 6443)  # the worker staying still reaches the API
     print(f"removal with one copy moved: {took:.1f} s")
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def nft_networks(value: Any) -> list[Network]:
+    """The addresses an nft JSON value names (an address, a prefix, a range, a set of them, a
+    set element)."""
+    if isinstance(value, str):
+        return [ipaddress.ip_network(value, strict=False)]
+    if isinstance(value, list):
+        return [network for item in value for network in nft_networks(item)]
+    if "elem" in value:
+        return nft_networks(value["elem"]["val"])
+    if "set" in value:
+        return nft_networks(value["set"])
+    if "prefix" in value:
+        return [ipaddress.ip_network(f"{value['prefix']['addr']}/{value['prefix']['len']}", strict=False)]
+    if "range" in value:
+        first, last = (ipaddress.ip_address(end) for end in value["range"])
+        return list(ipaddress.summarize_address_range(first, last))
+    raise AssertionError(f"an address value this test does not read: {value!r}")
+
+
+def admitted_sources(host: Host) -> list[Network]:
+    """Every source network an accept rule on `host` admits by its source address, from
+    `nft -j list ruleset` (the whole ruleset, whatever wrote it): a rule's `saddr` match against
+    a named set or a literal."""
+    ruleset = json.loads(host.run(["nft", "-j", "list", "ruleset"]).stdout)["nftables"]
+    sets = {(s["family"], s["table"], s["name"]): s.get("elem", []) for s in (i["set"] for i in ruleset if "set" in i)}
+    admitted: list[Network] = []
+    for rule in (item["rule"] for item in ruleset if "rule" in item):
+        if not any("accept" in expr for expr in rule["expr"]):
+            continue
+        for expr in rule["expr"]:
+            match = expr.get("match") or {}
+            if (match.get("left") or {}).get("payload", {}).get("field") != "saddr" or match["op"] not in ("==", "in"):
+                continue
+            right = match["right"]
+            named = isinstance(right, str) and right.startswith("@")
+            admitted += nft_networks(sets[(rule["family"], rule["table"], right[1:])] if named else right)
+    return admitted
+
+
+def admits(host: Host, worker: Host) -> set[str]:
+    """Which of `worker`'s addresses an accept rule on `host` admits."""
+    sources = admitted_sources(host)
+    addresses = [address for address in (worker.public_ip, worker.private_ip) if address]
+    return {a for a in addresses if any(ipaddress.ip_address(a) in network for network in sources)}
+
+
+def test_a_fenced_worker_given_up_leaves_no_node_longhorn_node_or_firewall_peer(cluster: Cluster) -> None:
+    """`node remove --force` of a fenced worker in a stack with Longhorn and managed host
+    firewalls: refused while its host answers and runs its agent (nothing changes: its Node and
+    Longhorn node stay, every peer still admits it); once it is off, its Node and Longhorn node are
+    gone and no staying peer's firewall admits its address; the next `up` has nothing to do."""
+    lab, stack, server = cluster.lab, cluster.stack, cluster.server
+    names = server.run([K3S, "kubectl", "get", "nodes", "-o", "name"]).stdout.split()
+    # rc-worker-2 is gone when the removal's test ran before this one.
+    staying = [w for w in (cluster.w1, cluster.w2) if f"node/{w.name}" in names]
+    w3 = lab.add_host(worker_spec("rc-worker-3"))
+    lab.wait_ssh_ready([w3])
+    stack.write_config(base_config(lab, server, [*staying, w3], storage=STORAGE, firewall={"managed": True}))
+    stack.log.clear()
+    up_or_fail(stack)
+
+    def longhorn_nodes() -> set[str]:
+        return {n["metadata"]["name"] for n in items(server, "nodes.longhorn.io")}
+
+    def kube_nodes() -> set[str]:
+        return {
+            n.removeprefix("node/") for n in server.run([K3S, "kubectl", "get", "nodes", "-o", "name"]).stdout.split()
+        }
+
+    def ready() -> str:
+        found = json.loads(server.run([K3S, "kubectl", "get", "node", w3.name, "-o", "json"]).stdout)
+        return str(next(c["status"] for c in found["status"]["conditions"] if c["type"] == "Ready"))
+
+    wait_until(f"a Longhorn node for {w3.name}", lambda: w3.name in longhorn_nodes(), 120, cluster.diagnose)
+    peers = [server, *staying]
+    # Every peer admits it: the same reading after the removal can fail.
+    assert {p.name: admits(p, w3) for p in peers} == {p.name: {w3.public_ip} for p in peers}
+
+    # Down for the minute a fence asks for, then off: fenced as powered off.
+    w3.run(["systemctl", "stop", "k3s-agent"])
+    wait_until(f"{w3.name} NotReady", lambda: ready() != "True", 90, cluster.diagnose)
+    down_since = time.monotonic()
+    w3.power_off()
+    time.sleep(max(0.0, 62 - (time.monotonic() - down_since)))
+    fence = stack.hk3s("node", "fence", w3.name, "--powered-off")
+    assert fence.returncode == 0, fence.stderr[-4000:]
+    assert f"[{w3.name}] fenced (recorded" in fence.stderr, fence.stderr[-4000:]
+
+    # Back on, its agent runs: the fence does not hold it, so it is not given up; nothing changes.
+    w3.power_on(wait=True)
+    wait_until(
+        f"{w3.name}'s agent running",
+        lambda: w3.run(["systemctl", "is-active", "k3s-agent"], check=False).stdout.strip() == "active",
+        60,
+    )
+    rules = {p.name: p.run(["nft", "list", "table", "inet", "hk3s_node"]).stdout for p in peers}
+    refused = stack.hk3s("node", "remove", w3.name, "--force", "--yes")
+    assert refused.returncode == 3, refused.stderr[-4000:]
+    assert "the fence does not hold it stopped (drop-in=absent, agent=active)" in refused.stderr, refused.stderr[-4000:]
+    assert w3.name in kube_nodes() and w3.name in longhorn_nodes()
+    assert {p.name: p.run(["nft", "list", "table", "inet", "hk3s_node"]).stdout for p in peers} == rules
+
+    # Off again: given up without a drain.
+    w3.power_off()
+    run = stack.hk3s("node", "remove", w3.name, "--force", "--yes")
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert f"[{w3.name}] given up (fenced since" in run.stderr, run.stderr[-4000:]
+    assert w3.name not in kube_nodes()
+    assert w3.name not in longhorn_nodes(), cluster.diagnose()
+    secrets = server.run([K3S, "kubectl", "get", "secrets", "-n", "kube-system", "-o", "name"]).stdout
+    assert f"{w3.name}.node-password.k3s" not in secrets
+    # No staying peer's firewall admits it any more; the staying nodes still admit each other.
+    assert {p.name: admits(p, w3) for p in peers} == {p.name: set() for p in peers}
+    for peer in peers:
+        for other in peers:
+            if other is not peer:
+                assert other.public_ip in admits(peer, other), (peer.name, other.name)
+    # Done is done: the next up changes nothing.
+    result = up_or_fail(stack)
+    changes = {str(getattr(op, "value", op)): n for op, n in (result.summary.resource_changes or {}).items()}
+    assert set(changes) == {"same"}, changes
