@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lab.cpu_profile import CpuProfile
 from lab.hosts import DEFAULT_CACHE_DIR, Lab
 from lab.sshd_log import connection_count, handshake_load
 from lab.stack_harness import LabStack, base_config, lab_binaries_missing, server_spec, worker_spec
@@ -76,7 +77,8 @@ def run_size(workers: int, rtt_ms: int, scratch: Path) -> dict[str, Any]:
         stack.write_config(base_config(lab, server, hosts))
         started = time.monotonic()
         since = time.time()
-        result = stack.up()
+        with CpuProfile() as profile:
+            result = stack.up()
         join_seconds = time.monotonic() - started
         until = time.time()
         logs = {host.name: host.sshd_log(since - 1) for host in (server, *hosts)}
@@ -113,6 +115,8 @@ def run_size(workers: int, rtt_ms: int, scratch: Path) -> dict[str, Any]:
             "rtt_ms": rtt_ms,
             "server_install_up_seconds": round(server_seconds, 1),
             "join_up_seconds": round(join_seconds, 1),
+            # What bounds the run: CPU seconds per group of processes beside the machine's busy time.
+            "join_cpu_profile": profile.report(),
             "per_join_median": {
                 key: round(statistics.median(float(j[key]) for j in per_join), 2)
                 for key in ("ssh_connections", "round_trips", "seconds", "host_work_seconds", "program_added_seconds")
