@@ -262,7 +262,9 @@ async def address_refusal(worker: SshTarget, network_mode: str) -> str | None:
     return (
         f"{worker.node}'s address changed while it was fenced: it joined with node IP {recorded} ({CONFIG_PATH}), "
         f"and the host now has {found}. In public mode every peer's firewall, the kubelet's address and the agent's "
-        f"configuration name the recorded one. Give the host {recorded} back and run up again, or give the worker up "
+        f"configuration name the recorded one. Give the host {recorded} back and run up again (the lift logs in at "
+        f"{worker.address}, the address the fence last stored: to log in at another, put hk3s:fences.{worker.node} "
+        "back with that address in hk3s:workers for one run), or give the worker up "
         f"(`node remove {worker.node} --force`, or hk3s:fences.{worker.node}.force_remove with the worker removed) and "
         "add it again at its new address"
     )
