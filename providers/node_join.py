@@ -293,7 +293,7 @@ class NodeJoinProvider(NodeProvider):
         (the engine runs the fence's delete, its lift, last). The state keeps the join as it last
         ran, so the next run's diff still finds the change: the first `up` after the lift applies it."""
         node = str(news["node"])
-        pending = ", ".join(pending_changes(olds, news)) or "nothing on the host"
+        pending = ", ".join(pending_changes(olds, news)) or "a rejoin"
         progress(
             node,
             f"fenced (recorded {fenced_at}): its join changes nothing on the host while it is fenced; pending until "
