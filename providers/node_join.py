@@ -273,6 +273,13 @@ class NodeJoinProvider(NodeProvider):
             )
         except WorkerFencedError as fenced:
             outs = self._leave_fenced(olds, news, fenced.recorded_at)
+        except SshError as error:
+            # A fenced worker may be powered off for good: a join that could not log in to it left
+            # it as it was (the preflight stops a fenced worker's join before anything changes).
+            fenced_at = self._fence_record(olds, news) if error.node == news.get("node") else None
+            if fenced_at is None:
+                raise
+            outs = self._leave_fenced(olds, news, fenced_at)
         return UpdateResult(outs=outs)
 
     def _fence_record(self, olds: dict[str, Any], news: dict[str, Any]) -> str | None:

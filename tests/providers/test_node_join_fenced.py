@@ -14,6 +14,7 @@ from node_operations.join import WorkerFencedError
 from providers import node_join
 from providers.node_join import NodeJoinProvider, pending_changes
 from remote_access.kube import NodeStatus
+from remote_access.ssh import SshError
 
 JOINED = {
     "node": "w1",
@@ -105,3 +106,26 @@ def test_pending_changes_leave_out_what_never_rejoins() -> None:
     olds = {**JOINED, "recorded_nodes": ["srv", "w1"], "labels": {"a": "1"}}
     news = {**INPUTS, "private_key": "new", "recorded_nodes": ["srv", "w1", "w2"], "labels": {"a": "2"}}
     assert pending_changes(olds, news) == ["labels"]
+
+
+def test_a_fenced_worker_that_does_not_answer_is_left_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Powered off for good: the join cannot log in to it; the server says it is fenced.
+    _server_says(monkeypatch, {FENCE_ANNOTATION: "2026-12-04T09:10:00Z"})
+
+    def unreachable(_self: NodeJoinProvider, props: dict[str, Any], **_olds: Any) -> dict[str, Any]:
+        raise SshError(str(props["node"]), "connection refused")
+
+    monkeypatch.setattr(NodeJoinProvider, "_join", unreachable)
+    news = {**INPUTS, "registry": "registry.example:5000"}
+    result = NodeJoinProvider().update("w1-join", dict(JOINED), news)
+    assert result.outs is not None and "registry" not in result.outs
+    assert "pending until the first up after the fence is lifted: registry None -> registry.example:5000" in (
+        capsys.readouterr().err
+    )
+    # Not fenced: the failure stands.
+    _server_says(monkeypatch, {})
+    monkeypatch.setattr(NodeJoinProvider, "_join", unreachable)
+    with pytest.raises(SshError, match="w1: connection refused"):
+        NodeJoinProvider().update("w1-join", dict(JOINED), news)
