@@ -162,6 +162,7 @@ class WorkerNode(pulumi.ComponentResource):
                     validation_taint=VALIDATION_TAINT,
                     validation_image=settings.cluster.validation_image,
                     teardown_allowed=settings.cluster.teardown_allowed,
+                    node_external_ip=self.endpoint.public_address,
                 ),
                 opts=self.endpoint.options(self, [self.join_resource]),
             )

@@ -18,6 +18,12 @@ brings a node in, so no pod lands on it before its checks pass. The order, and w
 Every step is idempotent, so a lift cut anywhere finishes on the next `up`; a worker whose
 Node is gone (removed from the stack in the same run) has nothing left to lift.
 
+The lift logs in at the address the fence last stored (hk3s:workers' address while fenced), and
+restarts the agent with the configuration the fence found. A change of the worker's join made
+while it was fenced (in private mode a new public address: the Node's external IP) waits for the
+first `up` after the lift, since the engine runs the join before the fence's delete and a fenced
+worker's join changes nothing (providers/node_join.py): the last line then says to run `up` again.
+
 Before anything changes, the host must still carry the address its Node was recorded with (the
 cluster address every peer's firewall admits and the agent's configured node IP). In public mode
 an address that changed while the worker was fenced is refused: the peers' firewalls, the
@@ -92,9 +98,10 @@ class FenceLift:
         progress: Progress,
         *,
         accept_stale_data: bool = False,
+        external_ip: str = "",
     ) -> None:
         self.target, self.worker, self.server, self.cluster = target, worker, server, cluster
-        self.progress, self.accept_stale_data = progress, accept_stale_data
+        self.progress, self.accept_stale_data, self.external_ip = progress, accept_stale_data, external_ip
         self.checks: dict[str, str] = {}
         self.ready_deadline = READY_DEADLINE_SECONDS
 
@@ -156,7 +163,27 @@ class FenceLift:
             await self.cluster.kubectl(
                 ["patch", "node", self.node, "--type", "merge", "-p", unset], repeat=Repeat.IDEMPOTENT
             )
-        self.progress(f"fence lifted: rejoined ({', '.join(f'{k} {v}' for k, v in self.checks.items())})")
+        lifted = f"fence lifted: rejoined ({', '.join(f'{k} {v}' for k, v in self.checks.items())})"
+        self.progress(lifted + await self._pending_join())
+
+    async def _pending_join(self) -> str:
+        """What the operator still has to run when the agent publishes another external address
+        than the worker's join now has: the lift restarts the agent with its configuration as the
+        fence found it, and the join (which the engine ran before this lift, leaving the fenced
+        worker alone) writes the new one only in the next run."""
+        if not self.external_ip:
+            return ""
+        result = await self.worker.run(["cat", CONFIG_PATH], deadline=30, check=False)
+        config = _agent_config(result.stdout) if result.exit_status == 0 else {}
+        # k3s publishes its node IP as the external one when no node-external-ip is set.
+        published = str(config.get("node-external-ip") or config.get("node-ip") or "")
+        if not published or published == self.external_ip:
+            return ""
+        return (
+            f". Its Node still publishes {published} as its external address (the agent's {CONFIG_PATH}) and its "
+            f"join now has {self.external_ip}: run up again, which joins it again so its Node publishes "
+            f"{self.external_ip}"
+        )
 
 
 async def _boot(worker: SshTarget) -> str | None:
@@ -206,6 +233,15 @@ async def reboot_unless_booted(worker: SshTarget, cluster: ClusterApi, progress:
     progress(f"rebooted (boot {boot})")
 
 
+def _agent_config(text: str) -> dict[str, object]:
+    """The agent's configuration file as a mapping ({} when it is not one)."""
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
 async def address_refusal(worker: SshTarget, network_mode: str) -> str | None:
     """Why the lift may not go on because the host's address changed while it was fenced, or None.
 
@@ -217,11 +253,8 @@ async def address_refusal(worker: SshTarget, network_mode: str) -> str | None:
     async with open_session(worker) as session:
         config = await session.run(["cat", CONFIG_PATH], deadline=30, check=False)
         facts = await gather_facts(session)
-    try:
-        loaded = yaml.safe_load(config.stdout) if config.exit_status == 0 else None
-    except yaml.YAMLError:
-        loaded = None
-    recorded = str(loaded.get("node-ip") or "") if isinstance(loaded, dict) else ""
+    loaded = _agent_config(config.stdout) if config.exit_status == 0 else {}
+    recorded = str(loaded.get("node-ip") or "")
     if not recorded or interface_of(facts, recorded) is not None:
         # No configuration of the program's left: the join's checks judge the host as they find it.
         return None
@@ -229,7 +262,9 @@ async def address_refusal(worker: SshTarget, network_mode: str) -> str | None:
     return (
         f"{worker.node}'s address changed while it was fenced: it joined with node IP {recorded} ({CONFIG_PATH}), "
         f"and the host now has {found}. In public mode every peer's firewall, the kubelet's address and the agent's "
-        f"configuration name the recorded one. Give the host {recorded} back and run up again, or give the worker up "
+        f"configuration name the recorded one. Give the host {recorded} back and run up again (the lift logs in at "
+        f"{worker.address}, the address the fence last stored: to log in at another, put hk3s:fences.{worker.node} "
+        "back with that address in hk3s:workers for one run), or give the worker up "
         f"(`node remove {worker.node} --force`, or hk3s:fences.{worker.node}.force_remove with the worker removed) and "
         "add it again at its new address"
     )
@@ -244,8 +279,11 @@ async def lift_fence(
     progress: Progress,
     network_mode: str = "",
     accept_stale_data: bool = False,
+    external_ip: str = "",
 ) -> None:
-    """Lift `worker`'s fence through the server's API (see the module docstring)."""
+    """Lift `worker`'s fence through the server's API (see the module docstring). `external_ip`
+    is the address the worker's join now publishes: the last line says to run `up` again when the
+    agent still publishes another."""
     silent = await worker_answers(worker)
     if silent is not None:
         if await _node_gone(server, worker.node, api_wait, progress):
@@ -267,7 +305,13 @@ async def lift_fence(
         await reboot_unless_booted(worker, cluster, progress)
         async with open_session(worker) as worker_session:
             lift = FenceLift(
-                target, worker_session, server_session, cluster, progress, accept_stale_data=accept_stale_data
+                target,
+                worker_session,
+                server_session,
+                cluster,
+                progress,
+                accept_stale_data=accept_stale_data,
+                external_ip=external_ip,
             )
             await lift.run()
 

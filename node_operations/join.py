@@ -33,6 +33,7 @@ from typing import TypeVar
 # that start an agent the way the join does.
 from node_operations.agent_log import agent_log, agent_log_diagnosis, agent_since, log_message  # noqa: F401
 from node_operations.firewall_plan import PortRule
+from node_operations.health import FENCE_ANNOTATION
 from node_operations.host_facts import HostFacts, interface_of
 from node_operations.host_firewall.operator_firewall import evaluate_operator_firewall
 from node_operations.join_host import (
@@ -46,7 +47,7 @@ from node_operations.join_host import (
 from node_operations.join_permits import JOIN_PERMIT_POLICY, PERMITS_CONFIGMAP, grant_join_permits  # noqa: F401
 from node_operations.join_server import ClusterReading, JoinGrant, grant_join, read_cluster, release_node
 from node_operations.join_validation import POLL_SECONDS, TaintedNodeValidation, ValidatedNode, ValidationError
-from node_operations.k3s_install import K3S_BIN, K3sBinary, agent_config
+from node_operations.k3s_install import K3sBinary, agent_config
 from node_operations.network_mode import check_connection
 from node_operations.node_access import NodeAccessError, RecordedNode, check_recorded_nodes
 from node_operations.node_metadata import MANAGED_LABEL
@@ -59,8 +60,6 @@ Progress = Callable[[str], None]
 T = TypeVar("T")
 
 TOKEN_FILE = "/etc/rancher/k3s/hk3s-join-token"
-# The unit host_scripts/k3s_install.sh writes for a worker's agent.
-AGENT_UNIT = "/etc/systemd/system/k3s-agent.service"
 TOKEN_TTL = "10m"
 REGISTER_DEADLINE_SECONDS = 120.0
 READY_DEADLINE_SECONDS = 120.0
@@ -78,6 +77,20 @@ class JoinError(RuntimeError):
         text = f"{node}: join stopped at {check}: {message}"
         # Preflight reads the host and changes nothing on it: stopping there is a refusal.
         super().__init__(tagged(text, "preflight") if check == "preflight" else text)
+
+
+class WorkerFencedError(JoinError):
+    """The worker's Node carries the fence record: a join would rewrite the agent's configuration
+    and start the agent the fence's drop-in holds down, so it stops before the host changes."""
+
+    def __init__(self, node: str, recorded_at: str) -> None:
+        self.recorded_at = recorded_at
+        super().__init__(
+            node,
+            "preflight",
+            f"{node} is fenced (recorded {recorded_at}), and a join changes nothing on a fenced host. Lift the "
+            f"fence first (remove hk3s:fences.{node} and run up), then run up again to join it",
+        )
 
 
 @dataclass(frozen=True)
@@ -184,9 +197,11 @@ class Joiner:
             read_cluster(self.cluster, server_ufw=self.server.target.node in self.spec.unmanaged_firewall_nodes),
         )
         self.host, self.cluster_reading, facts = host, cluster, host.facts
+        existing = next((n for n in cluster.nodes if n.name == self.spec.node), None)
+        if existing is not None and FENCE_ANNOTATION in existing.annotations:
+            raise WorkerFencedError(self.spec.node, existing.annotations[FENCE_ANNOTATION])
         # Hashed and compressed while the host is checked and prepared (join_host.agent_binary).
         self.binary = asyncio.create_task(agent_binary(self.spec.binary, host.k3s_sha256))
-        existing = next((n for n in cluster.nodes if n.name == self.spec.node), None)
         unrecorded = sorted(n.name for n in cluster.nodes if n.name not in self.spec.recorded_nodes)
         if unrecorded:
             raise JoinError(
@@ -552,41 +567,6 @@ async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, prog
             checks=dict(joiner.checks),
             machine_id=node.machine_id,
         )
-
-
-# On one line each: the host's machine-id, then "agent" when the agent this program installed
-# (its binary and unit) is there. Read-only.
-_JOINED_HOST_PROBE = (
-    'id=$(cat /etc/machine-id 2>/dev/null); echo "${id:--}"; '
-    f"if [ -x {K3S_BIN} ] && [ -f {AGENT_UNIT} ]; then echo agent; else echo no-agent; fi"
-)
-
-
-async def joined_host_changed(worker: SshTarget, machine_id: str) -> str | None:
-    """Why `worker` no longer runs the agent its node joined with, or None when it still does.
-
-    A host rebuilt under the node's name (a fresh OS: no k3s, a new machine-id, a new node
-    password) still matches the stack's inputs, so only the host itself can say that the join
-    is gone. `machine_id` is the one recorded at the join ("" for a join recorded before it was
-    kept: then only the agent's presence is checked). A host that cannot be reached says
-    nothing here (None): the run's own checks name it."""
-    try:
-        async with open_session(worker, shared=True) as session:
-            result = await session.run(["sh", "-c", _JOINED_HOST_PROBE], deadline=20, check=False)
-    except SshError:
-        return None
-    lines = result.stdout.split()
-    if result.exit_status != 0 or len(lines) != 2:
-        return None
-    host_id, agent = lines
-    if machine_id and host_id not in (machine_id, "-"):
-        return (
-            f"the host at {worker.address} is another machine than the one joined as {worker.node} "
-            f"(machine-id {host_id}, joined as {machine_id})"
-        )
-    if agent != "agent":
-        return f"the host at {worker.address} no longer has the k3s agent it joined with ({K3S_BIN}, {AGENT_UNIT})"
-    return None
 
 
 async def read_node(server: SshTarget, node: str, api_wait: float = API_WAIT_SECONDS) -> NodeStatus | None:

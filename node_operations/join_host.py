@@ -35,7 +35,7 @@ from node_operations.k3s_install import (
 )
 from remote_access.host_steps import HostStep, run_steps
 from remote_access.kube import JoinToken
-from remote_access.ssh import CommandResult, RemoteCommandError, SshSession
+from remote_access.ssh import CommandResult, RemoteCommandError, SshError, SshSession, SshTarget, open_session
 
 Progress = Callable[[str], None]
 
@@ -193,3 +193,42 @@ async def install_agent(
     )
     results = await run_steps(worker, steps, deadline=3 * READ_DEADLINE_SECONDS + INSTALL_DEADLINE_SECONDS)
     return AgentInstalled(since=results[0].stdout.strip(), results=parse_results(results[-1].stdout))
+
+
+# The unit host_scripts/k3s_install.sh writes for a worker's agent.
+AGENT_UNIT = "/etc/systemd/system/k3s-agent.service"
+
+
+# On one line each: the host's machine-id, then "agent" when the agent this program installed
+# (its binary and unit) is there. Read-only.
+_JOINED_HOST_PROBE = (
+    'id=$(cat /etc/machine-id 2>/dev/null); echo "${id:--}"; '
+    f"if [ -x {K3S_BIN} ] && [ -f {AGENT_UNIT} ]; then echo agent; else echo no-agent; fi"
+)
+
+
+async def joined_host_changed(worker: SshTarget, machine_id: str) -> str | None:
+    """Why `worker` no longer runs the agent its node joined with, or None when it still does.
+
+    A host rebuilt under the node's name (a fresh OS: no k3s, a new machine-id, a new node
+    password) still matches the stack's inputs, so only the host itself can say that the join
+    is gone. `machine_id` is the one recorded at the join ("" for a join recorded before it was
+    kept: then only the agent's presence is checked). A host that cannot be reached says
+    nothing here (None): the run's own checks name it."""
+    try:
+        async with open_session(worker, shared=True) as session:
+            result = await session.run(["sh", "-c", _JOINED_HOST_PROBE], deadline=20, check=False)
+    except SshError:
+        return None
+    lines = result.stdout.split()
+    if result.exit_status != 0 or len(lines) != 2:
+        return None
+    host_id, agent = lines
+    if machine_id and host_id not in (machine_id, "-"):
+        return (
+            f"the host at {worker.address} is another machine than the one joined as {worker.node} "
+            f"(machine-id {host_id}, joined as {machine_id})"
+        )
+    if agent != "agent":
+        return f"the host at {worker.address} no longer has the k3s agent it joined with ({K3S_BIN}, {AGENT_UNIT})"
+    return None

@@ -9,8 +9,8 @@ so, and every step is idempotent. Update only stores changed inputs: a fence don
 done; only accept_stale_data turned on acts, starting the workloads the fence keeps stopped for
 copies that may be older (node_operations.fence_workloads). Delete (the entry removed from
 hk3s:fences) lifts the fence: the worker rejoins under the validation taint and passes the join's
-checks (node_operations.fence_lift); in a teardown the worker is wiped instead, so nothing is
-lifted.
+checks (node_operations.fence_lift), at the address the fence last stored; in a teardown the worker
+is wiped instead, so nothing is lifted.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from providers.base import (
     CapabilityMissingError,
     NodeProvider,
     check_connection_inputs,
+    is_known,
     progress,
     resource_inputs,
     run_operation,
@@ -78,6 +79,9 @@ class NodeFenceInputs(NodeInputs):
     validation_image: pulumi.Input[str] = ""
     teardown_allowed: pulumi.Input[bool] = False
     """Read by delete: a teardown wipes the worker, so its fence is not lifted."""
+    node_external_ip: pulumi.Input[str] = ""
+    """The address the worker's join publishes as its external IP (hk3s:workers): a lift that
+    finds the agent configured with another says the join's pending change needs one more `up`."""
 
     def validated_node(self) -> ValidatedNode:
         registry = known(self.registry) if self.registry is not None else None
@@ -150,6 +154,11 @@ def _start_with_consent(news: dict[str, Any]) -> list[str]:
 class NodeFenceProvider(NodeProvider):
     """Dynamic provider of `NodeFence`."""
 
+    # The fence belongs to the worker's Node, not to an address: a worker whose address changed
+    # while fenced keeps its fence, which stores the new address (its lift logs in there). A
+    # replacement would lift the fence at the old address and fence the worker again.
+    replace_on = NodeFenceInputs.names("node")
+
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_connection_inputs(news)
         for flag in NodeFenceInputs.names("powered_off", "accept_stale_data"):
@@ -165,6 +174,12 @@ class NodeFenceProvider(NodeProvider):
         # The fence is done (create finished it); a changed flag or server changes nothing on it,
         # except the consent to stale copies while it keeps workloads stopped: they start now.
         outs = {**news, **{name: olds.get(name) for name in OUTPUTS}}
+        if is_known(news.get("address")) and olds.get("address") != news.get("address"):
+            progress(
+                str(news["node"]),
+                f"fenced: its address is now {news['address']} (was {olds.get('address')}); lifting the fence "
+                "logs in there",
+            )
         if news.get("accept_stale_data") and not olds.get("accept_stale_data") and olds.get("stopped_services"):
             outs["stopped_services"] = _start_with_consent(news)
         return UpdateResult(outs=outs)
@@ -190,6 +205,7 @@ class NodeFenceProvider(NodeProvider):
                 progress=functools.partial(progress, node),
                 network_mode=str(known(inputs.network_mode) or ""),
                 accept_stale_data=bool(known(inputs.accept_stale_data)),
+                external_ip=str(known(inputs.node_external_ip) or ""),
             )
         )
         return None

@@ -1,7 +1,8 @@
 """NodeJoin: preflight, prepare, join under a taint, validate, release.
 
-Create joins (and resumes an interrupted join); update rejoins; read reports
-the Node's state. Removing a joined worker is refused until the remove
+Create joins (and resumes an interrupted join); update rejoins, except a fenced
+worker, whose join is left as it is until the fence is lifted; read reports the
+Node's state. Removing a joined worker is refused until the remove
 capability exists, so a worker dropped from the config is never silently
 orphaned.
 """
@@ -19,7 +20,8 @@ from cluster_settings.models import ClusterSettings
 from cluster_settings.values import K3S_VERSION
 from node_operations.firewall_plan import PortRule
 from node_operations.health import FENCE_ANNOTATION
-from node_operations.join import JoinSpec, join_worker, joined_host_changed, read_node
+from node_operations.join import JoinSpec, WorkerFencedError, join_worker, read_node
+from node_operations.join_host import joined_host_changed
 from node_operations.network_mode import fixed_mode_refusal
 from node_operations.node_metadata import MetadataChange, update_node_metadata
 from node_operations.teardown import wipe_node
@@ -115,10 +117,43 @@ def other_node(login: NodeLogin, node: Any, address: Any, port: Any, host_key: A
     )
 
 
+# Inputs whose change never rejoins a worker.
+DIFF_IGNORED = (
+    *NodeJoinInputs.names(
+        "recorded_host_key",
+        "recorded_nodes",
+        # Derived from the network plan, for the join's checks; never a reason to rejoin.
+        "cluster_address",
+        "operator_firewall_rules",
+        "server_firewall_managed",
+        # How long API calls wait through an outage: a setting of the run, not of this node.
+        "api_wait_seconds",
+        # Checked at the join only: a new image must not rejoin a running node.
+        "validation_image",
+    ),
+    # An input of earlier releases (the network plan's peers), still in older states.
+    "peers",
+)
 # A joined worker's inputs that the API sets without a rejoin.
 METADATA_INPUTS = NodeJoinInputs.names("labels", "taints")
 # A joined worker's inputs that K3sUpgrade moves, without a rejoin.
 RELEASE_INPUTS = NodeJoinInputs.names("k3s_version", "k3s_binary", "k3s_sha256")
+
+
+def pending_changes(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
+    """The join's inputs that changed (by the diff's rule), each with its old and new value when
+    that is one value; the state-only ones (a login key, the teardown flag) are left out."""
+    skipped = {"__provider", *DIFF_IGNORED, *STATE_ONLY_INPUTS}
+    changed = []
+    for key in sorted((set(olds) | set(news)) - skipped):
+        old, new = olds.get(key), news.get(key)
+        if key == "taints":
+            old, new = old or [], new or []
+        if key not in news or old == new:
+            continue
+        scalar = all(isinstance(value, (str, int, float, bool, type(None))) for value in (old, new))
+        changed.append(f"{key} {old} -> {new}" if scalar else key)
+    return changed
 
 
 class NodeJoinProvider(NodeProvider):
@@ -187,6 +222,10 @@ class NodeJoinProvider(NodeProvider):
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         inputs = self._diff_inputs(olds, news)
+        if inputs.replaces and olds.get("state") and self._fence_record(olds, news) is not None:
+            # A fenced worker's join is not replaced (a replacement would join the host, fighting
+            # the fence's drop-in): its update leaves it as it is until the fence is lifted.
+            return DiffResult(changes=True, replaces=[], delete_before_replace=False)
         if inputs.changes or not olds.get("state"):
             return inputs
         # Same inputs, but the host may have been rebuilt under the node's name (a fresh OS,
@@ -214,22 +253,7 @@ class NodeJoinProvider(NodeProvider):
             {**olds, "taints": olds.get("taints") or []},
             {**news, "taints": news.get("taints") or []},
             replace_on=self.replace_on,
-            ignore=(
-                *NodeJoinInputs.names(
-                    "recorded_host_key",
-                    "recorded_nodes",
-                    # Derived from the network plan, for the join's checks; never a reason to rejoin.
-                    "cluster_address",
-                    "operator_firewall_rules",
-                    "server_firewall_managed",
-                    # How long API calls wait through an outage: a setting of the run, not of this node.
-                    "api_wait_seconds",
-                    # Checked at the join only: a new image must not rejoin a running node.
-                    "validation_image",
-                ),
-                # An input of earlier releases (the network plan's peers), still in older states.
-                "peers",
-            ),
+            ignore=DIFF_IGNORED,
         )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -241,10 +265,49 @@ class NodeJoinProvider(NodeProvider):
             return UpdateResult(outs=self._record_release(olds, news))
         if self._metadata_only(id_, olds, news):
             return UpdateResult(outs=self._update_metadata(olds, news))
-        # A rejoin: cordoned for the checks, running pods untouched, uncordoned after.
-        return UpdateResult(
-            outs=self._join(news, old_labels=dict(olds.get("labels") or {}), old_taints=list(olds.get("taints") or []))
+        # A rejoin: cordoned for the checks, running pods untouched, uncordoned after. Its preflight
+        # finds a fenced worker's Node before the host changes (WorkerFencedError).
+        try:
+            outs = self._join(
+                news, old_labels=dict(olds.get("labels") or {}), old_taints=list(olds.get("taints") or [])
+            )
+        except WorkerFencedError as fenced:
+            outs = self._leave_fenced(olds, news, fenced.recorded_at)
+        except SshError as error:
+            # A fenced worker may be powered off for good: a join that could not log in to it left
+            # it as it was (the preflight stops a fenced worker's join before anything changes).
+            fenced_at = self._fence_record(olds, news) if error.node == news.get("node") else None
+            if fenced_at is None:
+                raise
+            outs = self._leave_fenced(olds, news, fenced_at)
+        return UpdateResult(outs=outs)
+
+    def _fence_record(self, olds: dict[str, Any], news: dict[str, Any]) -> str | None:
+        """When the worker's Node carries the fence record (its time), else None (not fenced, or no
+        Node). Asked through the server once per update (its diffs share the answer); the inputs
+        the engine knows already win over the stored ones (at preview some are unknown)."""
+        inputs = NodeJoinInputs.from_props({**olds, **{key: value for key, value in news.items() if is_known(value)}})
+        node, server = str(known(inputs.login.node)), inputs.server()
+        wait = float(known(inputs.api_wait_seconds) or API_WAIT_SECONDS)
+        status = asked_once_per_update(
+            ("fence_record", server, node), lambda: run_operation(read_node(server, node, wait))
         )
+        return status.annotations.get(FENCE_ANNOTATION) if status is not None else None
+
+    def _leave_fenced(self, olds: dict[str, Any], news: dict[str, Any], fenced_at: str) -> dict[str, Any]:
+        """A fenced worker's join changes nothing on its host: a rejoin now would rewrite the agent's
+        configuration and start the agent the fence's drop-in holds down, before the fence is lifted
+        (the engine runs the fence's delete, its lift, last). The state keeps the join as it last
+        ran, so the next run's diff still finds the change: the first `up` after the lift applies it."""
+        node = str(news["node"])
+        pending = ", ".join(pending_changes(olds, news)) or "a rejoin"
+        progress(
+            node,
+            f"fenced (recorded {fenced_at}): its join changes nothing on the host while it is fenced; pending until "
+            f"the first up after the fence is lifted: {pending}",
+        )
+        # The state-only inputs (a rotated login key, the teardown flag) are stored either way.
+        return {**olds, **{key: news[key] for key in STATE_ONLY_INPUTS if key in news}}
 
     def _metadata_only(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> bool:
         """Whether labels and taints are all that changed on a joined worker whose host still runs

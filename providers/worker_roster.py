@@ -78,6 +78,17 @@ class WorkerRosterInputs(ResourceInputs):
         return next((member for member in self.members if known(member.node) == name), None)
 
 
+def _logins_readable(props: dict[str, Any]) -> bool:
+    """Whether every node's login in `props` is a mapping (a login whose source is being replaced
+    reaches a diff as one unknown value, not as a mapping with unknown fields)."""
+    members, server = props.get("members") or [], props.get("server")
+    return (
+        isinstance(members, list)
+        and all(isinstance(member, dict) for member in members)
+        and (server is None or isinstance(server, dict))
+    )
+
+
 def leaving_workers(old_workers: list[str], new_workers: list[str]) -> list[str]:
     """Workers the new list drops, in the order they are removed."""
     return sorted(set(old_workers) - set(new_workers))
@@ -127,6 +138,11 @@ class WorkerRosterProvider(ResourceProvider):
         return CheckResult(news, failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        if not _logins_readable(news):
+            # A node's login is not known yet: the engine weighs replacing the host probe it comes
+            # from (a worker's new address), or previews that. The roster is never replaced, and
+            # its update, which runs with the login known, stores it.
+            return DiffResult(changes=True, replaces=[], delete_before_replace=False)
         old, new = WorkerRosterInputs.from_props(olds), WorkerRosterInputs.from_props(news)
         for name in leaving_workers(old.workers, new.workers):
             progress(

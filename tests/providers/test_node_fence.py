@@ -103,3 +103,17 @@ def test_consent_to_stale_copies_reaches_the_server_only_while_workloads_stay_st
     with pytest.raises(RuntimeError) as failed:
         NodeFenceProvider().update("w1-fence", stopped, consent)
     assert str(failed.value).startswith("srv: "), failed.value
+
+
+def test_a_new_address_updates_the_fence_which_lifts_there(capsys: pytest.CaptureFixture[str]) -> None:
+    port = closed_port()
+    done = {**fence_props(port, powered_off=False), "recorded_at": "2026-12-03T18:00:00Z", "stopped_by": "ssh"}
+    moved = {**fence_props(port, powered_off=False), "address": "127.0.0.2", "kubelet_address": "127.0.0.2"}
+    diff = NodeFenceProvider().diff("w1-fence", done, moved)
+    # Not a replacement, which would lift the fence at the old address and fence the worker again.
+    assert diff.changes and not diff.replaces and not diff.delete_before_replace
+    outs = NodeFenceProvider().update("w1-fence", done, moved).outs
+    assert outs is not None and outs["address"] == "127.0.0.2" and outs["recorded_at"] == "2026-12-03T18:00:00Z"
+    assert "[w1] fenced: its address is now 127.0.0.2 (was 127.0.0.1); lifting the fence logs in there" in (
+        capsys.readouterr().err
+    )

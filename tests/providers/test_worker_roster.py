@@ -82,3 +82,14 @@ def test_operator_run_firewalls_get_the_ports_the_leaving_worker_used() -> None:
         ("w1", ("8472/udp", "10250/tcp")),
     ]
     assert operator_firewalls(WorkerRosterInputs.from_props(roster(["w1", "w2"], 22)), "w2") == []
+
+
+def test_a_login_not_known_yet_is_an_update_and_never_a_replacement() -> None:
+    # While the engine weighs replacing a worker's host probe (its new address), the member's
+    # login reaches the diff as one unknown value.
+    unknown = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"  # the engine's placeholder for an unknown value
+    news = roster(["w1"], 22)
+    news["members"] = [unknown]
+    result = WorkerRosterProvider().diff("workers", roster(["w1"], 22), news)
+    assert result.changes and not result.replaces
+    assert WorkerRosterProvider().diff("workers", roster(["w1"], 22), {**roster(["w1"], 22), "server": unknown}).changes
