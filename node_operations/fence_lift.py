@@ -293,9 +293,11 @@ async def lift_fence(
             return
         raise FenceLiftRefusedError(
             worker.node,
-            f"{worker.node} does not answer over SSH ({silent}), and a fence is lifted by a rejoin, which needs the "
-            f"host up; the fence stays. Power it on (or bring its SSH back) and run up again, or put "
-            f"hk3s:fences.{worker.node} back",
+            f"{worker.node} does not answer over SSH at {worker.address} ({silent}), and a fence is lifted by a "
+            f"rejoin, which needs the host up; the fence stays. Power it on (or bring its SSH back) and run up "
+            f"again, or put hk3s:fences.{worker.node} back. If its address changed, the fence lifts at the address "
+            f"it last stored: put hk3s:fences.{worker.node} back, run up with the new address (the fence stores "
+            "it), then remove the entry",
         )
     refusal = await address_refusal(worker, network_mode)
     if refusal is not None:

@@ -59,6 +59,9 @@ def test_lifting_a_fence_whose_worker_does_not_answer_is_refused_and_the_fence_s
     assert refusal_code(message) == "fence"
     assert message.startswith("w1: lifting the fence is refused: w1 does not answer over SSH")
     assert "the fence stays" in message and "Nothing was changed" in message
+    # The address it tried, and the way to lift a fence whose worker moved (the fence stores the new one first).
+    assert f"at {props['address']} (" in message
+    assert "put hk3s:fences.w1 back, run up with the new address" in message
 
 
 def test_a_fence_recorded_without_the_rejoin_settings_is_not_lifted() -> None:
