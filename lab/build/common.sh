@@ -10,7 +10,7 @@
 #   go_environment GOFLAGS
 #                       Go's module and build caches inside the lab cache (an empty cache is
 #                       a truly cold build), static binaries, no toolchain download unless
-#                       HK3S_GOTOOLCHAIN asks for one; sets GO_VERSION
+#                       HK3S_GOTOOLCHAIN asks for one, the Go tools' GOGC at 400; sets GO_VERSION
 #   lock_build NAME     one run of a build at a time ($CACHE/.NAME.lock)
 #   stamp_current FILE  FILE holds what the script's stamp_content prints now: its inputs
 #                       (sources, pins, Go version, recipe) have not changed since the build
@@ -65,6 +65,11 @@ go_environment() {
   export GOMODCACHE="$CACHE/go/mod"
   export GOCACHE="$CACHE/go/build"
   export CGO_ENABLED=0  # static binaries: they run inside the lab's Debian hosts
+  # The compiler and linker collect garbage less often: Kubernetes' and Pulumi's big
+  # packages then compile about a fifth faster (kube-scheduler from an empty build cache:
+  # 225 s against 276 s on 2 cores) for more memory, which the lab's machines have.
+  # No stamp includes it: binaries already built stay valid.
+  export GOGC="${GOGC:-400}"
   export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
   GO_VERSION=$(go env GOVERSION)
   readonly GO_VERSION
