@@ -70,6 +70,18 @@ class FencedCluster:
         self.write()
         return self.stack.up_output()
 
+    def timed_up(self, succeed: bool = True) -> tuple[str, float]:
+        """`up` and how long it took: its output ("" when it succeeded). With `succeed`, a failed
+        `up` fails the test with its output; without it, one that succeeded does."""
+        started = time.monotonic()
+        output = self.up_output()
+        elapsed = time.monotonic() - started
+        if succeed and output:
+            pytest.fail(output[-6000:])
+        if not succeed and not output:
+            pytest.fail(f"up succeeded where it must fail: {self.stack.text()[-4000:]}")
+        return output, elapsed
+
     def diagnose(self) -> str:
         nodes = self.server.run([K3S, "kubectl", "get", "nodes", "-o", "wide"], check=False).stdout
         return nodes + self.stack.text()[-4000:]
@@ -82,9 +94,7 @@ class FencedCluster:
         since = datetime.fromisoformat(ready["lastTransitionTime"]).timestamp()
         time.sleep(max(0.0, since + 62 - float(self.server.run(["date", "+%s"]).stdout)))
         self.config["fences"] = {self.worker.name: {}}
-        output = self.up_output()
-        if output:
-            pytest.fail(output[-6000:])
+        self.timed_up()
         assert self.fence_record() and OUT_OF_SERVICE in self.taints() and self.drop_in()
 
     def new_public_address(self) -> str:
