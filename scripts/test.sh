@@ -23,11 +23,12 @@ echo "== tests"
 # Here the lab is set up, so a lab test that skips is a failure, not a pass.
 export HK3S_LAB_REQUIRED=1
 # --durations: CI prints the 40 slowest tests, so the time budget can be read from every run.
-# Three test modules run side by side (HK3S_TEST_WORKERS, 0 for one at a time): lab tests
-# spend much of their time waiting on hosts and timers, and a third module fills the cores
-# while two wait (on 2 cores, warm: 2343 s with three against 2704 s with two, every test
-# passing). A module stays on one worker, so its tests share one lab and its fixtures as
-# when run alone.
-workers=${HK3S_TEST_WORKERS:-3}
+# Two test modules run side by side (HK3S_TEST_WORKERS, 0 for one at a time): lab tests
+# spend much of their time waiting on hosts and timers. A module stays on one worker, so
+# its tests share one lab and its fixtures as when run alone. Three are faster (on 2 cores,
+# warm: 2343 s against 2704 s, every test passing) but not yet safe: in a cold run with three
+# (2026-12-04) a k3s agent restarted by tests/lab/test_teardown.py failed to start, which
+# it never did with two; until that is understood, two.
+workers=${HK3S_TEST_WORKERS:-2}
 venv/bin/python -m pytest -n "$workers" --dist loadfile --durations=40 "$@"
 echo "== done in $(($(date +%s) - start)) s"
