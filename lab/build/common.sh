@@ -67,7 +67,7 @@ go_environment() {
   export CGO_ENABLED=0  # static binaries: they run inside the lab's Debian hosts
   # The compiler and linker collect garbage less often: Kubernetes' and Pulumi's big
   # packages then compile about a fifth faster (kube-scheduler from an empty build cache:
-  # 225 s against 276 s on 2 cores) for more memory, which the lab's machines have.
+  # 225 s against 276 s on 2 cores, one run each) for more memory, which the lab's machines have.
   # No stamp includes it: binaries already built stay valid.
   export GOGC="${GOGC:-400}"
   export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
