@@ -129,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--check", action="store_true", help="also check every node over SSH (k3s, disk, clock, certificate)"
     )
     commands.add_parser("preview", parents=[common], help="what up would change, per resource")
+    commands.add_parser(
+        "refresh",
+        parents=[common],
+        help="read every node's drift into the state (a rebuilt host, a firewall edited by hand); changes no host",
+    )
     up = commands.add_parser("up", parents=[common], help="bring the cluster to the stack file")
     up.add_argument("--yes", action="store_true", help="no question when the plan restarts the API or deletes")
     destroy = commands.add_parser(
@@ -389,6 +394,8 @@ def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack)
         if not args.yes:
             _confirm_disruptive_up(console, stack)
         runs["up"] = lambda: stack.up(on_event=console.event, on_output=console.output_line)
+    elif args.command == "refresh":
+        runs["up"] = lambda: stack.refresh(on_event=console.event, on_output=console.output_line)
     elif args.command == "destroy":
         runs["up"] = lambda: stack.destroy_stack(
             confirm=args.confirm, on_event=console.event, on_output=console.output_line

@@ -117,6 +117,10 @@ def other_node(login: NodeLogin, node: Any, address: Any, port: Any, host_key: A
     )
 
 
+# The state's record, written by refresh, that the worker's host no longer runs the agent it
+# joined with (why, in words); the next run's diff joins it again, and the join's outputs drop it.
+HOST_CHANGED = "host_changed"
+
 # Inputs whose change never rejoins a worker.
 DIFF_IGNORED = (
     *NodeJoinInputs.names(
@@ -229,20 +233,16 @@ class NodeJoinProvider(NodeProvider):
         if inputs.changes or not olds.get("state"):
             return inputs
         # Same inputs, but the host may have been rebuilt under the node's name (a fresh OS,
-        # no k3s, a new node password): only the host can tell. Then the next run rejoins it,
-        # and the join settles the node password (see Joiner._settle_node_password): removed
-        # only when the old Node is gone or was this very machine, else the run stops naming
-        # the conflict and its fix.
-        node = str(olds["node"])
-        login = NodeLogin.from_props(olds)
-        target, machine_id = ssh_target(login), str(olds.get("machine_id") or "")
-        changed = asked_once_per_update(
-            ("joined_host_changed", target, machine_id),
-            lambda: run_operation(joined_host_changed(target, machine_id)),
-        )
-        if changed is None:
+        # no k3s, a new node password) or lost its agent: drift that only the host can tell,
+        # read by refresh (`read` asks each worker's host, read-only) and never by a plain
+        # preview or up, which log in nowhere when nothing changed. A refreshed state that
+        # recorded it makes this run join the host again, and the join settles the node
+        # password (see Joiner._settle_node_password): removed only when the old Node is gone
+        # or was this very machine, else the run stops naming the conflict and its fix.
+        changed = olds.get(HOST_CHANGED)
+        if not changed:
             return inputs
-        progress(node, f"{changed}: this run joins it again")
+        progress(str(olds["node"]), f"{changed}: this run joins it again")
         return DiffResult(changes=True, replaces=[], delete_before_replace=False)
 
     def _diff_inputs(self, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
@@ -310,9 +310,8 @@ class NodeJoinProvider(NodeProvider):
         return {**olds, **{key: news[key] for key in STATE_ONLY_INPUTS if key in news}}
 
     def _metadata_only(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> bool:
-        """Whether labels and taints are all that changed on a joined worker whose host still runs
-        its agent (the diff asks the host, once per update: a state-only guard that ran first
-        already has its answer): then they are set through the API, with no rejoin."""
+        """Whether labels and taints are all that changed on a joined worker whose host, as last
+        refreshed, still runs its agent: then they are set through the API, with no rejoin."""
         if not olds.get("state"):
             return False
         # A login key rotated in the same run is stored either way (state only).
@@ -375,13 +374,24 @@ class NodeJoinProvider(NodeProvider):
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         inputs = NodeJoinInputs.from_props(props)
         api_wait = float(known(inputs.api_wait_seconds) or API_WAIT_SECONDS)
-        status = run_operation(read_node(inputs.server(), str(known(inputs.login.node)), api_wait))
+        node = str(known(inputs.login.node))
+        status = run_operation(read_node(inputs.server(), node, api_wait))
+        outs = {key: value for key, value in props.items() if key != HOST_CHANGED}
+        if props.get("state") and props.get("state") != "missing":
+            # Whether the host still runs the agent it joined with (same machine-id): kept in the
+            # state for the next run's diff, which then joins it again. A host that cannot be
+            # reached says nothing (a fenced or powered-off worker is not rebuilt).
+            login = NodeLogin.from_props(props)
+            changed = run_operation(joined_host_changed(ssh_target(login), str(props.get("machine_id") or "")))
+            if changed is not None:
+                progress(node, f"{changed}: the next up joins it again")
+                outs[HOST_CHANGED] = changed
         if status is None:
-            return ReadResult(id_=id_, outs={**props, "state": "missing"})
+            return ReadResult(id_=id_, outs={**outs, "state": "missing"})
         return ReadResult(
             id_=id_,
             outs={
-                **props,
+                **outs,
                 "state": "ready" if status.ready else "not-ready",
                 "k3s_version_in_use": status.kubelet_version,
             },

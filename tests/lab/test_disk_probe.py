@@ -176,9 +176,9 @@ def test_the_on_demand_check_follows_the_disk(cluster: Cluster) -> None:
 def test_a_rejoin_probes_the_disk_again(cluster: Cluster) -> None:
     """The probe runs at the end of every join: a rejoin of dp-slow, whose disk is slow again,
     takes its copies away; the other workers are neither rejoined nor probed. The rejoin's
-    cause: the host lost its k3s agent unit (removed by hand), which the next run notices on
-    the host and repairs by joining it again (labels alone would not: they are set through the
-    API)."""
+    cause: the host lost its k3s agent unit (removed by hand), which a refresh reads on the host
+    and the next run repairs by joining it again (labels alone would not: they are set through
+    the API)."""
     before = {name: cluster.probe_outputs(name)["probe_seconds"] for name in ("dp-fast", "dp-accepted", "dp-stall")}
     disk_of(cluster.slow).set_delay(SLOW_MS)
     config = json.loads(json.dumps(cluster.config))
@@ -186,6 +186,7 @@ def test_a_rejoin_probes_the_disk_again(cluster: Cluster) -> None:
     cluster.stack.write_config(config)
     start = len(cluster.stack.log)
     try:
+        cluster.api().refresh(on_output=cluster.stack.log.append)
         up_or_fail(cluster.stack)
     finally:
         cluster.stack.write_config(cluster.config)

@@ -1,8 +1,8 @@
 """A host rebuilt under a worker's name, through the real engine: k3s keeps a hash of
 each node's /etc/rancher/node/password and refuses another host under that name
-("Node password rejected"). A plain `pulumi up` (no config change) notices the rebuilt
-host (NodeJoin's diff asks the host); while the old Node exists the join stops naming the
-conflict; once the Node is gone the rebuilt host rejoins."""
+("Node password rejected"). With no config change, a refresh notices the rebuilt host
+(NodeJoin's read asks the host) and the next `up` joins it again: while the old Node exists
+the join stops naming the conflict; once the Node is gone the rebuilt host rejoins."""
 
 from __future__ import annotations
 
@@ -32,13 +32,19 @@ def test_rebuilt_host_is_refused_while_its_node_lives_and_rejoins_once_it_is_gon
     assert server.run([K3S, "kubectl", "get", "secret", "-n", "kube-system", "np-worker.node-password.k3s"])
 
     # The host is rebuilt: a new OS (new machine-id), no k3s, no node password. The config
-    # stays as it is: only the host can tell the next run that its join is gone.
+    # stays as it is: only the host can tell that its join is gone, and refresh asks it.
     worker.run(["systemctl", "disable", "--now", "k3s-agent"])
     worker.run(["rm", "-rf", "/var/lib/rancher", "/etc/rancher", "/var/lib/hk3s", "/usr/local/bin/k3s"])
     worker.run(["rm", "-f", "/etc/systemd/system/k3s-agent.service"])
     worker.run(["systemctl", "daemon-reload"])
     new_machine_id = secrets.token_hex(16)
     worker.run(["sh", "-c", 'printf "%s\\n" "$1" > /etc/machine-id', "-", new_machine_id])
+    stack.log.clear()
+    stack.api().refresh(on_output=stack.log.append)
+    refreshed = stack.text()
+    assert "is another machine than the one joined as np-worker" in refreshed and "the next up joins it again" in (
+        refreshed
+    ), refreshed[-4000:]
     stack.log.clear()
     with pytest.raises(auto.CommandError):
         stack.up()

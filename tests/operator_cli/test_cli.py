@@ -59,6 +59,7 @@ def test_arguments_parse_as_documented() -> None:
     late = parser.parse_args(["node", "list", "--stack", "staging", "--json"])
     assert late.stack == "staging" and late.json is True
     assert parser.parse_args(["up"]).stack == "dev" and parser.parse_args(["up"]).yes is False
+    assert parser.parse_args(["refresh", "--stack", "staging"]).command == "refresh"
     cloud = parse_arguments(["node", "add", "cloud-3", "--hetzner", "--server-type", "cx23", "--location", "hel1"])
     assert (cloud.hetzner, cloud.server_type, cloud.location, cloud.address) == (True, "cx23", "hel1", None)
     fence = parser.parse_args(["node", "fence", "w", "--powered-off", "--accept-stale-data", "--yes"])

@@ -108,9 +108,6 @@ def _fake_cluster(
 ) -> list[dict[str, Any]]:
     joined: list[dict[str, Any]] = []
 
-    async def host_changed(_worker: Any, _machine_id: str) -> str | None:
-        return None
-
     async def read_node(_server: Any, node: str, _wait: float) -> NodeStatus:
         return NodeStatus(name=node, ready=True, kubelet_version=kubelet, annotations=annotations or {})
 
@@ -118,7 +115,6 @@ def _fake_cluster(
         joined.append(props)
         return props
 
-    monkeypatch.setattr(node_join, "joined_host_changed", host_changed)
     monkeypatch.setattr(node_join, "read_node", read_node)
     monkeypatch.setattr(NodeJoinProvider, "_join", join)
     return joined

@@ -1,6 +1,8 @@
-"""NodeJoin's diff asks the host when the inputs are unchanged: a host rebuilt under the
-node's name (no agent, another machine-id) makes the next run join it again. The host's
-answer is faked here (the lab test tests/lab/test_node_password.py asks a real one)."""
+"""A worker's host rebuilt under its node's name (no agent, another machine-id) is drift:
+refresh (NodeJoin's `read`) asks each joined worker's host and records it in the state, and
+the next run's diff joins it again. A preview or up with nothing to change logs in to no
+host. The host's and the API's answers are faked here (the lab tests
+tests/lab/test_node_password.py and tests/lab/test_connection_budget.py ask real ones)."""
 
 from __future__ import annotations
 
@@ -9,18 +11,29 @@ from typing import Any
 import pytest
 
 from providers import node_join
-from providers.node_join import NodeJoinProvider
+from providers.node_join import HOST_CHANGED, NodeJoinProvider
+from remote_access.kube import NodeStatus
 
 JOINED = {
     "node": "w1",
     "address": "198.51.100.7",
     "private_key": "old-key",
+    "server_node": "srv",
+    "server_address": "198.51.100.2",
     "k3s_version": "v1.36.1+k3s1",
+    "server_url": "https://198.51.100.2:6443",
+    "ca_hash": "ab" * 32,
+    "network_mode": "public",
+    "node_ip": "198.51.100.7",
+    "node_external_ip": "198.51.100.7",
+    "validation_taint": "hk3s.dev/validating=true:NoSchedule",
+    "pod_network": "vxlan",
     "labels": {"tier": "web"},
     "state": "ready",
     "machine_id": "a" * 32,
 }
 INPUTS = {key: value for key, value in JOINED.items() if key not in ("state", "machine_id")}
+REBUILT = "the host at 198.51.100.7 is another machine than the one joined as w1"
 
 
 def _host_says(monkeypatch: pytest.MonkeyPatch, answer: str | None) -> list[tuple[str, str, str]]:
@@ -30,63 +43,83 @@ def _host_says(monkeypatch: pytest.MonkeyPatch, answer: str | None) -> list[tupl
         asked.append((worker.address, worker.private_key, machine_id))
         return answer
 
+    async def read_node(_server: Any, node: str, _wait: float) -> NodeStatus:
+        return NodeStatus(name=node, ready=True, kubelet_version="v1.36.1+k3s1")
+
     monkeypatch.setattr(node_join, "joined_host_changed", joined_host_changed)
+    monkeypatch.setattr(node_join, "read_node", read_node)
     return asked
 
 
-def test_a_rebuilt_host_is_joined_again(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    asked = _host_says(monkeypatch, "the host at 198.51.100.7 is another machine than the one joined as w1")
-    result = NodeJoinProvider().diff("w1-join", dict(JOINED), dict(INPUTS))
-    assert result.changes is True and not result.replaces
-    assert asked == [("198.51.100.7", "old-key", "a" * 32)]
-    assert "[w1] the host at 198.51.100.7 is another machine" in capsys.readouterr().err
-
-
-def test_the_same_host_with_its_agent_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    asked = _host_says(monkeypatch, None)
-    assert NodeJoinProvider().diff("w1-join", dict(JOINED), dict(INPUTS)).changes is False
-    assert len(asked) == 1
-
-
-def test_changed_inputs_update_without_asking_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    asked = _host_says(monkeypatch, "never asked")
-    result = NodeJoinProvider().diff("w1-join", dict(JOINED), {**INPUTS, "labels": {"tier": "db"}})
-    assert result.changes is True and asked == []
-
-
-def test_a_login_key_change_alone_still_asks_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The update of a rotated key alone runs the diff without the key change (state_only_change):
-    # a host rebuilt in the same run is joined again rather than only storing the new key.
-    joined: list[dict[str, Any]] = []
-
+def _recording(joined: list[dict[str, Any]]) -> Any:
     def join(_self: NodeJoinProvider, props: dict[str, Any], **_olds: Any) -> dict[str, Any]:
         joined.append(props)
         return props
 
-    monkeypatch.setattr(NodeJoinProvider, "_join", join)
-    asked = _host_says(monkeypatch, "the host at 198.51.100.7 no longer has the k3s agent it joined with")
-    NodeJoinProvider().update("w1-join", dict(JOINED), {**INPUTS, "private_key": "new-key"})
-    assert [props["private_key"] for props in joined] == ["new-key"]
-    # The guard and the update's own question (labels and taints alone?) share one answer:
-    # one login to the host per update.
+    return join
+
+
+def test_refresh_records_a_rebuilt_host_and_the_next_diff_joins_it_again(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    asked = _host_says(monkeypatch, REBUILT)
+    refreshed = NodeJoinProvider().read("w1-join", dict(JOINED)).outs
     assert asked == [("198.51.100.7", "old-key", "a" * 32)]
+    assert refreshed is not None and refreshed[HOST_CHANGED] == REBUILT
+    assert f"[w1] {REBUILT}: the next up joins it again" in capsys.readouterr().err
+
+    result = NodeJoinProvider().diff("w1-join", dict(refreshed), dict(INPUTS))
+    assert result.changes is True and not result.replaces
+    assert f"[w1] {REBUILT}: this run joins it again" in capsys.readouterr().err
+    # The diff read the state: it asked no host.
+    assert len(asked) == 1
 
 
-def test_each_update_asks_the_host_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Answers are kept for one update only: the next update (another run, or another worker on
-    # the same provider) asks again, and the engine's own diff always asks.
+def test_a_diff_with_nothing_changed_asks_no_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = _host_says(monkeypatch, REBUILT)
+    assert NodeJoinProvider().diff("w1-join", dict(JOINED), dict(INPUTS)).changes is False
+    assert asked == []
+
+
+def test_a_refresh_of_the_same_host_with_its_agent_drops_an_earlier_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Repaired by hand between two refreshes: the record goes, and nothing rejoins.
     asked = _host_says(monkeypatch, None)
-    provider = NodeJoinProvider()
-    for _ in range(2):
-        result = provider.update("w1-join", dict(JOINED), {**INPUTS, "private_key": "new-key"})
-        assert result.outs is not None and result.outs["private_key"] == "new-key"
-    assert len(asked) == 2
-    provider.diff("w1-join", dict(JOINED), dict(INPUTS))
-    provider.diff("w1-join", dict(JOINED), dict(INPUTS))
-    assert len(asked) == 4
+    refreshed = NodeJoinProvider().read("w1-join", {**JOINED, HOST_CHANGED: REBUILT}).outs
+    assert refreshed is not None and HOST_CHANGED not in refreshed and len(asked) == 1
+    assert NodeJoinProvider().diff("w1-join", dict(refreshed), dict(INPUTS)).changes is False
+
+
+def test_the_rejoin_drops_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    joined: list[dict[str, Any]] = []
+    monkeypatch.setattr(NodeJoinProvider, "_join", _recording(joined))
+    asked = _host_says(monkeypatch, "never asked")
+    result = NodeJoinProvider().update("w1-join", {**JOINED, HOST_CHANGED: REBUILT}, dict(INPUTS))
+    assert len(joined) == 1 and result.outs is not None and HOST_CHANGED not in result.outs
+    assert asked == []
+
+
+def test_a_rotated_login_key_alone_is_stored_without_logging_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    joined: list[dict[str, Any]] = []
+    monkeypatch.setattr(NodeJoinProvider, "_join", _recording(joined))
+    asked = _host_says(monkeypatch, "never asked")
+    result = NodeJoinProvider().update("w1-join", dict(JOINED), {**INPUTS, "private_key": "new-key"})
+    assert result.outs is not None and result.outs["private_key"] == "new-key"
+    assert joined == [] and asked == []
+
+
+def test_a_rotated_login_key_on_a_refreshed_rebuilt_host_rejoins_with_the_new_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    joined: list[dict[str, Any]] = []
+    monkeypatch.setattr(NodeJoinProvider, "_join", _recording(joined))
+    _host_says(monkeypatch, "never asked")
+    NodeJoinProvider().update("w1-join", {**JOINED, HOST_CHANGED: REBUILT}, {**INPUTS, "private_key": "new-key"})
+    assert [props["private_key"] for props in joined] == ["new-key"]
 
 
 def test_a_join_that_never_finished_is_not_asked_about(monkeypatch: pytest.MonkeyPatch) -> None:
     asked = _host_says(monkeypatch, "never asked")
     olds = {key: value for key, value in JOINED.items() if key != "state"}
-    assert NodeJoinProvider().diff("w1-join", olds, dict(INPUTS)).changes is False and asked == []
+    assert NodeJoinProvider().diff("w1-join", olds, dict(INPUTS)).changes is False
+    refreshed = NodeJoinProvider().read("w1-join", olds).outs
+    assert asked == [] and refreshed is not None and HOST_CHANGED not in refreshed

@@ -9,7 +9,7 @@ import pytest
 
 from node_operations.node_metadata import MetadataChange
 from providers import node_join
-from providers.node_join import NodeJoinProvider, removed_taints
+from providers.node_join import HOST_CHANGED, NodeJoinProvider, removed_taints
 
 
 def test_a_dropped_taint_is_removed_and_a_new_value_is_not() -> None:
@@ -54,15 +54,16 @@ JOINED = {
 
 
 def _routed(
-    monkeypatch: pytest.MonkeyPatch, news: dict[str, Any], host_answer: str | None = None
+    monkeypatch: pytest.MonkeyPatch, news: dict[str, Any], refreshed: dict[str, Any] | None = None
 ) -> tuple[list[MetadataChange], list[dict[str, Any]], dict[str, Any]]:
-    """Run NodeJoin's update with the host's answer and both ways of applying it faked (the lab
-    tests tests/lab/test_join.py and tests/lab_itself/test_pods.py run them for real)."""
+    """Run NodeJoin's update on the state as `refreshed` left it, with both ways of applying it
+    faked (the lab tests tests/lab/test_join.py and tests/lab_itself/test_pods.py run them for
+    real). An update asks no host whether it was rebuilt: refresh does."""
     changes: list[MetadataChange] = []
     joins: list[dict[str, Any]] = []
 
     async def host_changed(_worker: Any, _machine_id: str) -> str | None:
-        return host_answer
+        raise AssertionError("an update asked the host whether it was rebuilt")
 
     async def update_metadata(server: Any, change: MetadataChange, _wait: float, _progress: Any) -> None:
         assert server.node == "srv"
@@ -76,7 +77,7 @@ def _routed(
     monkeypatch.setattr(node_join, "update_node_metadata", update_metadata)
     monkeypatch.setattr(NodeJoinProvider, "_join", join)
     inputs = {key: value for key, value in JOINED.items() if key not in ("state", "machine_id", "join_run")}
-    outs = NodeJoinProvider().update("w1-join", dict(JOINED), {**inputs, **news}).outs
+    outs = NodeJoinProvider().update("w1-join", {**JOINED, **(refreshed or {})}, {**inputs, **news}).outs
     return changes, joins, outs or {}
 
 
@@ -104,8 +105,8 @@ def test_anything_else_changing_too_rejoins(monkeypatch: pytest.MonkeyPatch) -> 
     assert changes == [] and len(joins) == 1 and outs["join_run"] == "rejoined"
 
 
-def test_a_rebuilt_host_rejoins_even_for_a_label_change(monkeypatch: pytest.MonkeyPatch) -> None:
-    changes, joins, _ = _routed(monkeypatch, {"labels": {"tier": "api"}}, host_answer="another machine")
+def test_a_refreshed_rebuilt_host_rejoins_even_for_a_label_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    changes, joins, _ = _routed(monkeypatch, {"labels": {"tier": "api"}}, refreshed={HOST_CHANGED: "another machine"})
     assert changes == [] and len(joins) == 1
 
 
