@@ -14,7 +14,7 @@ real engine, one `up` installs the server and a second joins the N workers. Then
   sshd logged, relative to the run's start: a serial walk would spread them over most of the run,
   a parallel one starts them within a few seconds of each other).
 
-The join of the N workers and the growth are profiled (lab/cpu_profile.py): CPU seconds per
+The join of the N workers, the runs with nothing to do and the growth are profiled (lab/cpu_profile.py): CPU seconds per
 group of processes (the engine, the language host, the dynamic providers, the control plane, the
 lab hosts, the rest) beside the machine's busy time and its capacity (cores x wall time), which
 says what bounds a run on this machine.
@@ -71,8 +71,10 @@ def run_size(workers: int, rtt_ms: int, scratch: Path) -> dict[str, Any]:
             stack.up()
         join_wall = time.monotonic() - started
 
-        preview_wall, preview_conns, _ = _timed(stack.preview, everyone)
-        noop_wall, noop_conns, _ = _timed(stack.up, everyone)
+        with CpuProfile() as preview_profile:
+            preview_wall, preview_conns, _ = _timed(stack.preview, everyone)
+        with CpuProfile() as noop_profile:
+            noop_wall, noop_conns, _ = _timed(stack.up, everyone)
         stack.write_config(base_config(lab, server, hosts))
         with CpuProfile() as grow_profile:
             grow_wall, grow_conns, grow_since = _timed(stack.up, everyone)
@@ -84,8 +86,16 @@ def run_size(workers: int, rtt_ms: int, scratch: Path) -> dict[str, Any]:
         "rtt_ms": rtt_ms,
         "join_up_seconds": round(join_wall, 1),
         "join_cpu_profile": join_profile.report(),
-        "noop_preview": {"seconds": round(preview_wall, 1), "connections": sum(map(len, preview_conns.values()))},
-        "noop_up": {"seconds": round(noop_wall, 1), "connections": sum(map(len, noop_conns.values()))},
+        "noop_preview": {
+            "seconds": round(preview_wall, 1),
+            "connections": sum(map(len, preview_conns.values())),
+            "cpu_profile": preview_profile.report(),
+        },
+        "noop_up": {
+            "seconds": round(noop_wall, 1),
+            "connections": sum(map(len, noop_conns.values())),
+            "cpu_profile": noop_profile.report(),
+        },
         "grow_by_one": {
             "seconds": round(grow_wall, 1),
             "connections": sum(map(len, grow_conns.values())),
