@@ -31,7 +31,7 @@ accepted and the connections it dropped past MaxStartups during the joins.
 Connections per run: every SSH connection the joining `up` opened, counted on
 each host from its own sshd log (lab/sshd_log.py `connection_count`), not from
 the program's counters: in all, to the server, and the most to one joining
-host, beside the budget of issue 15 (N + 3K for K workers joining an N-node
+host, beside the budget (N + 3K for K workers joining an N-node
 cluster, here N = 1: the server; at most 2 per joining host).
 """
 
