@@ -13,25 +13,9 @@ import pytest
 from providers import node_join
 from providers.node_join import HOST_CHANGED, NodeJoinProvider
 from remote_access.kube import NodeStatus
+from tests.providers.joined_worker import JOINED_WORKER
 
-JOINED = {
-    "node": "w1",
-    "address": "198.51.100.7",
-    "private_key": "old-key",
-    "server_node": "srv",
-    "server_address": "198.51.100.2",
-    "k3s_version": "v1.36.1+k3s1",
-    "server_url": "https://198.51.100.2:6443",
-    "ca_hash": "ab" * 32,
-    "network_mode": "public",
-    "node_ip": "198.51.100.7",
-    "node_external_ip": "198.51.100.7",
-    "validation_taint": "hk3s.dev/validating=true:NoSchedule",
-    "pod_network": "vxlan",
-    "labels": {"tier": "web"},
-    "state": "ready",
-    "machine_id": "a" * 32,
-}
+JOINED = {**JOINED_WORKER, "private_key": "old-key"}
 INPUTS = {key: value for key, value in JOINED.items() if key not in ("state", "machine_id")}
 REBUILT = "the host at 198.51.100.7 is another machine than the one joined as w1"
 

@@ -10,6 +10,7 @@ import pytest
 from node_operations.node_metadata import MetadataChange
 from providers import node_join
 from providers.node_join import HOST_CHANGED, NodeJoinProvider, removed_taints
+from tests.providers.joined_worker import JOINED_WORKER
 
 
 def test_a_dropped_taint_is_removed_and_a_new_value_is_not() -> None:
@@ -31,24 +32,9 @@ def test_a_state_without_taints_sees_no_change_and_a_taint_change_rejoins() -> N
 
 
 JOINED = {
-    "node": "w1",
-    "address": "198.51.100.7",
-    "server_node": "srv",
-    "server_address": "198.51.100.2",
-    "private_key": "key",
-    "k3s_version": "v1.36.1+k3s1",
-    "registry": None,
-    "server_url": "https://198.51.100.2:6443",
-    "ca_hash": "ab" * 32,
-    "network_mode": "public",
-    "node_ip": "198.51.100.7",
-    "node_external_ip": "198.51.100.7",
-    "validation_taint": "hk3s.dev/validating=true:NoSchedule",
-    "pod_network": "vxlan",
+    **JOINED_WORKER,
     "labels": {"tier": "web", "zone": "a"},
     "taints": ["dedicated=web:NoSchedule", "spot:PreferNoSchedule"],
-    "state": "ready",
-    "machine_id": "a" * 32,
     "join_run": "2026-12-01T10:00:00+00:00",
 }
 
