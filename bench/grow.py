@@ -14,10 +14,10 @@ real engine, one `up` installs the server and a second joins the N workers. Then
   sshd logged, relative to the run's start: a serial walk would spread them over most of the run,
   a parallel one starts them within a few seconds of each other).
 
-The join of the N workers, the runs with nothing to do and the growth are profiled (lab/cpu_profile.py): CPU seconds per
-group of processes (the engine, the language host, the dynamic providers, the control plane, the
-lab hosts, the rest) beside the machine's busy time and its capacity (cores x wall time), which
-says what bounds a run on this machine.
+The join of the N workers, the runs with nothing to do and the growth are profiled
+(lab/cpu_profile.py): CPU seconds per group of processes (the engine, the language host, the
+dynamic providers, the control plane, the lab hosts, the rest) beside the machine's busy time and
+its capacity (cores x wall time), which says what bounds a run on this machine.
 
 Reported beside the smallest size's figures (ratios) and as seconds and counts.
 """

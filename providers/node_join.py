@@ -377,7 +377,7 @@ class NodeJoinProvider(NodeProvider):
         node = str(known(inputs.login.node))
         status = run_operation(read_node(inputs.server(), node, api_wait))
         outs = {key: value for key, value in props.items() if key != HOST_CHANGED}
-        if props.get("state") and props.get("state") != "missing":
+        if props.get("state") not in (None, "", "missing"):
             # Whether the host still runs the agent it joined with (same machine-id): kept in the
             # state for the next run's diff, which then joins it again. A host that cannot be
             # reached says nothing (a fenced or powered-off worker is not rebuilt).
