@@ -11,8 +11,12 @@ What it serves, each as Hetzner's API reference (docs.hetzner.cloud) describes i
   code: `not_found` 404 (an unknown server, action or path), `locked` 423 (an action while the
   server's previous one still runs), `unauthorized` 401.
 - GET /servers/{id} ("Servers: Get a Server"): `{"server": {...}}` with id, name, status,
-  created, labels, locked. The status is the host's power, read when asked: `running` while the
-  lab host runs, `off` once it is powered off (never `off` before it really is).
+  created, labels, locked, `public_net` (`ipv4`: id, ip, blocked, dns_ptr; `ipv6` null;
+  `floating_ips` and `firewalls` empty) and `private_net` (per network: network, ip, alias_ips,
+  mac_address), the addresses the lab host really has (its public address, or none behind a
+  NAT, and its private one), or those `add_server` is given. The status is the host's power,
+  read when asked: `running` while the lab host runs, `off` once it is powered off (never `off`
+  before it really is).
 - GET /servers?name=NAME ("Servers: List Servers", `name` filter, exact match): `{"servers":
   [...], "meta": {"pagination": {...}}}` (one page).
 - POST /servers/{id}/actions/poweroff and .../poweron ("Server Actions: Power off / Power on a
@@ -28,7 +32,7 @@ What it serves, each as Hetzner's API reference (docs.hetzner.cloud) describes i
 
 What it does not model: every other endpoint (404), `shutdown`, `reset` and `reboot`, the
 rate limit (no RateLimit-* headers, never a 429), pagination beyond one page, a server's
-other fields (type, image, datacenter, networks, public_net), labels and label selectors,
+other fields (type, image, datacenter), IPv6, labels and label selectors,
 `protection`, the `deprecation` of API calls, and TLS (it serves plain HTTP on 127.0.0.1).
 """
 
@@ -71,6 +75,8 @@ class StandinServer:
     id: int
     name: str
     machine: Machine
+    public_ipv4: str | None = None
+    private_ips: tuple[str, ...] = ()
     created: str = field(default_factory=_now)
     busy: bool = False  # an action of it runs
     failure: tuple[str, str] | None = None
@@ -83,6 +89,18 @@ class StandinServer:
             "created": self.created,
             "labels": {},
             "locked": False,
+            "public_net": {
+                "ipv4": {"id": self.id * 10, "ip": self.public_ipv4, "blocked": False, "dns_ptr": self.name}
+                if self.public_ipv4
+                else None,
+                "ipv6": None,
+                "floating_ips": [],
+                "firewalls": [],
+            },
+            "private_net": [
+                {"network": 1, "ip": ip, "alias_ips": [], "mac_address": f"86:00:00:00:{n:02x}:{self.id % 256:02x}"}
+                for n, ip in enumerate(self.private_ips)
+            ],
         }
 
 
@@ -146,10 +164,23 @@ class HcloudStandin:
         for thread in self._threads:
             thread.join(timeout=60)
 
-    def add_server(self, name: str, machine: Machine) -> int:
-        """Register `machine` as the Hetzner server `name`; its id."""
+    def add_server(
+        self,
+        name: str,
+        machine: Machine,
+        *,
+        public_ipv4: str | None = None,
+        private_ips: tuple[str, ...] | None = None,
+    ) -> int:
+        """Register `machine` as the Hetzner server `name`; its id. Its addresses are the lab
+        host's own (`public_ip`, `private_ip`) unless given."""
+        if public_ipv4 is None:
+            public_ipv4 = getattr(machine, "public_ip", None)
+        if private_ips is None:
+            private = getattr(machine, "private_ip", None)
+            private_ips = (private,) if private else ()
         with self._lock:
-            server = StandinServer(next(self._ids), name, machine)
+            server = StandinServer(next(self._ids), name, machine, public_ipv4, private_ips)
             self.servers[server.id] = server
             return server.id
 

@@ -23,22 +23,26 @@ worker is down; the program then proves it before anything moves. The order, and
      whether it has booted since.
    - it is a Hetzner server (one the program created, or an existing host naming its server in
      `hcloud_server`): the program proves it off itself, so no confirmation is asked. Before the
-     record, the server is looked up through the Hetzner API (a wrong token or server refuses
-     the fence unchanged). After it: if the host still answers over SSH, `k3s_fence.sh` first
-     writes the drop-in and stops the agent and every container (so the agent stays down even
-     if someone powers the server on again; what is left is reported, not fatal, as the power
-     goes next); then the server is powered off through the API (`poweroff`, which cuts the
-     power; never the ACPI `shutdown`, whose action finishing says only that the signal was
-     sent), the fence waits for the action and confirms the server's status reads `off`. A
-     failed action stops the fence (recorded, not tainted), naming the action's error; the
-     next `up` resumes it. Last, the server's dial of the worker's kubelet must fail: a kubelet
-     still answering means `hcloud_server` names another machine, and the fence stops there.
+     record, the server is looked up through the Hetzner API (a wrong token or server refuses the
+     fence unchanged) and must be proven to be this worker: it holds one of the worker's own
+     addresses and none of the control plane's or another Node's, so a typo in `hcloud_server`
+     powers nothing off. The power-off then goes to that server's id. After the record: if the
+     host still answers over SSH, `k3s_fence.sh` first writes the drop-in and stops the agent and
+     every container (so the agent stays down even if someone powers the server on again; what is
+     left is reported, not fatal, as the power goes next); then the server is powered off through
+     the API (`poweroff`, which cuts the power; never the ACPI `shutdown`, whose action finishing
+     says only that the signal was sent), the fence waits for the action and confirms the
+     server's status reads `off`. A failed action stops the fence (recorded, not tainted), naming
+     the action's error; the next `up` resumes it. Last, the server's dial of the worker's
+     kubelet must fail: a kubelet still answering means `hcloud_server` names another machine,
+     and the fence stops there.
    - it does not answer: the operator must confirm it is powered off and stays off
      (`hk3s:fences.<worker>.powered_off`), and the server must fail to reach its kubelet at its
-     recorded address: a kubelet that answers, an address that is not IPv4, or a check that
-     did not run refuses the fence. The check proves the kubelet silent, not the machine off
-     (a refused connection passes: no kubelet listens there); that the host stays off is what
-     the operator confirms.
+     recorded address: only silence passes (no answer at all, or no machine answering ARP for
+     an address on the server's link); a kubelet that answers, a TCP reset or an ICMP error
+     for the address (something there is up), an address that is not IPv4, or a check that did
+     not run refuses the fence, saying what answered. That the host stays off is what the
+     operator confirms.
 4. **Taint** the Node `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`: Kubernetes
    evicts its pods, and its pod garbage collector force-deletes the ones left terminating on an
    out-of-service NotReady node, so their controllers start them elsewhere. This taint is the
@@ -67,16 +71,19 @@ from typing import Any, NoReturn
 from host_scripts import script_path
 from node_operations.fence_workloads import RELEASE_AFTER_SECONDS, WorkloadDecision, WorkloadReport, release_pods
 from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
-from node_operations.join_validation import KUBELET_PORT, KUBELET_SILENT, dial_kubelet
+from node_operations.join_validation import KUBELET_PORT, dial_kubelet
 from node_operations.k3s_install import parse_results
 from node_operations.reboot import BOOT_MARKER_COMMAND
 from node_operations.refusal import tagged
 from node_operations.worker_removal import worker_answers
-from remote_access.hetzner_api import HetznerAccess, HetznerApiError, power_off, server_state
+from remote_access.hetzner_api import HetznerAccess, HetznerApiError, ServerState, power_off, server_state
 from remote_access.kube import ClusterApi, Repeat, Taint
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
 OUT_OF_SERVICE = Taint(OUT_OF_SERVICE_TAINT, "nodeshutdown", "NoExecute")
+# The labels k3s gives a server's Node (pkg/node's role labels): the control plane is never fenced.
+CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
+MASTER_LABEL = "node-role.kubernetes.io/master"
 # The boot the fence found the worker in when it stopped it over SSH (node_operations.reboot's boot
 # marker): lifting the fence reboots a host still in that boot, so nothing the fence stopped
 # half-way (a mount, a process a stop missed) outlives the fence.
@@ -162,22 +169,77 @@ def unreachable_refusal(node: str, silent: str, powered_off: bool) -> str | None
     )
 
 
-def kubelet_refusal(node: str, address: str, dialled: str | None) -> str | None:
-    """Why the server's dial of the kubelet (`dialled`: None when it connected, else why not)
-    does not show the worker is off (None when it does)."""
-    where = f"{address}:{KUBELET_PORT}"
+@dataclass(frozen=True)
+class KubeletDial:
+    """What the server's dial of a worker's kubelet port met, and whether that is silence.
+
+    Only silence shows a machine off: no answer at all within the dial's time, or, for an
+    address on the server's own link, no machine answering its ARP (the kernel then says "no
+    route to host" with the neighbour entry FAILED). Anything that answered means a machine
+    there may be up: a TCP reset ("connection refused": its kernel, or a firewall on it,
+    answered) or an ICMP error for the address ("no route to host" from a neighbour that
+    answered ARP, or from a router on the way, which may be the machine's own firewall)."""
+
+    seen: str  # what the dial met, said for a person
+    silent: bool = False
+    connected: bool = False
+    reset: bool = False  # a TCP reset: a network stack at the address is up
+    ran: bool = True  # False: the check itself did not run as meant
+
+
+async def dial_kubelet_silence(server: SshSession, address: str) -> KubeletDial:
+    """The server's dial of the kubelet port at `address`, judged (see KubeletDial)."""
+    dialled = await dial_kubelet(server, address)
     if dialled is None:
+        return KubeletDial("the connection opened: a kubelet answers there", connected=True)
+    if dialled.startswith("no answer"):
+        return KubeletDial(f"{dialled}: nothing answered", silent=True)
+    if dialled == "connection refused":
+        return KubeletDial(
+            "a TCP reset answered (connection refused): the machine at that address, or a firewall in front of it, is "
+            "up",
+            reset=True,
+        )
+    if dialled == "no route to host":
+        script = 'ip -o route get "$1"; ip neigh show to "$1"'
+        result = await server.run(["sh", "-c", script, "-", address], deadline=20, check=False)
+        lines = result.stdout.splitlines()
+        on_link = bool(lines) and " via " not in lines[0]
+        state = lines[-1].split()[-1] if len(lines) > 1 and lines[-1].split() else ""
+        if on_link and state in ("FAILED", "INCOMPLETE"):
+            return KubeletDial("no machine answered ARP for the address on the server's link", silent=True)
+        return KubeletDial(
+            "an ICMP host-unreachable answered (no route to host"
+            + (f"; the address's neighbour entry is {state}" if on_link and state else "")
+            + "): something answered for the address, so the machine may be up"
+        )
+    if dialled == "network is unreachable":
+        return KubeletDial("the server has no route to the address (network is unreachable)", ran=False)
+    return KubeletDial(f"the dial did not run as meant ({dialled})", ran=False)
+
+
+def kubelet_refusal(node: str, address: str, dial: KubeletDial) -> str | None:
+    """Why the server's dial of the kubelet does not show the worker is off (None when it does)."""
+    where = f"{address}:{KUBELET_PORT}"
+    if dial.silent:
+        return None
+    if dial.connected:
         return (
             f"{node}'s kubelet still answers at {where} (checked from the server), so the host is running even though "
             f"it is reported powered off. Power it off (or stop its k3s agent), then run up again"
         )
-    if not dialled.startswith(KUBELET_SILENT):
+    if not dial.ran:
         return (
-            f"the server's check of {node}'s kubelet at {where} did not run as meant ({dialled}), so the kubelet is "
-            f"not known to be silent. Check that the server can dial {where} (bash and timeout on the server), then "
-            f"run up again"
+            f"the server's check of {node}'s kubelet at {where} did not run as meant ({dial.seen}), so the kubelet is "
+            f"not known to be silent. Check that the server can dial {where} (bash, timeout and ip on the server), "
+            "then run up again"
         )
-    return None
+    return (
+        f"the server's dial of {node}'s kubelet at {where} was answered: {dial.seen}. Only a dial that nothing "
+        f"answers shows the host off, so {node} may still be running. Power it off (if it is a Hetzner server, name "
+        f"it in hcloud_server so the fence powers it off through the API), or find what answers at {address}, then "
+        "run up again"
+    )
 
 
 def address_refusal(node: str, address: str) -> str | None:
@@ -207,6 +269,15 @@ def tolerates(pod: Mapping[str, Any], taint: Taint) -> bool:
 
 def pod_name(pod: Mapping[str, Any]) -> str:
     return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+
+
+def node_addresses(node: Mapping[str, Any]) -> list[str]:
+    """A Node's InternalIP and ExternalIP addresses, as the cluster records them."""
+    return [
+        str(a["address"])
+        for a in (node.get("status") or {}).get("addresses") or []
+        if a.get("type") in ("InternalIP", "ExternalIP") and a.get("address")
+    ]
 
 
 def owner_of(pod: Mapping[str, Any]) -> str | None:
@@ -279,6 +350,8 @@ class WorkerFence:
         self.report = FenceReport(worker.node)
         self.answers_ssh = False
         self.recorded_boot = ""
+        self.node_object: dict[str, Any] = {}
+        self.hetzner_id = ""  # the Hetzner server proven to be this worker, by id: what the power-off acts on
 
     async def _server_now(self) -> datetime:
         result = await self.server.run(["date", "-u", "+%s"], deadline=20)
@@ -297,7 +370,7 @@ class WorkerFence:
     async def _judge(self) -> None:
         """Every check that needs no change, before the record: down long enough (unless the fence is
         recorded already), and how it is stopped."""
-        node = await self._node_object()
+        node = self.node_object = await self._node_object()
         ready, now = ReadyCondition.of(node), await self._server_now()
         annotations = (node.get("metadata") or {}).get("annotations") or {}
         recorded, self.recorded_boot = annotations.get(FENCE_ANNOTATION), annotations.get(FENCE_BOOT_ANNOTATION, "")
@@ -320,8 +393,8 @@ class WorkerFence:
             self.node, self.order.kubelet_address
         )
         if refusal is None:
-            dialled = await dial_kubelet(self.server, self.order.kubelet_address)
-            refusal = kubelet_refusal(self.node, self.order.kubelet_address, dialled)
+            dial = await dial_kubelet_silence(self.server, self.order.kubelet_address)
+            refusal = kubelet_refusal(self.node, self.order.kubelet_address, dial)
         if refusal is not None and self.report.resumed:
             # The record is there from an earlier run: not "nothing changed", but nothing more.
             raise FenceStoppedError(
@@ -330,7 +403,7 @@ class WorkerFence:
         if refusal is not None:
             raise FenceRefusedError(self.node, refusal)
         where = f"{self.order.kubelet_address}:{KUBELET_PORT}"
-        self.progress(f"confirmed powered off; its kubelet at {where} does not answer")
+        self.progress(f"confirmed powered off; its kubelet at {where} is silent ({dial.seen})")
         self.report.stopped_by = "powered-off"
 
     def _refuse(self, refusal: str) -> NoReturn:
@@ -357,10 +430,55 @@ class WorkerFence:
             self._refuse(f"{self.node}'s Hetzner server cannot be read: {error}")
         if (refusal := address_refusal(self.node, self.order.kubelet_address)) is not None:
             self._refuse(refusal)
+        if (refusal := await self._identity_refusal(state)) is not None:
+            self._refuse(refusal)
+        self.hetzner_id = str(state.id)
         self.answers_ssh = silent is None
         answers = "answers over SSH" if silent is None else f"does not answer over SSH ({silent})"
         self.progress(f"is Hetzner server {state.name} (id {state.id}, {state.status}) and {answers}")
         self.report.stopped_by = "hetzner"
+
+    async def _identity_refusal(self, state: ServerState) -> str | None:
+        """Why the Hetzner server `state` is not proven to be this worker (None when it is): the
+        power goes to whatever hcloud_server names, so a typo would cut the control plane or a
+        bystander while this worker runs on. It must hold one of the worker's own addresses (where
+        the program logs in, its kubelet's, its Node's) and none of another node's (the control
+        plane's login and every other Node's addresses)."""
+        nodes = json.loads(await self.api.kubectl(["get", "nodes", "-o", "json"], repeat=Repeat.READ)).get("items", [])
+        named = f"Hetzner server {state.name} (id {state.id}; {', '.join(state.addresses()) or 'no address'})"
+        fix = (
+            f"set {self.node}'s hcloud_server in hk3s:workers to its own Hetzner server (its id or name) and run up "
+            "again; nothing was powered off"
+        )
+        control_plane = [self.server.target.address]
+        others: list[tuple[str, str]] = []
+        for other in nodes:
+            name = other["metadata"]["name"]
+            labels = other["metadata"].get("labels") or {}
+            addresses = node_addresses(other)
+            if name == self.node:
+                continue
+            if CONTROL_PLANE_LABEL in labels or MASTER_LABEL in labels:
+                control_plane += addresses
+            else:
+                others += [(name, address) for address in addresses]
+        if hit := next((a for a in control_plane if state.owns(a)), None):
+            return (
+                f"{named}, which {self.node}'s hcloud_server names, is the control plane's server (it holds {hit}): "
+                f"the control plane is never fenced; {fix}"
+            )
+        if hit_by := next(((name, a) for name, a in others if state.owns(a)), None):
+            return (
+                f"{named}, which {self.node}'s hcloud_server names, is {hit_by[0]}'s server (it holds {hit_by[1]}), "
+                f"not {self.node}'s; {fix}"
+            )
+        mine = sorted({self.worker.address, self.order.kubelet_address, *node_addresses(self.node_object)})
+        if not any(state.owns(address) for address in mine):
+            return (
+                f"{named}, which {self.node}'s hcloud_server names, holds none of {self.node}'s addresses "
+                f"({', '.join(mine)}), so it is not proven to be this worker; {fix}"
+            )
+        return None
 
     async def _stop_through_hetzner(self) -> None:
         """Drop-in first when the host answers (the agent stays down should the server be powered
@@ -369,7 +487,8 @@ class WorkerFence:
             await self._stop_over_ssh(leftovers_stop=False)
         assert self.order.hcloud is not None  # _judge_hetzner refuses without it
         try:
-            state, action = await power_off(self.order.hcloud, str(self.order.hcloud_server), self.progress)
+            # By the id proven to be this worker (a name could be given to another server meanwhile).
+            state, action = await power_off(self.order.hcloud, self.hetzner_id, self.progress)
         except HetznerApiError as error:
             raise FenceStoppedError(
                 self.node,
@@ -382,9 +501,11 @@ class WorkerFence:
         )
         self.progress(f"Hetzner server {self.report.hetzner_action}; its status reads off")
         address = self.order.kubelet_address
-        dialled = await dial_kubelet(self.server, address)
-        if dialled is None or not dialled.startswith(KUBELET_SILENT):
-            seen = "still answers" if dialled is None else f"could not be checked ({dialled})"
+        # The API proved the power off and the server's addresses proved it is this worker; what the
+        # dial must not meet is a machine up at the address: a kubelet, or a TCP reset from a kernel.
+        dial = await dial_kubelet_silence(self.server, address)
+        if dial.connected or dial.reset or not dial.ran:
+            seen = "still answers" if dial.connected else f"could not be shown silent ({dial.seen})"
             raise FenceStoppedError(
                 self.node,
                 f"Hetzner server {where} is off, but {self.node}'s kubelet at {address}:{KUBELET_PORT} {seen} "
@@ -392,7 +513,7 @@ class WorkerFence:
                 f"machine: fix it, power the wrong server back on, and stop {self.node} yourself. The node is not "
                 "tainted; run up again",
             )
-        self.progress(f"its kubelet at {address}:{KUBELET_PORT} does not answer")
+        self.progress(f"its kubelet at {address}:{KUBELET_PORT} does not answer ({dial.seen})")
 
     async def _record(self) -> None:
         if self.report.recorded_at:

@@ -6,8 +6,15 @@ copies off, drains and wipes the host. A worker that is gone for good cannot be 
 the fence has already proved it stopped and let its workloads start elsewhere. What is left
 is its registration. The rules, and why:
 
-1. **Only a fenced worker**: its Node must carry the fence's record. Deregistering a worker
-   that was never fenced would let Kubernetes forget a host that may still be writing.
+1. **Only a worker whose fence completed**: its Node must carry the fence's record and the
+   out-of-service taint, which the fence puts on only once the host is proven stopped (stopped
+   over SSH with nothing left on it, powered off through the Hetzner API with its status off and
+   its kubelet silent, or confirmed powered off with its kubelet silent). Deleting a Node is a
+   force-deletion of its pods (the pod garbage collector deletes at once the pods of a Node that
+   is gone), so a fence that was recorded but stopped before that proof (a power-off action that
+   failed, a process left on the host) gives nothing up: the host may still run and write.
+   Deregistering a worker that was never fenced would let Kubernetes forget a host that may
+   still be writing.
 2. **A host that still answers must be held by the fence**: its agent kept down by the
    fence's systemd drop-in and not running. A host that answers and runs its agent (powered
    back on after a fence that confirmed it off, say) is refused: remove it without force
@@ -23,8 +30,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
-from node_operations.fence import FENCE_ANNOTATION
+from node_operations.fence import FENCE_ANNOTATION, OUT_OF_SERVICE
 from node_operations.refusal import tagged
 from node_operations.worker_removal import ANSWER_SECONDS, LONGHORN_NAMESPACE, LONGHORN_NODE_CRD, RemovalRefusedError
 from remote_access.kube import ClusterApi, Repeat
@@ -56,11 +64,58 @@ async def fence_hold(worker: SshTarget) -> str | None:
         async with open_session(worker) as session:
             result = await session.run(["sh", "-c", HELD_CHECK], deadline=ANSWER_SECONDS)
     except SshError:
-        return None  # it does not answer: the fence proved it stopped (or the operator, powered off)
+        return None  # it does not answer: the completed fence proved it stopped (judge_give_up checks that)
     said = result.stdout.split()
     if said == ["drop-in=present", "agent=inactive"]:
         return None
     return ", ".join(said) or "no answer to the check"
+
+
+def incomplete_fence(node: str, found: dict[str, Any]) -> str | None:
+    """Why the worker whose Node is `found` cannot be given up by what its Node says (None when its
+    fence is recorded and completed: the out-of-service taint is on)."""
+    annotations = found["metadata"].get("annotations") or {}
+    recorded = annotations.get(FENCE_ANNOTATION)
+    if not recorded:
+        return tagged(
+            f"giving the worker up is refused: {node} is not fenced (no fence recorded on its Node). Fence it first "
+            f"(hk3s:fences.{node}, CLI node fence {node}), or remove it without force. Nothing was changed",
+            "removal",
+        )
+    taints = (found.get("spec") or {}).get("taints") or []
+    if any(t.get("key") == OUT_OF_SERVICE.key and t.get("effect") == OUT_OF_SERVICE.effect for t in taints):
+        return None
+    return tagged(
+        f"giving the worker up is refused: the fence of {node} recorded at {recorded} did not complete, so its host "
+        "is not proven stopped and may still run and write (the fence taints the Node "
+        f"{OUT_OF_SERVICE.key} only once the host was stopped over SSH with nothing left, powered off through the "
+        "Hetzner API, or confirmed powered off with its kubelet silent; its Node has no such taint). Finish the "
+        f"fence first: run up again with hk3s:fences.{node} (scripts/hk3s up), which resumes it and names what stops "
+        "it; give the worker up once it reports fenced. Nothing was changed",
+        "removal",
+    )
+
+
+async def judge_give_up(api: ClusterApi, worker: SshTarget) -> dict[str, Any] | None:
+    """The worker's Node when it may be given up (None when it has no Node left); raises
+    RemovalRefusedError, changing nothing, when its fence is missing or incomplete, or when its
+    host answers and the fence does not hold it stopped."""
+    out = await api.kubectl(["get", "node", worker.node, "-o", "json", "--ignore-not-found"], repeat=Repeat.READ)
+    if not out.strip():
+        return None
+    found: dict[str, Any] = json.loads(out)
+    if (refusal := incomplete_fence(worker.node, found)) is not None:
+        raise RemovalRefusedError(worker.node, refusal)
+    held = await fence_hold(worker)
+    if held is not None:
+        raise RemovalRefusedError(worker.node, not_held(worker.node, held))
+    return found
+
+
+async def check_give_up(server: SshTarget, worker: SshTarget, *, api_wait: float, progress: Progress) -> None:
+    """`judge_give_up` through the server's API, before anything of the run changes."""
+    async with open_session(server) as session:
+        await judge_give_up(ClusterApi(session, progress=progress, api_wait=api_wait), worker)
 
 
 async def give_up_worker(
@@ -70,22 +125,9 @@ async def give_up_worker(
     report's line."""
     async with open_session(server) as session:
         api = ClusterApi(session, progress=progress, api_wait=api_wait)
-        out = await api.kubectl(["get", "node", worker.node, "-o", "json", "--ignore-not-found"], repeat=Repeat.READ)
-        if out.strip():
-            annotations = json.loads(out)["metadata"].get("annotations") or {}
-            if FENCE_ANNOTATION not in annotations:
-                raise RemovalRefusedError(
-                    worker.node,
-                    tagged(
-                        f"giving the worker up is refused: {worker.node} is not fenced (no fence recorded on its "
-                        f"Node). Fence it first (hk3s:fences.{worker.node}, CLI node fence {worker.node}), or "
-                        "remove it without force. Nothing was changed",
-                        "removal",
-                    ),
-                )
-            held = await fence_hold(worker)
-            if held is not None:
-                raise RemovalRefusedError(worker.node, not_held(worker.node, held))
+        # Judged again here, right before the Node goes: the check ran before the run's other changes.
+        found = await judge_give_up(api, worker)
+        if found is not None:
             await api.kubectl(["delete", "node", worker.node, "--ignore-not-found"], repeat=Repeat.IDEMPOTENT)
         if longhorn:
             await api.kubectl(
@@ -93,9 +135,10 @@ async def give_up_worker(
                 repeat=Repeat.IDEMPOTENT,
             )
         await api.delete_node_password(worker.node)
-    if not out.strip():
+    if found is None:
         return "given up: no Node was left; its Longhorn node and node password are gone too"
+    recorded = found["metadata"]["annotations"][FENCE_ANNOTATION]
     return (
-        f"given up (fenced since {annotations[FENCE_ANNOTATION]}): its Node, Longhorn node and node password are "
+        f"given up (fenced since {recorded}): its Node, Longhorn node and node password are "
         "gone, without a drain; the host was left as it is (its data and the fence's drop-in)"
     )

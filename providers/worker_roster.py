@@ -13,9 +13,10 @@ the login key, secret), since a leaving worker is no longer in the stack's setti
 `check` judges each removal before anything of the run changes, in `preview` and at the
 start of `up`: a worker that does not answer over SSH is refused (it may still be running:
 fence it first). A fenced worker given up (hk3s:fences.<worker>.force_remove) is deregistered
-without a drain instead (node_operations.forced_removal); refused when its host answers and
-the fence does not hold it stopped. Workers leave one at a time, in name order; a removal cut anywhere resumes
-on the next `up` (the roster's state changes only once every removal finished).
+without a drain instead (node_operations.forced_removal); refused when its fence did not
+complete, or when its host answers and the fence does not hold it stopped. Workers leave one
+at a time, in name order; a removal cut anywhere resumes on the next `up` (the roster's state
+changes only once every removal finished).
 """
 
 from __future__ import annotations
@@ -28,13 +29,19 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
 from node_operations.firewall_plan import KUBE_API_PORT, KUBELET_PORT, pod_network_port
-from node_operations.forced_removal import fence_hold, give_up_worker, not_held
+from node_operations.forced_removal import check_give_up, give_up_worker
 from node_operations.refusal import tagged
-from node_operations.worker_removal import PeerFirewall, not_answering, remove_worker, worker_answers
+from node_operations.worker_removal import (
+    PeerFirewall,
+    RemovalRefusedError,
+    not_answering,
+    remove_worker,
+    worker_answers,
+)
 from providers.base import progress, resource_inputs, run_operation
 from providers.inputs import ResourceInputs, known, nested
 from remote_access.kube import API_WAIT_SECONDS
-from remote_access.ssh import SshTarget
+from remote_access.ssh import SshError, SshTarget
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -125,9 +132,27 @@ class WorkerRosterProvider(ResourceProvider):
                     "run up once, then remove it"
                 )
             elif name in new.forced:
-                held = run_operation(fence_hold(old.target(member)))
-                if held is not None:
-                    failures.append(CheckFailure("workers", f"{name}: {not_held(name, held)}"))
+                server = old.server or new.server
+                if server is None:
+                    continue  # no server recorded yet: the update judges it
+                try:
+                    run_operation(
+                        check_give_up(
+                            old.target(server),
+                            old.target(member),
+                            api_wait=float(known(new.api_wait_seconds) or API_WAIT_SECONDS),
+                            progress=functools.partial(progress, name),
+                        )
+                    )
+                except RemovalRefusedError as refused:
+                    failures.append(CheckFailure("workers", str(refused)))
+                except SshError as error:
+                    # Whether its fence completed is read on the server: unread, nothing is given up.
+                    message = (
+                        f"{name}: giving the worker up is refused: whether its fence completed cannot be read from "
+                        f"the cluster ({error}). Bring the server's SSH back and run up again. Nothing was changed"
+                    )
+                    failures.append(CheckFailure("workers", tagged(message, "removal")))
                 continue
             else:
                 silent = run_operation(worker_answers(old.target(member)))

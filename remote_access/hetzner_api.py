@@ -22,6 +22,7 @@ made inside each call (a dynamic provider is pickled: no client may live on it).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,6 +78,23 @@ class ServerState:
     id: int
     name: str
     status: str  # running, initializing, starting, stopping, off, deleting, migrating, rebuilding, unknown
+    public_ipv4: str | None = None
+    public_ipv6: str | None = None  # the server's /64 (public_net.ipv6.ip), e.g. 2001:db8:1::/64
+    private_ips: tuple[str, ...] = ()  # its address in each private network, alias IPs included
+
+    def owns(self, address: str) -> bool:
+        """Whether `address` is one of the server's own (public IPv4, in its IPv6 /64, or private)."""
+        if address in (self.public_ipv4, *self.private_ips):
+            return True
+        if self.public_ipv6 and ":" in address:
+            try:
+                return ipaddress.IPv6Address(address) in ipaddress.IPv6Network(self.public_ipv6, strict=False)
+            except ValueError:
+                return False
+        return False
+
+    def addresses(self) -> list[str]:
+        return [a for a in (self.public_ipv4, self.public_ipv6, *self.private_ips) if a]
 
 
 @dataclass(frozen=True)
@@ -135,7 +153,15 @@ def _find(client: Client, server: str) -> BoundServer:
 
 
 def _state(server: BoundServer) -> ServerState:
-    return ServerState(id=int(server.id or 0), name=str(server.name), status=str(server.status))
+    public, private = server.public_net, server.private_net or []
+    return ServerState(
+        id=int(server.id or 0),
+        name=str(server.name),
+        status=str(server.status),
+        public_ipv4=public.ipv4.ip if public is not None and public.ipv4 is not None else None,
+        public_ipv6=public.ipv6.ip if public is not None and public.ipv6 is not None else None,
+        private_ips=tuple(ip for net in private for ip in (net.ip, *(net.alias_ips or [])) if ip),
+    )
 
 
 def _wait_action(action: BoundAction, server: ServerState, call: str) -> ActionResult:

@@ -411,12 +411,24 @@ class Host:
 
     # ---- power
 
+    def _set_links(self, *, up: bool) -> None:
+        """Power going off takes every NIC's carrier with it (`link_down`); power coming back
+        lights them all again (a cable a test pulled before is plugged back by the power cycle)."""
+        for link in ("public", "private") if self.spec.private_nic else ("public",):
+            (self.link_up if up else self.link_down)(link)
+
     def power_off(self, *, graceful: bool = False, timeout: float = 60) -> None:
         """Stop the container.  ``graceful=False`` is a hard power off (the
         container's init is killed, like Hetzner's poweroff); ``graceful=True``
-        is an orderly shutdown.  The disk (overlay upper dir) is kept."""
+        is an orderly shutdown.  The disk (overlay upper dir) is kept.
+
+        Its NICs go dark too (`_set_links`): the network
+        namespace outlives the container, and its kernel would otherwise answer a
+        connection with a TCP reset as if the machine were on. A machine that is
+        off answers nothing: not ARP, not a reset, not an ICMP error."""
         pid = self.supervisor_pid
         if pid is None:
+            self._set_links(up=False)
             return
         os.kill(pid, signal.SIGTERM if graceful else signal.SIGUSR1)
         deadline = time.monotonic() + timeout
@@ -424,6 +436,7 @@ class Host:
             if time.monotonic() > deadline:
                 raise LabError(f"host {self.name} did not power off within {timeout}s")
             time.sleep(0.1)
+        self._set_links(up=False)
 
     def shutdown(self, timeout: float = 60) -> None:
         """Orderly shutdown (``systemctl poweroff`` semantics)."""
@@ -433,6 +446,7 @@ class Host:
         """Start the container again (same disk).  ``wait=True`` waits until SSH answers."""
         if self.is_running:
             return
+        self._set_links(up=True)
         self._lab()._start_container(self)
         if wait:
             self._lab().wait_ssh_ready([self], timeout=timeout)

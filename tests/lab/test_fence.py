@@ -13,7 +13,8 @@ Deployment of three web pods, one per worker.
   `refresh --clear-pending-creates` each next `up` resumes from that record (one record, the same
   time), and the last one finishes the fence.
 - fe-w2 does not answer over SSH: refused without powered_off, refused while something answers
-  at its kubelet's address, fenced once it is powered off.
+  at its kubelet's address (a kubelet, an ICMP host-unreachable, a TCP reset), fenced once it is
+  powered off (its address silent: no machine answers ARP for it).
 - Both Nodes show OutOfService, and the web pods run on fe-w3.
 - fe-w1's fence entry removed: it rejoins (validation taint on before the out-of-service taint
   comes off, the join's checks, the drop-in gone) and takes pods again.
@@ -245,6 +246,19 @@ def test_a_worker_that_does_not_answer_needs_powered_off_and_a_silent_kubelet(cl
     output = cluster.fence({w2.name: {"powered_off": True}})
     assert f"{w2.name}'s kubelet still answers at {w2.public_ip}:10250" in output, output[-4000:]
     cluster.unchanged(w2)
+    # No kubelet there, but the host answers the dial: with an ICMP host-unreachable (a firewall's
+    # reject), then with a TCP reset (a closed port). Either answer means a machine is up there.
+    w2.run(["systemctl", "stop", "fake-kubelet"])
+    w2.run(["nft", "add rule inet labblock input tcp dport 10250 reject with icmp type host-unreachable"])
+    output = cluster.fence({w2.name: {"powered_off": True}})
+    assert f"dial of {w2.name}'s kubelet at {w2.public_ip}:10250 was answered: an ICMP host-unreachable" in output, (
+        output[-4000:]
+    )
+    cluster.unchanged(w2)
+    w2.run(["nft", "flush chain inet labblock input; add rule inet labblock input tcp dport 22 reject with tcp reset"])
+    output = cluster.fence({w2.name: {"powered_off": True}})
+    assert f"{w2.public_ip}:10250 was answered: a TCP reset answered (connection refused)" in output, output[-4000:]
+    cluster.unchanged(w2)
     w2.power_off()
 
 
@@ -262,6 +276,7 @@ def test_fenced_workers_are_stopped_and_their_pods_start_elsewhere(cluster: Clus
     assert node(server, w1.name)["metadata"]["annotations"][FENCE_ANNOTATION] == cluster.recorded_at
     assert f"[{w1.name}] fenced (recorded {cluster.recorded_at}, resumed" in text and "stopped over SSH" in text
     assert f"[{w2.name}] fenced (recorded" in text and "confirmed powered off" in text, text[-4000:]
+    assert f"[{w2.name}] confirmed powered off; its kubelet at {w2.public_ip}:10250 is silent (" in text, text[-4000:]
     for worker in (w1, w2):
         found = node(server, worker.name)
         assert FENCE_ANNOTATION in found["metadata"]["annotations"]

@@ -6,12 +6,15 @@ real client (remote_access/hetzner_api.py, Hetzner's own library) as it would re
 One cluster for the module (the tests run in order): a server and two existing workers that
 name their Hetzner servers (hcloud_server: fh-w1 by id, fh-w2 by name), both agents stopped so
 their Nodes go NotReady.
+- fh-w1 first names the wrong Hetzner server (a typo): the control plane's, then fh-w2's. Each
+  fence is refused before any power action, naming whose server it is; nothing is recorded.
 - fh-w1 still answers over SSH: fenced with no powered_off. The drop-in goes on over SSH, then
   the stand-in sees one poweroff and the lab host is really off (no SSH, no process left); the
   Node has the fence record and the out-of-service taint; the token is nowhere in plain text.
 - fh-w2 does not answer over SSH and its poweroff action fails (injected): the `up` fails naming
   the action's error; the fence is recorded and nothing else was done (no taint, the host
-  running). With the failure gone, the next `up` resumes the fence and completes it.
+  running). Giving it up then (`node remove --force`) is refused: the fence did not complete,
+  and its Node stays. With the failure gone, the next `up` resumes the fence and completes it.
 - fh-w1 powered on again (as in Hetzner's console) and its fence entry removed: the worker
   rejoins (the drop-in gone, the Node Ready with neither taint nor record).
 - fh-w3, no Hetzner server, is fenced over SSH beside fh-w1 (its boot recorded) and lifted beside
@@ -124,7 +127,8 @@ def cluster(lab: Lab, standin: HcloudStandin, tmp_path_factory: pytest.TempPathF
     server = lab.add_host(server_spec("fh-srv"))
     w1, w2, w3 = (lab.add_host(worker_spec(name)) for name in ("fh-w1", "fh-w2", "fh-w3"))
     lab.wait_ssh_ready([server, w1, w2, w3])
-    ids = {host.name: standin.add_server(f"lab-{host.name}", host) for host in (w1, w2)}
+    # The control plane is a Hetzner server too: a typo in a worker's hcloud_server may name it.
+    ids = {host.name: standin.add_server(f"lab-{host.name}", host) for host in (w1, w2, server)}
     stack = LabStack(tmp_path_factory.mktemp("fence-hcloud-stack"))
     config = base_config(lab, server, [w1, w2, w3])
     # fh-w1 names its server by id, fh-w2 by name.
@@ -151,6 +155,21 @@ def test_a_hetzner_worker_is_powered_off_through_the_api_with_no_confirmation(cl
     since = datetime.fromisoformat(ready(server, w1.name)["lastTransitionTime"]).timestamp()
     time.sleep(max(0.0, since + 62 - float(server.run(["date", "+%s"]).stdout)))
     assert ssh_answers(w1)
+    # A typo in hcloud_server naming the control plane's server, then fh-w2's: refused before any
+    # power action or record, naming whose server it is.
+    for wrong, whose in (
+        (cluster.ids[server.name], "is the control plane's server"),
+        (f"lab-{w2.name}", f"is {w2.name}'s server"),
+    ):
+        cluster.config["workers"][0]["hcloud_server"] = wrong
+        output = cluster.fence({w1.name: {}})
+        assert output, f"the fence of {w1.name} went on with hcloud_server {wrong}"
+        assert f"{w1.name}: fencing is refused: Hetzner server" in output and whose in output, output[-6000:]
+        assert "nothing was powered off" in output, output[-6000:]
+        assert all(standin.power_actions(i) == [] for i in cluster.ids.values())
+        assert server.is_running and w1.is_running and w2.is_running
+        assert FENCE_ANNOTATION not in (node(server, w1.name)["metadata"].get("annotations") or {})
+    cluster.config["workers"][0]["hcloud_server"] = cluster.ids[w1.name]
     started = time.monotonic()
     output = cluster.fence({w1.name: {}, w3.name: {}})
     elapsed = time.monotonic() - started
@@ -204,6 +223,17 @@ def test_a_failed_power_off_stops_the_fence_naming_the_actions_error(cluster: Cl
     recorded = node(server, w2.name)["metadata"]["annotations"][FENCE_ANNOTATION]
     cluster.not_fenced(w2)
     assert w2.is_running
+
+    # Recorded but not complete (the host may run): giving it up is refused, and nothing changes.
+    stack_file = cluster.stack.project / f"Pulumi.{cluster.stack.name}.yaml"
+    before = stack_file.read_bytes()
+    refused = cluster.stack.hk3s("node", "remove", w2.name, "--force", "--yes")
+    assert refused.returncode == 3, refused.stderr[-4000:]
+    assert f"the fence of {w2.name} recorded at {recorded} did not complete" in refused.stderr, refused.stderr[-4000:]
+    assert "Finish the fence first" in refused.stderr, refused.stderr[-4000:]
+    assert stack_file.read_bytes() == before
+    assert node(server, w2.name)["metadata"]["annotations"][FENCE_ANNOTATION] == recorded
+    assert len(standin.power_actions(w2_id)) == 1 and w2.is_running
 
     standin.clear_failures(w2_id)
     output = cluster.fence(fences)

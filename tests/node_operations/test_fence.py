@@ -12,6 +12,7 @@ from node_operations.fence import (
     OUT_OF_SERVICE,
     FenceRefusedError,
     FenceReport,
+    KubeletDial,
     ReadyCondition,
     address_refusal,
     down_refusal,
@@ -59,18 +60,38 @@ def test_a_worker_that_does_not_answer_needs_the_powered_off_confirmation() -> N
     assert unreachable_refusal("w2", "connection refused", powered_off=True) is None
 
 
+def test_only_silence_lets_the_fence_go_on() -> None:
+    silent = [
+        KubeletDial("no answer within 5 s: nothing answered", silent=True),
+        KubeletDial("no machine answered ARP for the address on the server's link", silent=True),
+    ]
+    for dial in silent:
+        assert kubelet_refusal("w2", "203.0.113.7", dial) is None
+
+
 @pytest.mark.parametrize(
-    "dialled", ["no answer within 5 s", "connection refused", "no route to host", "network is unreachable"]
+    "dial",
+    [
+        KubeletDial("a TCP reset answered (connection refused): ...", reset=True),
+        KubeletDial("an ICMP host-unreachable answered (no route to host): something answered"),
+    ],
 )
-def test_a_silent_kubelet_lets_the_fence_go_on(dialled: str) -> None:
-    assert kubelet_refusal("w2", "203.0.113.7", dialled) is None
+def test_an_answer_of_any_kind_refuses_naming_it(dial: KubeletDial) -> None:
+    """A reset or an ICMP error for the worker's address means a machine there may be up."""
+    refusal = kubelet_refusal("w2", "203.0.113.7", dial)
+    assert refusal is not None and f"was answered: {dial.seen}" in refusal
+    assert "Only a dial that nothing answers shows the host off" in refusal and "hcloud_server" in refusal
 
 
 def test_a_kubelet_that_answers_or_a_check_that_did_not_run_refuses() -> None:
-    answers = kubelet_refusal("w2", "203.0.113.7", None)
+    answers = kubelet_refusal("w2", "203.0.113.7", KubeletDial("the connection opened", connected=True))
     assert answers is not None and "w2's kubelet still answers at 203.0.113.7:10250" in answers
-    broken = kubelet_refusal("w2", "203.0.113.7", "bash: /dev/tcp/203.0.113.7/10250: Invalid argument")
-    assert broken is not None and "did not run as meant (bash: /dev/tcp/203.0.113.7/10250: Invalid argument)" in broken
+    broken = kubelet_refusal(
+        "w2", "203.0.113.7", KubeletDial("the dial did not run as meant (bash: Invalid argument)", ran=False)
+    )
+    assert broken is not None and "did not run as meant (the dial did not run as meant (bash" in broken
+    unroutable = kubelet_refusal("w2", "203.0.113.7", KubeletDial("the server has no route", ran=False))
+    assert unroutable is not None and "not known to be silent" in unroutable
 
 
 def test_the_kubelet_check_needs_an_ipv4_address() -> None:

@@ -45,10 +45,18 @@ def test_a_leaving_worker_that_does_not_answer_is_refused_naming_it_and_the_fenc
     assert refusal_code(message) == "removal"
 
 
-def test_a_fenced_worker_given_up_may_leave_while_its_host_does_not_answer(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_give_up_whose_fence_cannot_be_read_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """Whether the fence completed is read from the cluster: with the server not answering, the
+    give-up is refused at check (the lab tests the rest: tests/lab/test_fence.py, test_fence_hcloud.py)."""
     port = closed_port()
     leaving = {**roster(["w1"], port), "forced": ["w2"]}
-    assert WorkerRosterProvider().check(roster(["w1", "w2"], port), leaving).failures == []
+    failures = WorkerRosterProvider().check(roster(["w1", "w2"], port), leaving).failures
+    assert len(failures) == 1, failures
+    message = failures[0].reason
+    assert message.startswith("w2: giving the worker up is refused: whether its fence completed cannot be read"), (
+        message
+    )
+    assert "Nothing was changed" in message and refusal_code(message) == "removal"
     assert WorkerRosterProvider().diff("r", roster(["w1", "w2"], port), leaving).changes is True
     assert "[w2] plan: given up (fenced, force_remove): deregistered without a drain" in capsys.readouterr().err
 
