@@ -16,6 +16,9 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from node_operations.forced_removal import incomplete_fence
+from node_operations.health import FENCE_ANNOTATION
+
 REPO = Path(__file__).resolve().parents[1]
 PRODUCT = (
     "__main__.py",
@@ -149,3 +152,114 @@ def test_no_product_code_force_deletes_a_pod_outside_the_fence() -> None:
             found += [f"{relative}:{line}: {code}" for line, code in hits]
     assert scanned > 50  # the product's files were read (a moved package would scan nothing)
     assert not found, "force-deletion without a fence:\n" + "\n".join(found)
+
+
+# Deleting a Node is a force-deletion of every pod bound to it: the pod garbage collector deletes
+# at once (no grace) the pods of a Node that no longer exists, so their controllers start them
+# elsewhere while the old containers may still write. Where the product deletes a Node, and the
+# step that must come first in the same function: the give-up, after its fence is judged complete
+# (recorded, the host proven stopped, the out-of-service taint on); the removal, after the host
+# answered and was wiped (its agent and every container stopped).
+NODE_DELETIONS = {
+    "node_operations/forced_removal.py": ("give_up_worker", "judge_give_up"),
+    "node_operations/worker_removal.py": ("_deregister", None),
+}
+NODE_RESOURCES = {"node", "nodes", "no"}
+
+
+def python_node_deletions(source: str) -> list[tuple[int, str, str]]:
+    """Where a Python source deletes a Node: a kubectl argument list `delete node ...` (or
+    `nodes`, `no`, `node/NAME`), an API client's `delete_node(...)`; with the enclosing function."""
+    found: list[tuple[int, str, str]] = []
+    tree = ast.parse(source)
+    functions = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
+
+    def enclosing(line: int) -> str:
+        inside = [f for f in functions if f.lineno <= line <= (f.end_lineno or f.lineno)]
+        return max(inside, key=lambda f: f.lineno).name if inside else ""
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.List | ast.Tuple):
+            words = [str(e.value) for e in node.elts if isinstance(e, ast.Constant)]
+            for word, following in itertools.pairwise(words):
+                if word == "delete" and (following in NODE_RESOURCES or following.startswith("node/")):
+                    found.append((node.lineno, enclosing(node.lineno), ast.unparse(node)))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            # A command line run as a string; prose advising a person, "(kubectl delete node <name>)", is not.
+            if re.search(r"kubectl\s+delete\s+(nodes?|no)\b", node.value) and "(kubectl delete node" not in node.value:
+                found.append((node.lineno, enclosing(node.lineno), node.value))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "delete_node":
+            found.append((node.lineno, enclosing(node.lineno), ast.unparse(node)))
+    return found
+
+
+def test_the_node_deletion_scan_finds_every_way_of_writing_one() -> None:
+    deleting = [
+        'async def f():\n    await api.kubectl(["delete", "node", name, "--ignore-not-found"])',
+        'def f():\n    run(["kubectl", "delete", "nodes", "--all"])',
+        'def f():\n    run(["k3s", "kubectl", "delete", "node/w1"])',
+        'def f():\n    session.run(["sh", "-c", "k3s kubectl delete node w1"])',
+        "def f():\n    core.delete_node(name)",
+    ]
+    for source in deleting:
+        assert [hit[1] for hit in python_node_deletions(source)] == ["f"], source
+    keeping = [
+        'api.kubectl(["delete", "pod", name])',
+        'api.kubectl(["delete", "lease", name, "-n", "kube-node-lease"])',
+        'api.kubectl(["get", "node", name])',
+    ]
+    for source in keeping:
+        assert not python_node_deletions(source), source
+
+
+def test_a_node_is_deleted_only_after_its_host_is_proven_stopped() -> None:
+    found = []
+    for path in product_files():
+        if path.suffix != ".py":
+            if (path.suffix == ".sh" or path.read_text(errors="replace").startswith("#!")) and re.search(
+                r"kubectl\s+delete\s+(nodes?|no)\b", path.read_text(errors="replace")
+            ):
+                found.append(f"{path.relative_to(REPO).as_posix()}: a shell script deletes a Node")
+            continue
+        relative = path.relative_to(REPO).as_posix()
+        for line, function, code in python_node_deletions(path.read_text(errors="replace")):
+            allowed = NODE_DELETIONS.get(relative)
+            if allowed is None or function != allowed[0]:
+                found.append(f"{relative}:{line} ({function}): {code}")
+    assert not found, "a Node deleted outside the give-up and the removal:\n" + "\n".join(found)
+    # The give-up judges the fence complete before its delete, in the same function.
+    source = (REPO / "node_operations/forced_removal.py").read_text()
+    tree = ast.parse(source)
+    give_up = next(f for f in ast.walk(tree) if isinstance(f, ast.AsyncFunctionDef) and f.name == "give_up_worker")
+    calls = [c for c in ast.walk(give_up) if isinstance(c, ast.Call)]
+    judged = [c.lineno for c in calls if isinstance(c.func, ast.Name) and c.func.id == "judge_give_up"]
+    deleted = [line for line, function, _ in python_node_deletions(source) if function == "give_up_worker"]
+    assert judged and deleted and max(judged) < min(deleted), (judged, deleted)
+    # The removal deregisters only after the wipe, in the same function.
+    removal = ast.parse((REPO / "node_operations/worker_removal.py").read_text())
+    remove = next(f for f in ast.walk(removal) if isinstance(f, ast.AsyncFunctionDef) and f.name == "_remove")
+    names = {
+        c.lineno: (c.func.id if isinstance(c.func, ast.Name) else getattr(c.func, "attr", ""))
+        for c in ast.walk(remove)
+        if isinstance(c, ast.Call)
+    }
+    wiped = [line for line, name in names.items() if name == "wipe_node"]
+    deregistered = [line for line, name in names.items() if name == "_deregister"]
+    assert wiped and deregistered and max(wiped) < min(deregistered), (wiped, deregistered)
+
+
+def test_a_fence_that_did_not_complete_gives_nothing_up() -> None:
+    """The judgement the give-up runs before its delete: a Node without the out-of-service taint
+    (its fence recorded but stopped before the host was proven stopped) is not given up."""
+    recorded = {"metadata": {"annotations": {FENCE_ANNOTATION: "2026-12-04T10:00:00Z"}}, "spec": {}}
+    refusal = incomplete_fence("w2", recorded)
+    assert refusal is not None and "the fence of w2 recorded at 2026-12-04T10:00:00Z did not complete" in refusal
+    tainted = {
+        **recorded,
+        "spec": {
+            "taints": [{"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}]
+        },
+    }
+    assert incomplete_fence("w2", tainted) is None
+    unfenced = incomplete_fence("w2", {"metadata": {}, "spec": tainted["spec"]})
+    assert unfenced is not None and "w2 is not fenced" in unfenced
