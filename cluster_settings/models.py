@@ -137,7 +137,8 @@ class ClusterSettings(StrictModel):
         "refused",
         description="refused: pulumi destroy is refused before anything changes. allowed (then `up`, then "
         "`pulumi destroy`): the destroy wipes k3s, its data and the program's files and rules from every host and "
-        "deletes the stack's Hetzner resources, lifting protect_control_plane; no volume's data is moved or kept.",
+        "deletes the stack's Hetzner resources, lifting protect_control_plane (Pulumi's and Hetzner's protection, "
+        "at that `up`); no volume's data is moved or kept.",
     )
 
     # Kubernetes' documented upgrade procedure drains a node before its kubelet moves to a new
@@ -153,7 +154,9 @@ class ClusterSettings(StrictModel):
     protect_control_plane: bool = Field(
         True,
         description="Protect the Hetzner server of the control plane, the private network and its subnet: "
-        "pulumi destroy and any change that would delete them are refused. Set false only for throw-away stacks.",
+        "pulumi destroy and any change that would delete them are refused, and Hetzner's own delete protection "
+        "(and the server's rebuild protection) refuses a delete or rebuild from the Cloud Console or the hcloud CLI. "
+        "Set false only for throw-away stacks.",
     )
 
     @property
@@ -162,7 +165,8 @@ class ClusterSettings(StrictModel):
 
     @property
     def control_plane_protected(self) -> bool:
-        """Whether the server, network and subnet carry Pulumi's protect (a teardown lifts it)."""
+        """Whether the server, network and subnet carry Pulumi's protect, and the server and network
+        Hetzner's delete (and rebuild) protection; a teardown lifts both."""
         return self.protect_control_plane and not self.teardown_allowed
 
     @field_validator("api_wait_seconds")
