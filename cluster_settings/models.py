@@ -91,7 +91,17 @@ class ClusterSettings(StrictModel):
     service_cidr: IPv4Cidr = Field("10.43.0.0/16", description="Service network (k3s --service-cidr).")
     pod_network: Literal["wireguard", "vxlan"] = Field(
         "wireguard",
-        description="Pod traffic between nodes: wireguard (encrypted, 51820/udp) or vxlan (8472/udp).",
+        description="Pod traffic between nodes: wireguard (encrypted, 51820/udp) or vxlan (8472/udp, unencrypted: "
+        "refused in network mode public).",
+    )
+    # vxlan sends pod traffic unencrypted into flannel.1, which every firewall backend trusts, on a port
+    # guarded only by the (spoofable) source address: over public addresses that is the internet. Only
+    # a network whose "public" addresses are no internet (the lab's bridge) may say so.
+    vxlan_over_public_addresses: Literal["refused", "allowed"] = Field(
+        "refused",
+        description="allowed: pod_network vxlan may run in network mode public, sending pod traffic unencrypted "
+        "between the nodes' public addresses. Only where those addresses are on a network you trust, never "
+        "across the internet (use pod_network wireguard, or network mode private).",
     )
     registry: str | None = Field(
         None,
