@@ -91,7 +91,17 @@ class ClusterSettings(StrictModel):
     service_cidr: IPv4Cidr = Field("10.43.0.0/16", description="Service network (k3s --service-cidr).")
     pod_network: Literal["wireguard", "vxlan"] = Field(
         "wireguard",
-        description="Pod traffic between nodes: wireguard (encrypted, 51820/udp) or vxlan (8472/udp).",
+        description="Pod traffic between nodes: wireguard (encrypted, 51820/udp) or vxlan (8472/udp, unencrypted: "
+        "refused in network mode public).",
+    )
+    # vxlan sends pod traffic unencrypted into flannel.1, which every firewall backend trusts, on a port
+    # guarded only by the (spoofable) source address: over public addresses that is the internet. Only
+    # a network whose "public" addresses are no internet (the lab's bridge) may say so.
+    vxlan_over_public_addresses: Literal["refused", "allowed"] = Field(
+        "refused",
+        description="allowed: pod_network vxlan may run in network mode public, sending pod traffic unencrypted "
+        "between the nodes' public addresses. Only where those addresses are on a network you trust, never "
+        "across the internet (use pod_network wireguard, or network mode private).",
     )
     registry: str | None = Field(
         None,
@@ -137,7 +147,8 @@ class ClusterSettings(StrictModel):
         "refused",
         description="refused: pulumi destroy is refused before anything changes. allowed (then `up`, then "
         "`pulumi destroy`): the destroy wipes k3s, its data and the program's files and rules from every host and "
-        "deletes the stack's Hetzner resources, lifting protect_control_plane; no volume's data is moved or kept.",
+        "deletes the stack's Hetzner resources, lifting protect_control_plane (Pulumi's and Hetzner's protection, "
+        "at that `up`); no volume's data is moved or kept.",
     )
 
     # Kubernetes' documented upgrade procedure drains a node before its kubelet moves to a new
@@ -153,7 +164,9 @@ class ClusterSettings(StrictModel):
     protect_control_plane: bool = Field(
         True,
         description="Protect the Hetzner server of the control plane, the private network and its subnet: "
-        "pulumi destroy and any change that would delete them are refused. Set false only for throw-away stacks.",
+        "pulumi destroy and any change that would delete them are refused, and Hetzner's own delete protection "
+        "(and the server's rebuild protection) refuses a delete or rebuild from the Cloud Console or the hcloud CLI. "
+        "Set false only for throw-away stacks.",
     )
 
     @property
@@ -162,7 +175,8 @@ class ClusterSettings(StrictModel):
 
     @property
     def control_plane_protected(self) -> bool:
-        """Whether the server, network and subnet carry Pulumi's protect (a teardown lifts it)."""
+        """Whether the server, network and subnet carry Pulumi's protect, and the server and network
+        Hetzner's delete (and rebuild) protection; a teardown lifts both."""
         return self.protect_control_plane and not self.teardown_allowed
 
     @field_validator("api_wait_seconds")

@@ -210,6 +210,15 @@ def _check_networks(settings: StackSettings) -> Iterator[SettingProblem]:
             f"{network.private_subnet_cidr} is not inside hk3s:network.private_network_cidr "
             f"{network.private_network_cidr}; pick a subnet of it",
         )
+    # vxlan is unencrypted: in public mode pod traffic would cross the internet in clear, into
+    # flannel.1, which every host firewall trusts (a spoofed source address is all it takes).
+    if network.mode == "public" and cluster.pod_network == "vxlan" and cluster.vxlan_over_public_addresses != "allowed":
+        yield SettingProblem(
+            _key("cluster", "pod_network"),
+            "vxlan sends pod traffic unencrypted, and hk3s:network.mode is public, so it would cross the internet "
+            "in clear; set pod_network: wireguard (encrypted; a running cluster moves with "
+            "hk3s:network.approve_server_restart: true), or hk3s:network.mode: private",
+        )
     if network.mode == "public" and network.private_network is not None:
         yield SettingProblem(
             _key("network", "private_network"),

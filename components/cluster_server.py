@@ -147,6 +147,8 @@ class ClusterServer(pulumi.ComponentResource):
                 private_key=self._args.credentials.private_key,
                 server=host(self.endpoint),
                 workers=[host(worker) for worker in workers],
+                pod_network=settings.cluster.pod_network,
+                vxlan_over_public_addresses=settings.cluster.vxlan_over_public_addresses == "allowed",
             ),
             opts=self.endpoint.options(self, [self.endpoint.probe, *(worker.probe for worker in workers)]),
         )

@@ -4,9 +4,14 @@ Read at every preview and `up` through Hetzner's API (data sources: reads only),
 before any resource is registered, so a setting Hetzner would refuse fails the
 run naming the setting, and nothing changes:
 
-- every machine's server type exists and is offered in its location (types are
-  offered per location, CX and CAX only in the EU; deprecated ones go away), and
-  its image exists for the type's architecture;
+- every machine the run will create has a server type that exists and is offered
+  in its location (types are offered per location, CX and CAX only in the EU;
+  deprecated ones go away), and an image that exists for the type's architecture.
+  A server the stack already made (the project lists it under the stack's name and
+  labels) is not refused: type, location and image are creation-only (ignored
+  after creation), so Hetzner withdrawing them later changes nothing about it, and
+  a refusal would block every run of a running stack (a fence, a removal, an
+  upgrade). One warning line names such servers;
 - the names the stack gives its Hetzner resources are free: names are unique per
   project, and they are derived from the cluster and the stack, so two stacks in
   one project (dev and staging) never collide; a name another owner already
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import pulumi
 import pulumi_hcloud as hcloud
 
 from cluster_settings.loading import SettingsError
@@ -203,15 +209,43 @@ def read_hetzner_project() -> tuple[Sequence[Any], Sequence[Any], Mapping[str, S
     )
 
 
+def existing_servers(
+    settings: StackSettings, stack: str, held_servers: Sequence[Any]
+) -> tuple[list[HostSettings], list[HostSettings]]:
+    """The stack's Hetzner hosts split into (to be created, already made). A host is made when the
+    project holds a server with its name that carries this stack's labels: the listing is read at
+    every run, so it also knows a server a crashed run created before Pulumi recorded it."""
+    ours = {
+        _field(server, "name")
+        for server in held_servers
+        if _ours(_field(server, "labels"), settings.cluster.name, stack)
+    }
+    to_create: list[HostSettings] = []
+    made: list[HostSettings] = []
+    for host in settings.hetzner_hosts():
+        (made if hetzner_name(settings.cluster.name, stack, host.name) in ours else to_create).append(host)
+    return to_create, made
+
+
 def check_hetzner_project(
     settings: StackSettings, stack: str, planned: Sequence[PlannedName], read: HetznerReads = read_hetzner_project
 ) -> None:
-    """Refuse, before anything is registered, what Hetzner would refuse halfway through a run."""
+    """Refuse, before anything is registered, what Hetzner would refuse halfway through a run.
+    Only servers the run will create are held to what Hetzner offers now; servers that exist
+    get at most one warning line."""
     hosts = settings.hetzner_hosts()
     if not hosts and not planned:
         return
     server_types, images, held = read()
-    problems = _type_problems(settings, hosts, server_types, images) if hosts else []
+    to_create, made = existing_servers(settings, stack, held.get("server", []))
+    problems = _type_problems(settings, to_create, server_types, images) if to_create else []
     problems += _name_problems(settings.cluster.name, stack, planned, held)
     if problems:
         raise SettingsError(problems)
+    outdated = [host for host in made if _type_problems(settings, [host], server_types, images)]
+    if outdated:
+        reasons = "; ".join(str(p) for p in _type_problems(settings, outdated, server_types, images))
+        pulumi.log.warn(
+            f"{', '.join(host.name for host in outdated)} exist and are kept as they are, but Hetzner would "
+            f"not create them now ({reasons}): change the setting before such a server is replaced or added"
+        )

@@ -108,6 +108,11 @@ def _hetzner_machine(
         lambda keys: cloud_config(*keys)
     )
     user_data: pulumi.Output[str] = pulumi.Output.secret(rendered)
+    # Hetzner's own lock on the control plane: Pulumi's `protect` stops only Pulumi, not a delete or
+    # rebuild in the Cloud Console or the hcloud CLI. Hetzner requires a server's delete and rebuild
+    # protection to be equal. The teardown's `up` (hk3s:cluster.teardown: allowed) lifts it with
+    # `protect`, before the destroy. Workers are deleted by their removal: never locked.
+    locked = settings.cluster.control_plane_protected if role == "server" else None
     server = hcloud.Server(
         host.name,
         # Unique per Hetzner project: two stacks (dev, staging) may name their nodes alike.
@@ -123,6 +128,8 @@ def _hetzner_machine(
         # the cluster's full one (FirewallRules) once every address is known.
         firewall_ids=[creation_firewall_id.apply(int)] if creation_firewall_id is not None else None,
         placement_group_id=placement_group_id.apply(int) if placement_group_id is not None else None,
+        delete_protection=locked,
+        rebuild_protection=locked,
         opts=pulumi.ResourceOptions(
             parent=parent,
             # Creation-only in Hetzner's provider: a change would replace the machine (or, for the

@@ -24,7 +24,8 @@ class PrivateNetworkArgs:
     network_zone: str
     """Hetzner network zone of the server's location (one network spans one zone)."""
     protect: bool = True
-    """Protect the network and subnet from deletion (hk3s:cluster.protect_control_plane)."""
+    """Protect the network and subnet from deletion (hk3s:cluster.protect_control_plane): Pulumi's
+    `protect` on both, and Hetzner's delete protection on the network (a subnet has none)."""
 
 
 class PrivateNetwork(pulumi.ComponentResource):
@@ -51,6 +52,9 @@ class PrivateNetwork(pulumi.ComponentResource):
             name=hetzner_name(args.cluster_name, pulumi.get_stack(), "network"),
             ip_range=args.ip_range,
             labels=ownership_labels(args.cluster_name, pulumi.get_stack()),
+            # Hetzner's lock, which also stops a delete in the Cloud Console or the hcloud CLI; lifted
+            # with `protect` by the teardown's `up`.
+            delete_protection=args.protect,
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(ignore_changes=["ip_range"])),
         )
         self._subnet = hcloud.NetworkSubnet(

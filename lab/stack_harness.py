@@ -187,6 +187,9 @@ def base_config(lab: Lab, server: Host, workers: Sequence[Host], **sections: Any
             "k3s_binary": str(k3s_binary),
             "k3s_sha256": k3s_sha256,
             "pod_network": "vxlan",  # the lab's kernel has no WireGuard module
+            # The lab's "public" addresses are on its own bridge, not the internet: the one place
+            # vxlan in public mode is acknowledged (the settings refuse it otherwise).
+            "vxlan_over_public_addresses": "allowed",
             # Every lab's stack is named "lab": a port per lab keeps the API forwards of labs
             # that run side by side (the test run's workers) apart.
             "api_forward_port": 17000 + int(lab.lab_id[2:], 16) % 10000,

@@ -63,6 +63,10 @@ class NetworkPlanInputs(ResourceInputs):
     """A secret."""
     server: PlanHost = dataclasses.field(metadata=nested(PlanHost))
     workers: list[PlanHost] = dataclasses.field(metadata=nested(PlanHost))
+    pod_network: pulumi.Input[str] | None = None
+    """hk3s:cluster.pod_network; None in a state written before the plan knew it."""
+    vxlan_over_public_addresses: pulumi.Input[bool] | None = None
+    """hk3s:cluster.vxlan_over_public_addresses is `allowed`."""
 
 
 def _network(host: PlanHost) -> HostNetwork:
@@ -164,6 +168,24 @@ def _decide(props: dict[str, Any], olds: dict[str, Any] | None) -> dict[str, Any
                         f"{path.worker}: the recorded private addresses route, but {failed}. Open the port, or set "
                         "hk3s:network.mode: public to join over public addresses"
                     )
+        # vxlan is unencrypted: over public addresses pod traffic would cross the internet in clear
+        # into flannel.1, which every host firewall trusts. The settings refuse mode: public with it;
+        # what auto decides is known only here.
+        if (
+            decision.mode == "public"
+            and known(inputs.pod_network) == "vxlan"
+            and not known(inputs.vxlan_over_public_addresses)
+        ):
+            why = (
+                "hk3s:network.mode is public"
+                if setting.mode == "public"
+                else "the nodes share no private network (mode auto chose public)"
+            )
+            raise NetworkRefusedError(
+                f"{why}, so pod traffic would travel between the nodes' public addresses, and "
+                "hk3s:cluster.pod_network is vxlan, which is unencrypted; set pod_network: wireguard, or give "
+                "the nodes a shared private network and set hk3s:network.mode: private"
+            )
     except NetworkRefusedError as refused:
         raise NetworkRefusedError(f"{server_name}: network mode: {refused}") from None
     for note in decision.notes:
@@ -202,6 +224,13 @@ class NetworkPlanProvider(pulumi.dynamic.ResourceProvider):
             "mode_setting", "private_network", "pod_cidr", "service_cidr", "server", "workers"
         )
         changed = [key for key in keys if olds.get(key) != news.get(key)]
+        # A new pod network is judged against the decided mode; a state written before the plan
+        # knew the pod network is not re-decided for lacking it.
+        changed += [
+            key
+            for key in NetworkPlanInputs.names("pod_network", "vxlan_over_public_addresses")
+            if key in olds and olds.get(key) != news.get(key)
+        ]
         return DiffResult(changes=bool(changed), replaces=[], delete_before_replace=False)
 
     def create(self, props: dict[str, Any]) -> CreateResult:

@@ -278,6 +278,12 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "number",
     ),
     ("too-many-hetzner-servers", {"workers": [{"name": f"w{i}"} for i in range(100)]}, "hk3s:workers", "at most 100"),
+    (
+        "vxlan-in-public-mode",
+        {"cluster.pod_network": "vxlan", "network.mode": "public"},
+        "hk3s:cluster.pod_network",
+        "wireguard",
+    ),
 ]
 
 
@@ -364,4 +370,35 @@ def test_longhorn_chart_must_be_longhorn_at_the_pinned_version(
     config = _base(ssh_key_file)
     _set(config, "storage.longhorn_chart", other)
     with pytest.raises(SettingsError, match=r"hk3s:storage\.longhorn_chart: .* holds chart nginx 1\.9\.1"):
+        load_settings(config)
+
+
+def test_vxlan_is_refused_in_public_mode_naming_the_setting_and_both_fixes(ssh_key_file: Path) -> None:
+    """vxlan carries pod traffic unencrypted (8472/udp, guarded only by a spoofable source address)
+    into flannel.1, which every firewall backend trusts: over public addresses that is the internet.
+    Refused before any machine is touched; wireguard, or a private network, is the fix."""
+    config = _base(ssh_key_file)
+    config["cluster"]["pod_network"] = "vxlan"
+    config["network"] = {"mode": "public"}
+    with pytest.raises(SettingsError) as caught:
+        load_settings(config)
+    (problem,) = [p for p in caught.value.problems if p.key == "hk3s:cluster.pod_network"]
+    assert "unencrypted" in problem.message and "public" in problem.message
+    assert "pod_network: wireguard" in problem.message and "hk3s:network.mode: private" in problem.message
+    # The fixes it names are accepted.
+    for key, value in (("cluster", {"pod_network": "wireguard"}), ("network", {"mode": "private"})):
+        fixed = copy.deepcopy(config)
+        fixed[key] = {**fixed[key], **value}
+        load_settings(fixed)
+
+
+def test_vxlan_over_public_addresses_needs_an_explicit_acknowledgement(ssh_key_file: Path) -> None:
+    """A network whose "public" addresses are no internet (the lab's bridge, whose kernel has no
+    WireGuard module) may say so explicitly; nothing else lets vxlan run in public mode."""
+    config = _base(ssh_key_file)
+    config["cluster"].update(pod_network="vxlan", vxlan_over_public_addresses="allowed")
+    config["network"] = {"mode": "public"}
+    assert load_settings(config).cluster.pod_network == "vxlan"
+    config["cluster"]["vxlan_over_public_addresses"] = "refused"
+    with pytest.raises(SettingsError):
         load_settings(config)

@@ -236,3 +236,55 @@ def test_every_login_comes_after_the_nodes_login_key_and_before_the_retirement(s
         assert login_key.is_secret("private_key")
         assert "private_key" in login_key.additional_secret_outputs
         assert "previous_private_key" in login_key.additional_secret_outputs
+
+
+NETWORK = "hcloud:index/network:Network"
+
+
+def _hetzner_protection(graph: Recording) -> dict[str, tuple[Any, Any]]:
+    """(deleteProtection, rebuildProtection) of every Hetzner server and network, as the engine receives them."""
+    return {
+        r.name: (r.inputs.get("deleteProtection"), r.inputs.get("rebuildProtection"))
+        for r in [*graph.of_type(SERVER), *graph.of_type(NETWORK)]
+    }
+
+
+def test_the_control_plane_server_and_the_network_carry_hetzners_own_protection(ssh_key_file: Path) -> None:
+    """Pulumi's `protect` guards only against Pulumi: a delete or rebuild in the Cloud Console or
+    the hcloud CLI goes through. Hetzner's own lock does not (terraform-provider-hcloud,
+    docs/resources/server.md: `delete_protection` "Enable or disable delete protection (Needs to be
+    the same as `rebuild_protection`)"; Hetzner's API refuses a server's protection change whose
+    delete and rebuild differ; hcloud_network has `delete_protection` alone). Mocks stand in for the
+    engine and Hetzner (it cannot be reached from here): what is tested is what the program asks for."""
+    graph = _run(_config(ssh_key_file))
+    assert _hetzner_protection(graph) == {
+        "srv": (True, True),
+        "private-network-network": (True, None),
+        # Workers come and go, and a worker's removal deletes its server: no lock on them.
+        "w1": (None, None),
+        "w2": (None, None),
+    }
+    # The lock must follow the setting on a running server: never frozen by ignore_changes.
+    for resource in (_server(graph, "srv"), graph.by_name("private-network-network")):
+        ignored = set(resource.ignore_changes)
+        assert not ignored & {"deleteProtection", "rebuildProtection", "delete_protection", "rebuild_protection"}
+
+
+@pytest.mark.parametrize("cluster", [{"teardown": "allowed"}, {"protect_control_plane": False}])
+def test_the_teardown_setting_lifts_hetzners_protection_with_pulumis(
+    ssh_key_file: Path, cluster: dict[str, Any]
+) -> None:
+    """A teardown is `up` with hk3s:cluster.teardown: allowed, then `pulumi destroy` (README,
+    "Tearing down"; the destroy is refused until that `up` is applied, providers.teardown_guard).
+    That `up` is an update of the server and the network that sets delete and rebuild protection
+    false together (Hetzner requires them equal on a server), so the lock is gone before the
+    destroy's delete; terraform-provider-hcloud also lifts the lock itself when it deletes a
+    resource (docs/index.md, "Delete Protection"). Mocked engine and Hetzner, as above."""
+    graph = _run(_config(ssh_key_file, cluster=cluster))
+    assert _hetzner_protection(graph) == {
+        "srv": (False, False),
+        "private-network-network": (False, None),
+        "w1": (None, None),
+        "w2": (None, None),
+    }
+    assert [r.name for r in graph.registrations if r.protect] == []

@@ -158,3 +158,50 @@ def test_names_stay_hostnames_of_at_most_63_characters() -> None:
     long_name = hetzner_name("a" * 40, "production-eu", "worker-with-a-long-name-17")
     assert len(long_name) <= 63 and long_name == long_name.lower() and not long_name.endswith("-")
     assert long_name != hetzner_name("a" * 40, "production-eu", "worker-with-a-long-name-18")
+
+
+def _ours(name: str, stack: str = "dev") -> tuple[str, dict[str, str]]:
+    return (name, {"hk3s-cluster": "shop", "hk3s-stack": stack})
+
+
+def test_servers_that_exist_are_not_refused_when_hetzner_stops_offering_their_type(
+    ssh_key_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mock of Hetzner's API (it cannot be reached from here): the project already holds this
+    stack's servers srv and w1 (named and labelled by the stack), and their type cpx21 has since
+    been removed from the catalogue. Their type, location and image are creation-only inputs
+    (ignored after creation), so the run changes nothing about them: a fence, a removal or an
+    upgrade must not be refused for it. The run goes ahead with one warning line; w2, not yet
+    created, is still checked and is fine on cax11."""
+    warnings: list[str] = []
+    monkeypatch.setattr(
+        "components.hetzner_project.pulumi.log.warn", lambda message, resource=None: warnings.append(message)
+    )
+    mocks = ClusterMocks()
+    mocks.hetzner_servers = [_ours("shop-dev-srv"), _ours("shop-dev-w1")]
+    config = _config(
+        ssh_key_file,
+        cluster={"server_type": "cpx21"},
+        workers=[{"name": "w1"}, {"name": "w2", "server_type": "cax11"}],
+    )
+    servers = _run(config, "dev", mocks).of_type("hcloud:index/server:Server")
+    assert {server.name for server in servers} == {"srv", "w1", "w2"}
+    assert len(warnings) == 1, warnings
+    assert "srv, w1" in warnings[0] and "cpx21" in warnings[0] and "hk3s:cluster.server_type" in warnings[0]
+
+
+def test_a_server_the_run_will_create_is_still_refused_beside_existing_ones(ssh_key_file: Path) -> None:
+    """A mock of Hetzner's API (it cannot be reached from here): srv exists (this stack's name and
+    labels), w3 is new and asks for the removed cpx21, so it alone is refused. Another stack's
+    server of the same node name does not count as this stack's."""
+    mocks = ClusterMocks()
+    mocks.hetzner_servers = [_ours("shop-dev-srv"), _ours("shop-staging-w3", "staging")]
+    config = _config(
+        ssh_key_file,
+        cluster={"server_type": "cpx21"},
+        workers=[{"name": "w3", "server_type": "cpx21"}],
+    )
+    message, recording = _refused(config, mocks)
+    assert "hk3s:workers[0].server_type: server type 'cpx21' cannot be ordered now in fsn1 (for w3)" in message
+    assert "(for srv)" not in message and "hk3s:cluster.server_type" not in message
+    assert recording.registrations == []
