@@ -409,3 +409,23 @@ def test_a_fenced_worker_is_given_up_only_while_the_fence_holds_it(cluster: Clus
     result = up_or_fail(cluster.stack)
     changes = {str(getattr(op, "value", op)): n for op, n in (result.summary.resource_changes or {}).items()}
     assert set(changes) == {"same"}, changes
+
+
+def test_a_worker_given_up_joins_again_once_added_back(cluster: Cluster) -> None:
+    """fe-w2, given up with its host left as it was (the fence's drop-in still on its disk), is
+    powered on and added back (its fence entry gone): the join removes the leftover drop-in, says
+    so, and the worker joins (without that its agent never starts: systemd skips a unit whose
+    ConditionPathExists fails, and the join times out waiting for its registration)."""
+    server, w2 = cluster.server, cluster.w2
+    w2.power_on(wait=True)
+    assert (w2.root / DROP_IN.lstrip("/")).exists()
+    assert w2.run(["systemctl", "is-active", "k3s-agent"], check=False).stdout.strip() != "active"
+    # cluster.config still lists fe-w2 among the workers: written back, with no fence entry left.
+    output = cluster.fence({})
+    if output:
+        pytest.fail(output[-8000:])
+    text = cluster.stack.text()
+    assert f"[{w2.name}] removed a fence's drop-in left on the host" in text, text[-4000:]
+    assert not (w2.root / DROP_IN.lstrip("/")).exists()
+    assert ready_status(server, w2.name) == "True"
+    assert FENCE_ANNOTATION not in (node(server, w2.name)["metadata"].get("annotations") or {})
