@@ -18,6 +18,8 @@ Deployment of three web pods, one per worker.
 - Both Nodes show OutOfService, and the web pods run on fe-w3.
 - fe-w1's fence entry removed: it rejoins (validation taint on before the out-of-service taint
   comes off, the join's checks, the drop-in gone) and takes pods again.
+- fe-w2 given up (`node remove --force`) only while the fence holds it; added back, its join
+  removes the fence's leftover drop-in and it joins.
 """
 
 from __future__ import annotations
