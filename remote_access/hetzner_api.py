@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from hcloud import APIException, Client
 from hcloud.actions import ActionFailedException, ActionTimeoutException, BoundAction
-from hcloud.firewalls import BoundFirewall, FirewallResource
+from hcloud.firewalls import Firewall, FirewallResource
 from hcloud.servers import BoundServer, Server
 from requests import RequestException
 
@@ -265,7 +265,7 @@ def _release_bootstrap_firewall(
     progress(f"taking Hetzner server {where} off the SSH-only firewall (id {bootstrap_id}): its full one is on")
     try:
         actions = client.firewalls.remove_from_resources(
-            BoundFirewall(client.firewalls, {"id": bootstrap_id}, complete=False),
+            Firewall(id=bootstrap_id),
             [FirewallResource(type="server", server=Server(id=server_id))],
         )
     except APIException as error:
