@@ -3,7 +3,6 @@ it may hold copies) its disk probe; its fence when the stack fences it."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +13,7 @@ from cluster_settings.loading import SettingsError
 from cluster_settings.models import StackSettings, WorkerSettings
 from cluster_settings.rules import SettingProblem
 from components.cluster_server import ClusterServer, k3s_release
+from components.hetzner_project import hetzner_api_token
 from components.machine import provision_machine
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
@@ -35,10 +35,7 @@ def hetzner_api_access(worker: str) -> tuple[pulumi.Output[str], str | None]:
     Pulumi provider reads them: hcloud:token and hcloud:endpoint, else HCLOUD_TOKEN and
     HCLOUD_ENDPOINT in the environment. No token is a settings error: the fence cannot prove the
     worker off without it."""
-    config = pulumi.Config("hcloud")
-    token = config.get_secret("token")
-    if token is None and os.environ.get("HCLOUD_TOKEN"):
-        token = pulumi.Output.secret(os.environ["HCLOUD_TOKEN"])
+    token, endpoint = hetzner_api_token()
     if token is None:
         raise SettingsError(
             [
@@ -49,7 +46,7 @@ def hetzner_api_access(worker: str) -> tuple[pulumi.Output[str], str | None]:
                 )
             ]
         )
-    return token, config.get("endpoint") or os.environ.get("HCLOUD_ENDPOINT") or None
+    return token, endpoint
 
 
 @dataclass(frozen=True)
