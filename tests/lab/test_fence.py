@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from host_scripts import script_path
 from lab import pod_hosts
 from lab.hosts import DEFAULT_CACHE_DIR, Host, Lab
 from lab.stack_harness import (
@@ -420,6 +421,10 @@ def test_a_worker_given_up_joins_again_once_added_back(cluster: Cluster) -> None
     ConditionPathExists fails, and the join times out waiting for its registration)."""
     server, w2 = cluster.server, cluster.w2
     w2.power_on(wait=True)
+    # fe-w2's fence confirmed it powered off (no drop-in written); a worker fenced over SSH keeps the
+    # drop-in the fence's own script writes, as fe-w2 now does once that script has run on it.
+    (w2.root / "root/k3s_fence.sh").write_bytes(script_path("k3s_fence.sh").read_bytes())
+    w2.run(["bash", "/root/k3s_fence.sh"], timeout=200)
     assert (w2.root / DROP_IN.lstrip("/")).exists()
     assert w2.run(["systemctl", "is-active", "k3s-agent"], check=False).stdout.strip() != "active"
     # cluster.config still lists fe-w2 among the workers: written back, with no fence entry left.
