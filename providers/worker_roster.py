@@ -32,7 +32,7 @@ from node_operations.forced_removal import fence_hold, give_up_worker, not_held
 from node_operations.refusal import tagged
 from node_operations.worker_removal import PeerFirewall, not_answering, remove_worker, worker_answers
 from providers.base import progress, resource_inputs, run_operation
-from providers.inputs import ResourceInputs, known, nested
+from providers.inputs import ResourceInputs, checkable, known, nested
 from remote_access.kube import API_WAIT_SECONDS
 from remote_access.ssh import SshTarget
 
@@ -115,16 +115,22 @@ class WorkerRosterProvider(ResourceProvider):
     """Dynamic provider of `WorkerRoster`: it logs in to leaving workers only."""
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        old, new = WorkerRosterInputs.from_props(olds), WorkerRosterInputs.from_props(news)
+        # Who leaves is judged from the names alone (the stack's settings): in a preview a
+        # member's login may be unknown (a worker's new address) and is not read here. Names
+        # not known yet leave the judgement to the check of the `up`, which sees them.
+        new_workers, forced = checkable(news, "workers"), checkable(news, "forced")
+        if new_workers is None or (forced is None and news.get("forced") is not None):
+            return CheckResult(news, [])
+        old = WorkerRosterInputs.from_props(olds)
         failures = []
-        for name in leaving_workers(old.workers, new.workers):
+        for name in leaving_workers(old.workers, [str(worker) for worker in new_workers]):
             member = old.member(name)
             if member is None or old.private_key is None:
                 problem = (
                     "the stack holds no login for it (recorded by an earlier release): put it back in the stack, "
                     "run up once, then remove it"
                 )
-            elif name in new.forced:
+            elif name in (forced or []):
                 held = run_operation(fence_hold(old.target(member)))
                 if held is not None:
                     failures.append(CheckFailure("workers", f"{name}: {not_held(name, held)}"))
