@@ -2,9 +2,10 @@
 created or updated are unknown: what is known is validated, the unknown passes, and known bad
 values are still refused.
 
-The engine hands a Python dynamic provider an unknown input as the SDK's placeholder string
-(`pulumi.runtime.rpc.UNKNOWN`: `pulumi/dynamic/__main__.py` deserializes the check request with
-`keep_unknowns=True`), whole or inside a list or map. A check that judges the placeholder as a
+An input the engine does not know yet comes over the wire as the SDK's placeholder string
+(`pulumi.runtime.rpc.UNKNOWN`), whole or inside a list or map; the SDK's provider host
+(`pulumi/dynamic/__main__.py`) deserializes the check request with `keep_unknowns=True`, which
+hands the provider an `Unknown()` object in its place. Both forms are tried. A check that judges the placeholder as a
 value refuses the preview of a routine change, e.g. adding a worker to a stack with Longhorn:
 "holds_copies must be true or false". Each provider's check sees here the inputs its component
 builds (the typed `*Inputs` dataclasses), then each input unknown in turn: as a whole, and each
@@ -25,6 +26,7 @@ from typing import Any
 
 import pytest
 from pulumi.dynamic import ResourceProvider
+from pulumi.output import Unknown
 from pulumi.runtime.rpc import UNKNOWN
 
 import providers
@@ -250,31 +252,36 @@ CASES = [
 ]
 
 
-def unknown_variants(news: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """`news` with one input unknown: each input as a whole, each item of a list and each field
+# The unknown as the provider host hands it over, and as the wire carries it.
+UNKNOWNS = {"Unknown": Unknown(), "placeholder": UNKNOWN}
+
+
+def unknown_variants(news: dict[str, Any], unknown: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """`news` with one input `unknown`: each input as a whole, each item of a list and each field
     of a map (or of a list's maps); then every input at once."""
     for key, value in news.items():
-        yield key, {**news, key: UNKNOWN}
+        yield key, {**news, key: unknown}
         if isinstance(value, dict):
             for field in value:
-                yield f"{key}.{field}", {**news, key: {**value, field: UNKNOWN}}
+                yield f"{key}.{field}", {**news, key: {**value, field: unknown}}
         if isinstance(value, list):
             for index, item in enumerate(value):
                 items = list(value)
-                items[index] = UNKNOWN
+                items[index] = unknown
                 yield f"{key}[{index}]", {**news, key: items}
                 for field in item if isinstance(item, dict) else ():
                     items = list(value)
-                    items[index] = {**item, field: UNKNOWN}
+                    items[index] = {**item, field: unknown}
                     yield f"{key}[{index}].{field}", {**news, key: items}
-    yield "every input", dict.fromkeys(news, UNKNOWN)
+    yield "every input", dict.fromkeys(news, unknown)
 
 
 def _with_unknowns() -> Iterator[Any]:
     for case in CASES:
-        for where, news in unknown_variants(case.news):
-            for olds_name in ("new", "existing"):
-                yield pytest.param(case, news, olds_name, id=f"{case.name}-{olds_name}-{where}")
+        for form, unknown in UNKNOWNS.items():
+            for where, news in unknown_variants(case.news, unknown):
+                for olds_name in ("new", "existing"):
+                    yield pytest.param(case, news, olds_name, id=f"{case.name}-{olds_name}-{form}-{where}")
 
 
 def _olds(case: CheckCase, which: str) -> dict[str, Any]:
@@ -330,6 +337,7 @@ def test_a_known_bad_value_is_still_refused(case: CheckCase, key: str, value: An
     result = case.provider.check(olds, {**case.news, key: value})
     assert result.failures, f"{key}={value!r} passed"
     assert all(failure.property.split("[")[0] == key for failure in result.failures), result.failures
-    others = {name: UNKNOWN for name in case.news if name in FROM_OTHER_RESOURCES - {key}}
-    if others:
-        assert case.provider.check(olds, {**case.news, **others, key: value}).failures, f"{key}={value!r} passed"
+    for unknown in UNKNOWNS.values():
+        others = {name: unknown for name in case.news if name in FROM_OTHER_RESOURCES - {key}}
+        if others:
+            assert case.provider.check(olds, {**case.news, **others, key: value}).failures, f"{key}={value!r} passed"
