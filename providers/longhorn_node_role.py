@@ -66,7 +66,14 @@ class LonghornNodeRoleProvider(NodeProvider):
             # `holds_copies` is the disk probe's verdict: unknown in the preview of a new worker.
             value = checkable(news, flag)
             if value is not None and not isinstance(value, bool):
-                failures.append(CheckFailure(flag, f"{flag} must be true or false, not {value!r}"))
+                # No setting feeds it (the program does): a bad value is this program's bug.
+                failures.append(
+                    CheckFailure(
+                        flag,
+                        f"{flag} must be true or false, not {value!r} (set by the program from the disk probe's "
+                        "verdict: a bug; report it with this line)",
+                    )
+                )
         return CheckResult(news, failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:

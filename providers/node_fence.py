@@ -163,7 +163,9 @@ class NodeFenceProvider(NodeProvider):
         for flag in NodeFenceInputs.names("powered_off", "accept_stale_data"):
             value = checkable(news, flag)
             if value is not None and not isinstance(value, bool):
-                failures.append(CheckFailure(flag, f"{flag} must be true or false, not {value!r}"))
+                failures.append(
+                    CheckFailure(flag, f"hk3s:fences.{news.get('node')}.{flag} is {value!r}; set it to true or false")
+                )
         return CheckResult(news, failures)
 
     def create(self, props: dict[str, Any]) -> CreateResult:
