@@ -26,8 +26,8 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
-from providers.base import is_known, program_error, progress, run_operation
-from providers.inputs import ResourceInputs, known
+from providers.base import program_error, progress, run_operation
+from providers.inputs import ResourceInputs, is_known, known
 from remote_access.hetzner_api import DEFAULT_ENDPOINT, HetznerAccess, HetznerApiError, release_bootstrap_firewall
 
 program_error(HetznerApiError)

@@ -31,6 +31,7 @@ from pulumi.runtime.rpc import UNKNOWN
 
 import providers
 from providers.base import NodeProvider
+from providers.bootstrap_firewall import BootstrapFirewallReleaseInputs, BootstrapFirewallReleaseProvider
 from providers.connectivity_check import ConnectivityCheckInputs, ConnectivityCheckProvider
 from providers.copies_offer import CopiesOfferInputs, CopiesOfferProvider
 from providers.disk_probe import DiskProbeInputs, DiskProbeProvider
@@ -249,6 +250,13 @@ CASES = [
         bad=(("workers", ["w2"]),),
     ),
     CheckCase(TeardownGuardProvider(), TeardownGuardInputs(teardown_allowed=False, stack="dev").props()),
+    CheckCase(
+        BootstrapFirewallReleaseProvider(),
+        BootstrapFirewallReleaseInputs(
+            node="w2", server_id="4711", bootstrap_firewall_id="12", full_firewall_id="13", hcloud_token="t"
+        ).props(),
+        bad=(("server_id", "w2-server"),),
+    ),
 ]
 
 
