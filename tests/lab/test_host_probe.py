@@ -80,6 +80,7 @@ def test_a_killed_up_leaves_no_process_and_no_login_behind(lab: Lab, host: Host,
     stack = LabStack(tmp_path)
     try:
         stack.write_config(base_config(lab, host, []))
+        stack.stack()  # created, as `pulumi stack init` does
         waiting = f"[{host.name}] waiting for cloud-init to finish the first boot"
         # SIGKILL for the engine alone, as `kill -9` of `pulumi up` (its plugins run in process
         # groups of their own): the provider is mid-operation, logged in to the host.
