@@ -36,6 +36,9 @@ def provider_server() -> Iterator[tuple[provider_pb2_grpc.ResourceProviderStub, 
     process = subprocess.Popen(
         [sys.executable, "-m", "pulumi.dynamic"],
         cwd=REPO,
+        # As the engine starts it: stdin a pipe whose writing end the engine holds while it runs
+        # (the host exits when that end closes, providers/engine_watch.py).
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "PULUMI_PROJECT": "hk3s"},
