@@ -55,7 +55,7 @@ def test_little_room_warns_only_below_5_gib_on_the_roomiest_eligible_disk() -> N
 
 def test_status_names_the_workloads_a_fence_cannot_hold_stopped() -> None:
     why = "Deployment default/op-db is owned by App default/db, which the fence cannot stop: ..."
-    nodes = [
+    nodes: list[dict[str, Any]] = [
         {
             "metadata": {
                 "name": "w1",
