@@ -446,7 +446,16 @@ def test_a_copy_on_a_node_that_is_down_is_not_current(cluster: Cluster) -> None:
     # would finish a graceful deletion).
     kubectl(server, "delete", "deployment", "cur-app", "old-app", "only-app", "--wait=false")
     kubectl(server, "delete", "job", "only-job", "--wait=false")
+    wait_until(
+        "the earlier workloads' ReplicaSets gone (none makes a pod again)",
+        lambda: not get(server, "replicasets", "-n", "default")["items"],
+        60,
+        cluster.diagnose,
+    )
     kubectl(server, "delete", "pods", "--all", "-n", "default", "--force", "--grace-period=0", "--wait=false")
+    wait_until(
+        "no pod left in default", lambda: not get(server, "pods", "-n", "default")["items"], 60, cluster.diagnose
+    )
     tag_longhorn_node(server, w1.name, ["t-pair"])
     tag_longhorn_node(server, w2.name, ["t-pair"])
     apply(server, "later-volumes", [obj for volume in LATER_VOLUMES for obj in longhorn_objects(volume, w1.name)])
