@@ -227,16 +227,14 @@ def why_unheld(owner: str, by: str, verdict: Verdict, worker: str, volumes: list
     """The report's (and `status`'s) line for a workload the fence may not start elsewhere but
     cannot hold stopped: its owner `by` would start it again."""
     if verdict is Verdict.ONLY_COPY:
-        what = "no copy of its own data: the only copy of " + ", ".join(
-            v.volume for v in volumes if v.verdict(worker) is Verdict.ONLY_COPY
-        )
-        what += f" is on {worker}"
+        only = ", ".join(v.volume for v in volumes if v.verdict(worker) is Verdict.ONLY_COPY)
+        what = f"with none of its data (the only copy of {only} is on {worker})"
     else:
         lines = "; ".join(v.line() for v in volumes if v.verdict(worker) is Verdict.STALE)
-        what = f"copies that may be older than the one on {worker}: {lines}"
+        what = f"on copies that may be older than the one on {worker}: {lines}"
     return (
         f"{owner} is owned by {by}, which the fence cannot stop (it would start {owner} again), so it was left "
-        f"as it is and may start elsewhere on {what}. Stop {by} yourself (its own way: scale it to 0 or pause it), "
+        f"as it is and may start elsewhere {what}. Stop {by} yourself (its own way: scale it to 0 or pause it), "
         f"then lift the fence once {worker} is back; or check its data and accept what starts"
     )
 
