@@ -9,10 +9,8 @@ of it while the provider is logging in to a host."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
-import sys
 import time
 import types
 from collections.abc import Iterator
@@ -29,6 +27,7 @@ from pulumi.runtime.proto import provider_pb2_grpc
 
 from providers.engine_watch import exit_with_the_engine
 from providers.host_probe import HostProbeProvider
+from tests.providers.provider_host import running_provider_host
 
 REPO = Path(__file__).resolve().parents[2]
 URN = "urn:pulumi:test::hk3s::pulumi-python:dynamic/hk3s:HostProbe::worker-1-probe"
@@ -40,23 +39,8 @@ def _struct(props: dict[str, Any]) -> struct_pb2.Struct:
 
 @pytest.fixture
 def provider_host() -> Iterator[tuple[provider_pb2_grpc.ResourceProviderStub, subprocess.Popen[bytes]]]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pulumi.dynamic"],
-        cwd=REPO,
-        stdin=subprocess.PIPE,  # as the engine starts it: the writing end is the engine's
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "PULUMI_PROJECT": "hk3s"},
-    )
-    assert process.stdout is not None
-    port = int(process.stdout.readline().decode().strip())  # first stdout line: the port
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield provider_pb2_grpc.ResourceProviderStub(channel), process
-    finally:
-        channel.close()
-        process.kill()
-        process.wait()
+    with running_provider_host() as running:
+        yield running
 
 
 def test_a_provider_whose_engine_is_gone_exits_mid_login_and_drops_the_connection(provider_host: Any) -> None:
