@@ -58,7 +58,9 @@ spec:
         !('system:nodes' in request.userInfo.groups) ||
         (has(params.data) && object.metadata.name in params.data)
       messageExpression: >-
-        'node ' + object.metadata.name + ' holds no join permit: its join token was made for another node'
+        'node ' + object.metadata.name + ' holds no join permit: only a join of ' + object.metadata.name +
+        ' by the program grants one (the token was made for another node, or the worker was removed or given
+        up). To bring it back, list it in hk3s:workers and run pulumi up'
 ---
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicyBinding
