@@ -28,8 +28,16 @@ from remote_access.ssh import SshTarget, open_session
 
 K3S = "/usr/local/bin/k3s"
 TOKEN_FILE = "/etc/rancher/k3s/hk3s-join-token"
-# What the join-permit admission (node_operations/join_permits.py) answers a refused Node.
-REFUSED = "holds no join permit"
+
+
+def refusal(node: str) -> str:
+    """What the join-permit admission (node_operations/join_permits.py) answers a kubelet whose
+    Node `node` it refuses: the node, and how it joins again."""
+    return (
+        f"node {node} holds no join permit: only a join of {node} by the program grants one (the token was made "
+        "for another node, or the worker was removed or given up). To bring it back, list it in hk3s:workers "
+        "and run pulumi up"
+    )
 
 
 def live_token(server: Host, description: str) -> str:

@@ -392,7 +392,7 @@ def test_a_fenced_worker_given_up_leaves_no_node_longhorn_node_or_firewall_peer(
     def node_refused(since: str) -> None:
         wait_until(
             f"the Node {w3.name} refused by the join-permit admission",
-            lambda: registration_attempts.REFUSED in registration_attempts.agent_log(w3, since),
+            lambda: registration_attempts.refusal(w3.name) in registration_attempts.agent_log(w3, since),
             90,
             lambda: registration_attempts.agent_log(w3, since)[-3000:] + "\n" + str(kube_nodes()),
         )

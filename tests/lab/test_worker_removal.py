@@ -175,7 +175,7 @@ def test_a_removed_workers_name_takes_no_registration_with_a_live_token(cluster:
         try:
             wait_until(
                 "the Node rm-worker-2 refused by the join-permit admission",
-                lambda: registration_attempts.REFUSED in registration_attempts.agent_log(w2, since),
+                lambda: registration_attempts.refusal("rm-worker-2") in registration_attempts.agent_log(w2, since),
                 90,
                 lambda: registration_attempts.agent_log(w2, since)[-3000:] + "\n" + str(node_names(server)),
             )
