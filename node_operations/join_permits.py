@@ -96,7 +96,8 @@ async def grant_join_permits(cluster: ClusterApi, nodes: Sequence[str]) -> None:
 
 async def revoke_join_permit(cluster: ClusterApi, node: str) -> None:
     """Take `node`'s join permit away (see the module docstring); idempotent. A cluster with no
-    permits ConfigMap holds no permit to revoke (the policy then refuses every kubelet's Node)."""
+    permits ConfigMap holds no permit to revoke: where the policy is installed it then refuses
+    every kubelet's Node (parameterNotFoundAction: Deny), and where it is not, no join made one."""
     try:
         await cluster.patch_merge("configmap", PERMITS_CONFIGMAP, "kube-system", {"data": {node: None}})
     except RemoteCommandError as error:
