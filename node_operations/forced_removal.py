@@ -19,10 +19,19 @@ is its registration. The rules, and why:
    fence's systemd drop-in and not running. A host that answers and runs its agent (powered
    back on after a fence that confirmed it off, say) is refused: remove it without force
    (drained, copies moved, wiped), or fence it again.
-3. **Deregister**: the Node, its Longhorn node and k3s's node password go. The host is left as
-   it is, its data included: a copy only it held stays on its disk for a person to salvage,
-   and the drop-in keeps its agent down. The peers' firewalls drop it after this (the roster
-   runs before every firewall change).
+3. **Deregister**: the name's join permit is revoked first, then the Node, its Longhorn node and
+   k3s's node password go. The host is left as it is, its data included: a copy only it held
+   stays on its disk for a person to salvage, and the drop-in (where the fence could write one)
+   keeps its agent down. The peers' firewalls drop it after this (the roster runs before every
+   firewall change).
+4. **The name is unusable until it joins again**: the host keeps its kubelet certificate (valid
+   a year, and Kubernetes revokes no client certificate), and NodeRestriction lets a kubelet
+   create its own Node. A host powered on again, where a firewall still lets it reach the API,
+   would bring its Node back. The join-permit admission refuses a kubelet's Node with no permit,
+   and only a join of the name grants one again, so the revoked permit is the deny record: the
+   old kubelet's Node (and one made with any live bootstrap token) is refused and never exists to
+   take pods (node_operations.join_permits). A k3s-side refusal (the node password) cannot hold
+   it: the old host knows its password, and the record goes here so a new host can take the name.
 Every step is idempotent: a worker already deregistered is reported gone.
 """
 
@@ -33,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from node_operations.fence import FENCE_ANNOTATION, OUT_OF_SERVICE
+from node_operations.join_permits import revoke_join_permit
 from node_operations.refusal import tagged
 from node_operations.worker_removal import ANSWER_SECONDS, LONGHORN_NAMESPACE, LONGHORN_NODE_CRD, RemovalRefusedError
 from remote_access.kube import ClusterApi, Repeat
@@ -127,6 +137,8 @@ async def give_up_worker(
         api = ClusterApi(session, progress=progress, api_wait=api_wait)
         # Judged again here, right before the Node goes: the check ran before the run's other changes.
         found = await judge_give_up(api, worker)
+        # The permit before the Node: no moment with the Node gone and the name still admitted.
+        await revoke_join_permit(api, worker.node)
         if found is not None:
             await api.kubectl(["delete", "node", worker.node, "--ignore-not-found"], repeat=Repeat.IDEMPOTENT)
         if longhorn:
@@ -136,9 +148,10 @@ async def give_up_worker(
             )
         await api.delete_node_password(worker.node)
     if found is None:
-        return "given up: no Node was left; its Longhorn node and node password are gone too"
+        return "given up: no Node was left; its join permit, Longhorn node and node password are gone too"
     recorded = found["metadata"]["annotations"][FENCE_ANNOTATION]
     return (
-        f"given up (fenced since {recorded}): its Node, Longhorn node and node password are "
-        "gone, without a drain; the host was left as it is (its data and the fence's drop-in)"
+        f"given up (fenced since {recorded}): its join permit, Node, Longhorn node and node password are "
+        "gone, without a drain; the host was left as it is (its data and the fence's drop-in); its name "
+        "registers no Node until it joins again"
     )

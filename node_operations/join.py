@@ -14,7 +14,8 @@ after a reboot (why that is safe: Joiner._forget_token). A token can only
 register the node it was made for: Node creation by a kubelet is admitted only
 for names holding a join permit (a ValidatingAdmissionPolicy the program
 installs); the program grants the permit when it joins that node and keeps it
-while the Node exists, since its kubelet creates the Node at every start.
+while the Node exists, since its kubelet creates the Node at every start; a removal
+or a give-up revokes it with the Node (node_operations.join_permits says why).
 
 The checks of the tainted node live in node_operations.join_validation, what
 the agent's log says went wrong in node_operations.agent_log.
@@ -44,7 +45,12 @@ from node_operations.join_host import (
     prepare_joining_host,
     read_joining_host,
 )
-from node_operations.join_permits import JOIN_PERMIT_POLICY, PERMITS_CONFIGMAP, grant_join_permits  # noqa: F401
+from node_operations.join_permits import (  # noqa: F401
+    JOIN_PERMIT_POLICY,
+    PERMITS_CONFIGMAP,
+    grant_join_permits,
+    revoke_join_permit,
+)
 from node_operations.join_server import ClusterReading, JoinGrant, grant_join, read_cluster, release_node
 from node_operations.join_validation import POLL_SECONDS, TaintedNodeValidation, ValidatedNode, ValidationError
 from node_operations.k3s_install import K3sBinary, agent_config
@@ -378,7 +384,7 @@ class Joiner:
         self.forget_node_password = not self.host.keeps_node_password
 
     async def _revoke_permit(self) -> None:
-        await self.cluster.patch_merge("configmap", PERMITS_CONFIGMAP, "kube-system", {"data": {self.spec.node: None}})
+        await revoke_join_permit(self.cluster, self.spec.node)
 
     async def _forget_token(self, token: JoinToken, *, registered: bool) -> None:
         """Delete the token's Secret on the server (and, for a join that failed, its file on the

@@ -16,8 +16,10 @@ The order, and why:
    cordoned, and the next run resumes the removal.
 4. Wipe the host (k3s stopped and uninstalled, its data, the program's drop-ins): the agent
    must be gone before its Node is deleted, or it would register the Node again.
-5. Deregister: the Node, its Longhorn node and k3s's node password go, so the name can
-   join again later as a new host.
+5. Deregister: the name's join permit is revoked first, then the Node, its Longhorn node and
+   k3s's node password go. Without the permit no kubelet can create the Node again (any live
+   bootstrap token would otherwise register the name, see node_operations.join_permits), and
+   the name joins again later only through a join, as a new host.
 Every step is idempotent, so a removal cut anywhere (even SIGKILL) finishes when it runs
 again, and removing a worker that is already gone changes nothing. The peers' firewalls drop
 the worker after this has finished (the caller orders that); for a node whose firewall the
@@ -36,6 +38,7 @@ from typing import Any
 
 from node_operations.drain import blocking_budgets, names_to_evict
 from node_operations.health import FENCE_ANNOTATION
+from node_operations.join_permits import revoke_join_permit
 from node_operations.longhorn_objects import LONGHORN_NAMESPACE, Disk, disks, longhorn_items
 from node_operations.refusal import tagged
 from node_operations.teardown import wipe_node
@@ -82,7 +85,7 @@ class RemovalReport:
             return [f"{self.node} was already removed: nothing left to do"]
         lines = [
             f"removed: {self.copies_moved} copies moved off, {len(self.pods_evicted)} pod(s) evicted, host wiped, "
-            "Node deregistered"
+            "Node deregistered (its join permit revoked)"
         ]
         sources = ", ".join(self.addresses) or "its addresses"
         for peer in self.operator_firewalls:
@@ -247,6 +250,8 @@ class WorkerRemoval:
             ) from None
 
     async def _deregister(self) -> None:
+        # The permit before the Node: no moment with the Node gone and the name still admitted.
+        await revoke_join_permit(self.api, self.node)
         await self.api.kubectl(["delete", "node", self.node, "--ignore-not-found"], repeat=Repeat.IDEMPOTENT)
         if self.longhorn:
             await self.api.kubectl(
@@ -267,6 +272,8 @@ class WorkerRemoval:
 
     async def _silent(self, silent: str) -> RemovalReport:
         if await self.api.get_node(self.node) is None:
+            # Its Node was deleted some other way (by hand, say): the name must not stay admitted.
+            await revoke_join_permit(self.api, self.node)
             self.progress(f"not registered and not reachable ({silent}): nothing left to remove")
             self.report.already_gone = True
             return self.report

@@ -16,7 +16,10 @@ and run in order.
 - Give up: the third worker joins, goes down, is fenced as powered off; back on with its agent
   running, `node remove --force` is refused and nothing changes; off again, it is given up: no
   Node, no Longhorn node, and no peer's host firewall (the program's nftables rules, read on each
-  peer before and after) admits its address any more; the next `up` has nothing to do.
+  peer before and after) admits its address any more; the next `up` has nothing to do. Its name is
+  unusable until it joins again: let through the server's firewall (as one the operator runs might),
+  the host powered back on is refused its Node with the kubelet credentials it kept, and so is an
+  agent there under that name with a live bootstrap token.
 The volumes are made as Longhorn's API makes them (volumes.longhorn.io objects, as the CSI driver
 would for a claim; attached by setting spec.nodeID, as Longhorn's attachment controller does); the
 operator's Longhorn node tags and scheduling flags are set with kubectl, as in Longhorn's UI."""
@@ -34,6 +37,7 @@ from typing import Any
 import pytest
 from pulumi import automation as auto
 
+from lab import registration_attempts
 from lab.hosts import Host, Lab
 from lab.stack_harness import (
     LONGHORN_STANDIN_CHART,
@@ -418,3 +422,29 @@ def test_a_fenced_worker_given_up_leaves_no_node_longhorn_node_or_firewall_peer(
     result = up_or_fail(stack)
     changes = {str(getattr(op, "value", op)): n for op, n in (result.summary.resource_changes or {}).items()}
     assert set(changes) == {"same"}, changes
+
+    # Its name is unusable until it joins again, wherever a firewall still lets the host in.
+    def node_refused(since: str) -> None:
+        wait_until(
+            f"the Node {w3.name} refused by the join-permit admission",
+            lambda: registration_attempts.refusal(w3.name) in registration_attempts.agent_log(w3, since),
+            90,
+            lambda: registration_attempts.agent_log(w3, since)[-3000:] + "\n" + str(kube_nodes()),
+        )
+        assert w3.name not in kube_nodes()
+
+    with registration_attempts.admitted_to_api(server, w3):
+        try:
+            # Powered back on (the fence confirmed it off, so no drop-in holds its agent): the agent
+            # starts with the kubelet certificate it kept, valid for a year.
+            since = server.run(["date", "+%Y-%m-%d %H:%M:%S"]).stdout.strip()  # one clock for all lab hosts
+            w3.power_on(wait=True)
+            node_refused(since)
+            # A live bootstrap token (a join of another node is under way) and no certificate kept.
+            w3.run(["systemctl", "stop", "k3s-agent"])
+            w3.run(["rm", "-rf", "/var/lib/rancher/k3s/agent"])
+            token = registration_attempts.live_token(server, "rc-worker-4")
+            node_refused(registration_attempts.start_agent(lab, w3, server, token, w3.name))
+        finally:
+            w3.run(["systemctl", "stop", "k3s-agent"], check=False)
+    assert w3.name not in kube_nodes() and w3.name not in registration_attempts.permits(server)

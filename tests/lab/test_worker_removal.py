@@ -6,6 +6,9 @@ hosts whose nftables firewalls the program manages; ports are probed for real be
   peer's firewall drops it (the engine's own event order shows it); afterwards the peers'
   ports are closed to it.
 - A removal SIGKILLed halfway is finished by the next `up`; removing it again changes nothing.
+- The removed worker's name holds no join permit any more: the removed host, let through the
+  server's firewall as a firewall the operator runs might, starts an agent under that name with a
+  live bootstrap token (one made for another node's join) and its Node is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pytest
 from pulumi import automation as auto
 from pulumi.automation import events as auto_events
 
+from lab import registration_attempts
 from lab.hosts import Host, Lab
 from lab.stack_harness import (
     LabStack,
@@ -26,6 +30,7 @@ from lab.stack_harness import (
     server_spec,
     skip_without_lab_binaries,
     up_or_fail,
+    wait_until,
     worker_spec,
 )
 
@@ -155,3 +160,27 @@ def test_a_removal_killed_halfway_is_finished_by_the_next_up_before_the_peers_dr
     # Removing it again is a no-op: nothing to change.
     again = cluster.stack.api().up()
     assert set(again.summary) <= {"same"}, again.summary
+
+
+def test_a_removed_workers_name_takes_no_registration_with_a_live_token(cluster: Cluster) -> None:
+    """Any live bootstrap token gets its agent a kubelet certificate for whatever name it asks
+    (k3s binds a token to no name); the join permit is what ties a registration to the join of
+    that name. The removal revoked rm-worker-2's, so an agent under that name is refused."""
+    server, w2 = cluster.server, cluster.w2
+    assert "rm-worker-2" not in node_names(server)  # removed by the test before this one
+    # A join of another node is under way: its token is live for ten minutes.
+    token = registration_attempts.live_token(server, "rm-worker-3")
+    with registration_attempts.admitted_to_api(server, w2):
+        since = registration_attempts.start_agent(cluster.lab, w2, server, token, "rm-worker-2")
+        try:
+            wait_until(
+                "the Node rm-worker-2 refused by the join-permit admission",
+                lambda: registration_attempts.refusal("rm-worker-2") in registration_attempts.agent_log(w2, since),
+                90,
+                lambda: registration_attempts.agent_log(w2, since)[-3000:] + "\n" + str(node_names(server)),
+            )
+            assert not registration_attempts.node_exists(server, "rm-worker-2")
+        finally:
+            w2.run(["systemctl", "stop", "k3s-agent"], check=False)
+    assert not registration_attempts.node_exists(server, "rm-worker-2")
+    assert "rm-worker-2" not in registration_attempts.permits(server)

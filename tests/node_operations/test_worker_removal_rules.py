@@ -124,7 +124,7 @@ def test_the_report_lists_what_to_remove_from_firewalls_the_operator_runs() -> N
         operator_firewalls=[PeerFirewall("srv", ("6443/tcp", "8472/udp", "10250/tcp"))],
     )
     assert report.lines() == [
-        "removed: 3 copies moved off, 1 pod(s) evicted, host wiped, Node deregistered",
+        "removed: 3 copies moved off, 1 pod(s) evicted, host wiped, Node deregistered (its join permit revoked)",
         "srv runs a firewall you manage: remove the rules that admit 10.0.0.4, 203.0.113.4 to 6443/tcp, 8472/udp, "
         "10250/tcp",
     ]
