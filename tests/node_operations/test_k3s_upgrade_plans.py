@@ -113,7 +113,7 @@ def test_a_worker_fenced_during_the_run_is_left_alone_at_its_turn() -> None:
 def test_the_stop_before_a_worker_gone_not_ready_names_it_and_what_was_left_untouched() -> None:
     status = NodeStatus.from_object(not_ready(node("w3", "v1.36.4+k3s1")))
     message = not_ready_stop(status, NEW, moved=["w1", "w2"], after=["w4"])
-    assert message.startswith(f"w3 went NotReady (NodeStatusUnknown) during the upgrade to {NEW}, before its turn")
-    assert "it was not touched and still runs v1.36.4+k3s1" in message
-    assert f"moved to {NEW} in this run: w1, w2" in message and "not touched either: w4" in message
+    assert message.startswith(f"the upgrade to {NEW} stopped here: it went NotReady (NodeStatusUnknown)"), message
+    assert "was not touched (no record, no cordon; it still runs v1.36.4+k3s1)" in message
+    assert f"Moved to {NEW} in this run: w1, w2; not touched either: w4." in message
     assert "hk3s:fences.w3" in message and "run up again" in message
