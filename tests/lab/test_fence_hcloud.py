@@ -6,7 +6,7 @@ real client (remote_access/hetzner_api.py, Hetzner's own library) as it would re
 One cluster for the module (the tests run in order): a server and two existing workers that
 name their Hetzner servers (hcloud_server: fh-w1 by id, fh-w2 by name), both agents stopped so
 their Nodes go NotReady.
-- fh-w1 first names the wrong Hetzner server (a typo): the control plane's, then fh-w2's. Each
+- fh-w1 first names the wrong Hetzner server (a typo): the control plane's, then fh-w3's. Each
   fence is refused before any power action, naming whose server it is; nothing is recorded.
 - fh-w1 still answers over SSH: fenced with no powered_off. The drop-in goes on over SSH, then
   the stand-in sees one poweroff and the lab host is really off (no SSH, no process left); the
@@ -132,8 +132,9 @@ def cluster(lab: Lab, standin: HcloudStandin, tmp_path_factory: pytest.TempPathF
     server = lab.add_host(server_spec("fh-srv"))
     w1, w2, w3 = (lab.add_host(worker_spec(name)) for name in ("fh-w1", "fh-w2", "fh-w3"))
     lab.wait_ssh_ready([server, w1, w2, w3])
-    # The control plane is a Hetzner server too: a typo in a worker's hcloud_server may name it.
-    ids = {host.name: standin.add_server(f"lab-{host.name}", host) for host in (w1, w2, server)}
+    # The control plane and fh-w3 (fenced over SSH: no hcloud_server) are Hetzner servers too, which
+    # a typo in a worker's hcloud_server may name.
+    ids = {host.name: standin.add_server(f"lab-{host.name}", host) for host in (w1, w2, w3, server)}
     stack = LabStack(tmp_path_factory.mktemp("fence-hcloud-stack"))
     config = base_config(lab, server, [w1, w2, w3])
     # fh-w1 names its server by id, fh-w2 by name.
@@ -160,11 +161,12 @@ def test_a_hetzner_worker_is_powered_off_through_the_api_with_no_confirmation(cl
     since = datetime.fromisoformat(ready(server, w1.name)["lastTransitionTime"]).timestamp()
     time.sleep(max(0.0, since + 62 - float(server.run(["date", "+%s"]).stdout)))
     assert ssh_answers(w1)
-    # A typo in hcloud_server naming the control plane's server, then fh-w2's: refused before any
-    # power action or record, naming whose server it is.
+    # A typo in hcloud_server naming the control plane's server, then fh-w3's (a bystander no worker
+    # names; naming another worker's is a settings error): refused before any power action or
+    # record, naming whose server it is.
     for wrong, whose in (
         (cluster.ids[server.name], "is the control plane's server"),
-        (f"lab-{w2.name}", f"is {w2.name}'s server"),
+        (f"lab-{w3.name}", f"is {w3.name}'s server"),
     ):
         cluster.config["workers"][0]["hcloud_server"] = wrong
         output = cluster.fence({w1.name: {}})
