@@ -9,12 +9,14 @@ import pulumi
 import pulumi_hcloud as hcloud
 
 from cluster_settings.models import ClusterSettings, StackSettings
+from components.firewall_rules import cloud_firewall_rules
 from components.hetzner_project import hetzner_name, ownership_labels
 from components.hetzner_ssh_key import cluster_ssh_key
 from components.machine import provision_machine
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
 from components.provider_shards import OperationShards
+from node_operations.firewall_plan import bootstrap_rules
 from providers.inputs import K3sRelease
 from providers.k3s_server import K3sServer, K3sServerInputs
 from providers.k3s_upgrade import K3sUpgrade, K3sUpgradeInputs, UpgradedWorker
@@ -48,22 +50,15 @@ class ClusterServerArgs:
 
 
 def creation_firewall(parent: pulumi.Resource, settings: StackSettings) -> hcloud.Firewall:
-    """The cloud firewall every Hetzner server carries from creation: SSH only (the port the
-    program and the operator need from the first boot; every other port opens with the
-    cluster's firewall once the peers' addresses are known)."""
+    """The cloud firewall every Hetzner server carries from creation: the plan's SSH rule and
+    ICMP (what the program and the operator need from the first boot; every other port opens
+    with the cluster's firewall once the peers' addresses are known, and each server leaves this
+    one then: components.firewall_rules)."""
     name = hetzner_name(settings.cluster.name, pulumi.get_stack(), "ssh-only")
     return hcloud.Firewall(
         f"{settings.cluster.name}-ssh-only",
         name=name,
-        rules=[
-            hcloud.FirewallRuleArgs(
-                direction="in",
-                protocol="tcp",
-                port="22",
-                source_ips=["0.0.0.0/0", "::/0"],
-                description="SSH from the first boot",
-            )
-        ],
+        rules=cloud_firewall_rules(bootstrap_rules()),
         labels=ownership_labels(settings.cluster.name, pulumi.get_stack()),
         opts=pulumi.ResourceOptions(parent=parent),
     )

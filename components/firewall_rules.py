@@ -1,5 +1,10 @@
 """FirewallRules: the Hetzner cloud firewalls and one host firewall per managed
-node, both from node_operations.firewall_plan so the two layers agree."""
+node, both from node_operations.firewall_plan so the two layers agree (ICMP too).
+
+Each Hetzner server is created with the SSH-only cloud firewall (components.cluster_server,
+the plan's bootstrap rules) and taken off it once its role's full firewall is attached
+(providers.bootstrap_firewall): Hetzner lets in what any attached firewall allows, so only
+then do the full firewall's rules, SSH's included, say what reaches the server."""
 
 from __future__ import annotations
 
@@ -12,9 +17,10 @@ import pulumi
 import pulumi_hcloud as hcloud
 
 from cluster_settings.models import StackSettings
-from components.hetzner_project import hetzner_name, ownership_labels
+from components.hetzner_project import hetzner_api_token, hetzner_name, ownership_labels
 from components.node_endpoint import NodeEndpoint, SshCredentials
-from node_operations.firewall_plan import PortRule, Role, inbound_rules
+from node_operations.firewall_plan import ICMP_RULE, PortRule, Role, inbound_rules
+from providers.bootstrap_firewall import BootstrapFirewallRelease, BootstrapFirewallReleaseInputs
 from providers.host_firewall import HostFirewall, HostFirewallInputs
 
 
@@ -30,6 +36,9 @@ class FirewallRulesArgs:
     """Every node of the cluster, server first."""
     cluster_addresses: pulumi.Output[dict[str, str]]
     """Every node's address in the cluster's network mode (the NetworkPlan's decision)."""
+    bootstrap_firewall_id: pulumi.Output[str] | None = None
+    """The SSH-only cloud firewall the Hetzner servers are created with, which each leaves once
+    its full firewall is attached; None when the stack has no cloud firewall."""
 
 
 def _rules_for(settings: StackSettings, role: Role, node: str, server: str, peers: dict[str, str]) -> list[PortRule]:
@@ -45,10 +54,10 @@ def _rules_for(settings: StackSettings, role: Role, node: str, server: str, peer
     )
 
 
-def _cloud_rules(
-    settings: StackSettings, role: Role, node: str, server: str, peers: dict[str, str]
-) -> list[hcloud.FirewallRuleArgs]:
-    return [
+def cloud_firewall_rules(port_rules: Sequence[PortRule]) -> list[hcloud.FirewallRuleArgs]:
+    """A Hetzner cloud firewall's rules: the plan's port rules, and its ICMP (Hetzner's rule
+    has no ICMP types: it lets in ICMP from the plan's sources)."""
+    rules = [
         hcloud.FirewallRuleArgs(
             direction="in",
             protocol=rule.protocol,
@@ -56,8 +65,20 @@ def _cloud_rules(
             source_ips=list(rule.sources),
             description=rule.purpose,
         )
-        for rule in _rules_for(settings, role, node, server, peers)
+        for rule in port_rules
     ]
+    rules.append(
+        hcloud.FirewallRuleArgs(
+            direction="in", protocol="icmp", source_ips=list(ICMP_RULE.sources), description=ICMP_RULE.purpose
+        )
+    )
+    return rules
+
+
+def _cloud_rules(
+    settings: StackSettings, role: Role, node: str, server: str, peers: dict[str, str]
+) -> list[hcloud.FirewallRuleArgs]:
+    return cloud_firewall_rules(_rules_for(settings, role, node, server, peers))
 
 
 def _host_rules(
@@ -116,6 +137,8 @@ class FirewallRules(pulumi.ComponentResource):
                 )
                 self.cloud_firewall_ids[role] = firewall.id
                 self._waits.append(attachment)
+                if args.bootstrap_firewall_id is not None:
+                    self._release_bootstrap(args.bootstrap_firewall_id, firewall, attachment, members)
 
         self.host_firewalls = {}
         # Every node's inbound rules: applied where the program runs the firewall, checked
@@ -153,6 +176,32 @@ class FirewallRules(pulumi.ComponentResource):
                 "host_firewall_nodes": sorted(self.host_firewalls),
             }
         )
+
+    def _release_bootstrap(
+        self,
+        bootstrap_firewall_id: pulumi.Output[str],
+        firewall: hcloud.Firewall,
+        attachment: hcloud.FirewallAttachment,
+        members: Sequence[NodeEndpoint],
+    ) -> None:
+        """Each member leaves the SSH-only firewall, only after `attachment` put it in `firewall`:
+        a server is never without a cloud firewall, and from then on the plan alone says what
+        reaches it (SSH narrowed in the plan is narrowed at Hetzner too)."""
+        token, endpoint = hetzner_api_token()
+        for node in members:
+            assert node.hcloud_server_id is not None  # members are Hetzner servers
+            BootstrapFirewallRelease(
+                f"{node.name}-ssh-only-release",
+                BootstrapFirewallReleaseInputs(
+                    node=node.name,
+                    server_id=node.hcloud_server_id,
+                    bootstrap_firewall_id=bootstrap_firewall_id,
+                    full_firewall_id=firewall.id,
+                    hcloud_token=token,
+                    hcloud_endpoint=endpoint,
+                ),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[attachment], provider=node.operations),
+            )
 
     def in_place(self) -> list[pulumi.Resource]:
         """What a join or the server set-up waits for: every firewall change."""

@@ -21,6 +21,7 @@ run naming the setting, and nothing changes:
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -249,3 +250,14 @@ def check_hetzner_project(
             f"{', '.join(host.name for host in outdated)} exist and are kept as they are, but Hetzner would "
             f"not create them now ({reasons}): change the setting before such a server is replaced or added"
         )
+
+
+def hetzner_api_token() -> tuple[pulumi.Output[str] | None, str | None]:
+    """The Hetzner API's token (a secret) and endpoint for the program's own calls, read where the
+    Hetzner Pulumi provider reads them: hcloud:token and hcloud:endpoint, else HCLOUD_TOKEN and
+    HCLOUD_ENDPOINT in the environment; (None, ...) when there is no token."""
+    config = pulumi.Config("hcloud")
+    token = config.get_secret("token")
+    if token is None and os.environ.get("HCLOUD_TOKEN"):
+        token = pulumi.Output.secret(os.environ["HCLOUD_TOKEN"])
+    return token, config.get("endpoint") or os.environ.get("HCLOUD_ENDPOINT") or None

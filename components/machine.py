@@ -24,7 +24,8 @@ from providers.login_key import NodeLoginKey, NodeLoginKeyInputs
 # user_data replace the server; server_type powers it off to resize): never changed later.
 CREATION_ONLY_SERVER_INPUTS = ("ssh_keys", "image", "location", "datacenter", "user_data", "server_type")
 # Set at creation only, so a new server is never on the internet without a cloud firewall; later the
-# cluster's firewalls are attached by FirewallRules (a FirewallAttachment), which firewall_ids must not undo.
+# cluster's firewalls are attached by FirewallRules (a FirewallAttachment) and the server is taken off the
+# SSH-only one (providers.bootstrap_firewall): firewall_ids, ignored after creation, must undo neither.
 CREATION_FIREWALL_INPUTS = ("firewall_ids",)
 # Hetzner moves a server into or out of a placement group only while it is powered off: a running
 # worker keeps the group it was created in (a group's size or a pool's locations changing later
@@ -125,7 +126,8 @@ def _hetzner_machine(
         public_nets=[hcloud.ServerPublicNetArgs(ipv4_enabled=True, ipv6_enabled=True)],
         labels={**ownership_labels(settings.cluster.name, pulumi.get_stack()), "hk3s-role": role},
         # On the internet from its first boot: an SSH-only cloud firewall is attached at creation,
-        # the cluster's full one (FirewallRules) once every address is known.
+        # the cluster's full one (FirewallRules) once every address is known, and then the SSH-only
+        # one is taken off (Hetzner lets in what any attached firewall allows).
         firewall_ids=[creation_firewall_id.apply(int)] if creation_firewall_id is not None else None,
         placement_group_id=placement_group_id.apply(int) if placement_group_id is not None else None,
         delete_protection=locked,

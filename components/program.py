@@ -250,6 +250,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
             credentials=credentials,
             nodes=[server.endpoint, *(w.endpoint for w in workers)],
             cluster_addresses=network_plan.addresses,
+            bootstrap_firewall_id=server.creation_firewall_id,
         ),
     )
     server.install_k3s(after=firewall.in_place())

@@ -3,7 +3,6 @@ it may hold copies) its disk probe; its fence when the stack fences it."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +13,7 @@ from cluster_settings.loading import SettingsError
 from cluster_settings.models import StackSettings, WorkerSettings
 from cluster_settings.rules import SettingProblem
 from components.cluster_server import ClusterServer, k3s_release
+from components.hetzner_project import hetzner_api_token
 from components.machine import provision_machine
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
@@ -35,10 +35,7 @@ def hetzner_api_access(worker: str) -> tuple[pulumi.Output[str], str | None]:
     Pulumi provider reads them: hcloud:token and hcloud:endpoint, else HCLOUD_TOKEN and
     HCLOUD_ENDPOINT in the environment. No token is a settings error: the fence cannot prove the
     worker off without it."""
-    config = pulumi.Config("hcloud")
-    token = config.get_secret("token")
-    if token is None and os.environ.get("HCLOUD_TOKEN"):
-        token = pulumi.Output.secret(os.environ["HCLOUD_TOKEN"])
+    token, endpoint = hetzner_api_token()
     if token is None:
         raise SettingsError(
             [
@@ -49,7 +46,7 @@ def hetzner_api_access(worker: str) -> tuple[pulumi.Output[str], str | None]:
                 )
             ]
         )
-    return token, config.get("endpoint") or os.environ.get("HCLOUD_ENDPOINT") or None
+    return token, endpoint
 
 
 @dataclass(frozen=True)
@@ -112,31 +109,18 @@ class WorkerNode(pulumi.ComponentResource):
         """Join the worker to `server` once `after` (the firewalls and the run's check of
         the recorded nodes) exist."""
         settings, worker = self._args.settings, self._args.worker
-        checks = self._connectivity_checks(server, after) if settings.network.mode != "public" else []
-        self.join_resource = NodeJoin(
-            f"{worker.name}-join",
-            self._join_inputs(server, firewall_rules),
-            opts=self.endpoint.options(self, [self.endpoint.probe, server.network, server.k3s, *after, *checks]),
-        )
+        # The fence never waits on the worker's own join: a dead worker's pending change (an address,
+        # a registry, a validation image) cannot be applied while it is down, and its join's update
+        # would fail before the fence could run. So the fence comes first and the join after it: the
+        # join then finds the fence's record and leaves the change pending until the lift (a lift
+        # is the fence's delete, which the engine runs after the run's updates, the join's included).
         login = self.endpoint.login(self._args.credentials)
-        if worker.holds_copies:
-            # At the end of the join, and again at every rejoin (join_run changes with each run of it).
-            self.disk_probe = DiskProbe(
-                f"{worker.name}-disk",
-                DiskProbeInputs(
-                    login=login,
-                    disk_path=LONGHORN_DISK_PATH,
-                    ignore_slow_disk=worker.ignore_slow_disk,
-                    threshold_ms=settings.storage.disk_sync_p99_ms,
-                    join_run=self.join_resource.join_run,
-                ),
-                opts=self.endpoint.options(self, [self.join_resource]),
-            )
         fence = settings.fences.get(worker.name)
+        fence_resource: NodeFence | None = None
         if fence is not None:
             hcloud_server = self.endpoint.hcloud_server_id if worker.kind == "hetzner" else worker.hcloud_server
             token, endpoint = hetzner_api_access(worker.name) if hcloud_server is not None else (None, None)
-            NodeFence(
+            fence_resource = NodeFence(
                 f"{worker.name}-fence",
                 NodeFenceInputs(
                     login=login,
@@ -163,6 +147,35 @@ class WorkerNode(pulumi.ComponentResource):
                     validation_image=settings.cluster.validation_image,
                     teardown_allowed=settings.cluster.teardown_allowed,
                     node_external_ip=self.endpoint.public_address,
+                ),
+                opts=self.endpoint.options(self, [self.endpoint.probe, server.network, server.k3s, *after]),
+            )
+        checks = self._connectivity_checks(server, after) if settings.network.mode != "public" else []
+        self.join_resource = NodeJoin(
+            f"{worker.name}-join",
+            self._join_inputs(server, firewall_rules),
+            opts=self.endpoint.options(
+                self,
+                [
+                    self.endpoint.probe,
+                    server.network,
+                    server.k3s,
+                    *after,
+                    *checks,
+                    *([fence_resource] if fence_resource is not None else []),
+                ],
+            ),
+        )
+        if worker.holds_copies:
+            # At the end of the join, and again at every rejoin (join_run changes with each run of it).
+            self.disk_probe = DiskProbe(
+                f"{worker.name}-disk",
+                DiskProbeInputs(
+                    login=login,
+                    disk_path=LONGHORN_DISK_PATH,
+                    ignore_slow_disk=worker.ignore_slow_disk,
+                    threshold_ms=settings.storage.disk_sync_p99_ms,
+                    join_run=self.join_resource.join_run,
                 ),
                 opts=self.endpoint.options(self, [self.join_resource]),
             )

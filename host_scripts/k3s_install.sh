@@ -114,6 +114,19 @@ if [ ! -f "$unit_file" ] || [ "$(cat "$unit_file")" != "$unit_text" ]; then
 fi
 systemctl enable --quiet "$unit"
 
+# --- a fence's drop-in left by a worker given up ---------------------------------
+# The fence's drop-in keeps the agent from starting (ConditionPathExists). A worker given up
+# leaves the stack with its host as it was, drop-in included. A join runs this only after its
+# preflight found no fence recorded on the worker's Node (a fenced worker's join stops before
+# any change), so a drop-in here is a leftover of a fence that ended with the give-up: it goes,
+# or the agent would never start and the join would time out waiting for its registration.
+fence_drop_in=/etc/systemd/system/$unit.service.d/hk3s-fence.conf
+if [ "$role" = agent ] && [ -e "$fence_drop_in" ]; then
+  rm -f "$fence_drop_in"
+  systemctl daemon-reload
+  result fence_drop_in removed
+fi
+
 # --- start ------------------------------------------------------------------
 # --no-block: the program watches readiness itself, with a deadline and a diagnosis.
 if ! systemctl is-active --quiet "$unit"; then

@@ -26,6 +26,13 @@ What it serves, each as Hetzner's API reference (docs.hetzner.cloud) describes i
   (Host.power_on), then ends `success` (progress 100, `finished` set).
 - GET /actions/{id} ("Actions: Get an Action"): `{"action": {...}}`, status `running`, then
   `success` or `error` with `error: {"code", "message"}`.
+- GET /firewalls/{id} ("Firewalls: Get a Firewall"): `{"firewall": {...}}` with id, name, labels,
+  created, `rules` (empty: the stand-in keeps none) and `applied_to` (`{"type": "server", "server":
+  {"id"}}` per server `add_firewall` or `apply_firewall` put in it).
+- POST /firewalls/{id}/actions/remove_from_resources ("Firewall Actions: Remove from Resources"),
+  body `{"remove_from": [{"type": "server", "server": {"id"}}]}`: 201 `{"actions": [...]}`, one
+  `remove_firewall` action per server, finished `success` at once; a server the firewall is not
+  applied to is answered 422 `firewall_already_removed`.
 - An injectable failure (`fail_actions`): every later power action of that server ends in
   `error` with the given code and message and leaves the host as it was, until
   `clear_failures`.
@@ -105,6 +112,24 @@ class StandinServer:
 
 
 @dataclass
+class StandinFirewall:
+    id: int
+    name: str
+    applied: set[int] = field(default_factory=set)
+    created: str = field(default_factory=_now)
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "labels": {},
+            "created": self.created,
+            "rules": [],
+            "applied_to": [{"type": "server", "server": {"id": server}} for server in sorted(self.applied)],
+        }
+
+
+@dataclass
 class StandinAction:
     id: int
     command: str
@@ -141,6 +166,7 @@ class HcloudStandin:
         self.token = token or secrets.token_hex(32)
         self.servers: dict[int, StandinServer] = {}
         self.actions: dict[int, StandinAction] = {}
+        self.firewalls: dict[int, StandinFirewall] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) of every authenticated request
         self._ids = itertools.count(4711)
         self._action_ids = itertools.count(13)
@@ -184,6 +210,16 @@ class HcloudStandin:
             self.servers[server.id] = server
             return server.id
 
+    def add_firewall(self, name: str, servers: tuple[int, ...] = ()) -> int:
+        """A cloud firewall `name` applied to `servers`; its id."""
+        with self._lock:
+            firewall = StandinFirewall(next(self._ids), name, set(servers))
+            self.firewalls[firewall.id] = firewall
+            return firewall.id
+
+    def apply_firewall(self, firewall: int, server: int) -> None:
+        self.firewalls[firewall].applied.add(server)
+
     def fail_actions(self, server: int, code: str, message: str) -> None:
         """Every later power action of `server` ends in `error` (`code`, `message`), the host untouched."""
         self.servers[server].failure = (code, message)
@@ -203,11 +239,39 @@ class HcloudStandin:
             raise ApiError(404, "not_found", f"server with ID '{raw}' not found")
         return server
 
-    def _route(self, method: str, path: str, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
+    def _firewall(self, raw: str) -> StandinFirewall:
+        firewall = self.firewalls.get(int(raw)) if raw.isdigit() else None
+        if firewall is None:
+            raise ApiError(404, "not_found", f"firewall with ID '{raw}' not found")
+        return firewall
+
+    def _remove_firewall(self, firewall: StandinFirewall, body: dict[str, Any]) -> list[StandinAction]:
+        servers = [int(item["server"]["id"]) for item in body.get("remove_from", []) if item.get("type") == "server"]
+        with self._lock:
+            missing = [server for server in servers if server not in firewall.applied]
+            if missing:
+                raise ApiError(422, "firewall_already_removed", f"firewall {firewall.id} is not applied to {missing}")
+            actions = []
+            for server in servers:
+                firewall.applied.discard(server)
+                action = StandinAction(next(self._action_ids), "remove_firewall", server, "success", 100)
+                action.finished = _now()
+                self.actions[action.id] = action
+                actions.append(action)
+        return actions
+
+    def _route(
+        self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any] | None = None
+    ) -> tuple[int, dict[str, Any]]:
         parts = [part for part in path.split("/") if part]
         if parts[:1] != ["v1"]:
             raise ApiError(404, "not_found", "not found")
         parts = parts[1:]
+        if method == "GET" and len(parts) == 2 and parts[0] == "firewalls":
+            return 200, {"firewall": self._firewall(parts[1]).view()}
+        if method == "POST" and parts[:1] == ["firewalls"] and parts[2:] == ["actions", "remove_from_resources"]:
+            actions = self._remove_firewall(self._firewall(parts[1]), body or {})
+            return 201, {"actions": [action.view() for action in actions]}
         if method == "GET" and parts == ["servers"]:
             names = query.get("name")
             found = [s.view() for s in self.servers.values() if not names or s.name == names[0]]
@@ -260,13 +324,13 @@ class HcloudStandin:
         standin = self
 
         class Handler(BaseHTTPRequestHandler):
-            def _serve(self, method: str) -> None:
+            def _serve(self, method: str, sent: dict[str, Any] | None = None) -> None:
                 split = urlsplit(self.path)
                 try:
                     if self.headers.get("Authorization") != f"Bearer {standin.token}":
                         raise ApiError(401, "unauthorized", "unable to authenticate")
                     standin.requests.append((method, split.path))
-                    status, body = standin._route(method, split.path, parse_qs(split.query))
+                    status, body = standin._route(method, split.path, parse_qs(split.query), sent)
                 except ApiError as error:
                     status = error.status
                     body = {"error": {"code": error.code, "message": error.message, "details": {}}}
@@ -282,8 +346,8 @@ class HcloudStandin:
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                self.rfile.read(length)
-                self._serve("POST")
+                raw = self.rfile.read(length)
+                self._serve("POST", json.loads(raw) if raw.strip() else None)
 
             def log_message(self, format: str, *args: Any) -> None:
                 return

@@ -3,6 +3,10 @@
 Both the Hetzner cloud firewall and each host firewall are built from this
 plan, so the two layers always agree: a cloud firewall in silent disagreement
 with the host firewall is how a node joins and is unreachable an hour later.
+That holds for ICMP (`ICMP_RULE`) and for the SSH-only firewall a new Hetzner
+server carries from its first boot (`bootstrap_rules`) too: Hetzner lets in
+what any attached firewall allows, so a rule kept anywhere outside this plan
+could never be narrowed by it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 ANY_IPV4 = "0.0.0.0/0"
+ANY_IPV6 = "::/0"
 SSH_PORT = "22"
 KUBE_API_PORT = "6443"
 KUBELET_PORT = "10250"
@@ -33,6 +38,50 @@ class PortRule:
     protocol: Literal["tcp", "udp"]
     sources: tuple[str, ...]
     purpose: str
+
+
+@dataclass(frozen=True)
+class IcmpRule:
+    """ICMP every node lets in: the host firewall names its types; Hetzner's cloud firewall
+    has no types, so it lets in ICMP from the same sources."""
+
+    sources: tuple[str, ...]
+    ipv4_types: tuple[str, ...]
+    ipv6_types: tuple[str, ...]
+    purpose: str
+
+
+# Path-MTU discovery rides on ICMP errors (pod traffic is encapsulated twice: WireGuard or
+# VXLAN inside the node's link), so dropping them stalls every large packet; echo lets an
+# operator ping a node. IPv6 needs neighbour discovery as well.
+ICMP_RULE = IcmpRule(
+    sources=(ANY_IPV4, ANY_IPV6),
+    ipv4_types=("echo-request", "echo-reply", "destination-unreachable", "time-exceeded", "parameter-problem"),
+    ipv6_types=(
+        "echo-request",
+        "echo-reply",
+        "destination-unreachable",
+        "time-exceeded",
+        "parameter-problem",
+        "packet-too-big",
+        "nd-neighbor-solicit",
+        "nd-neighbor-advert",
+        "nd-router-solicit",
+        "nd-router-advert",
+    ),
+    purpose="ICMP errors and echo (path-MTU discovery)",
+)
+
+
+def ssh_rule() -> PortRule:
+    """SSH, open to every source on every node: the program logs in from wherever it runs."""
+    return PortRule(SSH_PORT, "tcp", (ANY_IPV4,), "SSH")
+
+
+def bootstrap_rules() -> list[PortRule]:
+    """What a new Hetzner server lets in before its peers' addresses are known (with ICMP_RULE):
+    the plan's own SSH rule, so narrowing SSH here narrows it from the first boot too."""
+    return [ssh_rule()]
 
 
 def pod_network_port(pod_network: str) -> tuple[str, str]:
@@ -70,7 +119,7 @@ def inbound_rules(
     """
     others = tuple(sorted(_cidr(address) for name, address in peers.items() if name != node))
     port, purpose = pod_network_port(pod_network)
-    rules = [PortRule(SSH_PORT, "tcp", (ANY_IPV4,), "SSH")]
+    rules = [ssh_rule()]
     if role == "server":
         workers = tuple(sorted(_cidr(address) for name, address in peers.items() if name != server))
         api_sources = tuple(sorted({*workers, *(_cidr(net) for net in operator_access)}))

@@ -330,6 +330,11 @@ class Joiner:
                 token=token,
                 progress=self.progress,
             )
+            if installed.results.get("fence_drop_in") == "removed":
+                self.progress(
+                    "removed a fence's drop-in left on the host (hk3s-fence.conf, from a fence that ended with the "
+                    "worker given up), which kept its agent from starting"
+                )
             if token is not None and installed.results.get("service") == "running":
                 # A new token with an unchanged config: the running agent must read it.
                 await self.worker.run(["systemctl", "restart", "--no-block", "k3s-agent"], deadline=30)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote
 
-from remote_access.api_forward import process_alive
+from remote_access.api_forward import process_alive, process_parent_and_name
 
 from .errors import LockHolder, StackBusyError
 
@@ -48,14 +48,10 @@ def pulumi_lock_files(backend: Path, project: str, stack: str) -> list[Path]:
 def _process_alive(pid: int) -> bool:
     if not process_alive(pid):
         return False
-    comm = Path(f"/proc/{pid}/comm")
-    if comm.parent.exists():
-        # A recycled pid that now belongs to something else is not the run that locked.
-        try:
-            return "pulumi" in comm.read_text()
-        except OSError:
-            return False
-    return True
+    # A recycled pid that now belongs to something else is not the run that locked. Its name
+    # comes from /proc on Linux, from ps on macOS; a system that tells neither keeps the lock live.
+    found = process_parent_and_name(pid)
+    return found is None or "pulumi" in found[1]
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,6 @@ from typing import Any, TypeVar
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ResourceProvider, UpdateResult
-from pulumi.output import Unknown
-from pulumi.runtime.rpc import UNKNOWN
 
 from cluster_settings.loading import SettingsError
 from cluster_settings.values import DNS_1123_LABEL
@@ -31,7 +29,7 @@ from node_operations.join import JoinError
 from node_operations.network_mode import NetworkRefusedError
 from node_operations.refusal import tagged
 from node_operations.teardown import WipeError
-from providers.inputs import NodeLogin, ResourceInputs, known
+from providers.inputs import NodeLogin, ResourceInputs, checkable, known
 from remote_access.session_pool import share_logins_on
 from remote_access.ssh import SshError, SshTarget
 
@@ -128,16 +126,6 @@ def present_program_errors(host: ModuleType | None) -> bool:
 present_program_errors(sys.modules.get("__main__"))
 
 
-def is_known(value: Any) -> bool:
-    """False for a value the engine does not know yet (at preview), however the SDK
-    hands it over: the wire's placeholder string or an `Unknown` object."""
-    if isinstance(value, list):
-        return all(is_known(item) for item in value)
-    if isinstance(value, dict):
-        return all(is_known(item) for item in value.values())
-    return value != UNKNOWN and not isinstance(value, Unknown)
-
-
 def progress(node: str, message: str) -> None:
     """A progress line. Dynamic providers have no per-resource log channel, so
     every line is prefixed with the node it is about."""
@@ -208,15 +196,15 @@ def ssh_target(props: NodeLogin | Mapping[str, Any], recorded_host_key: str | No
 
 
 def check_connection_inputs(news: Mapping[str, Any]) -> list[CheckFailure]:
-    """Validate the inputs shared by node-facing resources (unknowns pass)."""
+    """Validate the inputs shared by node-facing resources (unknowns pass: `checkable`)."""
     failures: list[CheckFailure] = []
-    node = news.get("node")
+    node = checkable(news, "node")
     if isinstance(node, str) and not DNS_1123_LABEL.match(node):
         failures.append(CheckFailure("node", f"{node!r} is not a DNS-1123 node name"))
     for name in ("node", "address", "private_key"):
         if name in news and news[name] in (None, ""):
             failures.append(CheckFailure(name, f"{name} is required to reach the host"))
-    port = news.get("ssh_port")
+    port = checkable(news, "ssh_port")
     if isinstance(port, (int, float)) and not 0 < int(port) < 65536:
         failures.append(CheckFailure("ssh_port", f"{port} is not a TCP port"))
     return failures

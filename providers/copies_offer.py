@@ -17,8 +17,8 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, Resource, UpdateResult
 
-from providers.base import NodeProvider, check_connection_inputs, is_known, resource_inputs, run_operation, ssh_target
-from providers.inputs import NodeInputs, known
+from providers.base import NodeProvider, check_connection_inputs, resource_inputs, run_operation, ssh_target
+from providers.inputs import NodeInputs, is_known, known
 from remote_access.kube import API_WAIT_SECONDS, ClusterApi, Repeat
 from remote_access.ssh import SshError, SshTarget, open_session
 

@@ -34,7 +34,7 @@ from providers.base import (
     run_operation,
     ssh_target,
 )
-from providers.inputs import NodeInputs, known
+from providers.inputs import NodeInputs, checkable, known
 
 OUTPUTS = (
     "eligible",
@@ -91,10 +91,10 @@ class DiskProbeProvider(NodeProvider):
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_connection_inputs(news)
-        path = news.get("disk_path")
+        path = checkable(news, "disk_path")
         if isinstance(path, str) and not path.startswith("/"):
             failures.append(CheckFailure("disk_path", f"{path!r} is not an absolute path"))
-        threshold = news.get("threshold_ms")
+        threshold = checkable(news, "threshold_ms")
         if isinstance(threshold, (int, float)) and not DISK_SYNC_P99_MIN_MS <= threshold <= DISK_SYNC_P99_MAX_MS:
             failures.append(
                 CheckFailure(

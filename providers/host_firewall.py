@@ -30,14 +30,13 @@ from providers.base import (
     NodeProvider,
     check_connection_inputs,
     diff_inputs,
-    is_known,
     pin_recorded_host_key,
     progress,
     resource_inputs,
     run_operation,
     ssh_target,
 )
-from providers.inputs import NodeInputs, known
+from providers.inputs import NodeInputs, is_known, known
 from remote_access.ssh import RemoteCommandError, SshError
 
 # Outputs the provider fills in; they are not inputs to compare.
@@ -56,15 +55,21 @@ class HostFirewallInputs(NodeInputs):
 
 
 def _rule_failures(rules: Any) -> list[CheckFailure]:
+    """The rules' known protocols and sources judged; in a preview a rule, its protocol, its
+    sources or one source may be unknown (a peer's address not decided yet): those pass."""
     failures: list[CheckFailure] = []
     if not isinstance(rules, list):
         return failures
     for index, rule in enumerate(rules):
         if not isinstance(rule, dict):
             continue
-        if rule.get("protocol") not in ("tcp", "udp"):
-            failures.append(CheckFailure(f"rules[{index}].protocol", f"{rule.get('protocol')!r} is not tcp or udp"))
-        for source in rule.get("sources") or []:
+        protocol = rule.get("protocol")
+        if is_known(protocol) and protocol not in ("tcp", "udp"):
+            failures.append(CheckFailure(f"rules[{index}].protocol", f"{protocol!r} is not tcp or udp"))
+        sources = rule.get("sources")
+        for source in sources if isinstance(sources, list) else []:
+            if not is_known(source):
+                continue
             try:
                 ipaddress.ip_network(source)
             except ValueError:

@@ -24,13 +24,12 @@ from providers.base import (
     NodeProvider,
     check_connection_inputs,
     diff_inputs,
-    is_known,
     pin_recorded_host_key,
     progress,
     run_operation,
     ssh_target,
 )
-from providers.inputs import NodeInputs, known
+from providers.inputs import NodeInputs, is_known, known
 from remote_access.ssh import FirstContact, SshError
 
 # How long the first contact with a host waits for SSH (and cloud-init) by default.

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 import pulumi
+from pulumi.output import Unknown
+from pulumi.runtime.rpc import UNKNOWN
 
 from node_operations.k3s_install import K3sBinary
 
@@ -30,6 +32,30 @@ def known(value: pulumi.Input[T]) -> T:
     if isinstance(value, (pulumi.Output, Awaitable)):
         raise TypeError(f"{value!r} is not resolved: providers read plain values")
     return value
+
+
+def is_known(value: Any) -> bool:
+    """False for a value the engine does not know yet (at preview), however the SDK
+    hands it over: the wire's placeholder string or an `Unknown` object."""
+    if isinstance(value, list):
+        return all(is_known(item) for item in value)
+    if isinstance(value, dict):
+        return all(is_known(item) for item in value.values())
+    return value != UNKNOWN and not isinstance(value, Unknown)
+
+
+def checkable(news: Mapping[str, Any], name: str) -> Any:
+    """The input `name` as a provider's `check` may judge it: its value, or None when it is
+    absent or not known yet (a list or map with any unknown part counts as not known).
+
+    In a preview, an input that comes from a resource the run has yet to create or update is
+    unknown (the engine sends a placeholder string). A check judges only what is known and
+    lets the rest pass, or every preview of a routine change (a worker added) would be
+    refused. Nothing unjudged reaches a host: the `up` that creates or updates the resource
+    runs its check again with every input known (the program registers a resource once its
+    inputs have resolved), and only then calls create or update."""
+    value = news.get(name)
+    return value if is_known(value) else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

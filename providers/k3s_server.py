@@ -21,14 +21,13 @@ from node_operations.teardown import wipe_node
 from providers.base import (
     NodeProvider,
     check_connection_inputs,
-    is_known,
     pin_recorded_host_key,
     progress,
     resource_inputs,
     run_operation,
     ssh_target,
 )
-from providers.inputs import K3sRelease, NodeInputs, flat, known
+from providers.inputs import K3sRelease, NodeInputs, checkable, flat, is_known, known
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -98,7 +97,7 @@ class K3sServerProvider(NodeProvider):
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_connection_inputs(news)
         for key, setting in IMMUTABLE_CLUSTER_INPUTS.items():
-            if olds.get(key) and news.get(key) and olds[key] != news[key]:
+            if olds.get(key) and checkable(news, key) and olds[key] != news[key]:
                 failures.append(
                     CheckFailure(
                         key,
@@ -106,7 +105,7 @@ class K3sServerProvider(NodeProvider):
                         f"{news[key]} on a running cluster; set it back",
                     )
                 )
-        old_version, new_version = olds.get("k3s_version"), news.get("k3s_version")
+        old_version, new_version = olds.get("k3s_version"), checkable(news, "k3s_version")
         if isinstance(old_version, str) and isinstance(new_version, str):
             failures += _version_change_failures(old_version, new_version)
         # Compared only once known: at preview an address the network plan is still deciding is unknown.

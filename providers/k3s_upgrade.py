@@ -27,8 +27,8 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
 from node_operations.k3s_upgrade import UpgradeSettings, release_step, upgrade_workers
-from providers.base import NodeProvider, is_known, progress, resource_inputs, run_operation, ssh_target
-from providers.inputs import K3sRelease, NodeInputs, ResourceInputs, flat, known, nested
+from providers.base import NodeProvider, progress, resource_inputs, run_operation, ssh_target
+from providers.inputs import K3sRelease, NodeInputs, ResourceInputs, flat, is_known, known, nested
 from remote_access.kube import API_WAIT_SECONDS
 from remote_access.ssh import SshTarget
 

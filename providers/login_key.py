@@ -37,14 +37,13 @@ from providers.base import (
     NodeProvider,
     check_connection_inputs,
     diff_inputs,
-    is_known,
     pin_recorded_host_key,
     progress,
     resource_inputs,
     run_operation,
     ssh_target,
 )
-from providers.inputs import NodeInputs, known
+from providers.inputs import NodeInputs, is_known, known
 
 KEY_COMMENT = "hk3s login key"
 

@@ -22,7 +22,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 from node_operations.longhorn_node_role import NodeRole, set_node_role
 from providers.base import NodeProvider, check_connection_inputs, diff_inputs, progress, resource_inputs, run_operation
 from providers.base import ssh_target as login_target
-from providers.inputs import NodeInputs, known
+from providers.inputs import NodeInputs, checkable, known
 from remote_access.kube import API_WAIT_SECONDS
 
 OUTPUTS = ("tags", "allow_scheduling")
@@ -63,8 +63,17 @@ class LonghornNodeRoleProvider(NodeProvider):
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_connection_inputs(news)
         for flag in LonghornNodeRoleInputs.names("server", "holds_copies"):
-            if flag in news and news[flag] is not None and not isinstance(news[flag], bool):
-                failures.append(CheckFailure(flag, f"{flag} must be true or false"))
+            # `holds_copies` is the disk probe's verdict: unknown in the preview of a new worker.
+            value = checkable(news, flag)
+            if value is not None and not isinstance(value, bool):
+                # No setting feeds it (the program does): a bad value is this program's bug.
+                failures.append(
+                    CheckFailure(
+                        flag,
+                        f"{flag} must be true or false, not {value!r} (set by the program from the disk probe's "
+                        "verdict: a bug; report it with this line)",
+                    )
+                )
         return CheckResult(news, failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:

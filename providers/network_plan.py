@@ -30,7 +30,7 @@ from node_operations.network_mode import (
     local_node_ips,
 )
 from providers.base import progress, run_operation, ssh_target
-from providers.inputs import NodeLogin, ResourceInputs, known, nested
+from providers.inputs import NodeLogin, ResourceInputs, is_known, known, nested
 from remote_access.ssh import SshTarget, open_session
 
 NETWORK_MODES = ("auto", "private", "public")
@@ -213,9 +213,10 @@ class NetworkPlanProvider(pulumi.dynamic.ResourceProvider):
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = []
-        if news.get("mode_setting") not in NETWORK_MODES:
+        mode = news.get("mode_setting")
+        if is_known(mode) and mode not in NETWORK_MODES:
             failures.append(
-                CheckFailure("mode_setting", f"hk3s:network.mode must be one of {', '.join(NETWORK_MODES)}")
+                CheckFailure("mode_setting", f"hk3s:network.mode is {mode!r}; set one of {', '.join(NETWORK_MODES)}")
             )
         return CheckResult(news, failures)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
-from providers.inputs import ResourceInputs
+from providers.inputs import ResourceInputs, checkable
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -39,7 +39,7 @@ def range_change_problems(olds: dict[str, Any], news: dict[str, Any]) -> list[Ch
     """A failure for each range that differs from the one the network was created with."""
     failures = []
     for key, setting in FIXED_RANGES.items():
-        old, new = olds.get(key), news.get(key)
+        old, new = olds.get(key), checkable(news, key)
         if isinstance(old, str) and isinstance(new, str) and old != new:
             failures.append(
                 CheckFailure(

@@ -30,13 +30,12 @@ from providers.base import (
     CapabilityMissingError,
     NodeProvider,
     check_connection_inputs,
-    is_known,
     progress,
     resource_inputs,
     run_operation,
     ssh_target,
 )
-from providers.inputs import NodeInputs, known
+from providers.inputs import NodeInputs, checkable, is_known, known
 from providers.node_join import other_node
 from remote_access.hetzner_api import DEFAULT_ENDPOINT, HetznerAccess
 from remote_access.kube import API_WAIT_SECONDS
@@ -162,8 +161,11 @@ class NodeFenceProvider(NodeProvider):
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_connection_inputs(news)
         for flag in NodeFenceInputs.names("powered_off", "accept_stale_data"):
-            if flag in news and not isinstance(news[flag], bool) and news[flag] is not None:
-                failures.append(CheckFailure(flag, f"{flag} must be true or false"))
+            value = checkable(news, flag)
+            if value is not None and not isinstance(value, bool):
+                failures.append(
+                    CheckFailure(flag, f"hk3s:fences.{news.get('node')}.{flag} is {value!r}; set it to true or false")
+                )
         return CheckResult(news, failures)
 
     def create(self, props: dict[str, Any]) -> CreateResult:

@@ -31,14 +31,13 @@ from providers.base import (
     asked_once_per_update,
     check_connection_inputs,
     diff_inputs,
-    is_known,
     pin_recorded_host_key,
     progress,
     resource_inputs,
     run_operation,
     ssh_target,
 )
-from providers.inputs import K3sRelease, NodeInputs, NodeLogin, flat, known
+from providers.inputs import K3sRelease, NodeInputs, NodeLogin, checkable, flat, is_known, known
 from remote_access.kube import API_WAIT_SECONDS, Taint
 from remote_access.ssh import SshError, SshTarget
 
@@ -165,10 +164,11 @@ class NodeJoinProvider(NodeProvider):
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = check_connection_inputs(news)
-        version = news.get("k3s_version")
+        # The version comes from K3sUpgrade's output: unknown in the preview of an upgrade.
+        version = checkable(news, "k3s_version")
         if isinstance(version, str) and not K3S_VERSION.match(version):
             failures.append(CheckFailure("k3s_version", f"{version!r} is not a k3s release"))
-        mode = news.get("network_mode") if is_known(news.get("network_mode")) else None
+        mode = checkable(news, "network_mode")
         if isinstance(mode, str) and mode not in NETWORK_MODES:
             failures.append(CheckFailure("network_mode", f"{mode!r} is not one of {', '.join(NETWORK_MODES)}"))
         old_mode = olds.get("network_mode_in_use")

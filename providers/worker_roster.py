@@ -39,7 +39,7 @@ from node_operations.worker_removal import (
     worker_answers,
 )
 from providers.base import progress, resource_inputs, run_operation
-from providers.inputs import ResourceInputs, known, nested
+from providers.inputs import ResourceInputs, checkable, known, nested
 from remote_access.kube import API_WAIT_SECONDS
 from remote_access.ssh import SshError, SshTarget
 
@@ -122,25 +122,31 @@ class WorkerRosterProvider(ResourceProvider):
     """Dynamic provider of `WorkerRoster`: it logs in to leaving workers only."""
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        old, new = WorkerRosterInputs.from_props(olds), WorkerRosterInputs.from_props(news)
+        # Who leaves is judged from the names alone (the stack's settings): in a preview a
+        # member's login may be unknown (a worker's new address) and is not read here. Names
+        # not known yet leave the judgement to the check of the `up`, which sees them.
+        new_workers, forced = checkable(news, "workers"), checkable(news, "forced")
+        if new_workers is None or (forced is None and news.get("forced") is not None):
+            return CheckResult(news, [])
+        old = WorkerRosterInputs.from_props(olds)
         failures = []
-        for name in leaving_workers(old.workers, new.workers):
+        for name in leaving_workers(old.workers, [str(worker) for worker in new_workers]):
             member = old.member(name)
             if member is None or old.private_key is None:
                 problem = (
                     "the stack holds no login for it (recorded by an earlier release): put it back in the stack, "
                     "run up once, then remove it"
                 )
-            elif name in new.forced:
-                server = old.server or new.server
-                if server is None:
+            elif name in (forced or []):
+                if old.server is None:
                     continue  # no server recorded yet: the update judges it
+                wait = checkable(news, "api_wait_seconds")
                 try:
                     run_operation(
                         check_give_up(
-                            old.target(server),
+                            old.target(old.server),
                             old.target(member),
-                            api_wait=float(known(new.api_wait_seconds) or API_WAIT_SECONDS),
+                            api_wait=float(wait if wait is not None else API_WAIT_SECONDS),
                             progress=functools.partial(progress, name),
                         )
                     )

@@ -94,19 +94,61 @@ def _serving(local_port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", local_port)) == 0
 
 
+def process_parent_and_name(pid: int) -> tuple[int, str] | None:
+    """A process's parent pid and its name, or None when this system says neither.
+
+    Linux answers through /proc; where there is none (macOS) POSIX `ps` answers (macOS's
+    `comm` is the executable's path: its last part is the name)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        # The name is in parentheses and may hold spaces: the fields after the last ")" are fixed.
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        return int(stat.rsplit(")", 1)[1].split()[1]), name
+    try:
+        answer = subprocess.run(
+            ["ps", "-o", "ppid=", "-o", "comm=", "-p", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    fields = answer.stdout.strip().split(None, 1)
+    if answer.returncode != 0 or len(fields) != 2 or not fields[0].isdigit():
+        return None
+    return int(fields[0]), Path(fields[1].strip()).name
+
+
+# The refusal where neither answers: said in README's Prerequisites too (a test checks both).
+PLATFORM_SENTENCE = (
+    "hk3s runs on Linux or macOS: the forward to the Kubernetes API finds the run's Pulumi engine "
+    "through /proc (Linux) or ps (macOS)."
+)
+
+
+class EngineNotFoundError(RuntimeError):
+    """This system tells no process's parent: the engine the forward must outlive cannot be found."""
+
+
 def engine_pid() -> int:
     """The Pulumi engine running this program (the `pulumi` process above the language host),
-    or this process when there is none to be found."""
+    or this process when none is above it (a program run outside Pulumi, as in tests).
+
+    Raises EngineNotFoundError where this system tells no process's parent: a forward tied to
+    this process would end with the program, before the deletes the engine runs after it."""
     pid = os.getpid()
     for _ in range(8):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
+        found = process_parent_and_name(pid)
+        if found is None:
+            if pid == os.getpid():
+                raise EngineNotFoundError(PLATFORM_SENTENCE)
             break
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        parent = found[0]
         if parent <= 1:
             break
-        if Path(f"/proc/{parent}/comm").read_text().strip() == "pulumi":
+        above = process_parent_and_name(parent)
+        if above is not None and above[1] == "pulumi":
             return parent
         pid = parent
     return os.getpid()
@@ -142,6 +184,12 @@ def open_api_forward(server: SshTarget, local_port: int, outlive_pid: int | None
             f"127.0.0.1:{local_port}, the port of this stack's forward to the Kubernetes API, is taken by "
             "another program: set hk3s:cluster.api_forward_port to a free port",
         )
+    try:
+        outlive = outlive_pid or engine_pid()
+    except EngineNotFoundError:
+        raise ApiForwardError(
+            server.node, f"{PLATFORM_SENTENCE} Neither answers on this system: run hk3s from Linux or macOS"
+        ) from None
     request = ForwardRequest(
         node=server.node,
         address=server.address,
@@ -150,7 +198,7 @@ def open_api_forward(server: SshTarget, local_port: int, outlive_pid: int | None
         private_key=server.private_key,
         host_key=server.recorded_host_key or "",
         local_port=local_port,
-        outlive_pid=outlive_pid or engine_pid(),
+        outlive_pid=outlive,
     )
     process = subprocess.Popen(
         [sys.executable, "-m", "remote_access.api_forward"],

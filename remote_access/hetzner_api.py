@@ -1,6 +1,7 @@
 """The program's own calls to the Hetzner Cloud API, through Hetzner's official Python library
 (`hcloud`): find a server (by id, or by name), read its status, power it off or on, and wait
-for the action each power change starts.
+for the action each power change starts; take a new server off the SSH-only cloud firewall it
+was created with once its full firewall is applied.
 
 - The token is a Pulumi secret the caller passes in (hcloud:token, the setting the Hetzner
   Pulumi provider reads); it goes only into the library's `Authorization: Bearer` header, never
@@ -29,7 +30,8 @@ from dataclasses import dataclass
 
 from hcloud import APIException, Client
 from hcloud.actions import ActionFailedException, ActionTimeoutException, BoundAction
-from hcloud.servers import BoundServer
+from hcloud.firewalls import Firewall, FirewallResource
+from hcloud.servers import BoundServer, Server
 from requests import RequestException
 
 DEFAULT_ENDPOINT = "https://api.hetzner.cloud/v1"
@@ -242,3 +244,54 @@ async def power_on(access: HetznerAccess, server: str, progress: Progress) -> tu
 async def server_state(access: HetznerAccess, server: str) -> ServerState:
     """The server `server` (an id or a name) names, and its status."""
     return await asyncio.to_thread(lambda: _state(_find(access.client(), server)))
+
+
+def _release_bootstrap_firewall(
+    access: HetznerAccess, node: str, *, server_id: int, bootstrap_id: int, full_id: int, progress: Progress
+) -> bool:
+    client = access.client()
+    where = f"{node} (id {server_id})"
+    try:
+        full = client.firewalls.get_by_id(full_id)
+    except (APIException, RequestException) as error:
+        raise _call_failed(f"reading its full firewall (id {full_id})", where, error) from None
+    applied = {int(item.server.id or 0) for item in full.applied_to or [] if item.server is not None}
+    if server_id not in applied:
+        # Never left without a cloud firewall: the SSH-only one stays until the full one is on.
+        raise HetznerApiError(
+            f"Hetzner server {where} is not in its full cloud firewall {full.name} (id {full_id}) yet, so it keeps "
+            "the SSH-only firewall it was created with; run up again (it attaches the full firewall first)"
+        )
+    progress(f"taking Hetzner server {where} off the SSH-only firewall (id {bootstrap_id}): its full one is on")
+    try:
+        actions = client.firewalls.remove_from_resources(
+            Firewall(id=bootstrap_id),
+            [FirewallResource(type="server", server=Server(id=server_id))],
+        )
+    except APIException as error:
+        # Already off it (an earlier run, or by hand), or the firewall itself is gone: nothing to take off.
+        if error.code in ("firewall_already_removed", "not_found"):
+            return False
+        raise _call_failed("taking the SSH-only firewall off", where, error) from None
+    except RequestException as error:
+        raise _call_failed("taking the SSH-only firewall off", where, error) from None
+    state = ServerState(id=server_id, name=node, status="running")
+    for action in actions:
+        _wait_action(action, state, "remove_firewall")
+    return True
+
+
+async def release_bootstrap_firewall(
+    access: HetznerAccess, node: str, *, server_id: int, bootstrap_id: int, full_id: int, progress: Progress
+) -> bool:
+    """Take Hetzner server `server_id` off the SSH-only firewall `bootstrap_id` once the full
+    firewall `full_id` is applied to it (refused before); False when it was not on it."""
+    return await asyncio.to_thread(
+        _release_bootstrap_firewall,
+        access,
+        node,
+        server_id=server_id,
+        bootstrap_id=bootstrap_id,
+        full_id=full_id,
+        progress=progress,
+    )

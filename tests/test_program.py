@@ -15,6 +15,7 @@ from pulumi.runtime import config as runtime_config
 from cluster_settings import SettingsError, load_settings
 from cluster_settings.reference import BEGIN_MARKER, END_MARKER, render_reference
 from tests.components.mock_engine import Recording, run_with_mocks
+from tests.components.test_example_stacks import existing_host_example
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,8 +31,18 @@ def _with_key(config: dict[str, Any], key_file: Path) -> dict[str, Any]:
     return config
 
 
+def _withexisting_host_example(config: dict[str, Any]) -> dict[str, Any]:
+    """The dev example with its commented existing-host entry uncommented."""
+    config["workers"].append(existing_host_example("dev"))
+    return config
+
+
 def test_example_dev_stack_is_valid(ssh_key_file: Path) -> None:
     settings = load_settings(_with_key(_stack_config("dev"), ssh_key_file))
+    kinds = sorted((w.kind, w.name) for w in settings.workers)
+    # As shipped, only Hetzner servers the program creates (a first up needs a token and a key).
+    assert kinds == [("hetzner", "dev-worker-1"), ("hetzner", "dev-worker-2")]
+    settings = load_settings(_withexisting_host_example(_with_key(_stack_config("dev"), ssh_key_file)))
     kinds = sorted((w.kind, w.name) for w in settings.workers)
     assert kinds == [("existing", "dev-metal-1"), ("hetzner", "dev-worker-1"), ("hetzner", "dev-worker-2")]
 
@@ -46,6 +57,9 @@ def _run_main(config: dict[str, Any], recording: Recording | None = None) -> Rec
 
 def test_main_builds_the_dev_stack(ssh_key_file: Path) -> None:
     recording = _run_main(_with_key(_stack_config("dev"), ssh_key_file))
+    components = sorted(r.name for r in recording.registrations if r.type == "hk3s:index:WorkerNode")
+    assert components == ["batch-1", "batch-2", "dev-worker-1", "dev-worker-2"]
+    recording = _run_main(_withexisting_host_example(_with_key(_stack_config("dev"), ssh_key_file)))
     components = sorted(r.name for r in recording.registrations if r.type == "hk3s:index:WorkerNode")
     assert components == ["batch-1", "batch-2", "dev-metal-1", "dev-worker-1", "dev-worker-2"]
     # The example's pool: its two servers in turn over its locations, its taint on the existing

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from host_scripts import script_path
-from node_operations.firewall_plan import ANY_IPV4, PortRule
+from node_operations.firewall_plan import ANY_IPV4, ICMP_RULE, PortRule
 from node_operations.host_firewall import remote
 from node_operations.host_firewall.backend import Backend, Probe, UndeterminedError, ranges_cover
 from node_operations.host_firewall.dnat_guard import (
@@ -58,11 +58,9 @@ from remote_access.ssh import SshSession
 NFT_TABLE = "hk3s_node"
 REMOTE_NFT_FILE = f"{remote.REMOTE_DIR}/host-firewall.nft"
 
-_ICMP_TYPES = "echo-request, echo-reply, destination-unreachable, time-exceeded, parameter-problem"
-_ICMPV6_TYPES = (
-    "echo-request, echo-reply, destination-unreachable, time-exceeded, parameter-problem, packet-too-big, "
-    "nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit, nd-router-advert"
-)
+# From the plan both firewall layers share (node_operations.firewall_plan.ICMP_RULE).
+_ICMP_TYPES = ", ".join(ICMP_RULE.ipv4_types)
+_ICMPV6_TYPES = ", ".join(ICMP_RULE.ipv6_types)
 
 
 def _nft_port_rule(rule: dict[str, Any], sets: Mapping[str, list[IPNetwork]]) -> PortRule | None:

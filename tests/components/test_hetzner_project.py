@@ -137,7 +137,11 @@ def test_a_name_another_owner_holds_is_refused_and_our_own_is_not(ssh_key_file: 
 def test_every_server_carries_an_ssh_only_cloud_firewall_from_creation(ssh_key_file: Path) -> None:
     recording = _run(_config(ssh_key_file))
     firewall = recording.by_name("shop-ssh-only")
-    assert [(r["direction"], r["protocol"], r["port"]) for r in firewall.inputs["rules"]] == [("in", "tcp", "22")]
+    # The plan's SSH rule and its ICMP (node_operations.firewall_plan.bootstrap_rules, ICMP_RULE).
+    assert [(r["direction"], r["protocol"], r.get("port")) for r in firewall.inputs["rules"]] == [
+        ("in", "tcp", "22"),
+        ("in", "icmp", None),
+    ]
     servers = recording.of_type("hcloud:index/server:Server")
     assert {s.name for s in servers} == {"srv", "w1", "w2"}
     for server in servers:

@@ -1,7 +1,7 @@
 """A worker's copies through its life after the join, through the real engine, the real
 Kubernetes provider plugin and the lab's Longhorn manager stand-in (lab/longhorn_standin/manager.py:
 Longhorn nodes with the hosts' real disk figures, replicas placed, rebuilt and evicted as Longhorn's
-scheduler does). The tests share one cluster (a server and two workers; the last test adds a third)
+scheduler does). The tests share one cluster (a server and two workers; the last two tests add a third)
 and run in order.
 
 - Reboot: a volume pinned to the server whose only copy sits on the worker is refused while the
@@ -11,7 +11,9 @@ and run in order.
   refuses the removal before anything changes, naming the volume; once that volume is gone, the
   removal asks Longhorn to evict the worker's copies, waits until each one is healthy on another
   node and the old one is gone, then drains, wipes and deregisters the worker.
-- Give up: a third worker joins, goes down, is fenced as powered off; back on with its agent
+- Add: a third worker added to the config, a plain `pulumi preview` (what `pulumi up` runs first)
+  plans it: the providers' checks let through what the run has yet to decide (its disk verdict).
+- Give up: the third worker joins, goes down, is fenced as powered off; back on with its agent
   running, `node remove --force` is refused and nothing changes; off again, it is given up: no
   Node, no Longhorn node, and no peer's host firewall (the program's nftables rules, read on each
   peer before and after) admits its address any more; the next `up` has nothing to do.
@@ -38,6 +40,7 @@ from lab.stack_harness import (
     LabStack,
     base_config,
     port_reachable,
+    run_cli,
     server_spec,
     skip_without_kubernetes_provider,
     up_or_fail,
@@ -308,17 +311,49 @@ def admits(host: Host, worker: Host) -> set[str]:
     return {a for a in addresses if any(ipaddress.ip_address(a) in network for network in sources)}
 
 
+def staying_workers(cluster: Cluster) -> list[Host]:
+    """The first two workers still in the cluster (rc-worker-2 is gone once the removal's test ran)."""
+    names = cluster.server.run([K3S, "kubectl", "get", "nodes", "-o", "name"]).stdout.split()
+    return [w for w in (cluster.w1, cluster.w2) if f"node/{w.name}" in names]
+
+
+def third_worker(lab: Lab) -> Host:
+    """rc-worker-3, booted once for the tests that add it to the stack."""
+    if "rc-worker-3" not in lab.hosts:
+        lab.wait_ssh_ready([lab.add_host(worker_spec("rc-worker-3"))])
+    return lab.hosts["rc-worker-3"]
+
+
+def test_a_plain_preview_of_a_worker_added_to_a_longhorn_stack_succeeds(cluster: Cluster) -> None:
+    """`pulumi preview`, as the README has a person run it (and as `pulumi up` runs first), after a
+    worker is added to the config of a running stack with Longhorn. Its disk probe has not run, so
+    its Longhorn node role's `holds_copies` (the probe's verdict) and everything else taken from
+    resources the run creates are unknown to the providers' checks: they must pass."""
+    w3 = third_worker(cluster.lab)
+    stack = cluster.stack
+    stack.write_config(
+        base_config(
+            cluster.lab, cluster.server, [*staying_workers(cluster), w3], storage=STORAGE, firewall={"managed": True}
+        )
+    )
+    run = run_cli(stack, ["preview"], timeout=600)
+    assert run.returncode == 0, run.output[-6000:]
+    assert "has a problem" not in run.output, run.output[-6000:]
+    # The plan adds the worker, its Longhorn node role included.
+    planned = [line for line in run.output.splitlines() if f"{w3.name}-longhorn-role" in line]
+    assert any("create" in line for line in planned), run.output[-6000:]
+    # A preview changes nothing: the worker has not joined.
+    assert f"node/{w3.name}" not in cluster.server.run([K3S, "kubectl", "get", "nodes", "-o", "name"]).stdout.split()
+
+
 def test_a_fenced_worker_given_up_leaves_no_node_longhorn_node_or_firewall_peer(cluster: Cluster) -> None:
     """`node remove --force` of a fenced worker in a stack with Longhorn and managed host
     firewalls: refused while its host answers and runs its agent (nothing changes: its Node and
     Longhorn node stay, every peer still admits it); once it is off, its Node and Longhorn node are
     gone and no staying peer's firewall admits its address; the next `up` has nothing to do."""
     lab, stack, server = cluster.lab, cluster.stack, cluster.server
-    names = server.run([K3S, "kubectl", "get", "nodes", "-o", "name"]).stdout.split()
-    # rc-worker-2 is gone when the removal's test ran before this one.
-    staying = [w for w in (cluster.w1, cluster.w2) if f"node/{w.name}" in names]
-    w3 = lab.add_host(worker_spec("rc-worker-3"))
-    lab.wait_ssh_ready([w3])
+    staying = staying_workers(cluster)
+    w3 = third_worker(lab)
     stack.write_config(base_config(lab, server, [*staying, w3], storage=STORAGE, firewall={"managed": True}))
     stack.log.clear()
     up_or_fail(stack)

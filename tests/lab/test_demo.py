@@ -42,6 +42,11 @@ def test_the_demo_joins_two_workers_and_removes_everything(tmp_path: Path) -> No
         # `node list` shows each node's state in the cluster now (the server's Node too).
         assert rows["demo-server"][1:3] == ["server", "Ready"], listed
         assert rows["demo-worker-1"][1:3] == ["worker", "Ready"] and rows["demo-worker-2"][1:3] == ["worker", "Ready"]
+        # The demo's workers joined over the private network: each shows the private address it uses.
+        headers = listed.splitlines()[1].split()
+        for name in ("demo-worker-1", "demo-worker-2"):
+            row = dict(zip(headers, rows[name], strict=False))
+            assert row["NETWORK"] == "private" and row["PRIVATE"].count(".") == 3, listed
         assert "$ scripts/hk3s --stack demo status" in up.stdout and "Pending ops:  0" in up.stdout
         # The progress of the joins reached the terminal.
         assert "[demo-worker-1] joined and released" in up.stdout + up.stderr

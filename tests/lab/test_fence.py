@@ -18,6 +18,8 @@ Deployment of three web pods, one per worker.
 - Both Nodes show OutOfService, and the web pods run on fe-w3.
 - fe-w1's fence entry removed: it rejoins (validation taint on before the out-of-service taint
   comes off, the join's checks, the drop-in gone) and takes pods again.
+- fe-w2 given up (`node remove --force`) only while the fence holds it; added back, its join
+  removes the fence's leftover drop-in and it joins.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from host_scripts import script_path
 from lab import pod_hosts
 from lab.hosts import DEFAULT_CACHE_DIR, Host, Lab
 from lab.stack_harness import (
@@ -409,3 +412,27 @@ def test_a_fenced_worker_is_given_up_only_while_the_fence_holds_it(cluster: Clus
     result = up_or_fail(cluster.stack)
     changes = {str(getattr(op, "value", op)): n for op, n in (result.summary.resource_changes or {}).items()}
     assert set(changes) == {"same"}, changes
+
+
+def test_a_worker_given_up_joins_again_once_added_back(cluster: Cluster) -> None:
+    """fe-w2, given up with its host left as it was (the fence's drop-in still on its disk), is
+    powered on and added back (its fence entry gone): the join removes the leftover drop-in, says
+    so, and the worker joins (without that its agent never starts: systemd skips a unit whose
+    ConditionPathExists fails, and the join times out waiting for its registration)."""
+    server, w2 = cluster.server, cluster.w2
+    w2.power_on(wait=True)
+    # fe-w2's fence confirmed it powered off (no drop-in written); a worker fenced over SSH keeps the
+    # drop-in the fence's own script writes, as fe-w2 now does once that script has run on it.
+    (w2.root / "root/k3s_fence.sh").write_bytes(script_path("k3s_fence.sh").read_bytes())
+    w2.run(["bash", "/root/k3s_fence.sh"], timeout=200)
+    assert (w2.root / DROP_IN.lstrip("/")).exists()
+    assert w2.run(["systemctl", "is-active", "k3s-agent"], check=False).stdout.strip() != "active"
+    # cluster.config still lists fe-w2 among the workers: written back, with no fence entry left.
+    output = cluster.fence({})
+    if output:
+        pytest.fail(output[-8000:])
+    text = cluster.stack.text()
+    assert f"[{w2.name}] removed a fence's drop-in left on the host" in text, text[-4000:]
+    assert not (w2.root / DROP_IN.lstrip("/")).exists()
+    assert ready_status(server, w2.name) == "True"
+    assert FENCE_ANNOTATION not in (node(server, w2.name)["metadata"].get("annotations") or {})

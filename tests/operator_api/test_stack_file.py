@@ -18,6 +18,7 @@ from operator_api import (
     StackError,
     UnknownWorkerError,
 )
+from tests.components.test_example_stacks import existing_host_example
 from tests.conftest import example_text
 
 
@@ -48,7 +49,10 @@ def test_adding_a_worker_keeps_comments_and_validates(ssh_key_file: Path) -> Non
     document = StackDocument(example_text("dev", ssh_key_file))
     document.add_worker({"name": "dev-metal-2", "kind": "existing", "address": "198.51.100.21", "holds_copies": False})
     text = document.render()
-    assert "# an existing host (bare metal, another provider), given by address" in text
+    assert "# a Hetzner server the program creates" in text
+    # The example's commented existing host stays as it was, a comment.
+    assert "# An existing host (bare metal, another provider), given by address" in text
+    assert "    # - name: dev-metal-1\n" in text
     settings = document.validate()
     assert settings.workers[-1].name == "dev-metal-2" and settings.workers[-1].holds_copies is False
     # What was written reads back the same.
@@ -90,7 +94,7 @@ def test_bad_address_names_the_setting_and_changes_nothing(api: ClusterStack, pr
     before = _bytes(project)
     with pytest.raises(SettingsRejectedError) as caught:
         api.add_worker("dev-metal-2", address="198.51.100.300")
-    assert caught.value.keys == ["hk3s:workers[3].address"]
+    assert caught.value.keys == ["hk3s:workers[2].address"]
     assert "not an IPv4 address" in str(caught.value) and "stack config is unchanged" in str(caught.value)
     assert _bytes(project) == before
 
@@ -99,7 +103,7 @@ def test_existing_worker_without_address_is_refused(api: ClusterStack, project: 
     before = _bytes(project)
     with pytest.raises(SettingsRejectedError) as caught:
         api.add_worker("dev-metal-2")
-    assert caught.value.keys == ["hk3s:workers[3].address"] and "has no address" in str(caught.value)
+    assert caught.value.keys == ["hk3s:workers[2].address"] and "has no address" in str(caught.value)
     assert _bytes(project) == before
 
 
@@ -107,10 +111,15 @@ def test_every_problem_is_listed_not_only_the_first(api: ClusterStack, project: 
     with pytest.raises(SettingsRejectedError) as caught:
         api.add_worker("Bad_Name", address="198.51.100.20", labels={"kubernetes.io/role": "x"})
     keys = caught.value.keys
-    assert "hk3s:workers[3].name" in keys and "hk3s:workers[3].labels" in keys, keys
-    # 198.51.100.20 is dev-metal-1's address: reported by the cross-field rules once the fields parse.
+    assert "hk3s:workers[2].name" in keys and "hk3s:workers[2].labels" in keys, keys
+    # With the example's existing host uncommented, its address is taken: reported by the
+    # cross-field rules once the fields parse.
+    metal = existing_host_example("dev")
+    document = StackDocument((project / "Pulumi.dev.yaml").read_text())
+    document.add_worker(metal)
+    (project / "Pulumi.dev.yaml").write_text(document.render())
     with pytest.raises(SettingsRejectedError) as clash:
-        api.add_worker("dev-metal-2", address="198.51.100.20")
+        api.add_worker("dev-metal-2", address=metal["address"])
     assert clash.value.keys == ["hk3s:workers[3].address"] and "already the address" in str(clash.value)
 
 
@@ -127,7 +136,7 @@ def test_unknown_workers_are_refused(api: ClusterStack, project: Path) -> None:
     before = _bytes(project)
     with pytest.raises(UnknownWorkerError) as removed:
         api.remove_worker("dev-worker-9")
-    assert removed.value.keys == ["hk3s:workers"] and "dev-worker-1, dev-worker-2, dev-metal-1" in str(removed.value)
+    assert removed.value.keys == ["hk3s:workers"] and "(workers: dev-worker-1, dev-worker-2)" in str(removed.value)
     with pytest.raises(UnknownWorkerError) as fenced:
         api.fence("dev-worker-9", powered_off=True)
     assert fenced.value.keys == ["hk3s:fences.dev-worker-9"]

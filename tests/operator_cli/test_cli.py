@@ -88,7 +88,7 @@ def test_bad_input_exits_3_with_the_setting_named(
     before = (project / "Pulumi.dev.yaml").read_bytes()
     code, out, err = run(project, capsys, "node", "add", "metal-2", "--address", "198.51.100.300")
     assert code == EXIT_REFUSED and out == ""
-    assert "hk3s:workers[3].address" in err and "not an IPv4 address" in err
+    assert "hk3s:workers[2].address" in err and "not an IPv4 address" in err
     code, out, _ = run(project, capsys, "--json", "node", "add", "dev-worker-1", "--address", "198.51.100.21")
     data = json.loads(out)
     assert code == EXIT_REFUSED and data["error"] == "DuplicateWorkerError" and data["exit_code"] == 3
@@ -102,7 +102,7 @@ def test_bad_input_exits_3_with_the_setting_named(
     code, out, err = run(
         project, capsys, "node", "add", "cloud-3", "--hetzner", "--server-type", "cx23", "--location", "mars"
     )
-    assert code == EXIT_REFUSED and "hk3s:workers[3].location" in err and "not a Hetzner Cloud location" in err
+    assert code == EXIT_REFUSED and "hk3s:workers[2].location" in err and "not a Hetzner Cloud location" in err
     code, out, _ = run(project, capsys, "--json", "node", "fence", "nobody")
     assert code == EXIT_REFUSED and json.loads(out)["problems"][0]["key"] == "hk3s:fences.nobody"
     assert (project / "Pulumi.dev.yaml").read_bytes() == before

@@ -1,6 +1,7 @@
 """HostProbe driven the way the engine drives it: through the SDK's
 `python -m pulumi.dynamic` gRPC server (Configure, Check, Create, Diff, Read,
-Delete), against a real sshd on loopback. No mocks."""
+Delete), against a real sshd on loopback; and a preview's unknown input through
+the same server to a check. No mocks."""
 
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ import grpc
 import pytest
 from google.protobuf import struct_pb2
 from pulumi.dynamic.dynamic import serialize_provider
+from pulumi.output import Unknown
 from pulumi.runtime import proto, rpc
 from pulumi.runtime.proto import provider_pb2_grpc
 
 from providers.host_probe import HostProbeProvider
+from providers.inputs import NodeLogin
+from providers.longhorn_node_role import LonghornNodeRoleInputs, LonghornNodeRoleProvider
 from remote_access.ssh import fingerprint
 from tests.loopback_sshd import LoopbackSshd
 
@@ -116,3 +120,28 @@ def test_host_probe_lifecycle_over_grpc(sshd: LoopbackSshd, provider_server: Any
     # Progress lines carry the node name (no per-resource log channel exists).
     assert b"[worker-1] recorded SSH host key on first use" in stderr
     assert sshd.client_private_key.encode() not in stderr
+
+
+def test_a_preview_with_an_unknown_input_passes_check_over_grpc(provider_server: Any) -> None:
+    """The unknown value as the engine sends it in a preview (the placeholder string on the wire),
+    through the SDK's host to LonghornNodeRole's check: a worker not probed yet passes, a known
+    bad value is refused naming the input."""
+    stub, _process = provider_server
+    stub.Configure(proto.ConfigureRequest(args=_struct({}), acceptSecrets=False))
+    role_urn = "urn:pulumi:test::hk3s::pulumi-python:dynamic/hk3s:LonghornNodeRole::w2-longhorn-role"
+    inputs = LonghornNodeRoleInputs(
+        login=NodeLogin(node="srv", address="198.51.100.2", private_key="key"), longhorn_node="w2"
+    ).props()
+    news = {**inputs, "__provider": serialize_provider(LonghornNodeRoleProvider())}
+
+    preview = stub.Check(
+        proto.CheckRequest(urn=role_urn, olds=_struct({}), news=_struct({**news, "holds_copies": rpc.UNKNOWN}))
+    )
+    assert [(f.property, f.reason) for f in preview.failures] == []
+    assert isinstance(rpc.deserialize_properties(preview.inputs, keep_unknowns=True)["holds_copies"], Unknown)
+
+    bad = stub.Check(proto.CheckRequest(urn=role_urn, olds=_struct({}), news=_struct({**news, "holds_copies": "yes"})))
+    (failure,) = bad.failures
+    assert failure.property == "holds_copies" and failure.reason.startswith(
+        "holds_copies must be true or false, not 'yes'"
+    )
