@@ -73,6 +73,22 @@ class Machine(Protocol):
     def power_on(self) -> None: ...
 
 
+@dataclass
+class SwitchedMachine:
+    """A machine that is only its power switch, for tests of the stand-in and its callers:
+    on or off (`stuck` ignores a power off, as a server whose host hangs)."""
+
+    is_running: bool = True
+    stuck: bool = False
+
+    def power_off(self) -> None:
+        if not self.stuck:
+            self.is_running = False
+
+    def power_on(self) -> None:
+        self.is_running = True
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S+00:00")
 

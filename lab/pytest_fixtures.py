@@ -11,6 +11,10 @@ It skips, with the reason, when the machine cannot run lab hosts (not root,
 no systemd-nspawn, no debootstrap, ...).  Tests add their hosts with
 ``lab.add_host(HostSpec(...))`` and ``lab.wait_ssh_ready([...])``.
 
+``_no_stack_process_left`` (automatic, once per test session) ends every process that
+the session's stacks left running when the session ends, and reports each (see
+:func:`end_leftover_processes`).
+
 Environment:
 
 * ``HK3S_LAB_CACHE``: where base trees are kept (default /var/cache/hk3s-lab).
@@ -22,12 +26,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 
 import pytest
 
 from lab.hosts import DEFAULT_CACHE_DIR, Lab, LabError, missing_prerequisites, reap_stale_labs
+from lab.stack_processes import StackProcess, end_processes, processes_under
 
 log = logging.getLogger("lab.pytest_fixtures")
 
@@ -92,3 +99,35 @@ def lab() -> Iterator[Lab]:
 def fresh_lab() -> Iterator[Lab]:
     """A lab of its own for one test; always torn down."""
     yield from _make_lab()
+
+
+class LeftoverProcessWarning(pytest.PytestWarning):
+    """Processes of the session's stacks were still running when the session ended."""
+
+
+def end_leftover_processes(directory: Path) -> list[StackProcess]:
+    """End every process that still belongs to `directory` (lab/stack_processes.py) and warn,
+    naming each: a run left it behind (a killed `pulumi up`'s language host or plugin, a
+    provider process of a release that did not end with its engine). Returns them."""
+    leftovers = processes_under(directory)
+    if not leftovers:
+        return []
+    unended = end_processes(leftovers)
+    listing = "\n".join(f"  {process}" for process in leftovers)
+    message = f"{len(leftovers)} process(es) of the stacks under {directory} were still running; ended:\n{listing}"
+    if unended:
+        message += "\nstill running after SIGKILL: " + ", ".join(str(process.pid) for process in unended)
+    warnings.warn(LeftoverProcessWarning(message), stacklevel=2)
+    return leftovers
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_stack_process_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The suite ends every process it started. Every stack of a test lives under the session's
+    base temporary directory (one per pytest run, and one per worker with pytest-xdist), so what
+    still runs from there when the session ends is this session's and nobody else's: another
+    session's runs (another checkout's, another worker's) live under their own and are left
+    alone. Automatic and session-wide: set up before any session fixture a test asks for, so it
+    runs after their teardowns."""
+    yield
+    end_leftover_processes(tmp_path_factory.getbasetemp())

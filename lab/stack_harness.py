@@ -371,9 +371,10 @@ def run_killable(
     its process group as soon as a line containing that text appears (on stderr with
     `split_stderr`, else on the merged output). The Pulumi CLI starts each plugin (language
     host, provider processes) in a process group of its own (Pulumi's
-    cmdutil.RegisterProcessGroup), so those finish the operation in flight, as after a
-    `kill -9` of the CLI alone. With `crash`, every process the run started is SIGKILLed too,
-    as when the machine running it goes down: an operation stops wherever it was."""
+    cmdutil.RegisterProcessGroup), so the kill reaches the CLI alone, as a `kill -9` of the CLI
+    does; its provider processes then end by themselves (providers/engine_watch.py), their
+    operations stopping where they were. With `crash`, every process the run started is
+    SIGKILLed at once, as when the machine running it goes down."""
     import signal  # noqa: PLC0415
     import threading  # noqa: PLC0415
 

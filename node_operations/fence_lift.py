@@ -40,8 +40,10 @@ was off, so it has booted since.
 
 Once the validation taint is gone, the workloads the fence kept stopped start again
 (node_operations/fence_workloads.py `start_stopped`), judged by their volumes' copies with the
-rejoined worker's counted again: its copy that failed last is the newest. One still without a
-copy it may start from stays stopped, named, with its record on its owner.
+rejoined worker's counted again: its copy that failed last is the newest; a copy on another node
+that is NotReady or fenced is not current. Each owner the fence stopped is started by its own
+record (a CronJob the fence suspended above a Job is resumed as well as the Job). One still
+without a copy it may start from stays stopped, named, with its record on its owner.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from node_operations.join_validation import TaintedNodeValidation, ValidatedNode
 from node_operations.k3s_install import CONFIG_PATH, parse_results
 from node_operations.reboot import BOOT_MARKER_COMMAND
 from node_operations.refusal import tagged
+from node_operations.volume_copies import NODE_UNHELD_ANNOTATION
 from node_operations.worker_removal import worker_answers
 from remote_access.kube import ClusterApi, NodeStatus, Repeat, Taint
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
@@ -158,7 +161,7 @@ class FenceLift:
         out = await self.cluster.kubectl(["get", "node", self.node, "-o", "json"], repeat=Repeat.READ)
         if FENCE_ANNOTATION in (json.loads(out)["metadata"].get("annotations") or {}):
             # A merge patch to null: repeated after an outage it finds the annotation gone and changes nothing.
-            records = (FENCE_ANNOTATION, FENCE_BOOT_ANNOTATION, NODE_STOPPED_ANNOTATION)
+            records = (FENCE_ANNOTATION, FENCE_BOOT_ANNOTATION, NODE_STOPPED_ANNOTATION, NODE_UNHELD_ANNOTATION)
             unset = json.dumps({"metadata": {"annotations": dict.fromkeys(records)}})
             await self.cluster.kubectl(
                 ["patch", "node", self.node, "--type", "merge", "-p", unset], repeat=Repeat.IDEMPOTENT

@@ -7,9 +7,14 @@ writes without a word, so before the worker is tainted out of service each such 
 judged by the copies of its volumes on the *other* nodes (Longhorn's replica fields):
 
 - **current**: a copy healthy since it last failed (`healthyAt` set, `failedAt` empty) holds every
-  write the volume took. With a current copy of every one of its volumes the workload may start
-  elsewhere: Kubernetes deletes its pods once the node is tainted, and its controller starts them
-  on another node.
+  write the volume took, and it is current only while its node is Ready and not fenced (no
+  `hk3s.dev/fenced-at`, no out-of-service taint). Longhorn's manager marks a copy failed only once
+  it notices its node went (the manager that owns the volume may have run on the fenced worker
+  itself), so its fields alone can call a copy on a dead node current; a workload started from it
+  would not start, or would start on whatever copy is left. A copy on such a node that held data
+  counts as one that may be older. With a current copy of every one of its volumes the workload
+  may start elsewhere: Kubernetes deletes its pods once the node is tainted, and its controller
+  starts them on another node.
 - **stale**: copies elsewhere that were healthy once but failed since (`failedAt` set) may be
   older than the lost one. The workload stays stopped until the operator accepts that
   (`hk3s:fences.<worker>.accept_stale_data`); the report lists every copy with its
@@ -21,7 +26,13 @@ does not count.
 
 Stopping means what the workload's controller can be told: a Deployment, StatefulSet or a
 ReplicaSet no Deployment owns is scaled to zero, a Job is suspended. A controller cannot leave
-out one pod, so a StatefulSet stops whole, its pods on other nodes too. The stop and its record
+out one pod, so a StatefulSet stops whole, its pods on other nodes too. A stopped workload's
+owners are walked to the top, since an owner left running starts it again: a Job's CronJob is
+suspended too (else it makes the next Job on another node, on the copy that may be stale), with a
+record of its own, before the Job; a workload controlled by anything else (an operator's custom
+resource, which scales its Deployment or StatefulSet back) is not scaled, since that would not
+hold, and is named instead (`WorkloadReport.unheld`, the Node's `NODE_UNHELD_ANNOTATION`, which
+`status(check_hosts=True)` reads): the operator stops it or accepts what starts. The stop and its record
 are one merge patch of the owner (`STOPPED_ANNOTATION`: the worker, why, the former replica count
 or suspension, the volumes), so an interrupted run finds either both or neither; a resumed fence
 keeps the record's verdict and does not judge that owner again. The Node carries a summary
@@ -43,6 +54,7 @@ the worker is left: a volume attached there may still be written there.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 from collections.abc import Callable, Mapping
@@ -51,6 +63,7 @@ from typing import Any
 
 from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
 from node_operations.longhorn_objects import longhorn_items
+from node_operations.volume_copies import NODE_UNHELD_ANNOTATION
 from remote_access.kube import ClusterApi, Repeat
 from remote_access.ssh import SshTarget, open_session
 
@@ -64,7 +77,10 @@ LONGHORN_DRIVER = "driver.longhorn.io"
 RELEASE_AFTER_SECONDS = 60.0
 # The owners the fence can stop: kind -> the kubectl resource and how it is stopped.
 SCALED = {"Deployment": "deployment", "StatefulSet": "statefulset", "ReplicaSet": "replicaset"}
-SUSPENDED = {"Job": "job"}
+SUSPENDED = {"Job": "job", "CronJob": "cronjob"}
+# The owners above a stoppable workload the fence stops too: (kind, its controller's kind). Any
+# other controller above a workload is one the program cannot stop.
+STOPPABLE_PARENTS = {("ReplicaSet", "Deployment"), ("Job", "CronJob")}
 
 Progress = Callable[[str], None]
 
@@ -89,22 +105,26 @@ class Copy:
     failed_at: str = ""
     last_healthy_at: str = ""
     last_failed_at: str = ""
+    unavailable: str = ""  # why its node cannot serve it now (NotReady, fenced); "" when it can
 
     @classmethod
-    def of(cls, replica: Mapping[str, Any]) -> Copy:
+    def of(cls, replica: Mapping[str, Any], unavailable: Mapping[str, str] | None = None) -> Copy:
         spec = replica.get("spec") or {}
+        node = str(spec.get("nodeID") or "")
         return cls(
-            node=str(spec.get("nodeID") or ""),
+            node=node,
             healthy_at=str(spec.get("healthyAt") or ""),
             failed_at=str(spec.get("failedAt") or ""),
             last_healthy_at=str(spec.get("lastHealthyAt") or ""),
             last_failed_at=str(spec.get("lastFailedAt") or ""),
+            unavailable=(unavailable or {}).get(node, ""),
         )
 
     @property
     def current(self) -> bool:
-        """Healthy since it last failed: it holds every write the volume took."""
-        return bool(self.node and self.healthy_at and not self.failed_at)
+        """Healthy since it last failed, on a node that is Ready and not fenced: it holds every
+        write the volume took and can be started from now."""
+        return bool(self.node and self.healthy_at and not self.failed_at and not self.unavailable)
 
     @property
     def held_data(self) -> bool:
@@ -112,7 +132,7 @@ class Copy:
         return bool(self.node and (self.healthy_at or self.last_healthy_at))
 
     def line(self) -> str:
-        state = "current" if self.current else "failed"
+        state = "current" if self.current else "failed" if self.failed_at else f"not current: {self.unavailable}"
         return (
             f"{self.node} ({state}; lastHealthyAt {self.last_healthy_at or 'never'}, "
             f"lastFailedAt {self.last_failed_at or 'never'})"
@@ -129,7 +149,11 @@ class VolumeCopies:
 
     def verdict(self, worker: str, *, worker_back: bool = False) -> Verdict:
         """The volume's verdict with `worker` fenced (or, `worker_back`, rejoining)."""
-        held = [c for c in self.copies if c.held_data]
+        copies = self.copies
+        if worker_back:
+            # Rejoined and validated Ready: its fence record is removed only after this judgement.
+            copies = tuple(dataclasses.replace(c, unavailable="") if c.node == worker else c for c in copies)
+        held = [c for c in copies if c.held_data]
         others = [c for c in held if c.node != worker]
         if any(c.current for c in (held if worker_back else others)):
             return Verdict.MOVES
@@ -199,6 +223,22 @@ def why_stopped(owner: str, verdict: Verdict, worker: str, volumes: list[VolumeC
     )
 
 
+def why_unheld(owner: str, by: str, verdict: Verdict, worker: str, volumes: list[VolumeCopies]) -> str:
+    """The report's (and `status`'s) line for a workload the fence may not start elsewhere but
+    cannot hold stopped: its owner `by` would start it again."""
+    if verdict is Verdict.ONLY_COPY:
+        only = ", ".join(v.volume for v in volumes if v.verdict(worker) is Verdict.ONLY_COPY)
+        what = f"with none of its data (the only copy of {only} is on {worker})"
+    else:
+        lines = "; ".join(v.line() for v in volumes if v.verdict(worker) is Verdict.STALE)
+        what = f"on copies that may be older than the one on {worker}: {lines}"
+    return (
+        f"{owner} is owned by {by}, which the fence cannot stop (it would start {owner} again), so it was left "
+        f"as it is and may start elsewhere {what}. Stop {by} yourself (its own way: scale it to 0 or pause it), "
+        f"then lift the fence once {worker} is back; or check its data and accept what starts"
+    )
+
+
 @dataclass
 class WorkloadReport:
     """What the decision did: where workloads may go, what stays stopped and why, warnings."""
@@ -207,6 +247,8 @@ class WorkloadReport:
     stopped: dict[str, str] = field(default_factory=dict)  # owner -> why it stays stopped
     started: dict[str, str] = field(default_factory=dict)  # owner -> from which copies
     unjudged: list[str] = field(default_factory=list)  # warnings: pods the program cannot judge
+    # Workloads that may not start elsewhere but whose owner the fence cannot stop: owner -> why.
+    unheld: dict[str, str] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)  # pods the fence deleted itself (step 5)
     # The controllers of the pods of workloads kept stopped ("ReplicaSet ns/name"): none runs anew.
     stopped_controllers: set[str] = field(default_factory=set)
@@ -215,6 +257,7 @@ class WorkloadReport:
         lines = [f"{owner} may start elsewhere: {how}" for owner, how in sorted(self.moving.items())]
         lines += [f"{owner} started again: {how}" for owner, how in sorted(self.started.items())]
         lines += list(self.stopped[owner] for owner in sorted(self.stopped))
+        lines += [f"not held stopped: {self.unheld[owner]}" for owner in sorted(self.unheld)]
         lines += [f"warning: {line}" for line in self.unjudged]
         if self.released:
             lines.append(
@@ -268,11 +311,34 @@ class ClaimMap:
         return found
 
 
-def copies_by_volume(replicas: list[dict[str, Any]]) -> dict[str, tuple[Copy, ...]]:
+def copies_by_volume(
+    replicas: list[dict[str, Any]], unavailable: Mapping[str, str] | None = None
+) -> dict[str, tuple[Copy, ...]]:
+    """Each volume's copies; `unavailable` (node -> why, `unavailable_nodes`) marks the copies
+    whose node cannot serve them now."""
     found: dict[str, list[Copy]] = {}
     for replica in replicas:
-        found.setdefault(str((replica.get("spec") or {}).get("volumeName") or ""), []).append(Copy.of(replica))
+        volume = str((replica.get("spec") or {}).get("volumeName") or "")
+        found.setdefault(volume, []).append(Copy.of(replica, unavailable))
     return {volume: tuple(copies) for volume, copies in found.items()}
+
+
+def unavailable_nodes(nodes: list[dict[str, Any]]) -> dict[str, str]:
+    """The Nodes whose copies cannot be current, with why: NotReady (a copy there cannot be
+    started from, and Longhorn may not have marked it failed yet), fenced (its fence record), or
+    tainted out of service."""
+    found = {}
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        conditions = (node.get("status") or {}).get("conditions") or []
+        taints = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
+        if FENCE_ANNOTATION in (meta.get("annotations") or {}):
+            found[str(meta["name"])] = f"its node is fenced ({FENCE_ANNOTATION})"
+        elif OUT_OF_SERVICE_TAINT in taints:
+            found[str(meta["name"])] = f"its node is tainted {OUT_OF_SERVICE_TAINT}"
+        elif next((c.get("status") for c in conditions if c.get("type") == "Ready"), "") != "True":
+            found[str(meta["name"])] = "its node is NotReady"
+    return found
 
 
 def controller_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -303,6 +369,33 @@ def stoppable_owner(pod: Mapping[str, Any], replicaset: Mapping[str, Any] | None
             return None  # another controller scales this ReplicaSet and would undo a scale
         kind, name = above or (kind, name)
     return Owner(kind, namespace, name) if kind in SCALED or kind in SUSPENDED else None
+
+
+def parent_of(owner: Owner, obj: Mapping[str, Any]) -> Owner | str | None:
+    """What controls `owner` (its object `obj`): the parent the fence stops too (a Job's CronJob,
+    a ReplicaSet's Deployment), the name of a controller it cannot stop ("App default/db"), or
+    None at the top."""
+    ref = controller_of(obj)
+    if ref is None:
+        return None
+    kind, name = ref
+    if (owner.kind, kind) in STOPPABLE_PARENTS:
+        return Owner(kind, owner.namespace, name)
+    return f"{kind} {owner.namespace}/{name}"
+
+
+def stopped_by(obj: Mapping[str, Any], worker: str) -> Owner | None:
+    """The owner `obj` is, when `worker`'s fence stopped it (its record on it)."""
+    record = stop_record(obj)
+    if record is None or record.get("node") != worker:
+        return None
+    # A Deployment's ReplicaSets carry copies of its annotations: the Deployment is the one stopped.
+    # A CronJob's Job carries a record of its own (the CronJob's annotations are not copied).
+    above = controller_of(obj)
+    if obj.get("kind") == "ReplicaSet" and above is not None and above[0] == "Deployment":
+        return None
+    meta = obj["metadata"]
+    return Owner(str(obj["kind"]), meta["namespace"], meta["name"])
 
 
 def stop_patch(
@@ -378,6 +471,28 @@ class WorkloadDecision:
         )
         return json.loads(out) if out.strip() else None
 
+    async def _copies(self) -> dict[str, tuple[Copy, ...]]:
+        """Every volume's copies, those on Nodes that cannot serve them now marked so."""
+        nodes = (await read_json(self.api, "nodes")).get("items") or []
+        return copies_by_volume(await longhorn_items(self.api, "replicas.longhorn.io"), unavailable_nodes(nodes))
+
+    async def _owners_above(
+        self, owner: Owner, obj: Mapping[str, Any]
+    ) -> tuple[list[tuple[Owner, dict[str, Any]]], str]:
+        """The owners above `owner` the fence stops too, top first, with their objects; and the
+        name of a controller above them the program cannot stop ("" when there is none)."""
+        above: list[tuple[Owner, dict[str, Any]]] = []
+        current, current_obj = owner, obj
+        while (parent := parent_of(current, current_obj)) is not None:
+            if isinstance(parent, str):
+                return above, parent
+            parent_obj = await self._object(parent)
+            if parent_obj is None:
+                break  # gone: nothing above starts it again
+            above.insert(0, (parent, parent_obj))
+            current, current_obj = parent, parent_obj
+        return above, ""
+
     async def _workloads(self, pods: list[dict[str, Any]]) -> dict[Owner, Workload]:
         """The worker's pods with Longhorn volumes, by owner; the ones without one named in warnings."""
         workloads: dict[Owner, Workload] = {}
@@ -388,7 +503,7 @@ class WorkloadDecision:
         with_volumes = [(pod, used) for pod, used in with_volumes if used]
         if not with_volumes:
             return workloads
-        copies = copies_by_volume(await longhorn_items(self.api, "replicas.longhorn.io"))
+        copies = await self._copies()
         for pod, used in with_volumes:
             owner = await self._owner(pod)
             if owner is None:
@@ -417,6 +532,7 @@ class WorkloadDecision:
                 continue
             record, verdict = stop_record(obj), workload.verdict(self.worker)
             volumes = list(workload.volumes.values())
+            above, unstoppable = await self._owners_above(owner, obj)
             if record is not None:
                 # Stopped already: by an earlier run of this fence (start_stopped judges it), or by
                 # another worker's fence, whose record keeps the count to restore.
@@ -429,25 +545,49 @@ class WorkloadDecision:
                 consent = " (stale copies accepted: accept_stale_data)" if verdict is Verdict.STALE else ""
                 self.report.moving[str(owner)] = how + consent
                 continue
+            if unstoppable:
+                # Its controller would start it again: a stop there would not hold, so it is named.
+                self.report.unheld[str(owner)] = why_unheld(str(owner), unstoppable, verdict, self.worker, volumes)
+                self.progress(f"{owner} not stopped: owned by {unstoppable}, which the fence cannot stop")
+                continue
             self.report.stopped_controllers |= workload.controllers
-            await self.api.patch_merge(
-                owner.resource, owner.name, owner.namespace, stop_patch(owner, obj, self.worker, verdict, volumes)
-            )
-            how = "suspended" if owner.kind in SUSPENDED else "scaled to 0"
-            self.progress(f"{owner} {how}: {REASON[verdict]} ({', '.join(workload.volumes)})")
+            # Top first, each with its own record: a record on the workload says its owners hold too.
+            for parent, parent_obj in [*above, (owner, obj)]:
+                if (stop_record(parent_obj) or {}).get("node") == self.worker:
+                    continue  # stopped by an earlier run of this fence, cut before the workload's stop
+                patch = stop_patch(parent, parent_obj, self.worker, verdict, volumes)
+                await self.api.patch_merge(parent.resource, parent.name, parent.namespace, patch)
+                how = "suspended" if parent.kind in SUSPENDED else "scaled to 0"
+                self.progress(f"{parent} {how}: {REASON[verdict]} ({', '.join(workload.volumes)})")
+        await self._record_unheld()
         await self.start_stopped(worker_back=False)
         return self.report
+
+    async def _record_unheld(self) -> None:
+        """Add the workloads the fence cannot hold stopped to the Node's list (kept across a resumed
+        fence, whose pods may be gone by then; the lift removes it), for `status` to name."""
+        if not self.report.unheld:
+            return
+        node = await read_json(self.api, "node", self.worker)
+        text = ((node.get("metadata") or {}).get("annotations") or {}).get(NODE_UNHELD_ANNOTATION) or "{}"
+        try:
+            known = json.loads(text)
+        except ValueError:
+            known = {}
+        merged = {**(known if isinstance(known, dict) else {}), **self.report.unheld}
+        patch = {"metadata": {"annotations": {NODE_UNHELD_ANNOTATION: json.dumps(merged, sort_keys=True)}}}
+        await self.api.kubectl(
+            ["patch", "node", self.worker, "--type", "merge", "-p", json.dumps(patch)], repeat=Repeat.IDEMPOTENT
+        )
 
     async def _stopped(self) -> list[tuple[Owner, dict[str, Any]]]:
         """Every owner this worker's fence keeps stopped, with its record."""
         kinds = ",".join(sorted({*SCALED.values(), *SUSPENDED.values()}))
         found = []
         for obj in (await read_json(self.api, kinds, "-A")).get("items") or []:
-            record = stop_record(obj)
-            # A Deployment's ReplicaSets carry copies of its annotations: the Deployment is the one stopped.
-            if record is not None and record.get("node") == self.worker and controller_of(obj) is None:
-                meta = obj["metadata"]
-                found.append((Owner(str(obj["kind"]), meta["namespace"], meta["name"]), record))
+            owner, record = stopped_by(obj, self.worker), stop_record(obj)
+            if owner is not None and record is not None:
+                found.append((owner, record))
         return found
 
     async def start_stopped(self, *, worker_back: bool) -> WorkloadReport:
@@ -455,7 +595,7 @@ class WorkloadDecision:
         stale ones with consent; with `worker_back`, the rejoined worker's too); the rest stay
         stopped, each with its reason. The Node's summary follows."""
         stopped = await self._stopped()
-        copies = copies_by_volume(await longhorn_items(self.api, "replicas.longhorn.io")) if stopped else {}
+        copies = await self._copies() if stopped else {}
         still: dict[str, str] = {}
         for owner, record in stopped:
             volumes = [VolumeCopies(v, c, copies.get(v, ())) for v, c in record.get("volumes") or []]

@@ -4,6 +4,10 @@ through the server's `k3s kubectl`.
 - Volumes that wait for copies (below).
 - A single-copy volume whose copy sits on a worker: losing that worker loses the volume, so the
   operator should move it (a reboot moves one pinned to the server: node_operations.pinned_copies).
+- Workloads a fence cannot hold stopped: on a fenced Node, `NODE_UNHELD_ANNOTATION` (written by
+  node_operations/fence_workloads.py) names each workload with no current copy elsewhere whose
+  owner the program cannot stop (an operator's custom resource): it may start on a copy that may
+  be older, and only the operator can stop it.
 - Little room for copies: when the roomiest disk that may hold copies (a node carrying the copies
   tag and allowing scheduling) can take less than 5 GiB more by Longhorn's rules, the next volume
   of any size waits.
@@ -17,6 +21,7 @@ nodes that could hold the volume's copies, so the operator sees what to fix.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +29,12 @@ from typing import Any
 from node_operations.longhorn_node_role import COPIES_TAG
 from node_operations.longhorn_objects import longhorn_items
 from node_operations.pinned_copies import node_room
-from remote_access.kube import ClusterApi
+from remote_access.kube import ClusterApi, Repeat
 from remote_access.ssh import SshTarget, open_session
 
 LOW_ROOM_BYTES = 5 * 1024**3
+# On a fenced Node: JSON {"Kind namespace/name": why} of the workloads its fence cannot hold stopped.
+NODE_UNHELD_ANNOTATION = "hk3s.dev/fence-unheld-workloads"
 # Longhorn's default for storage-minimal-available-percentage, when its Setting cannot be read.
 MINIMAL_AVAILABLE_DEFAULT = 25
 
@@ -109,6 +116,24 @@ def single_copies_on_workers(volumes: list[dict[str, Any]], replicas: list[dict[
     return lines
 
 
+def unheld_workloads(nodes: list[dict[str, Any]]) -> list[str]:
+    """A line per workload a fence cannot hold stopped, from its Node's list (see the module
+    docstring); a list that is not the fence's JSON is skipped."""
+    lines = []
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        try:
+            unheld = json.loads((meta.get("annotations") or {}).get(NODE_UNHELD_ANNOTATION) or "{}")
+        except ValueError:
+            continue
+        if isinstance(unheld, dict):
+            lines += [
+                f"{meta['name']} is fenced, and its fence cannot hold this workload stopped: {why}"
+                for _owner, why in sorted(unheld.items())
+            ]
+    return lines
+
+
 def low_room(nodes: list[dict[str, Any]], minimal_available_percent: int) -> str | None:
     """A line when the roomiest disk that may hold copies can take less than 5 GiB more."""
     eligible = [n for n in nodes if COPIES_TAG in ((n.get("spec") or {}).get("tags") or [])]
@@ -135,11 +160,13 @@ async def read_copies_warnings(server: SshTarget, api_wait: float) -> list[str]:
             await longhorn_items(cluster, "nodes.longhorn.io"),
             await longhorn_items(cluster, "settings.longhorn.io"),
         )
+        kube_nodes = json.loads(await cluster.kubectl(["get", "nodes", "-o", "json"], repeat=Repeat.READ))["items"]
     minimal = next(
         (int(s.get("value") or 0) for s in settings if s["metadata"]["name"] == "storage-minimal-available-percentage"),
         MINIMAL_AVAILABLE_DEFAULT,
     )
     lines = [volume.line() for volume in waiting_volumes(volumes, replicas, nodes)]
     lines += single_copies_on_workers(volumes, replicas, server.node)
+    lines += unheld_workloads(kube_nodes)
     room = low_room(nodes, minimal)
     return [*lines, *([room] if room else [])]

@@ -29,6 +29,7 @@ from node_operations.join import JoinError
 from node_operations.network_mode import NetworkRefusedError
 from node_operations.refusal import tagged
 from node_operations.teardown import WipeError
+from providers.engine_watch import exit_with_the_engine
 from providers.inputs import NodeLogin, ResourceInputs, checkable, known
 from remote_access.session_pool import share_logins_on
 from remote_access.ssh import SshError, SshTarget
@@ -122,8 +123,10 @@ def present_program_errors(host: ModuleType | None) -> bool:
 
 
 # The host imports this module when it unpickles the first provider (before any of its
-# methods run), so the replacement is in place for every operation.
+# methods run), so the replacement is in place for every operation, and the process ends
+# with its engine from then on (providers/engine_watch.py).
 present_program_errors(sys.modules.get("__main__"))
+exit_with_the_engine(sys.modules.get("__main__"))
 
 
 def progress(node: str, message: str) -> None:

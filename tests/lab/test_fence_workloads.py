@@ -24,11 +24,26 @@ containers.
   each stopped owner's record keeps its former size across the kill.
 - accept_stale_data: old-app starts (on fw-w2); only-app stays stopped.
 - The fence lifted: fw-w1 back Ready, only-app and only-job started again.
+
+Then, on the same cluster (the workloads above removed), one fence of fw-w1 shows two rules:
+
+- A current copy is one healthy now on a node that is Ready and not fenced: `pair` keeps copies on
+  fw-w1 and fw-w2; both go down together, and Longhorn's manager has not marked fw-w2's copy failed
+  (the stand-in is paused: the manager that owns the volume ran on fw-w1). Longhorn's fields still
+  call that copy current; the fence does not, and pair-app stays stopped as on copies that may be
+  older, fw-w2's named NotReady.
+- Owners are walked to the top: a Job of the CronJob `nightly` whose pod uses `cronv` (its only
+  copy on fw-w1) is suspended, and so is the CronJob, each with a record; the lift resumes both. A
+  Deployment owned by a custom resource (`App default/db`, whose controller would scale it back)
+  using `opv` (its only copy on fw-w1) is not scaled; it is named in the fence's report and in
+  `status(check_hosts=True)`.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,6 +64,7 @@ from lab.stack_harness import (
     worker_spec,
 )
 from node_operations.fence_workloads import NODE_STOPPED_ANNOTATION, STOPPED_ANNOTATION
+from node_operations.volume_copies import NODE_UNHELD_ANNOTATION
 
 pytestmark = pytest.mark.lab
 
@@ -64,6 +80,9 @@ STORAGE = {
 LABEL = "fence-test/place"
 # Which Longhorn node tags each volume's copies follow (its nodeSelector), and how many it keeps.
 VOLUMES = {"cur": (2, "t-cur"), "old": (2, "t-old"), "only": (1, "t-only")}
+# The volumes of the later tests: `pair` on both workers, `cronv` and `opv` only on fw-w1.
+LATER_VOLUMES = {"pair": (2, "t-pair"), "cronv": (1, "t-only"), "opv": (1, "t-only")}
+APP_GROUP = "example.hk3s.dev"
 
 
 def kubectl(server: Host, *args: str) -> str:
@@ -87,7 +106,7 @@ def replicas(server: Host, volume: str) -> list[dict[str, Any]]:
 
 def longhorn_objects(volume: str, pods_node: str) -> list[dict[str, Any]]:
     """A Longhorn volume with its PersistentVolume and bound claim, as the CSI provisioner makes them."""
-    count, tag = VOLUMES[volume]
+    count, tag = {**VOLUMES, **LATER_VOLUMES}[volume]
     meta = {"name": volume, "namespace": "longhorn-system"}
     return [
         {
@@ -171,6 +190,7 @@ class Cluster:
     w1: Host
     w2: Host
     config: dict[str, Any]
+    fence_text: str = ""  # the output of the later tests' fence run
 
     def diagnose(self) -> str:
         kinds = "pods,deployments,jobs,volumeattachments,nodes"
@@ -199,6 +219,14 @@ class Cluster:
         wait_until(f"{host.name} NotReady", lambda: self.ready(host) != "True", 90, self.diagnose)
 
 
+def tag_longhorn_node(server: Host, name: str, extra: list[str]) -> None:
+    node = get(server, "nodes.longhorn.io", name, "-n", "longhorn-system")
+    body = {"spec": {"allowScheduling": True, "tags": sorted({*(node["spec"].get("tags") or []), *extra})}}
+    kubectl(
+        server, "patch", "nodes.longhorn.io", name, "-n", "longhorn-system", "--type", "merge", "-p", json.dumps(body)
+    )
+
+
 @pytest.fixture(scope="module")
 def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     skip_without_kubernetes_provider()
@@ -221,20 +249,7 @@ def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clus
     )
     tags = {server.name: ["t-cur"], w1.name: ["t-cur", "t-old", "t-only"], w2.name: ["t-old"]}
     for name, extra in tags.items():
-        node = get(server, "nodes.longhorn.io", name, "-n", "longhorn-system")
-        body = {"spec": {"allowScheduling": True, "tags": sorted({*(node["spec"].get("tags") or []), *extra})}}
-        kubectl(
-            server,
-            "patch",
-            "nodes.longhorn.io",
-            name,
-            "-n",
-            "longhorn-system",
-            "--type",
-            "merge",
-            "-p",
-            json.dumps(body),
-        )
+        tag_longhorn_node(server, name, extra)
     apply(server, "volumes", [obj for volume in VOLUMES for obj in longhorn_objects(volume, w1.name)])
     for volume, (count, _tag) in VOLUMES.items():
         wait_until(
@@ -380,3 +395,197 @@ def test_lifting_the_fence_starts_what_it_stopped(cluster: Cluster) -> None:
     annotations = get(server, "node", w1.name)["metadata"].get("annotations") or {}
     assert NODE_STOPPED_ANNOTATION not in annotations
     wait_until("only-app scheduled", lambda: len(cluster.scheduled("only-app")) == 1, 120, cluster.diagnose)
+
+
+def pinned_spec(claim: str, node: str, restart: str = "Always") -> dict[str, Any]:
+    """A pod spec that runs on `node` only (the later tests' workloads start on fw-w1)."""
+    spec = pod_spec(claim, restart)
+    spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return spec
+
+
+def app_crd() -> dict[str, Any]:
+    """A custom resource kind standing for an operator's: the fence cannot stop what it controls."""
+    schema = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"apps.{APP_GROUP}"},
+        "spec": {
+            "group": APP_GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": "App", "plural": "apps", "singular": "app"},
+            "versions": [{"name": "v1", "served": True, "storage": True, "schema": schema}],
+        },
+    }
+
+
+def controller_ref(api_version: str, kind: str, name: str, uid: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": api_version,
+            "kind": kind,
+            "name": name,
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def pause_longhorn_manager(cluster: Cluster, sig: signal.Signals) -> None:
+    """SIGSTOP or SIGCONT the Longhorn manager stand-in (its pid as lab/stack_harness.py records it)."""
+    pid = int((cluster.lab.run_dir / "longhorn-manager" / "manager.pid").read_text())
+    os.kill(pid, sig)
+
+
+def test_a_copy_on_a_node_that_is_down_is_not_current(cluster: Cluster) -> None:
+    """Issue 38, item 4 (and the set-up of item 3's test, which shares this fence)."""
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    # The earlier tests' workloads go (their pods forced away: the workers run no kubelet that
+    # would finish a graceful deletion).
+    kubectl(server, "delete", "deployment", "cur-app", "old-app", "only-app", "--wait=false")
+    kubectl(server, "delete", "job", "only-job", "--wait=false")
+    wait_until(
+        "the earlier workloads' ReplicaSets gone (none makes a pod again)",
+        lambda: not get(server, "replicasets", "-n", "default")["items"],
+        60,
+        cluster.diagnose,
+    )
+    kubectl(server, "delete", "pods", "--all", "-n", "default", "--force", "--grace-period=0", "--wait=false")
+    wait_until(
+        "no pod left in default", lambda: not get(server, "pods", "-n", "default")["items"], 60, cluster.diagnose
+    )
+    tag_longhorn_node(server, w1.name, ["t-pair"])
+    tag_longhorn_node(server, w2.name, ["t-pair"])
+    apply(server, "later-volumes", [obj for volume in LATER_VOLUMES for obj in longhorn_objects(volume, w1.name)])
+    for volume, (count, _tag) in LATER_VOLUMES.items():
+        wait_until(
+            f"{count} healthy copies of {volume}",
+            lambda v=volume, c=count: len([r for r in replicas(server, v) if r.get("healthyAt")]) == c,  # type: ignore[misc]
+            90,
+            cluster.diagnose,
+        )
+    assert sorted(r["nodeID"] for r in replicas(server, "pair")) == sorted([w1.name, w2.name])
+    apply(server, "app-crd", [app_crd()])
+    kubectl(server, "wait", "--for=condition=Established", f"crd/apps.{APP_GROUP}", "--timeout=60s")
+    apply(
+        server,
+        "app",
+        [{"apiVersion": f"{APP_GROUP}/v1", "kind": "App", "metadata": {"name": "db", "namespace": "default"}}],
+    )
+    app_uid = get(server, f"apps.{APP_GROUP}", "db")["metadata"]["uid"]
+    template = {"spec": pinned_spec("cronv", w1.name, "Never")}
+    cronjob = {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": "nightly", "namespace": "default"},
+        # Once a year: the test's Job is the one it made now (made by hand below, as
+        # `kubectl create job --from=cronjob/nightly` makes one, owned by the CronJob).
+        "spec": {"schedule": "0 3 1 1 *", "jobTemplate": {"spec": {"backoffLimit": 6, "template": template}}},
+    }
+    apply(server, "cronjob", [cronjob])
+    cron_uid = get(server, "cronjob", "nightly")["metadata"]["uid"]
+
+    def deployment(name: str, claim: str, owners: list[dict[str, Any]]) -> dict[str, Any]:
+        labels = {"app": name}
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "default", "ownerReferences": owners},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": pinned_spec(claim, w1.name)},
+            },
+        }
+
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "nightly-job",
+            "namespace": "default",
+            "ownerReferences": controller_ref("batch/v1", "CronJob", "nightly", cron_uid),
+        },
+        "spec": {"backoffLimit": 6, "template": template},
+    }
+    operated = deployment("op-db", "opv", controller_ref(f"{APP_GROUP}/v1", "App", "db", app_uid))
+    apply(server, "later-workloads", [deployment("pair-app", "pair", []), operated, job])
+    wait_until(
+        "pair-app, op-db and nightly-job scheduled to fw-w1",
+        lambda: all(cluster.scheduled(app) == [w1.name] for app in ("pair-app", "op-db", "nightly-job")),
+        120,
+        cluster.diagnose,
+    )
+
+    # Both workers go down together, and Longhorn's manager has not marked fw-w2's copy failed yet.
+    pause_longhorn_manager(cluster, signal.SIGSTOP)
+    try:
+        cluster.down(w2)
+        cluster.down(w1)
+        pair_w2 = next(r for r in replicas(server, "pair") if r["nodeID"] == w2.name)
+        assert pair_w2.get("healthyAt") and not pair_w2.get("failedAt"), pair_w2  # current by Longhorn's fields
+        time.sleep(62)  # fw-w1 down for the minute a fence asks for
+        cluster.write_fences({w1.name: {}})
+        output = cluster.stack.up_output()
+        if output:
+            pytest.fail(output[-8000:])
+        cluster.fence_text = text = cluster.stack.text()
+        print("\n".join(line for line in text.splitlines() if f"[{w1.name}]" in line))
+    finally:
+        # fw-w2 back before the manager runs again, so its copy of `pair` is current again after.
+        w2.run(["systemctl", "start", "k3s-agent"])
+        wait_until("fw-w2 Ready again", lambda: cluster.ready(w2) == "True", 90, cluster.diagnose)
+        pause_longhorn_manager(cluster, signal.SIGCONT)
+
+    # fw-w2's copy does not count as current while fw-w2 is NotReady: pair-app stays stopped, as on
+    # a copy that may be older, which names why.
+    assert "Deployment default/pair-app may start elsewhere" not in text, text[-4000:]
+    assert "Deployment default/pair-app stays stopped: no other node holds a current copy" in text, text[-4000:]
+    assert f"{w2.name} (not current: its node is NotReady; lastHealthyAt" in text, text[-4000:]
+    pair_app = get(server, "deployment", "pair-app")
+    assert pair_app["spec"]["replicas"] == 0
+    assert json.loads(pair_app["metadata"]["annotations"][STOPPED_ANNOTATION])["reason"] == "stale"
+
+
+def test_parents_of_stopped_workloads_are_held_stopped_or_named(cluster: Cluster) -> None:
+    """Issue 38, item 3, on the fence of the test before."""
+    server, w1 = cluster.server, cluster.w1
+    text = cluster.fence_text
+    assert text, "the fence of the test before did not run"
+    # The Job and its CronJob are both suspended, each with a record, so no next Job starts
+    # elsewhere on the copy that may be stale.
+    for kind, name in (("cronjob", "nightly"), ("job", "nightly-job")):
+        found = get(server, kind, name)
+        assert found["spec"]["suspend"] is True, (kind, found["spec"])
+        record = json.loads(found["metadata"]["annotations"][STOPPED_ANNOTATION])
+        assert record["node"] == w1.name and record["suspend"] is False and record["reason"] == "only-copy"
+    assert f"CronJob default/nightly stays stopped until {w1.name} rejoins" in text, text[-4000:]
+    summary = json.loads(get(server, "node", w1.name)["metadata"]["annotations"][NODE_STOPPED_ANNOTATION])
+    assert summary.get("CronJob default/nightly") == "only-copy", summary
+    # The operator's Deployment is not scaled (its owner would scale it back): named instead.
+    op_db = get(server, "deployment", "op-db")
+    assert op_db["spec"]["replicas"] == 1 and STOPPED_ANNOTATION not in (op_db["metadata"].get("annotations") or {})
+    line = next((x for x in text.splitlines() if "not held stopped: Deployment default/op-db" in x), "")
+    assert "App default/db" in line and "which the fence cannot stop" in line, text[-4000:]
+    warnings = cluster.stack.api().status(check_hosts=True).warnings
+    assert any(
+        f"{w1.name} is fenced, and its fence cannot hold this workload stopped: Deployment default/op-db" in w
+        for w in warnings
+    ), warnings
+
+    # The lift resumes the CronJob and its Job by their records, and the fence names nothing more.
+    cluster.write_fences({})
+    output = cluster.stack.up_output()
+    if output:
+        pytest.fail(output[-8000:])
+    text = cluster.stack.text()
+    assert f"[{w1.name}] fence lifted: rejoined" in text, text[-4000:]
+    assert "CronJob default/nightly started again" in text and "Job default/nightly-job started again" in text
+    for kind, name in (("cronjob", "nightly"), ("job", "nightly-job")):
+        found = get(server, kind, name)
+        assert found["spec"]["suspend"] is False
+        assert STOPPED_ANNOTATION not in (found["metadata"].get("annotations") or {})
+    annotations = get(server, "node", w1.name)["metadata"].get("annotations") or {}
+    assert NODE_STOPPED_ANNOTATION not in annotations and NODE_UNHELD_ANNOTATION not in annotations

@@ -4,9 +4,16 @@ waiting volumes: tests/node_operations/test_longhorn_node_role.py and the lab)."
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from node_operations.volume_copies import COPIES_TAG, low_room, single_copies_on_workers
+from node_operations.volume_copies import (
+    COPIES_TAG,
+    NODE_UNHELD_ANNOTATION,
+    low_room,
+    single_copies_on_workers,
+    unheld_workloads,
+)
 
 GIB = 1024**3
 
@@ -44,3 +51,18 @@ def test_little_room_warns_only_below_5_gib_on_the_roomiest_eligible_disk() -> N
     assert line is not None and line.startswith("the roomiest disk that may hold copies (srv) can take 3.0 GiB more")
     assert low_room([node("srv", 28), node("w1", 40)], 25) is None
     assert low_room([node("w2", 1, tags=())], 25) is None  # nothing may hold copies: the waiting volumes say it
+
+
+def test_status_names_the_workloads_a_fence_cannot_hold_stopped() -> None:
+    why = "Deployment default/op-db is owned by App default/db, which the fence cannot stop: ..."
+    nodes: list[dict[str, Any]] = [
+        {
+            "metadata": {
+                "name": "w1",
+                "annotations": {NODE_UNHELD_ANNOTATION: json.dumps({"Deployment default/op-db": why})},
+            }
+        },
+        {"metadata": {"name": "w2", "annotations": {NODE_UNHELD_ANNOTATION: "not the fence's"}}},
+        {"metadata": {"name": "srv"}},
+    ]
+    assert unheld_workloads(nodes) == [f"w1 is fenced, and its fence cannot hold this workload stopped: {why}"]

@@ -18,11 +18,15 @@ from node_operations.fence_workloads import (
     Workload,
     WorkloadReport,
     attached_volumes,
+    copies_by_volume,
+    parent_of,
     release_refusal,
     start_patch,
     stop_patch,
     stop_record,
     stoppable_owner,
+    stopped_by,
+    unavailable_nodes,
     why_stopped,
 )
 
@@ -209,3 +213,92 @@ def test_the_report_says_where_workloads_go_and_what_stays_stopped() -> None:
     assert "Deployment default/db stays stopped until w1 rejoins: ..." in lines
     assert "warning: pod default/bare uses Longhorn volume(s) v ..." in lines
     assert lines[-1].startswith("deleted by the fence (not deleted by Kubernetes within 60 s")
+
+
+# --- A current copy is one healthy now on a node that is Ready and not fenced (issue 38, item 4).
+
+
+def node(name: str, *, ready: str = "True", fenced: bool = False, tainted: bool = False) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "annotations": {"hk3s.dev/fenced-at": T3} if fenced else {}},
+        "spec": {"taints": [{"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}] if tainted else []},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    }
+
+
+def test_nodes_that_cannot_serve_a_copy_are_the_notready_and_the_fenced() -> None:
+    nodes = [
+        node("srv"),
+        node("w2", ready="Unknown"),
+        node("w3", fenced=True),
+        node("w4", tainted=True),
+        {"metadata": {"name": "w5"}, "status": {}},
+    ]
+    found = unavailable_nodes(nodes)
+    assert set(found) == {"w2", "w3", "w4", "w5"}
+    assert found["w2"] == "its node is NotReady"
+    assert "hk3s.dev/fenced-at" in found["w3"] and "out-of-service" in found["w4"]
+
+
+def test_a_copy_on_a_node_down_or_fenced_is_not_current() -> None:
+    replicas = [
+        {"spec": {"volumeName": "pvc-1", "nodeID": W, "healthyAt": T1, "failedAt": T3, "lastFailedAt": T3}},
+        {"spec": {"volumeName": "pvc-1", "nodeID": "w2", "healthyAt": T1, "lastHealthyAt": T1}},
+    ]
+    # Longhorn's fields alone say w2's copy is current (its manager has not marked it failed yet).
+    assert volume(*copies_by_volume(replicas)["pvc-1"]).verdict(W) is Verdict.MOVES
+    for down in ({"w2": "its node is NotReady"}, {"w2": "its node is fenced (hk3s.dev/fenced-at)"}):
+        copies = volume(*copies_by_volume(replicas, down)["pvc-1"])
+        # Not current, but it held data: a copy that may be older, started only with consent.
+        assert copies.verdict(W) is Verdict.STALE
+        assert f"w2 (not current: {down['w2']}; lastHealthyAt {T1}" in copies.line()
+    # At the rejoin the worker itself is back (its fence record goes last): its copy counts.
+    back = copies_by_volume(replicas, {"w2": "its node is NotReady"})["pvc-1"]
+    assert volume(*back).verdict(W, worker_back=True) is Verdict.MOVES
+
+
+# --- Owners walked to the top (issue 38, item 3).
+
+
+def test_the_owners_of_a_stopped_workload_are_walked_to_the_top() -> None:
+    cron = {"metadata": {"ownerReferences": [{"kind": "CronJob", "name": "nightly", "controller": True}]}}
+    assert parent_of(Owner("Job", "default", "nightly-1"), cron) == Owner("CronJob", "default", "nightly")
+    app = {"metadata": {"ownerReferences": [{"kind": "App", "name": "db", "controller": True}]}}
+    # Something the program cannot stop: its controller would scale the workload back.
+    assert parent_of(Owner("Deployment", "default", "db"), app) == "App default/db"
+    assert parent_of(Owner("StatefulSet", "default", "db"), app) == "App default/db"
+    assert parent_of(Owner("CronJob", "default", "nightly"), app) == "App default/db"
+    assert parent_of(Owner("Deployment", "default", "web"), {"metadata": {}}) is None
+    # A non-controller reference (a garbage-collection owner) scales nothing.
+    loose = {"metadata": {"ownerReferences": [{"kind": "App", "name": "db"}]}}
+    assert parent_of(Owner("Deployment", "default", "web"), loose) is None
+
+
+def test_a_cronjob_is_suspended_with_a_record_and_resumed_as_it_was() -> None:
+    cronjob = Owner("CronJob", "default", "nightly")
+    assert cronjob.resource == "cronjob"
+    patch = stop_patch(cronjob, {"spec": {"schedule": "0 1 * * *"}}, W, Verdict.ONLY_COPY, [volume(failed(W, T3))])
+    assert patch["spec"] == {"suspend": True}
+    record = stop_record(patch)
+    assert record is not None and record["suspend"] is False
+    assert start_patch(cronjob, record)["spec"] == {"suspend": False}
+
+
+def test_a_job_of_a_cronjob_keeps_its_own_record_a_deployments_replicaset_does_not() -> None:
+    record = json.dumps({"node": W, "reason": "only-copy", "suspend": False, "volumes": []})
+
+    def obj(kind: str, controller: str | None) -> dict[str, Any]:
+        refs = [{"kind": controller, "name": "x", "controller": True}] if controller else []
+        meta = {"name": "x", "namespace": "default", "annotations": {STOPPED_ANNOTATION: record}}
+        return {"kind": kind, "metadata": {**meta, "ownerReferences": refs}}
+
+    assert stopped_by(obj("Job", "CronJob"), W) == Owner("Job", "default", "x")
+    assert stopped_by(obj("CronJob", None), W) == Owner("CronJob", "default", "x")
+    # A Deployment's ReplicaSets carry copies of its annotations: the Deployment is the one stopped.
+    assert stopped_by(obj("ReplicaSet", "Deployment"), W) is None
+    assert stopped_by(obj("Job", None), "w9") is None
+
+
+def test_a_workload_the_fence_cannot_hold_is_named_in_the_report() -> None:
+    report = WorkloadReport(unheld={"Deployment default/op-db": "Deployment default/op-db ... App default/db ..."})
+    assert "not held stopped: Deployment default/op-db ... App default/db ..." in report.lines()

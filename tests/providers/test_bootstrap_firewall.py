@@ -11,19 +11,11 @@ from typing import Any
 
 import pytest
 
-from lab.hcloud_standin import HcloudStandin, running_standin
+from lab.hcloud_standin import HcloudStandin, SwitchedMachine, running_standin
 from providers.bootstrap_firewall import BootstrapFirewallReleaseProvider, NoHetznerTokenError
 from remote_access.hetzner_api import HetznerApiError
 
-
-class _Machine:
-    is_running = True
-
-    def power_off(self) -> None:
-        self.is_running = False
-
-    def power_on(self) -> None:
-        self.is_running = True
+_Machine = SwitchedMachine
 
 
 @pytest.fixture

@@ -6,9 +6,7 @@ the same server to a check. No mocks."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from providers.inputs import NodeLogin
 from providers.longhorn_node_role import LonghornNodeRoleInputs, LonghornNodeRoleProvider
 from remote_access.ssh import fingerprint
 from tests.loopback_sshd import LoopbackSshd
+from tests.providers.provider_host import running_provider_host
 
 REPO = Path(__file__).resolve().parents[2]
 URN = "urn:pulumi:test::hk3s::pulumi-python:dynamic/hk3s:HostProbe::worker-1-probe"
@@ -33,22 +32,8 @@ URN = "urn:pulumi:test::hk3s::pulumi-python:dynamic/hk3s:HostProbe::worker-1-pro
 
 @pytest.fixture
 def provider_server() -> Iterator[tuple[provider_pb2_grpc.ResourceProviderStub, subprocess.Popen[bytes]]]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pulumi.dynamic"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "PULUMI_PROJECT": "hk3s"},
-    )
-    assert process.stdout is not None
-    port = int(process.stdout.readline().decode().strip())  # first stdout line: the port
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield provider_pb2_grpc.ResourceProviderStub(channel), process
-    finally:
-        channel.close()
-        process.kill()
-        process.wait()
+    with running_provider_host() as running:
+        yield running
 
 
 def _struct(props: dict[str, Any]) -> struct_pb2.Struct:

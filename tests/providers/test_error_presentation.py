@@ -5,9 +5,7 @@ own errors arrive as their message alone; an unexpected exception keeps its trac
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +21,7 @@ from pulumi.runtime.proto import provider_pb2_grpc
 from node_operations.join import JoinError
 from providers.base import format_provider_error, present_program_errors
 from providers.host_probe import HostProbeProvider
+from tests.providers.provider_host import running_provider_host
 
 REPO = Path(__file__).resolve().parents[2]
 URN = "urn:pulumi:test::hk3s::pulumi-python:dynamic/hk3s:HostProbe::worker-1-probe"
@@ -31,24 +30,9 @@ TRACEBACK = "Traceback (most recent call last)"
 
 @pytest.fixture
 def provider_host() -> Iterator[provider_pb2_grpc.ResourceProviderStub]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pulumi.dynamic"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "PULUMI_PROJECT": "hk3s"},
-    )
-    assert process.stdout is not None
-    port = int(process.stdout.readline().decode().strip())  # first stdout line: the port
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        stub = provider_pb2_grpc.ResourceProviderStub(channel)
+    with running_provider_host(stderr=subprocess.DEVNULL) as (stub, _process):
         stub.Configure(proto.ConfigureRequest(args=_struct({}), acceptSecrets=False))
         yield stub
-    finally:
-        channel.close()
-        process.kill()
-        process.wait()
 
 
 def _struct(props: dict[str, Any]) -> struct_pb2.Struct:

@@ -7,28 +7,14 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
-from lab.hcloud_standin import HcloudStandin, running_standin
+from lab.hcloud_standin import HcloudStandin, SwitchedMachine, running_standin
 from remote_access import hetzner_api
 from remote_access.hetzner_api import HetznerAccess, HetznerApiError, power_off, power_on, server_state
 
-
-@dataclass
-class FakeMachine:
-    """A machine the stand-in powers: on or off (`stuck` ignores a power off)."""
-
-    is_running: bool = True
-    stuck: bool = False
-
-    def power_off(self) -> None:
-        if not self.stuck:
-            self.is_running = False
-
-    def power_on(self) -> None:
-        self.is_running = True
+FakeMachine = SwitchedMachine
 
 
 @pytest.fixture
