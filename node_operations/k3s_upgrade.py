@@ -17,7 +17,10 @@ The rules, and why:
   hk3s:cluster.drain_on_minor_upgrade is false; the worker is uncordoned once Ready at the
   new version (unless it was cordoned before the upgrade began).
 - Before any worker moves, every worker still to move must be Ready: an upgrade never adds
-  a second node down to one that is down already.
+  a second node down to one that is down already. Each worker's Node is read again just before
+  its turn, since the first reading is minutes old by then: one that went NotReady meanwhile
+  stops the run there, untouched (no record, no cordon, its binary as it was); one fenced
+  meanwhile is left alone and listed.
 - A fenced worker (in hk3s:fences, or its fence recorded on its Node) is left alone and listed:
   its agent is held down on purpose, it may be powered off, and the fence's record is the
   promise that nothing runs there until it rejoins. It is not "down" in the sense above either:
@@ -267,6 +270,36 @@ def plan_moves(
     return plans, already, not_joined
 
 
+Turn = Literal["move", "fenced", "not_ready", "missing"]
+
+
+def worker_turn(obj: dict[str, Any] | None, node: str, settings: UpgradeSettings, *, resumed: bool) -> Turn:
+    """What a worker's Node, read just before its turn, allows: its move; none, as it is fenced
+    (left alone); none, as it went NotReady (the run stops: it is not touched); none, as its Node is
+    gone. A worker left half-way by an interrupted run may be NotReady: it is the one to finish."""
+    if obj is None:
+        return "missing"
+    if node in settings.fenced or FENCE_ANNOTATION in (obj.get("metadata", {}).get("annotations") or {}):
+        return "fenced"
+    if not NodeStatus.from_object(obj).ready and not resumed:
+        return "not_ready"
+    return "move"
+
+
+def not_ready_stop(status: NodeStatus, version: str, *, moved: Sequence[str], after: Sequence[str]) -> str:
+    """The stop before a worker that went NotReady during the run (the error names the worker):
+    what holds and what to do."""
+    done = f"Moved to {version} in this run: {', '.join(moved)}" if moved else f"No worker moved to {version} yet"
+    rest = f"; not touched either: {', '.join(after)}" if after else ""
+    return (
+        f"the upgrade to {version} stopped here: it went NotReady ({status.ready_reason or 'no heartbeat'}) "
+        f"since the run began, before its turn, and was not touched (no record, no cordon; it still runs "
+        f"{status.kubelet_version or 'its release'}). {done}{rest}. Only Ready workers are upgraded, never two "
+        f"nodes down at once: bring it back (journalctl -u {AGENT_UNIT} on it) or fence it "
+        f"(hk3s:fences.{status.name}), then run up again to go on"
+    )
+
+
 def fenced_workers(
     nodes: dict[str, dict[str, Any]], workers: Sequence[SshTarget], settings: UpgradeSettings
 ) -> list[str]:
@@ -322,6 +355,30 @@ async def upgrade_workers(
                 "runs it). Only Ready workers are upgraded, never two nodes down at once: bring it back, then run "
                 "up again",
             )
-        for worker, record, resumed in plans:
+        moved: list[str] = []
+        for index, (worker, record, resumed) in enumerate(plans):
+            # Read again just before its turn: the workers before it took minutes, and a worker
+            # that went down meanwhile must not be the second node down (see the module docstring).
+            obj = await api.kubectl(
+                ["get", "node", worker.node, "-o", "json", "--ignore-not-found"], repeat=Repeat.READ
+            )
+            now = json.loads(obj) if obj.strip() else None
+            turn = worker_turn(now, worker.node, settings, resumed=resumed)
+            if turn == "fenced":
+                progress(f"[{worker.node}] fenced since the run began: left alone at its release")
+                fenced.append(worker.node)
+                continue
+            after = [w.node for w, _, _ in plans[index + 1 :]]
+            if turn == "missing":
+                raise UpgradeStoppedError(
+                    worker.node,
+                    f"the upgrade to {version} stopped here: its Node is gone from the cluster since the run began "
+                    f"(moved in this run: {', '.join(moved) or 'none'}; not touched: {', '.join(after) or 'none'}). "
+                    "Find out why (a give-up, a kubectl delete node), then run up again to go on",
+                )
+            if turn == "not_ready" and now is not None:
+                status = NodeStatus.from_object(now)
+                raise UpgradeStoppedError(worker.node, not_ready_stop(status, version, moved=moved, after=after))
             await WorkerUpgrade(api, worker, settings, progress).run(record, resumed=resumed)
-    return UpgradeReport(version, tuple(w.node for w, _, _ in plans), tuple(already), tuple(not_joined), tuple(fenced))
+            moved.append(worker.node)
+    return UpgradeReport(version, tuple(moved), tuple(already), tuple(not_joined), tuple(fenced))

@@ -5,6 +5,15 @@ The rules, and why:
 - Only a Ready worker, and only while every other node is Ready and schedulable: two
   workers down at once can leave a workload (or a volume's copies) with nowhere to run.
   A worker that is down is a case for a fence, not a reboot.
+- Never a worker whose Node records a fence (node_operations.health.FENCE_ANNOTATION), whatever
+  the stack file says: the record is the fence's own promise that nothing runs there until it
+  rejoins, and it outlives the settings' entry (a lift not yet run).
+- A worker whose fence finished (recorded, and tainted out of service) is not "down" for the rule
+  above: its workloads already run elsewhere, its host is held stopped, and a fence can last
+  months, while every worker needs its reboot within the year (k3s renews its certificates
+  when it starts). A fence recorded but not finished is down: its host may still run.
+- The rule about the other nodes is checked again on every resume: a reboot cut short still has
+  its drain and its reboot ahead, and a node that went down meanwhile makes it two.
 - Where Longhorn runs, a copy pinned to the server that sits on this worker moves to the
   server first (node_operations.pinned_copies), or the reboot is refused naming the volume and
   the space it needs: a worker that does not come back must not take a volume's only copy.
@@ -25,12 +34,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from node_operations.drain import blocking_budgets, names_to_evict
+from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
 from node_operations.pinned_copies import PinnedCopyRefusedError, move_pinned_copies
 from remote_access.kube import ClusterApi, NodeStatus, Repeat
 from remote_access.ssh import RemoteCommandError, SshError, SshSession, SshTarget, open_session
@@ -107,6 +117,50 @@ async def ready_workloads(api: ClusterApi) -> list[Workload]:
     return ready
 
 
+def fence_finished(node: NodeStatus) -> bool:
+    """Whether the node's fence completed: recorded on the Node and tainted out of service."""
+    return FENCE_ANNOTATION in node.annotations and node.has_taint(OUT_OF_SERVICE_TAINT)
+
+
+def reboot_refusals(node: NodeStatus, others: Sequence[NodeStatus], *, resuming: bool) -> list[str]:
+    """Why `node` may not be rebooted now (see the module docstring); empty when it may. `others`:
+    every other node. `resuming`: a reboot is recorded on it already, so it may be cordoned and
+    down by that reboot; the rest holds on a resume as on a first call."""
+    problems = []
+    recorded = node.annotations.get(FENCE_ANNOTATION)
+    if recorded is not None:
+        problems.append(
+            f"{node.name} has a fence recorded on its Node ({FENCE_ANNOTATION}={recorded}): a fenced worker is held "
+            "down on purpose and comes back by the fence's lift (a rejoin), never by a reboot. Remove "
+            f"hk3s:fences.{node.name} from the stack file if it is still there, then run up to lift the fence"
+        )
+    elif not node.ready and not resuming:
+        problems.append(
+            f"{node.name} is NotReady ({node.ready_reason or 'no heartbeat'}): only a Ready worker is rebooted; "
+            f"a worker that is down is fenced (hk3s:fences.{node.name}) instead"
+        )
+    for other in others:
+        if fence_finished(other):
+            continue  # not down for this rule: see the module docstring
+        if FENCE_ANNOTATION in other.annotations:
+            problems.append(
+                f"{other.name}'s fence is recorded but not finished (no {OUT_OF_SERVICE_TAINT} taint): its host may "
+                f"still run and its workloads wait; never two nodes down at once: run up to finish it "
+                f"(hk3s:fences.{other.name}), then reboot again"
+            )
+        elif not other.ready:
+            problems.append(
+                f"{other.name} is NotReady ({other.ready_reason or 'no heartbeat'}): never two nodes down at once; "
+                f"bring it back first, or fence it (hk3s:fences.{other.name})"
+            )
+        elif other.unschedulable:
+            problems.append(
+                f"{other.name} is cordoned (draining or in maintenance): never two nodes down at once; "
+                f"finish that first, or uncordon it (k3s kubectl uncordon {other.name})"
+            )
+    return problems
+
+
 async def _boot_marker(target: SshTarget, deadline: float = 20) -> str:
     async with open_session(target) as session:
         result = await session.run(["sh", "-c", BOOT_MARKER_COMMAND], deadline=deadline)
@@ -169,24 +223,9 @@ class Reboot:
         out = await self.api.kubectl(["get", "node", self.node, "-o", "json", "--ignore-not-found"], repeat=Repeat.READ)
         return dict(json.loads(out)) if out.strip() else None
 
-    async def _refusals(self, node: NodeStatus) -> list[str]:
-        problems = []
-        if not node.ready:
-            problems.append(
-                f"{self.node} is NotReady ({node.ready_reason or 'no heartbeat'}): only a Ready worker is rebooted; "
-                "a worker that is down is fenced (hk3s:fences) instead"
-            )
-        for other in await self.api.nodes():
-            if other.name == self.node:
-                continue
-            if not other.ready:
-                problems.append(f"{other.name} is NotReady: never two nodes down at once; bring it back first")
-            elif other.unschedulable:
-                problems.append(
-                    f"{other.name} is cordoned (draining or in maintenance): never two nodes down at once; "
-                    f"finish that first, or uncordon it (k3s kubectl uncordon {other.name})"
-                )
-        return problems
+    async def _refusals(self, node: NodeStatus, *, resuming: bool) -> list[str]:
+        others = [other for other in await self.api.nodes() if other.name != self.node]
+        return reboot_refusals(node, others, resuming=resuming)
 
     async def _server_now(self) -> float:
         return float((await self.server.run(["date", "+%s"], deadline=15)).stdout.strip())
@@ -285,11 +324,21 @@ class Reboot:
         node = NodeStatus.from_object(current)
         recorded: str | None = (current["metadata"].get("annotations") or {}).get(REBOOT_ANNOTATION)
         resumed = recorded is not None
+        # Checked on every call, a resume included: what held when the reboot began may not hold now.
+        problems = await self._refusals(node, resuming=resumed)
         if recorded is not None:
+            if problems:
+                raise RebootRefusedError(
+                    self.node,
+                    "the reboot recorded on its Node is not resumed: "
+                    + "; ".join(problems)
+                    + f". {self.node} stays as the reboot left it (cordoned, recorded as rebooting); once that is "
+                    f"fixed, reboot {self.node} again to finish",
+                    put_back=False,
+                )
             record = json.loads(recorded)
             self.progress(f"[{self.node}] resuming the reboot recorded on its Node")
         else:
-            problems = await self._refusals(node)
             if problems:
                 raise RebootRefusedError(
                     self.node, "reboot refused, nothing changed: " + "; ".join(problems), put_back=True

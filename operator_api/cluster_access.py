@@ -78,7 +78,9 @@ def api_forward_during(
 
 
 def check_rebootable(settings: StackSettings, name: str, action: str) -> None:
-    """Refused before anything: a name that is no worker of the stack, or a fenced worker."""
+    """Refused before anything: a name that is no worker of the stack, or a worker the stack file
+    fences. A fence recorded on the Node refuses it too, read by the reboot itself
+    (node_operations.reboot): the record outlives the file's entry until the lift runs."""
     names = [worker.name for worker in settings.all_workers()]
     if name not in names:
         listed = ", ".join(names) or "none"

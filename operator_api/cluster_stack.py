@@ -412,8 +412,9 @@ class ClusterStack:
     ) -> RebootReport:
         """Reboot one worker: cordon, drain, reboot, wait for Ready, uncordon, then wait until the
         workloads that were ready before are ready again (node_operations.reboot). Refused for a
-        fenced worker, a NotReady one, and while another node is down or cordoned. The stack is
-        held against other operations meanwhile; no Pulumi run is made."""
+        fenced worker (in the stack file or recorded on its Node), a NotReady one, and while another
+        node is down or cordoned (a worker whose fence finished is not down); a resume checks the
+        other nodes again. The stack is held against other operations meanwhile; no Pulumi run is made."""
         action = f"rebooting {name}"
         settings = self.settings_document().validate(action)
         check_rebootable(settings, name, action)

@@ -12,8 +12,9 @@ the server, then each worker in the stack's order (node_operations.k3s_upgrade).
 Its diff says an update only when the release changes; the preview then shows the order. A
 NodeJoin whose version alone changed records the version its Node runs, with no rejoin
 (providers.node_join). A worker added in the same run joins after it, at the new release.
-A fenced worker (hk3s:fences) is left alone and listed, in the preview's plan and in the run
-(node_operations.k3s_upgrade).
+A fenced worker (hk3s:fences) is left alone and listed, in the preview's plan and in the run; each
+worker's Node is read again at its turn, and one gone NotReady since the run began stops it there,
+untouched (node_operations.k3s_upgrade).
 """
 
 from __future__ import annotations

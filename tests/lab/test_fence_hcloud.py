@@ -20,6 +20,9 @@ their Nodes go NotReady.
 - fh-w3, no Hetzner server, is fenced over SSH beside fh-w1 (its boot recorded) and lifted beside
   it: still in the boot the fence recorded, it is rebooted before it rejoins; fh-w1, power-cycled
   since its fence, is not.
+- fh-w2 still fenced and off: fh-w1 is rebooted through the API (a finished fence is no node down);
+  fh-w3 with a fence recorded only on its Node is refused; a `node reboot fh-w3` killed at its drain
+  is not resumed while fh-w1 is cordoned, then resumed and finished once it is not.
 - fh-w2, still fenced and off, is unfenced through the API: its server is powered on through the
   Hetzner API, the API waits for SSH, and the run's lift rejoins it.
 """
@@ -42,6 +45,8 @@ from lab.hcloud_standin import HcloudStandin, running_standin
 from lab.hosts import Host, Lab
 from lab.stack_harness import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
 from node_operations.fence import FENCE_ANNOTATION, FENCE_BOOT_ANNOTATION
+from node_operations.reboot import REBOOT_ANNOTATION
+from operator_api import MaintenanceError
 
 pytestmark = pytest.mark.lab
 
@@ -283,6 +288,65 @@ def test_lifting_the_fences_rejoins_the_workers_rebooting_one_not_booted_since(c
         assert FENCE_BOOT_ANNOTATION not in (node(server, worker.name)["metadata"].get("annotations") or {})
     # fh-w2 stays fenced and off.
     assert not w2.is_running and standin.power_actions(cluster.ids[w2.name], "start_server") == []
+
+
+def test_a_finished_fence_blocks_no_reboot_and_the_nodes_record_and_a_resume_are_checked(cluster: Cluster) -> None:
+    """fh-w2 fenced and off (NotReady by design, tainted out of service): fh-w1 is rebooted through
+    the API all the same (a finished fence is not a node down; the yearly reboot the certificates
+    need stays possible). fh-w3 with a fence recorded on its Node that the stack file does not name
+    (as a fence whose entry is gone leaves it until the lift runs) is refused, nothing changed. A
+    `node reboot fh-w3` killed at its drain is not resumed while fh-w1 is cordoned (never two nodes
+    down at once, checked again on the resume): fh-w3 stays cordoned and recorded, not rebooted;
+    with fh-w1 uncordoned the next `node reboot` resumes it and finishes."""
+    server, w1, w2, w3 = cluster.server, cluster.w1, cluster.w2, cluster.w3
+    fenced = node(server, w2.name)
+    assert FENCE_ANNOTATION in fenced["metadata"]["annotations"] and OUT_OF_SERVICE in fenced["spec"]["taints"]
+    assert ready(server, w2.name)["status"] != "True"
+
+    boots = w1.boots
+    lines: list[str] = []
+    report = cluster.stack.api().reboot_worker(w1.name, on_output=lines.append)
+    assert w1.boots > boots, "\n".join(lines)
+    assert report.node == w1.name and not report.resumed, report
+    assert ready(server, w1.name)["status"] == "True" and not node(server, w1.name)["spec"].get("unschedulable")
+
+    # The fence's record on fh-w3's Node, not in the stack file: the record is what the reboot reads.
+    recorded = "2026-12-04T23:00:00Z"
+    kubectl(server, "annotate", "node", w3.name, f"{FENCE_ANNOTATION}={recorded}")
+    with pytest.raises(MaintenanceError) as refused:
+        cluster.stack.api().reboot_worker(w3.name)
+    message = str(refused.value)
+    assert refused.value.put_back, message
+    assert f"{w3.name} has a fence recorded on its Node ({FENCE_ANNOTATION}={recorded})" in message, message
+    assert f"hk3s:fences.{w3.name}" in message, message
+    found = node(server, w3.name)
+    assert not found["spec"].get("unschedulable") and REBOOT_ANNOTATION not in found["metadata"]["annotations"]
+    kubectl(server, "annotate", "node", w3.name, f"{FENCE_ANNOTATION}-")
+
+    # Killed at its drain: cordoned and recorded, its host not rebooted yet.
+    boots = w3.boots
+    killed = cluster.stack.hk3s("node", "reboot", w3.name, kill_when=f"[{w3.name}] draining:")
+    assert killed.killed, killed.stderr[-4000:]
+    assert REBOOT_ANNOTATION in node(server, w3.name)["metadata"]["annotations"]
+    # Another node goes into maintenance meanwhile.
+    kubectl(server, "cordon", w1.name)
+    held = cluster.stack.hk3s("node", "reboot", w3.name)
+    assert held.returncode == 1, held.stderr[-4000:]
+    assert "the reboot recorded on its Node is not resumed" in held.stderr, held.stderr[-4000:]
+    assert f"{w1.name} is cordoned (draining or in maintenance): never two nodes down at once" in held.stderr
+    assert f"reboot {w3.name} again to finish" in held.stderr, held.stderr[-4000:]
+    found = node(server, w3.name)
+    assert found["spec"].get("unschedulable") and REBOOT_ANNOTATION in found["metadata"]["annotations"]
+    assert w3.boots == boots, "the reboot went on with another node in maintenance"
+    # fh-w1 back in service: the same command resumes and finishes.
+    kubectl(server, "uncordon", w1.name)
+    done = cluster.stack.hk3s("node", "reboot", w3.name)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"[{w3.name}] resuming the reboot recorded on its Node" in done.stderr, done.stderr[-4000:]
+    assert w3.boots > boots
+    found = node(server, w3.name)
+    assert not found["spec"].get("unschedulable") and REBOOT_ANNOTATION not in found["metadata"]["annotations"]
+    assert ready(server, w3.name)["status"] == "True"
 
 
 def test_unfence_through_the_api_powers_a_hetzner_worker_on_before_it_rejoins(cluster: Cluster) -> None:

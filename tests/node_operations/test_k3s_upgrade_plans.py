@@ -8,7 +8,16 @@ from typing import Any
 
 from node_operations.fence import FENCE_ANNOTATION
 from node_operations.k3s_install import K3sBinary
-from node_operations.k3s_upgrade import UPGRADE_ANNOTATION, UpgradeReport, UpgradeSettings, fenced_workers, plan_moves
+from node_operations.k3s_upgrade import (
+    UPGRADE_ANNOTATION,
+    UpgradeReport,
+    UpgradeSettings,
+    fenced_workers,
+    not_ready_stop,
+    plan_moves,
+    worker_turn,
+)
+from remote_access.kube import NodeStatus
 from remote_access.ssh import SshTarget
 
 NEW = "v1.37.0+k3s1"
@@ -75,3 +84,36 @@ def test_fenced_workers_are_left_alone_whether_the_settings_or_the_node_say_so()
     assert fenced_workers(nodes, targets("w1", "w3"), settings()) == []
     report = UpgradeReport(NEW, ("w1",), (), (), ("w2", "w3"))
     assert report.summary() == f"1 worker(s) moved to {NEW}; fenced, left alone at their release: w2, w3"
+
+
+def not_ready(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["status"]["conditions"] = [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]
+    return obj
+
+
+def test_each_worker_is_read_again_just_before_its_turn() -> None:
+    # The run's first reading is minutes old by the third worker's turn: what counts is the Node now.
+    assert worker_turn(node("w3", "v1.36.4+k3s1"), "w3", settings(), resumed=False) == "move"
+    # Gone NotReady since: the run stops before it, and nothing of it is touched.
+    assert worker_turn(not_ready(node("w3", "v1.36.4+k3s1")), "w3", settings(), resumed=False) == "not_ready"
+    # A worker left half-way by an interrupted run may be NotReady: it is the one to finish.
+    assert worker_turn(not_ready(node("w3", "v1.36.4+k3s1")), "w3", settings(), resumed=True) == "move"
+    # Its Node deleted meanwhile (a give-up, a kubectl delete): nothing to move, the run stops.
+    assert worker_turn(None, "w3", settings(), resumed=False) == "missing"
+
+
+def test_a_worker_fenced_during_the_run_is_left_alone_at_its_turn() -> None:
+    fenced = not_ready(node("w3", "v1.36.4+k3s1"))
+    fenced["metadata"]["annotations"][FENCE_ANNOTATION] = "2026-12-04T23:00:00Z"
+    assert worker_turn(fenced, "w3", settings(), resumed=False) == "fenced"
+    in_settings = UpgradeSettings(binary=K3sBinary(version=NEW), fenced=frozenset({"w3"}))
+    assert worker_turn(node("w3", "v1.36.4+k3s1"), "w3", in_settings, resumed=False) == "fenced"
+
+
+def test_the_stop_before_a_worker_gone_not_ready_names_it_and_what_was_left_untouched() -> None:
+    status = NodeStatus.from_object(not_ready(node("w3", "v1.36.4+k3s1")))
+    message = not_ready_stop(status, NEW, moved=["w1", "w2"], after=["w4"])
+    assert message.startswith(f"the upgrade to {NEW} stopped here: it went NotReady (NodeStatusUnknown)"), message
+    assert "was not touched (no record, no cordon; it still runs v1.36.4+k3s1)" in message
+    assert f"Moved to {NEW} in this run: w1, w2; not touched either: w4." in message
+    assert "hk3s:fences.w3" in message and "run up again" in message
