@@ -165,6 +165,7 @@ NODE_DELETIONS = {
     "node_operations/worker_removal.py": ("_deregister", None),
 }
 NODE_RESOURCES = {"node", "nodes", "no"}
+COMMAND_LINE_NODE_DELETE = re.compile(r"(\S*/)?(k3s\s+)?kubectl\s+delete\s+(nodes?|no)\b")
 
 
 def python_node_deletions(source: str) -> list[tuple[int, str, str]]:
@@ -185,8 +186,9 @@ def python_node_deletions(source: str) -> list[tuple[int, str, str]]:
                 if word == "delete" and (following in NODE_RESOURCES or following.startswith("node/")):
                     found.append((node.lineno, enclosing(node.lineno), ast.unparse(node)))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            # A command line run as a string; prose advising a person, "(kubectl delete node <name>)", is not.
-            if re.search(r"kubectl\s+delete\s+(nodes?|no)\b", node.value) and "(kubectl delete node" not in node.value:
+            # A command line run as a string (it starts with the command); prose advising a person,
+            # "... (kubectl delete node <name>)", does not.
+            if COMMAND_LINE_NODE_DELETE.match(node.value.strip()):
                 found.append((node.lineno, enclosing(node.lineno), node.value))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "delete_node":
             found.append((node.lineno, enclosing(node.lineno), ast.unparse(node)))
@@ -204,6 +206,7 @@ def test_the_node_deletion_scan_finds_every_way_of_writing_one() -> None:
     for source in deleting:
         assert [hit[1] for hit in python_node_deletions(source)] == ["f"], source
     keeping = [
+        'raise RuntimeError("the Node is gone. Find out why (a give-up, a kubectl delete node), then run up")',
         'api.kubectl(["delete", "pod", name])',
         'api.kubectl(["delete", "lease", name, "-n", "kube-node-lease"])',
         'api.kubectl(["get", "node", name])',
