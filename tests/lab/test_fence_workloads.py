@@ -300,7 +300,7 @@ def test_a_fence_keeps_stopped_what_has_no_current_copy_elsewhere(cluster: Clust
         60,
         cluster.diagnose,
     )
-    w2.run(["systemctl", "start", "k3s-agent"])
+    w2.run(["systemctl", "start", "--no-block", "k3s-agent"])  # Restart=always retries a failed start
     wait_until("fw-w2 Ready again", lambda: cluster.ready(w2) == "True", 90, cluster.diagnose)
     kubectl(server, "label", "node", w2.name, f"{LABEL}=yes")  # the workloads may run there too
     old_w2 = next(r for r in replicas(server, "old") if r["nodeID"] == w2.name)
@@ -440,7 +440,9 @@ def pause_longhorn_manager(cluster: Cluster, sig: signal.Signals) -> None:
 
 
 def test_a_copy_on_a_node_that_is_down_is_not_current(cluster: Cluster) -> None:
-    """Issue 38, item 4 (and the set-up of item 3's test, which shares this fence)."""
+    """A copy on a node that is NotReady is not current, though Longhorn's fields still say healthy:
+    the workload whose other copy sits there stays stopped as on a copy that may be older (this
+    fence also serves the next test)."""
     server, w1, w2 = cluster.server, cluster.w1, cluster.w2
     # The earlier tests' workloads go (their pods forced away: the workers run no kubelet that
     # would finish a graceful deletion).
@@ -534,8 +536,10 @@ def test_a_copy_on_a_node_that_is_down_is_not_current(cluster: Cluster) -> None:
         cluster.fence_text = text = cluster.stack.text()
         print("\n".join(line for line in text.splitlines() if f"[{w1.name}]" in line))
     finally:
-        # fw-w2 back before the manager runs again, so its copy of `pair` is current again after.
-        w2.run(["systemctl", "start", "k3s-agent"])
+        # fw-w2 back before the manager runs again, so its copy of `pair` is current again after. Not
+        # waited on here: under load a first start of the agent may fail, and the unit's
+        # Restart=always starts it again; the wait for Ready below covers both.
+        w2.run(["systemctl", "start", "--no-block", "k3s-agent"])
         wait_until("fw-w2 Ready again", lambda: cluster.ready(w2) == "True", 90, cluster.diagnose)
         pause_longhorn_manager(cluster, signal.SIGCONT)
 
@@ -550,7 +554,8 @@ def test_a_copy_on_a_node_that_is_down_is_not_current(cluster: Cluster) -> None:
 
 
 def test_parents_of_stopped_workloads_are_held_stopped_or_named(cluster: Cluster) -> None:
-    """Issue 38, item 3, on the fence of the test before."""
+    """A stopped workload's owners are walked to the top, on the fence of the test before: a CronJob is
+    suspended with a record, a workload an operator's resource controls is named, not scaled."""
     server, w1 = cluster.server, cluster.w1
     text = cluster.fence_text
     assert text, "the fence of the test before did not run"

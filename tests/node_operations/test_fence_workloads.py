@@ -215,7 +215,7 @@ def test_the_report_says_where_workloads_go_and_what_stays_stopped() -> None:
     assert lines[-1].startswith("deleted by the fence (not deleted by Kubernetes within 60 s")
 
 
-# --- A current copy is one healthy now on a node that is Ready and not fenced (issue 38, item 4).
+# --- A current copy is one healthy now on a node that is Ready and not fenced.
 
 
 def node(name: str, *, ready: str = "True", fenced: bool = False, tainted: bool = False) -> dict[str, Any]:
@@ -257,7 +257,7 @@ def test_a_copy_on_a_node_down_or_fenced_is_not_current() -> None:
     assert volume(*back).verdict(W, worker_back=True) is Verdict.MOVES
 
 
-# --- Owners walked to the top (issue 38, item 3).
+# --- Owners walked to the top.
 
 
 def test_the_owners_of_a_stopped_workload_are_walked_to_the_top() -> None:

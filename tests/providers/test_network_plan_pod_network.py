@@ -1,4 +1,4 @@
-"""NetworkPlan refuses a decision for public mode while pod traffic is vxlan (issue 35 item 3).
+"""NetworkPlan refuses a decision for public mode while pod traffic is vxlan.
 
 `hk3s:network.mode: public` with vxlan is refused by the settings at preview; `auto` is
 decided only here, from the hosts' addresses, so the same rule holds at the decision. The
