@@ -257,7 +257,7 @@ class SshSettings(StrictModel):
     trust_on_first_use: bool = Field(
         False,
         description="In a non-interactive run (CI, the operator API and CLI, any run with CI or "
-        "HK3S_NON_INTERACTIVE set), record the SSH host key of a host with none pinned on first contact "
+        "HK3S_NON_INTERACTIVE set, any run whose `pulumi` has no terminal on stdin), record the SSH host key of a host with none pinned on first contact "
         "instead of refusing the run. Every key recorded that way is listed in the run's result. Hetzner "
         "servers the program creates get their keys from it and are pinned from the start.",
     )

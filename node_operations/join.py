@@ -396,14 +396,24 @@ class Joiner:
         reboot or a restart. Keeping it is safe: the server deleted the token's Secret, so it
         authenticates nothing and can join nothing; what the agent still uses is the CA hash in
         it, which pins the server's CA at every start. The file is root-only (0600)."""
-        with contextlib.suppress(SshError):
+        try:
             await self.cluster.delete_token(token.token_id)
+        except SshError as error:
+            # Say the truth: the token lives until it expires, and it can join the node's name.
+            self.progress(
+                f"join token {token.token_id} could NOT be deleted ({error}); it stays valid until it expires "
+                f"({TOKEN_TTL} after it was made): delete it sooner with "
+                f"`kubectl -n kube-system delete secret bootstrap-token-{token.token_id}` on the server"
+            )
+        else:
+            self.progress(
+                f"join token {token.token_id} deleted" + (" (the agent keeps it, dead)" if registered else "")
+            )
         if not registered:
             with contextlib.suppress(SshError):
                 await self.worker.run(["rm", "-f", TOKEN_FILE], deadline=15)
             with contextlib.suppress(SshError):
                 await self._revoke_permit()
-        self.progress(f"join token {token.token_id} deleted" + (" (the agent keeps it, dead)" if registered else ""))
 
     async def _keeps_dead_token(self) -> bool:
         """Whether the host's token file holds a token pinning this cluster's CA (only the

@@ -57,7 +57,7 @@ from .errors import (
 )
 from .events import EventCallback, RunRecord
 from .hetzner_power import fenced_hetzner_server, power_on_fenced
-from .locks import OperatorLock, backend_directory, read_pulumi_locks
+from .locks import OperatorLock, backend_directory, keep_state_private, read_pulumi_locks
 from .nodes import ClusterStatus, DiskCheck, HostCheck, LastRun, Node
 from .runs import Preview, Recovery, RunResult, holders_from_message, keys_recorded_on_first_use
 from .stack_file import StackDocument, StackFile, check_stack_name
@@ -122,7 +122,7 @@ class ClusterStack:
         check_passphrase(self.env_vars)
         backend = backend_directory(self.backend_url)
         if backend is not None:
-            backend.mkdir(parents=True, exist_ok=True)
+            keep_state_private(backend)
         if self._workspace is None:
             self._workspace = auto.LocalWorkspace(
                 work_dir=str(self.project_dir),

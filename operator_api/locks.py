@@ -25,8 +25,9 @@ from typing import Literal
 from urllib.parse import unquote
 
 from remote_access.api_forward import process_alive, process_parent_and_name
+from remote_access.private_dir import UnsafeDirectoryError, private_directory
 
-from .errors import LockHolder, StackBusyError
+from .errors import LockHolder, StackBusyError, StackError
 
 LockState = Literal["live", "stale", "foreign"]
 
@@ -36,6 +37,20 @@ def backend_directory(backend_url: str) -> Path | None:
     if not backend_url.startswith("file://"):
         return None
     return Path(unquote(backend_url.removeprefix("file://").partition("?")[0])).expanduser()
+
+
+def keep_state_private(backend: Path) -> None:
+    """Make a `file://` backend's directory 0700 when the program makes it: the state holds
+    every host's pinned key and the login key (encrypted) and the whole cluster's layout, none
+    of it for other users of the machine. The default directory, made 0755 by earlier releases,
+    is tightened; a directory the user chose and made is left as it is (it may be a team's)."""
+    if backend.resolve() == (Path.home() / ".hk3s-state").resolve():
+        try:
+            private_directory(backend, tighten=True)
+        except UnsafeDirectoryError as error:
+            raise StackError(str(error)) from None
+    elif not backend.exists():
+        backend.mkdir(mode=0o700, parents=True)
 
 
 def pulumi_lock_files(backend: Path, project: str, stack: str) -> list[Path]:

@@ -5,8 +5,9 @@ selection, and its `host_key` output is the key every later login to the node
 is pinned to: the key `hk3s:ssh.host_keys` records, the key the program gave a
 Hetzner server it created (cloud-init `ssh_keys`), the key an earlier run recorded,
 or else the key the host presents at first contact. Recording on first use is
-refused in a non-interactive run (CI, the operator API and CLI) unless the stack
-sets `hk3s:ssh.trust_on_first_use`: nobody would see the key it accepts.
+refused in a non-interactive run (CI, the operator API and CLI, any run whose `pulumi`
+has no terminal on its standard input) unless the stack sets
+`hk3s:ssh.trust_on_first_use`: nobody would see the key it accepts.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from providers.base import (
     ssh_target,
 )
 from providers.inputs import NodeInputs, is_known, known
+from remote_access.api_forward import EngineNotFoundError, engine_pid, stdin_is_terminal
 from remote_access.ssh import FirstContact, SshError
 
 # How long the first contact with a host waits for SSH (and cloud-init) by default.
@@ -53,10 +55,20 @@ class HostProbeInputs(NodeInputs):
 
 
 def non_interactive_run() -> str | None:
-    """The variable that marks this run as one nobody watches, or None."""
+    """Why this run counts as one nobody watches (the variable that says so, or the engine's
+    standard input that is no terminal), or None when a person runs it at a terminal.
+
+    A run started with no terminal (a cron job, a script's `pulumi up --yes </dev/null`, a
+    service) is unattended even when it forgets to say so: nobody reads the key it records."""
     for name in NON_INTERACTIVE_ENV:
         if os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no"):
-            return name
+            return f"{name} is set"
+    try:
+        engine = engine_pid()
+    except EngineNotFoundError:
+        return "this system tells no process's terminal"
+    if not stdin_is_terminal(engine):
+        return "the run was started with no terminal on its standard input"
     return None
 
 
@@ -72,7 +84,7 @@ def first_use_refusal(props: dict[str, Any]) -> str | None:
     node = props.get("node")
     return tagged(
         f"{node}: no SSH host key is pinned for {props.get('address')}, and this run is non-interactive "
-        f"({marker} is set), so nobody would see the key a first contact accepts; whoever sits on the path "
+        f"({marker}), so nobody would see the key a first contact accepts; whoever sits on the path "
         f"could pose as the host. Pin it: set hk3s:ssh.host_keys.{node} to the host's key read over a channel "
         "you trust (its console: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub), or accept this risk with "
         "hk3s:ssh.trust_on_first_use: true (every key recorded that way is listed in the run's result)",

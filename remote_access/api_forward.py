@@ -29,6 +29,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from remote_access.private_dir import UnsafeDirectoryError, runtime_directory
 from remote_access.ssh import SshError, SshTarget, open_session
 
 API_PORT = 6443
@@ -74,7 +75,10 @@ class ForwardRequest:
 
 
 def _record_path(local_port: int) -> Path:
-    return Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp") / f"hk3s-api-forward-{local_port}.json"
+    """Where the running forward of this port is recorded: in this user's private runtime
+    directory, because the record decides where the Kubernetes provider sends the cluster's
+    credentials (one another user could write would point them at that user's listener)."""
+    return runtime_directory() / f"api-forward-{local_port}.json"
 
 
 def process_alive(pid: int) -> bool:
@@ -154,6 +158,33 @@ def engine_pid() -> int:
     return os.getpid()
 
 
+TERMINAL_PREFIXES = ("/dev/pts/", "/dev/tty", "/dev/console")
+
+
+def stdin_is_terminal(pid: int) -> bool:
+    """Whether process `pid` reads its standard input from a terminal (someone sits at it).
+
+    Linux answers through /proc/<pid>/fd/0; elsewhere (macOS) POSIX `ps` tells the process's
+    terminal ("??" or "-" when it has none). Anything unknown counts as no terminal."""
+    if pid == os.getpid():
+        return os.isatty(0)
+    try:
+        return os.readlink(f"/proc/{pid}/fd/0").startswith(TERMINAL_PREFIXES)
+    except FileNotFoundError:
+        if Path("/proc/self").exists():
+            return False
+    except OSError:
+        return False
+    try:
+        answer = subprocess.run(
+            ["ps", "-o", "tty=", "-p", str(pid)], check=False, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    terminal = answer.stdout.strip()
+    return answer.returncode == 0 and terminal not in ("", "?", "??", "-")
+
+
 @dataclass(frozen=True)
 class ApiForward:
     """A forward serving 127.0.0.1:`port`; `started` when this call started its process."""
@@ -172,7 +203,10 @@ class ApiForward:
 def open_api_forward(server: SshTarget, local_port: int, outlive_pid: int | None = None) -> ApiForward:
     """Make sure a forward to `server`'s API listens on 127.0.0.1:`local_port` until
     `outlive_pid` (default: the run's engine) ends."""
-    record = _record_path(local_port)
+    try:
+        record = _record_path(local_port)
+    except UnsafeDirectoryError as error:
+        raise ApiForwardError(server.node, str(error)) from None
     with contextlib.suppress(OSError, ValueError, KeyError):
         known = json.loads(record.read_text())
         pid = int(known["pid"])

@@ -27,7 +27,6 @@ import fcntl
 import os
 import random
 import shlex
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import asyncssh
 
+from remote_access.private_dir import UnsafeDirectoryError, private_directory, runtime_directory
 from remote_access.session_pool import LoginKey, active_pool
 from remote_access.stop_reading import StopWhen, read_stdout, stoppable
 
@@ -321,9 +321,9 @@ def handshake_slot_dir() -> Path:
     """Where the per-host handshake slots live: one lock file per slot, shared by every
     provider process of a run (they are separate processes on the same machine)."""
     configured = os.environ.get("HK3S_SSH_SLOT_DIR")
-    path = Path(configured) if configured else Path(tempfile.gettempdir()) / f"hk3s-ssh-slots-{os.getuid()}"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
+    # Private to this user: a slot directory another user made could hold every slot and
+    # stall each login of this program's runs until their deadline.
+    return private_directory(Path(configured) if configured else runtime_directory() / "ssh-slots")
 
 
 @asynccontextmanager
@@ -335,7 +335,10 @@ async def handshake_slot(target: SshTarget) -> AsyncIterator[int]:
     holder exits, even by SIGKILL, so a killed run leaves no slot taken.
     """
     safe_host = "".join(c if c.isalnum() or c in ".-" else "_" for c in target.address)
-    directory = handshake_slot_dir()
+    try:
+        directory = handshake_slot_dir()
+    except UnsafeDirectoryError as error:
+        raise SshError(target.node, str(error)) from None
     waited_until = time.monotonic() + SLOT_WAIT_SECONDS
     while True:
         for index in range(HANDSHAKES_PER_HOST):

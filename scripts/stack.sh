@@ -54,9 +54,14 @@ export PULUMI_SKIP_UPDATE_CHECK=true
 # instead of reading Pulumi.yaml's virtualenv; current ones ignore it.
 export PULUMI_PYTHON_CMD="$repo/venv/bin/python"
 export PULUMI_BACKEND_URL=${PULUMI_BACKEND_URL:-file://$HOME/.hk3s-state}
+# The state is for this user only: a state directory the script makes is 0700, and the
+# default one (made 0755 by earlier releases) is tightened.
 case "$PULUMI_BACKEND_URL" in
-  file://*) mkdir -p "${PULUMI_BACKEND_URL#file://}" ;;
+  file://*) (umask 077 && mkdir -p "${PULUMI_BACKEND_URL#file://}") ;;
 esac
+if [ "$PULUMI_BACKEND_URL" = "file://$HOME/.hk3s-state" ] && [ -O "$HOME/.hk3s-state" ] && [ ! -L "$HOME/.hk3s-state" ]; then
+  chmod 700 "$HOME/.hk3s-state"
+fi
 
 cd "$repo"
 if ! pulumi stack select "$stack" 2>/dev/null; then

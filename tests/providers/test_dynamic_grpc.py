@@ -55,6 +55,12 @@ def test_host_probe_lifecycle_over_grpc(sshd: LoopbackSshd, provider_server: Any
         "private_key": sshd.client_private_key,
         "__provider": serialize_provider(HostProbeProvider()),
     }
+    # Started as the engine starts it, with no terminal on stdin: a run nobody watches, so an
+    # unpinned key is recorded only when the stack opts in.
+    unattended = stub.Check(proto.CheckRequest(urn=URN, olds=_struct({}), news=_struct(news)))
+    assert [f.property for f in unattended.failures] == ["recorded_host_key"]
+    assert "no terminal on its standard input" in unattended.failures[0].reason
+    news["trust_on_first_use"] = True
 
     checked = stub.Check(proto.CheckRequest(urn=URN, olds=_struct({}), news=_struct(news)))
     assert list(checked.failures) == []
