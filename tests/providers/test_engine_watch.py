@@ -75,12 +75,13 @@ def test_a_provider_whose_engine_is_gone_exits_mid_login_and_drops_the_connectio
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pytest.fail("the provider process still runs 10 s after its engine went away")
-    # Its login went with it: the host sees the connection closed (after the client's banner),
-    # not left open; a connection still open times the read out.
+    # Its login went with it: the host sees the connection closed, not left open; a connection
+    # still open times the read out. (Under load the provider may end between the TCP connect
+    # and its banner: then the close comes with nothing before it.)
     received = b""
     while chunk := login.recv(1024):
         received += chunk
-    assert received.startswith(b"SSH-2.0-"), received
+    assert received == b"" or received.startswith(b"SSH-2.0-"), received
     with pytest.raises(grpc.RpcError):
         pending.result(timeout=10)
     login.close()

@@ -51,7 +51,15 @@ def test_a_program_error_reaches_the_engine_as_its_message_alone(provider_host: 
     # any connection is tried.
     details = _create_details(
         provider_host,
-        {"node": "worker-1", "address": "127.0.0.1", "ssh_port": 22, "private_key": "not a key"},
+        # The provider runs with no terminal, as under the engine: the stack opts in to first
+        # use, so the run gets as far as reading the key.
+        {
+            "node": "worker-1",
+            "address": "127.0.0.1",
+            "ssh_port": 22,
+            "private_key": "not a key",
+            "trust_on_first_use": True,
+        },
     )
     assert details.startswith("worker-1: the SSH private key (hk3s:ssh.private_key_file) cannot be read"), details
     assert details.rstrip().endswith("give an unencrypted OpenSSH or PEM private key"), details
