@@ -122,18 +122,43 @@ sshd_text="# Managed by hk3s: keys only. Named 00- so that sshd reads it first (
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password"
-sshd_effective_problems() {
+# sshd -T alone shows the settings outside every Match block; a `Match User`/`Address` block
+# can turn passwords back on for one connection. So the settings are read as sshd applies
+# them (-C) to the program's own connection and to one from outside, for root and every
+# account with a login shell.
+sshd_outside_address=198.51.100.1 # TEST-NET-2: no real peer, matches only catch-all blocks
+sshd_problems_for() {
   local effective
-  effective=$(sshd -T 2>&1) || {
-    printf 'sshd -T failed: %s' "$(printf '%s' "$effective" | tail -n 1)"
+  effective=$(sshd -T "$@" 2>&1) || {
+    printf 'sshd -T %s failed: %s; ' "$*" "$(printf '%s' "$effective" | tail -n 1)"
     return
   }
-  printf '%s\n' "$effective" | awk '
-    $1 == "passwordauthentication" && $2 != "no" { printf "PasswordAuthentication is %s; ", $2 }
-    $1 == "kbdinteractiveauthentication" && $2 != "no" { printf "KbdInteractiveAuthentication is %s; ", $2 }
+  printf '%s\n' "$effective" | awk -v where="$*" '
+    function say(setting, value) { printf "%s%s is %s; ", (where == "" ? "" : "(" where ") "), setting, value }
+    $1 == "passwordauthentication" && $2 != "no" { say("PasswordAuthentication", $2) }
+    $1 == "kbdinteractiveauthentication" && $2 != "no" { say("KbdInteractiveAuthentication", $2) }
     $1 == "permitrootlogin" && $2 != "without-password" && $2 != "prohibit-password" && $2 != "no" {
-      printf "PermitRootLogin is %s; ", $2
+      say("PermitRootLogin", $2)
     }'
+}
+sshd_effective_problems() {
+  local problems client_address local_address local_port user users address
+  problems=$(sshd_problems_for)
+  if [ -n "$problems" ]; then
+    printf '%s' "$problems"
+    return
+  fi
+  # SSH_CONNECTION: client address, client port, local address, local port of this login.
+  read -r client_address _ local_address local_port <<<"${SSH_CONNECTION:-127.0.0.1 0 127.0.0.1 22}"
+  users=$({
+    printf 'root\n%s\n' "${SUDO_USER:-$(id -un)}"
+    awk -F: '$7 !~ /(nologin|false|sync|shutdown|halt)$/ && $7 != "" { print $1 }' /etc/passwd
+  } | sort -u)
+  for user in $users; do
+    for address in "$client_address" "$sshd_outside_address"; do
+      sshd_problems_for -C "user=$user,host=$address,addr=$address,laddr=$local_address,lport=$local_port"
+    done
+  done
 }
 hardening_changed=no
 if [ -f "$sshd_earlier_dropin" ]; then
@@ -168,6 +193,11 @@ if [ "$hardening_changed" = yes ]; then
 fi
 problems=$(sshd_effective_problems)
 if [ -n "$problems" ]; then
+  case "$problems" in
+    "(-C "*)
+      fail "SSH hardening is not in force for some connections: sshd -T -C says ${problems%; }; a Match block (in /etc/ssh/sshd_config or a file it includes) turns it back on for them: remove or change it, then run again"
+      ;;
+  esac
   fail "SSH hardening is not in force: sshd -T says ${problems% } although $sshd_dropin says otherwise; a setting read before it wins (in /etc/ssh/sshd_config above its Include of sshd_config.d, or no such Include): remove or change it, then run again"
 fi
 if [ "$hardening_changed" = yes ]; then

@@ -20,7 +20,7 @@ import pytest
 from lab.hosts import Host, Lab
 from lab.stack_harness import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
 from node_operations.host_preparation import prepare_host
-from remote_access.ssh import SshError, SshTarget
+from remote_access.ssh import SshError, SshTarget, open_session
 
 pytestmark = pytest.mark.lab
 
@@ -132,4 +132,49 @@ def test_a_setting_read_before_the_dropin_fails_the_step_naming_it(lab: Lab) -> 
     assert "SSH hardening is not in force: sshd -T says PasswordAuthentication is yes" in message
     assert "/etc/ssh/sshd_config" in message
     assert effective(host)["passwordauthentication"] == "yes"  # reported, not hidden behind "applied"
+    host.power_off()
+
+
+def test_a_match_block_that_turns_passwords_back_on_fails_the_step_naming_the_connection(lab: Lab) -> None:
+    """`sshd -T` without `-C` reports the settings outside every Match block: a
+    `Match User deploy` (an account with a login shell) or a `Match Address` for the
+    program's own address turns passwords back on unseen. The step reads them as sshd
+    applies them to each such connection (OpenSSH's sshd(8) -C connection spec)."""
+    host = lab.add_host(worker_spec("hd-match"))
+    lab.wait_ssh_ready([host])
+    host.run(["useradd", "--create-home", "--shell", "/bin/bash", "deploy"])
+    config = host.root / "etc/ssh/sshd_config"
+    original = config.read_text()
+    target = SshTarget(
+        node=host.name,
+        address=host.ssh_ip,
+        private_key=lab.ssh_private_key_path.read_text(),
+        recorded_host_key=host.ssh_host_public_key,
+    )
+
+    def prepare_with(match_block: str) -> str:
+        config.write_text(original + "\n" + match_block)
+        host.run(["systemctl", "restart", "ssh.service"])
+        host.wait_sshd_listening("after its restart")
+        with pytest.raises(SshError) as raised:
+            asyncio.run(prepare_host(target, "vxlan", lambda _line: None))
+        return str(raised.value)
+
+    message = prepare_with("Match User deploy\n    PasswordAuthentication yes\n")
+    assert message.startswith("hd-match: ")
+    assert "SSH hardening is not in force for some connections: sshd -T -C says" in message
+    assert "(-C user=deploy,host=198.51.100.1,addr=198.51.100.1," in message
+    assert "PasswordAuthentication is yes" in message and "a Match block" in message
+    assert "user=root" not in message  # only the connections the block opens are named
+
+    async def program_address() -> str:
+        async with open_session(target) as session:
+            seen = await session.run(["sh", "-c", 'echo "$SSH_CONNECTION"'], deadline=30)
+        return seen.stdout.split()[0]
+
+    ours = asyncio.run(program_address())
+    message = prepare_with(f"Match Address {ours}\n    KbdInteractiveAuthentication yes\n")
+    assert f"(-C user=root,host={ours},addr={ours}," in message
+    assert "KbdInteractiveAuthentication is yes" in message
+    assert "198.51.100.1" not in message  # an outside connection is not affected by that block
     host.power_off()
