@@ -84,7 +84,7 @@ def test_resources_and_parents(graph: Recording) -> None:
     for reg in graph.of_type("hcloud:index/server:Server"):
         component = next(r for r in graph.registrations if r.type.startswith("hk3s:index:") and r.name == reg.name)
         assert reg.parent == component.urn
-    assert graph.by_name("t-ssh-key").parent.endswith("ClusterServer::srv")
+    assert graph.by_name("cluster-ssh-key").parent.endswith("ClusterServer::srv")
     for name in ("private-network-network", "private-network-subnet", "srv-private", "w1-private", "w2-private"):
         assert graph.by_name(name).parent.endswith("PrivateNetwork::private-network"), name
     assert "metal-private" not in parent_of

@@ -53,6 +53,10 @@ def _fingerprint(key_file: Path) -> str:
     return hetzner_fingerprint(key_file.with_name(key_file.name + ".pub").read_text())
 
 
+def _public_key(key_file: Path) -> str:
+    return key_file.with_name(key_file.name + ".pub").read_text().strip()
+
+
 def test_hetzner_fingerprint_is_what_ssh_keygen_prints_as_md5(tmp_path: Path) -> None:
     key = tmp_path / "id"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
@@ -126,7 +130,13 @@ def test_network_and_subnet_wait_for_the_ranges_record(ssh_key_file: Path) -> No
 def test_a_key_with_the_operators_fingerprint_is_used_not_uploaded(ssh_key_file: Path) -> None:
     mocks = ClusterMocks(
         hetzner_ssh_keys=[
-            {"id": 4711, "name": "alice@laptop", "fingerprint": _fingerprint(ssh_key_file), "labels": {}},
+            {
+                "id": 4711,
+                "name": "alice@laptop",
+                "fingerprint": _fingerprint(ssh_key_file),
+                "public_key": _public_key(ssh_key_file),
+                "labels": {},
+            },
             {"id": 99, "name": "someone-else", "fingerprint": "00:11:22:33:44:55:66:77:88:99:aa:bb:cc:dd:ee:ff"},
         ]
     )
@@ -158,19 +168,73 @@ def test_two_stacks_in_one_project_share_one_key(ssh_key_file: Path) -> None:
         "id": 1234,
         "name": uploaded.inputs["name"],
         "fingerprint": _fingerprint(ssh_key_file),
+        "public_key": uploaded.inputs["publicKey"],
         "labels": uploaded.inputs["labels"],
     }
     staging = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[in_project]), stack="staging")
     assert staging.of_type(SSH_KEY) == []
     assert {tuple(s.inputs["sshKeys"]) for s in staging.of_type(SERVER)} == {("1234",)}
     dev_again = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[in_project]), stack="dev")
-    assert [k.name for k in dev_again.of_type(SSH_KEY)] == ["t-ssh-key"]
+    assert [k.name for k in dev_again.of_type(SSH_KEY)] == ["cluster-ssh-key"]
 
 
-def test_a_key_uploaded_before_the_owner_label_stays_managed(ssh_key_file: Path) -> None:
-    legacy = {"id": 7, "name": "t-admin", "fingerprint": _fingerprint(ssh_key_file), "labels": {}}
-    graph = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[legacy]))
-    assert [k.name for k in graph.of_type(SSH_KEY)] == ["t-ssh-key"]
+def test_a_key_named_like_the_clusters_without_the_owner_label_is_the_operators(ssh_key_file: Path) -> None:
+    """Ownership is read from the owner label only, never from a name: a key the operator uploaded
+    by hand as `<cluster>-admin` (the name the first releases gave theirs) is used and never
+    managed, so no run renames, relabels or deletes it, and none uploads a second key with its
+    fingerprint, which Hetzner refuses (`uniqueness_error`)."""
+    by_hand = {
+        "id": 7,
+        "name": "t-admin",
+        "fingerprint": _fingerprint(ssh_key_file),
+        "public_key": _public_key(ssh_key_file) + " alice@laptop",
+        "labels": {},
+    }
+    graph = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[by_hand]))
+    assert graph.of_type(SSH_KEY) == []
+    assert {tuple(s.inputs["sshKeys"]) for s in graph.of_type(SERVER)} == {("7",)}
+
+
+def test_renaming_the_cluster_renames_the_key_in_place(ssh_key_file: Path) -> None:
+    """Under Pulumi mocks (Hetzner cannot be reached). terraform-provider-hcloud's hcloud_ssh_key
+    (internal/sshkey/resource.go) updates `name` and `labels` in place and replaces the key only
+    for a new `public_key` (ForceNew); Hetzner refuses a second key with a fingerprint or a name it
+    holds (`uniqueness_error`). So the key's logical name must not follow hk3s:cluster.name, whose
+    rename would otherwise create a second key with the same fingerprint mid-run: it stays
+    `cluster-ssh-key`, with aliases for the names earlier releases gave it (`<cluster>-ssh-key`, the
+    cluster's name now and the one recorded on the key), so their state maps onto it too."""
+    first = _run(_config(ssh_key_file), ClusterMocks(), stack="dev")
+    (uploaded,) = first.of_type(SSH_KEY)
+    in_project = {
+        "id": 1234,
+        "name": uploaded.inputs["name"],
+        "fingerprint": _fingerprint(ssh_key_file),
+        "public_key": uploaded.inputs["publicKey"],
+        "labels": uploaded.inputs["labels"],
+    }
+    renamed = _run(
+        _config(ssh_key_file, cluster={"name": "t2"}), ClusterMocks(hetzner_ssh_keys=[in_project]), stack="dev"
+    )
+    (kept,) = renamed.of_type(SSH_KEY)
+    assert kept.urn == uploaded.urn
+    assert {"t-ssh-key", "t2-ssh-key"} <= set(kept.aliases)
+    assert kept.inputs["publicKey"] == uploaded.inputs["publicKey"]  # the one input that replaces it
+    assert kept.inputs["name"] == "t2-" + _fingerprint(ssh_key_file).replace(":", "")[:12]
+
+
+def test_a_key_with_the_fingerprint_but_another_public_key_is_refused(ssh_key_file: Path) -> None:
+    """Taken by fingerprint only when its public key is this one: Hetzner matches keys by MD5, and
+    an upload beside it would be refused (`uniqueness_error`)."""
+    other = {
+        "id": 8,
+        "name": "other",
+        "fingerprint": _fingerprint(ssh_key_file),
+        "public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOtherOtherOtherOtherOtherOtherOtherOthe x",
+        "labels": {},
+    }
+    with pytest.raises(SettingsError) as raised:
+        _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[other]))
+    assert "hk3s:ssh.private_key_file" in str(raised.value) and "'other'" in str(raised.value)
 
 
 def test_hetzner_key_names_the_key_explicitly(ssh_key_file: Path) -> None:
