@@ -18,6 +18,12 @@ place (terraform-provider-hcloud's hcloud_ssh_key updates `name` and `labels` in
 `public_key` replaces it), where a new logical name would create a second key with the same
 fingerprint and fail mid-run.
 
+A key the stack uploads now is a `ProjectSshKey` (providers.project_ssh_key), marked with the
+`hk3s-upload: api` label: two stacks' first runs that both found no key at preview may upload it
+at once, and the one Hetzner refuses takes the other's key (by fingerprint, only with the same
+public key) instead of failing. A key this stack uploaded before that marker is an
+`hcloud.SshKey` in its state and stays one (a new resource type would delete and re-upload it).
+
 Servers ignore later changes of their key (components.machine), so replacing
 this key after a rotation touches no server.
 """
@@ -35,6 +41,7 @@ import pulumi_hcloud as hcloud
 from cluster_settings.loading import SettingsError
 from cluster_settings.models import StackSettings
 from cluster_settings.rules import SettingProblem
+from providers.project_ssh_key import ProjectSshKey, ProjectSshKeyInputs
 
 OWNER_LABEL = "hk3s-owner"
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -64,6 +71,9 @@ def stack_owner() -> str:
 
 KEY_RESOURCE = "cluster-ssh-key"
 CLUSTER_LABEL = "hk3s-cluster"
+# On a key uploaded through ProjectSshKey: the resource type that manages it.
+UPLOAD_LABEL = "hk3s-upload"
+UPLOAD_VALUE = "api"
 
 
 def _same_public_key(held: str | None, wanted: str) -> bool:
@@ -130,11 +140,24 @@ def cluster_ssh_key(parent: pulumi.Resource, settings: StackSettings, public_key
         return pulumi.Output.from_input(str(same.id))
     # Named after its fingerprint: a rotation creates the new key before deleting the old one, and
     # Hetzner refuses two keys of one name.
-    key = hcloud.SshKey(
+    name = f"{settings.cluster.name}-{fingerprint.replace(':', '')[:12]}"
+    labels = {CLUSTER_LABEL: settings.cluster.name, OWNER_LABEL: owner}
+    opts = pulumi.ResourceOptions(parent=parent, aliases=_earlier_names(settings.cluster.name, same))
+    if same is not None and (same.labels or {}).get(UPLOAD_LABEL) != UPLOAD_VALUE:
+        # Uploaded by this stack before ProjectSshKey: its state holds an hcloud.SshKey.
+        return hcloud.SshKey(KEY_RESOURCE, name=name, public_key=public_key, labels=labels, opts=opts).id
+    from components.hetzner_project import hetzner_api_token  # noqa: PLC0415 - it imports this module
+
+    token, endpoint = hetzner_api_token()
+    return ProjectSshKey(
         KEY_RESOURCE,
-        name=f"{settings.cluster.name}-{fingerprint.replace(':', '')[:12]}",
-        public_key=public_key,
-        labels={CLUSTER_LABEL: settings.cluster.name, OWNER_LABEL: owner},
-        opts=pulumi.ResourceOptions(parent=parent, aliases=_earlier_names(settings.cluster.name, same)),
-    )
-    return key.id
+        ProjectSshKeyInputs(
+            name=name,
+            public_key=public_key,
+            fingerprint=fingerprint,
+            labels={**labels, UPLOAD_LABEL: UPLOAD_VALUE},
+            hcloud_token=token,
+            hcloud_endpoint=endpoint,
+        ),
+        opts=pulumi.ResourceOptions(parent=parent),
+    ).id

@@ -22,6 +22,7 @@ from tests.components.mock_engine import ClusterMocks, Recording, run_with_mocks
 
 SERVER = "hcloud:index/server:Server"
 SSH_KEY = "hcloud:index/sshKey:SshKey"
+PROJECT_KEY = "hk3s:ProjectSshKey"
 # As the engine receives them: the SDK translates the Python names to the provider's.
 CREATION_ONLY = {"sshKeys", "image", "location", "datacenter", "userData", "serverType"}
 
@@ -141,7 +142,7 @@ def test_a_key_with_the_operators_fingerprint_is_used_not_uploaded(ssh_key_file:
         ]
     )
     graph = _run(_config(ssh_key_file), mocks)
-    assert graph.of_type(SSH_KEY) == []
+    assert graph.of_type(SSH_KEY) == graph.of_type(PROJECT_KEY) == []
     assert [token for token, _ in mocks.calls].count("hcloud:index/getSshKeys:getSshKeys") == 1
     for server in graph.of_type(SERVER):
         assert server.inputs["sshKeys"] == ["4711"], server.name
@@ -150,32 +151,42 @@ def test_a_key_with_the_operators_fingerprint_is_used_not_uploaded(ssh_key_file:
 def test_no_key_with_that_fingerprint_so_one_is_uploaded(ssh_key_file: Path) -> None:
     mocks = ClusterMocks(hetzner_ssh_keys=[{"id": 99, "name": "other", "fingerprint": "00:11:22:33:44:55:66:77"}])
     graph = _run(_config(ssh_key_file), mocks, stack="dev")
-    (key,) = graph.of_type(SSH_KEY)
-    assert key.inputs["publicKey"] == ssh_key_file.with_name("id_ed25519.pub").read_text().strip()
+    assert graph.of_type(SSH_KEY) == []
+    # Uploaded through ProjectSshKey, which takes another stack's upload of the same key if that
+    # one wins the race (tests/providers/test_project_ssh_key.py).
+    (key,) = graph.of_type(PROJECT_KEY)
+    assert key.inputs["public_key"] == ssh_key_file.with_name("id_ed25519.pub").read_text().strip()
+    assert key.inputs["fingerprint"] == _fingerprint(ssh_key_file)
     assert key.inputs["labels"][OWNER_LABEL] == "hk3s.dev"
+    assert key.is_secret("hcloud_token")
     # Named after the fingerprint: a rotation's new key can exist beside the old one.
     assert key.inputs["name"] == "t-" + _fingerprint(ssh_key_file).replace(":", "")[:12]
     for server in graph.of_type(SERVER):
         assert key.urn in server.dependencies, server.name
 
 
+def _in_project(ssh_key_file: Path, uploaded: Any) -> dict[str, Any]:
+    """The key a run uploaded, as Hetzner's list shows it at the next run."""
+    return {
+        "id": 1234,
+        "name": uploaded.inputs["name"],
+        "fingerprint": _fingerprint(ssh_key_file),
+        "public_key": _public_key(ssh_key_file),
+        "labels": uploaded.inputs["labels"],
+    }
+
+
 def test_two_stacks_in_one_project_share_one_key(ssh_key_file: Path) -> None:
     """dev uploads the key; staging, in the same Hetzner project with the same deploy key, uses it;
     dev's next run keeps managing its own key (it carries dev's owner label)."""
     dev_first = _run(_config(ssh_key_file), ClusterMocks(), stack="dev")
-    (uploaded,) = dev_first.of_type(SSH_KEY)
-    in_project = {
-        "id": 1234,
-        "name": uploaded.inputs["name"],
-        "fingerprint": _fingerprint(ssh_key_file),
-        "public_key": uploaded.inputs["publicKey"],
-        "labels": uploaded.inputs["labels"],
-    }
+    (uploaded,) = dev_first.of_type(PROJECT_KEY)
+    in_project = _in_project(ssh_key_file, uploaded)
     staging = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[in_project]), stack="staging")
-    assert staging.of_type(SSH_KEY) == []
+    assert staging.of_type(SSH_KEY) == [] and staging.of_type(PROJECT_KEY) == []
     assert {tuple(s.inputs["sshKeys"]) for s in staging.of_type(SERVER)} == {("1234",)}
     dev_again = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[in_project]), stack="dev")
-    assert [k.name for k in dev_again.of_type(SSH_KEY)] == ["cluster-ssh-key"]
+    assert [k.urn for k in dev_again.of_type(PROJECT_KEY)] == [uploaded.urn]
 
 
 def test_a_key_named_like_the_clusters_without_the_owner_label_is_the_operators(ssh_key_file: Path) -> None:
@@ -191,7 +202,7 @@ def test_a_key_named_like_the_clusters_without_the_owner_label_is_the_operators(
         "labels": {},
     }
     graph = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[by_hand]))
-    assert graph.of_type(SSH_KEY) == []
+    assert graph.of_type(SSH_KEY) == graph.of_type(PROJECT_KEY) == []
     assert {tuple(s.inputs["sshKeys"]) for s in graph.of_type(SERVER)} == {("7",)}
 
 
@@ -201,25 +212,28 @@ def test_renaming_the_cluster_renames_the_key_in_place(ssh_key_file: Path) -> No
     for a new `public_key` (ForceNew); Hetzner refuses a second key with a fingerprint or a name it
     holds (`uniqueness_error`). So the key's logical name must not follow hk3s:cluster.name, whose
     rename would otherwise create a second key with the same fingerprint mid-run: it stays
-    `cluster-ssh-key`, with aliases for the names earlier releases gave it (`<cluster>-ssh-key`, the
-    cluster's name now and the one recorded on the key), so their state maps onto it too."""
+    `cluster-ssh-key`. A key uploaded as an hcloud.SshKey by an earlier release stays one, with
+    aliases for the names those releases gave it (`<cluster>-ssh-key`, the cluster's name now and
+    the one recorded on the key), so their state maps onto it too."""
     first = _run(_config(ssh_key_file), ClusterMocks(), stack="dev")
-    (uploaded,) = first.of_type(SSH_KEY)
-    in_project = {
-        "id": 1234,
-        "name": uploaded.inputs["name"],
-        "fingerprint": _fingerprint(ssh_key_file),
-        "public_key": uploaded.inputs["publicKey"],
-        "labels": uploaded.inputs["labels"],
-    }
+    (uploaded,) = first.of_type(PROJECT_KEY)
     renamed = _run(
-        _config(ssh_key_file, cluster={"name": "t2"}), ClusterMocks(hetzner_ssh_keys=[in_project]), stack="dev"
+        _config(ssh_key_file, cluster={"name": "t2"}),
+        ClusterMocks(hetzner_ssh_keys=[_in_project(ssh_key_file, uploaded)]),
+        stack="dev",
     )
-    (kept,) = renamed.of_type(SSH_KEY)
-    assert kept.urn == uploaded.urn
-    assert {"t-ssh-key", "t2-ssh-key"} <= set(kept.aliases)
-    assert kept.inputs["publicKey"] == uploaded.inputs["publicKey"]  # the one input that replaces it
+    (kept,) = renamed.of_type(PROJECT_KEY)
+    assert kept.urn == uploaded.urn and kept.name == "cluster-ssh-key"
+    assert kept.inputs["public_key"] == uploaded.inputs["public_key"]  # the one input that replaces it
     assert kept.inputs["name"] == "t2-" + _fingerprint(ssh_key_file).replace(":", "")[:12]
+    # Uploaded as an hcloud.SshKey (this stack's owner label, no upload marker).
+    earlier = {**_in_project(ssh_key_file, uploaded), "labels": {OWNER_LABEL: "hk3s.dev", "hk3s-cluster": "t"}}
+    renamed = _run(_config(ssh_key_file, cluster={"name": "t2"}), ClusterMocks(hetzner_ssh_keys=[earlier]), stack="dev")
+    assert renamed.of_type(PROJECT_KEY) == []
+    (kept_earlier,) = renamed.of_type(SSH_KEY)
+    assert kept_earlier.name == "cluster-ssh-key"
+    assert {"t-ssh-key", "t2-ssh-key"} <= set(kept_earlier.aliases)
+    assert kept_earlier.inputs["name"] == "t2-" + _fingerprint(ssh_key_file).replace(":", "")[:12]
 
 
 def test_a_key_with_the_fingerprint_but_another_public_key_is_refused(ssh_key_file: Path) -> None:
@@ -241,7 +255,7 @@ def test_hetzner_key_names_the_key_explicitly(ssh_key_file: Path) -> None:
     keys = [{"id": 55, "name": "deploy", "fingerprint": "aa:bb"}, {"id": 56, "name": "other", "fingerprint": "cc"}]
     config = _config(ssh_key_file, ssh={"private_key_file": str(ssh_key_file), "hetzner_key": "deploy"})
     graph = _run(config, ClusterMocks(hetzner_ssh_keys=keys))
-    assert graph.of_type(SSH_KEY) == []
+    assert graph.of_type(SSH_KEY) == graph.of_type(PROJECT_KEY) == []
     assert {tuple(s.inputs["sshKeys"]) for s in graph.of_type(SERVER)} == {("55",)}
 
 
