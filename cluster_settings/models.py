@@ -420,7 +420,11 @@ class WorkerSettings(HostSettings):
     firewall: bool | None = Field(
         None, description="Override firewall.managed for this node: true, false, or unset to follow it."
     )
-    labels: Labels = Field(default_factory=dict, description="Extra node labels.")
+    labels: Labels = Field(
+        default_factory=dict,
+        description="Extra node labels; none in kubernetes.io or k8s.io (or a subdomain) except those "
+        "the kubelet takes (under node.kubernetes.io/, kubelet.kubernetes.io/).",
+    )
     taints: Taints = Field(
         default_factory=list,
         description="Node taints, key=value:Effect or key:Effect (NoSchedule, PreferNoSchedule, NoExecute); "
@@ -445,7 +449,9 @@ class PoolSettings(StrictModel):
         description="Hetzner locations the workers are spread over (worker n in the (n-1) mod len-th); "
         "default [cluster.location].",
     )
-    labels: Labels = Field(default_factory=dict, description="Node labels of every worker of the pool.")
+    labels: Labels = Field(
+        default_factory=dict, description="Node labels of every worker of the pool (keys as a worker's labels)."
+    )
     taints: Taints = Field(default_factory=list, description="Node taints of every worker of the pool.")
     holds_copies: bool = Field(True, description="False: the pool's workers hold no volume copies.")
     ignore_slow_disk: bool = Field(False, description="As for a worker, for every worker of the pool.")

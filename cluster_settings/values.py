@@ -12,6 +12,8 @@ from pydantic import AfterValidator, BeforeValidator, Field
 
 from node_operations.k3s_release import K3S_VERSION
 
+from .kubelet_labels import kubelet_refuses_label
+
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # The oldest k3s with everything the join uses: `k3s token create --ttl` (v1.26.2) and the
 # join permit's admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (GA and on by
@@ -179,6 +181,14 @@ def _labels(value: dict[str, str]) -> dict[str, str]:
             reserved_key=f"label {key!r} is set by the program or Kubernetes",
             invalid_value=f"label value {label!r} of {key!r} is not a valid Kubernetes label value",
         )
+        if kubelet_refuses_label(key):
+            # k3s passes every label to the kubelet's --node-labels at each start.
+            raise ValueError(
+                f"label {key!r} is in the kubernetes.io/k8s.io namespace, where the kubelet takes "
+                "only its own labels and refuses to start with any other (k3s's agent would "
+                f"restart in a loop); use a domain of your own (e.g. 'example.com/{key.rpartition('/')[2]}') "
+                "or a key under node.kubernetes.io/"
+            )
     return value
 
 

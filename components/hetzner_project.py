@@ -15,7 +15,16 @@ run naming the setting, and nothing changes:
 - the names the stack gives its Hetzner resources are free: names are unique per
   project, and they are derived from the cluster and the stack, so two stacks in
   one project (dev and staging) never collide; a name another owner already
-  holds is refused.
+  holds is refused;
+- the control plane is the one this stack made: the project lists this stack's control-plane
+  server (its `hk3s-role: server` label, and its owner label, or for a server made before that
+  label its cluster and stack labels) under the node name it was made for (`hk3s-node`, or its
+  name). A new hk3s:server.name (or a server that is now an existing host) would give the
+  control plane a new Pulumi resource: Pulumi creates the new server first and only then refuses
+  to delete the protected one, and a k3s node cannot be renamed anyway; so it is refused here,
+  naming the name to set back. Renaming hk3s:cluster.name is no replacement: it renames the
+  servers, the network, the firewalls and the key in place (terraform-provider-hcloud updates
+  `name` and `labels` of each in place).
 """
 
 from __future__ import annotations
@@ -34,10 +43,15 @@ import pulumi_hcloud as hcloud
 from cluster_settings.loading import SettingsError
 from cluster_settings.models import HostSettings, StackSettings
 from cluster_settings.rules import SettingProblem, host_setting_key
+from components.hetzner_ssh_key import OWNER_LABEL, stack_owner
 
 HETZNER_NAME_MAX = 63
 STACK_LABEL = "hk3s-stack"
 CLUSTER_LABEL = "hk3s-cluster"
+ROLE_LABEL = "hk3s-role"
+# The node a Hetzner server was made for: its name in the stack's settings (a DNS-1123 label,
+# so always a valid label value).
+NODE_LABEL = "hk3s-node"
 
 
 def hetzner_name(cluster: str, stack: str, *parts: str) -> str:
@@ -55,6 +69,20 @@ def hetzner_name(cluster: str, stack: str, *parts: str) -> str:
 def ownership_labels(cluster: str, stack: str) -> dict[str, str]:
     """Labels on every Hetzner resource the stack makes: whose it is."""
     return {CLUSTER_LABEL: cluster, STACK_LABEL: stack}
+
+
+def server_labels(cluster: str, stack: str, owner: str, node: str, role: str) -> dict[str, str]:
+    """A server's labels: whose it is (cluster, stack and the owner, `<project>.<stack>`, which
+    survives a rename of the cluster), the node it was made for and its role."""
+    return {**ownership_labels(cluster, stack), OWNER_LABEL: owner, NODE_LABEL: node, ROLE_LABEL: role}
+
+
+def _this_stacks_server(labels: Mapping[str, str] | None, cluster: str, stack: str, owner: str) -> bool:
+    """By the owner label; a server made before it by its cluster and stack labels."""
+    labels = labels or {}
+    if OWNER_LABEL in labels:
+        return labels[OWNER_LABEL] == owner
+    return _ours(labels, cluster, stack)
 
 
 @dataclass(frozen=True)
@@ -193,6 +221,43 @@ def planned_names(settings: StackSettings, stack: str, private_network: bool) ->
     return planned
 
 
+def control_plane_problems(
+    settings: StackSettings, stack: str, owner: str, held_servers: Sequence[Any]
+) -> list[SettingProblem]:
+    """This stack's control-plane server in the project, when the settings now name another one."""
+    wanted = settings.server.name if settings.server.kind == "hetzner" else None
+    problems: list[SettingProblem] = []
+    for server in held_servers:
+        labels = _field(server, "labels") or {}
+        if labels.get(ROLE_LABEL) != "server":
+            continue
+        if not _this_stacks_server(labels, settings.cluster.name, stack, owner):
+            continue
+        name = _field(server, "name")
+        node = labels.get(NODE_LABEL)
+        if node is None:
+            # Made before the node label (so this cluster's by its labels): named <cluster>-<stack>-<node>.
+            prefix = hetzner_name(settings.cluster.name, stack) + "-"
+            same = wanted is not None and name == hetzner_name(settings.cluster.name, stack, wanted)
+            node = name[len(prefix) :] if name.startswith(prefix) else None
+        else:
+            same = node == wanted
+        if same:
+            continue
+        was = f"node {node!r}" if node else "its node"
+        now = f"hk3s:server.name {wanted!r}" if wanted else "an existing host as hk3s:server"
+        problems.append(
+            SettingProblem(
+                "hk3s:server.name",
+                f"this stack's control plane is the Hetzner server {name!r} ({was}); {now} would create a "
+                "second control-plane server before the protected one's delete is refused, and a k3s node "
+                "cannot be renamed"
+                + (f"; set hk3s:server.name back to {node!r}" if node else "; set hk3s:server back to it"),
+            )
+        )
+    return problems
+
+
 HetznerReads = Callable[[], tuple[Sequence[Any], Sequence[Any], Mapping[str, Sequence[Any]]]]
 
 
@@ -211,35 +276,49 @@ def read_hetzner_project() -> tuple[Sequence[Any], Sequence[Any], Mapping[str, S
 
 
 def existing_servers(
-    settings: StackSettings, stack: str, held_servers: Sequence[Any]
+    settings: StackSettings, stack: str, held_servers: Sequence[Any], owner: str | None = None
 ) -> tuple[list[HostSettings], list[HostSettings]]:
     """The stack's Hetzner hosts split into (to be created, already made). A host is made when the
-    project holds a server with its name that carries this stack's labels: the listing is read at
-    every run, so it also knows a server a crashed run created before Pulumi recorded it."""
+    project holds a server with its name that carries this stack's labels, or one with this
+    stack's owner label made for its node (a renamed cluster's): the listing is read at every
+    run, so it also knows a server a crashed run created before Pulumi recorded it."""
     ours = {
         _field(server, "name")
         for server in held_servers
         if _ours(_field(server, "labels"), settings.cluster.name, stack)
     }
+    owned_nodes = {
+        (_field(server, "labels") or {}).get(NODE_LABEL)
+        for server in held_servers
+        if owner is not None and (_field(server, "labels") or {}).get(OWNER_LABEL) == owner
+    }
     to_create: list[HostSettings] = []
     made: list[HostSettings] = []
     for host in settings.hetzner_hosts():
-        (made if hetzner_name(settings.cluster.name, stack, host.name) in ours else to_create).append(host)
+        held = hetzner_name(settings.cluster.name, stack, host.name) in ours or host.name in owned_nodes
+        (made if held else to_create).append(host)
     return to_create, made
 
 
 def check_hetzner_project(
-    settings: StackSettings, stack: str, planned: Sequence[PlannedName], read: HetznerReads = read_hetzner_project
+    settings: StackSettings,
+    stack: str,
+    planned: Sequence[PlannedName],
+    read: HetznerReads = read_hetzner_project,
+    owner: str | None = None,
 ) -> None:
-    """Refuse, before anything is registered, what Hetzner would refuse halfway through a run.
-    Only servers the run will create are held to what Hetzner offers now; servers that exist
-    get at most one warning line."""
+    """Refuse, before anything is registered, what Hetzner would refuse halfway through a run,
+    and a control plane named other than the one this stack made. Only servers the run will
+    create are held to what Hetzner offers now; servers that exist get at most one warning line.
+    `owner` is this stack's owner label value (default: `stack_owner()`)."""
     hosts = settings.hetzner_hosts()
     if not hosts and not planned:
         return
+    owner = owner or stack_owner()
     server_types, images, held = read()
-    to_create, made = existing_servers(settings, stack, held.get("server", []))
-    problems = _type_problems(settings, to_create, server_types, images) if to_create else []
+    to_create, made = existing_servers(settings, stack, held.get("server", []), owner)
+    problems = control_plane_problems(settings, stack, owner, held.get("server", []))
+    problems += _type_problems(settings, to_create, server_types, images) if to_create else []
     problems += _name_problems(settings.cluster.name, stack, planned, held)
     if problems:
         raise SettingsError(problems)

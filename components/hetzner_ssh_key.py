@@ -1,12 +1,28 @@
 """The operator's SSH key as Hetzner knows it: the key new servers are created with.
 
-Hetzner refuses a second key with the same fingerprint in one project
-(`uniqueness_error`), and most operators uploaded theirs long ago; a second
-stack in the same project with the same deploy key would hit the same wall.
-So the program looks the key up by fingerprint first and uploads it only when
-the project does not hold it. A key the program uploaded carries the stack's
-owner label, which is how a later run tells its own key (kept managed, so a
-rotation replaces it) from someone else's (used, never deleted).
+Hetzner refuses a second key with the same fingerprint, or the same name, in one project
+(`uniqueness_error`), and most operators uploaded theirs long ago; a second stack in the same
+project with the same deploy key would hit the same wall. So the program looks the key up by
+fingerprint first (and takes it only when its public key is this one, blob for blob) and uploads it
+only when the project does not hold it.
+
+Whose a key is, is read from one thing only: the owner label (`hk3s-owner: <project>.<stack>`)
+the program puts on a key it uploads. A key without it is the operator's (whatever its name, even
+`<cluster>-admin`, the name the first releases gave theirs): used, never updated or deleted. A key
+with another stack's label is that stack's: used, never touched.
+
+The key's Pulumi resource has a logical name that no setting shapes (`cluster-ssh-key`), with
+aliases for the name earlier releases gave it (`<cluster>-ssh-key`, for the cluster name now and the
+one recorded on the key's `hk3s-cluster` label): renaming `hk3s:cluster.name` renames the key in
+place (terraform-provider-hcloud's hcloud_ssh_key updates `name` and `labels` in place; only
+`public_key` replaces it), where a new logical name would create a second key with the same
+fingerprint and fail mid-run.
+
+A key the stack uploads now is a `ProjectSshKey` (providers.project_ssh_key), marked with the
+`hk3s-upload: api` label: two stacks' first runs that both found no key at preview may upload it
+at once, and the one Hetzner refuses takes the other's key (by fingerprint, only with the same
+public key) instead of failing. A key this stack uploaded before that marker is an
+`hcloud.SshKey` in its state and stays one (a new resource type would delete and re-upload it).
 
 Servers ignore later changes of their key (components.machine), so replacing
 this key after a rotation touches no server.
@@ -25,6 +41,7 @@ import pulumi_hcloud as hcloud
 from cluster_settings.loading import SettingsError
 from cluster_settings.models import StackSettings
 from cluster_settings.rules import SettingProblem
+from providers.project_ssh_key import ProjectSshKey, ProjectSshKeyInputs
 
 OWNER_LABEL = "hk3s-owner"
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -52,13 +69,30 @@ def stack_owner() -> str:
     return value.strip("-_.") or "hk3s"
 
 
-def _uploaded_by_this_stack(key: hcloud.outputs.GetSshKeysSshKeyResult, cluster: str, owner: str) -> bool:
-    labels = key.labels or {}
-    if OWNER_LABEL in labels:
-        return labels[OWNER_LABEL] == owner
-    # Uploaded by a release before the owner label, under the name that release gave it: still in
-    # this stack's state, so it stays managed (and gets the label) instead of being dropped.
-    return key.name == f"{cluster}-admin"
+KEY_RESOURCE = "cluster-ssh-key"
+CLUSTER_LABEL = "hk3s-cluster"
+# On a key uploaded through ProjectSshKey: the resource type that manages it.
+UPLOAD_LABEL = "hk3s-upload"
+UPLOAD_VALUE = "api"
+
+
+def _same_public_key(held: str | None, wanted: str) -> bool:
+    """Hetzner's key is this one: type and base64 blob equal (the comment may differ)."""
+    return bool(held) and str(held).split()[:2] == wanted.split()[:2]
+
+
+def _uploaded_by_this_stack(key: hcloud.outputs.GetSshKeysSshKeyResult, owner: str) -> bool:
+    return (key.labels or {}).get(OWNER_LABEL) == owner
+
+
+def _earlier_names(cluster: str, key: hcloud.outputs.GetSshKeysSshKeyResult | None) -> list[pulumi.Alias]:
+    """The logical names earlier releases gave this stack's key: `<cluster>-ssh-key`, with the
+    cluster's name now and the one the key was uploaded under (its hk3s-cluster label)."""
+    names = {f"{cluster}-ssh-key"}
+    recorded = (key.labels or {}).get(CLUSTER_LABEL) if key is not None else None
+    if recorded:
+        names.add(f"{recorded}-ssh-key")
+    return [pulumi.Alias(name=name) for name in sorted(names)]
 
 
 def cluster_ssh_key(parent: pulumi.Resource, settings: StackSettings, public_key: str) -> pulumi.Output[str]:
@@ -82,21 +116,48 @@ def cluster_ssh_key(parent: pulumi.Resource, settings: StackSettings, public_key
         return pulumi.Output.from_input(str(named[0].id))
     fingerprint = hetzner_fingerprint(public_key)
     owner = stack_owner()
-    same = [key for key in keys if key.fingerprint == fingerprint]
-    if same and not _uploaded_by_this_stack(same[0], settings.cluster.name, owner):
+    # Hetzner holds at most one key per fingerprint; an MD5 match alone is not this key.
+    same = next((key for key in keys if key.fingerprint == fingerprint), None)
+    if same is not None and not _same_public_key(same.public_key, public_key):
+        raise SettingsError(
+            [
+                SettingProblem(
+                    "hk3s:ssh.private_key_file",
+                    f"the Hetzner project's SSH key {same.name!r} has this key's fingerprint {fingerprint} but "
+                    "another public key, and Hetzner takes no second key with that fingerprint; use another "
+                    "key pair, or name a key with hk3s:ssh.hetzner_key",
+                )
+            ]
+        )
+    if same is not None and not _uploaded_by_this_stack(same, owner):
+        whose = (same.labels or {}).get(OWNER_LABEL)
         pulumi.log.info(
-            f"using the SSH key {same[0].name!r} already in the Hetzner project (fingerprint {fingerprint}) "
-            "for new servers; this stack never deletes it",
+            f"using the SSH key {same.name!r} already in the Hetzner project (fingerprint {fingerprint}, "
+            + (f"uploaded by stack {whose}" if whose else "not uploaded by hk3s")
+            + ") for new servers; this stack never changes or deletes it",
             resource=parent,
         )
-        return pulumi.Output.from_input(str(same[0].id))
+        return pulumi.Output.from_input(str(same.id))
     # Named after its fingerprint: a rotation creates the new key before deleting the old one, and
     # Hetzner refuses two keys of one name.
-    key = hcloud.SshKey(
-        f"{settings.cluster.name}-ssh-key",
-        name=f"{settings.cluster.name}-{fingerprint.replace(':', '')[:12]}",
-        public_key=public_key,
-        labels={"hk3s-cluster": settings.cluster.name, OWNER_LABEL: owner},
+    name = f"{settings.cluster.name}-{fingerprint.replace(':', '')[:12]}"
+    labels = {CLUSTER_LABEL: settings.cluster.name, OWNER_LABEL: owner}
+    opts = pulumi.ResourceOptions(parent=parent, aliases=_earlier_names(settings.cluster.name, same))
+    if same is not None and (same.labels or {}).get(UPLOAD_LABEL) != UPLOAD_VALUE:
+        # Uploaded by this stack before ProjectSshKey: its state holds an hcloud.SshKey.
+        return hcloud.SshKey(KEY_RESOURCE, name=name, public_key=public_key, labels=labels, opts=opts).id
+    from components.hetzner_project import hetzner_api_token  # noqa: PLC0415 - it imports this module
+
+    token, endpoint = hetzner_api_token()
+    return ProjectSshKey(
+        KEY_RESOURCE,
+        ProjectSshKeyInputs(
+            name=name,
+            public_key=public_key,
+            fingerprint=fingerprint,
+            labels={**labels, UPLOAD_LABEL: UPLOAD_VALUE},
+            hcloud_token=token,
+            hcloud_endpoint=endpoint,
+        ),
         opts=pulumi.ResourceOptions(parent=parent),
-    )
-    return key.id
+    ).id

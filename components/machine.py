@@ -11,7 +11,8 @@ import pulumi
 import pulumi_hcloud as hcloud
 
 from cluster_settings.models import HostSettings, StackSettings
-from components.hetzner_project import hetzner_name, ownership_labels
+from components.hetzner_project import hetzner_name, server_labels
+from components.hetzner_ssh_key import stack_owner
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
 from components.provider_shards import OperationShards
@@ -124,7 +125,9 @@ def _hetzner_machine(
         ssh_keys=[ssh_key_id],
         user_data=user_data,
         public_nets=[hcloud.ServerPublicNetArgs(ipv4_enabled=True, ipv6_enabled=True)],
-        labels={**ownership_labels(settings.cluster.name, pulumi.get_stack()), "hk3s-role": role},
+        # Labels change in place; the owner and node labels tell this stack's servers at preview
+        # (components.hetzner_project: a renamed control plane is refused there).
+        labels=server_labels(settings.cluster.name, pulumi.get_stack(), stack_owner(), host.name, role),
         # On the internet from its first boot: an SSH-only cloud firewall is attached at creation,
         # the cluster's full one (FirewallRules) once every address is known, and then the SSH-only
         # one is taken off (Hetzner lets in what any attached firewall allows).

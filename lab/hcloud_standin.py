@@ -33,11 +33,20 @@ What it serves, each as Hetzner's API reference (docs.hetzner.cloud) describes i
   body `{"remove_from": [{"type": "server", "server": {"id"}}]}`: 201 `{"actions": [...]}`, one
   `remove_firewall` action per server, finished `success` at once; a server the firewall is not
   applied to is answered 422 `firewall_already_removed`.
+- SSH keys ("SSH Keys": List, Get, Create, Update, Delete): GET /ssh_keys (filters `fingerprint`
+  and `name`, exact match), GET /ssh_keys/{id}, POST /ssh_keys `{name, public_key, labels}`
+  answered 201 `{"ssh_key": {id, name, fingerprint, public_key, labels, created}}` with the
+  fingerprint Hetzner computes (MD5 of the key blob, colon-separated hex), PUT /ssh_keys/{id}
+  `{name, labels}` (in place), DELETE /ssh_keys/{id} 204. One key per fingerprint and per name in
+  the project: a second is answered 409 `uniqueness_error` ("SSH key with the same fingerprint
+  already exists", "SSH key name is already used"), checked and stored under one lock, so of two
+  uploads at once exactly one wins. `add_ssh_key` may give a key a fingerprint of its own (an MD5
+  collision cannot be made on demand).
 - An injectable failure (`fail_actions`): every later power action of that server ends in
   `error` with the given code and message and leaves the host as it was, until
   `clear_failures`.
 
-What it does not model: every other endpoint (404), `shutdown`, `reset` and `reboot`, the
+What it does not model: every other endpoint (404), SSH keys' label selectors, `shutdown`, `reset` and `reboot`, the
 rate limit (no RateLimit-* headers, never a 429), pagination beyond one page, a server's
 other fields (type, image, datacenter), IPv6, labels and label selectors,
 `protection`, the `deprecation` of API calls, and TLS (it serves plain HTTP on 127.0.0.1).
@@ -45,6 +54,8 @@ other fields (type, image, datacenter), IPv6, labels and label selectors,
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import itertools
 import json
 import secrets
@@ -145,6 +156,32 @@ class StandinFirewall:
         }
 
 
+def md5_fingerprint(public_key: str) -> str:
+    """Hetzner's fingerprint of an OpenSSH public key line: MD5 of the blob, colon-separated hex."""
+    digest = hashlib.md5(base64.b64decode(public_key.split()[1]), usedforsecurity=False).hexdigest()
+    return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
+
+
+@dataclass
+class StandinSshKey:
+    id: int
+    name: str
+    public_key: str
+    fingerprint: str
+    labels: dict[str, str] = field(default_factory=dict)
+    created: str = field(default_factory=_now)
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "fingerprint": self.fingerprint,
+            "public_key": self.public_key,
+            "labels": dict(self.labels),
+            "created": self.created,
+        }
+
+
 @dataclass
 class StandinAction:
     id: int
@@ -183,6 +220,7 @@ class HcloudStandin:
         self.servers: dict[int, StandinServer] = {}
         self.actions: dict[int, StandinAction] = {}
         self.firewalls: dict[int, StandinFirewall] = {}
+        self.ssh_keys: dict[int, StandinSshKey] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) of every authenticated request
         self._ids = itertools.count(4711)
         self._action_ids = itertools.count(13)
@@ -236,6 +274,12 @@ class HcloudStandin:
     def apply_firewall(self, firewall: int, server: int) -> None:
         self.firewalls[firewall].applied.add(server)
 
+    def add_ssh_key(
+        self, name: str, public_key: str, labels: dict[str, str] | None = None, fingerprint: str | None = None
+    ) -> int:
+        """A key the project holds (uploaded by hand, say); its id."""
+        return self._create_ssh_key({"name": name, "public_key": public_key, "labels": labels or {}}, fingerprint).id
+
     def fail_actions(self, server: int, code: str, message: str) -> None:
         """Every later power action of `server` ends in `error` (`code`, `message`), the host untouched."""
         self.servers[server].failure = (code, message)
@@ -276,6 +320,59 @@ class HcloudStandin:
                 actions.append(action)
         return actions
 
+    def _ssh_key(self, raw: str) -> StandinSshKey:
+        key = self.ssh_keys.get(int(raw)) if raw.isdigit() else None
+        if key is None:
+            raise ApiError(404, "not_found", f"SSH key with ID '{raw}' not found")
+        return key
+
+    def _create_ssh_key(self, body: dict[str, Any], fingerprint: str | None = None) -> StandinSshKey:
+        name, public_key = str(body.get("name") or ""), str(body.get("public_key") or "")
+        try:
+            fingerprint = fingerprint or md5_fingerprint(public_key)
+        except (IndexError, ValueError):
+            raise ApiError(400, "invalid_input", "invalid input in field 'public_key'") from None
+        with self._lock:
+            if any(key.fingerprint == fingerprint for key in self.ssh_keys.values()):
+                raise ApiError(409, "uniqueness_error", "SSH key with the same fingerprint already exists")
+            if any(key.name == name for key in self.ssh_keys.values()):
+                raise ApiError(409, "uniqueness_error", "SSH key name is already used")
+            key = StandinSshKey(next(self._ids), name, public_key, fingerprint, dict(body.get("labels") or {}))
+            self.ssh_keys[key.id] = key
+            return key
+
+    def _route_ssh_keys(
+        self, method: str, parts: list[str], query: dict[str, list[str]], body: dict[str, Any] | None
+    ) -> tuple[int, dict[str, Any]]:
+        if method == "GET" and len(parts) == 1:
+            found = [
+                key.view()
+                for key in self.ssh_keys.values()
+                if all(query.get(f) is None or getattr(key, f) == query[f][0] for f in ("fingerprint", "name"))
+            ]
+            pagination = {"page": 1, "per_page": 25, "previous_page": None, "next_page": None, "last_page": 1}
+            return 200, {"ssh_keys": found, "meta": {"pagination": {**pagination, "total_entries": len(found)}}}
+        if method == "POST" and len(parts) == 1:
+            return 201, {"ssh_key": self._create_ssh_key(body or {}).view()}
+        if len(parts) == 2:
+            key = self._ssh_key(parts[1])
+            if method == "GET":
+                return 200, {"ssh_key": key.view()}
+            if method == "PUT":
+                with self._lock:
+                    name = (body or {}).get("name")
+                    if name and any(k.name == name and k.id != key.id for k in self.ssh_keys.values()):
+                        raise ApiError(409, "uniqueness_error", "SSH key name is already used")
+                    key.name = name or key.name
+                    if (body or {}).get("labels") is not None:
+                        key.labels = dict(body["labels"])  # type: ignore[index]
+                return 200, {"ssh_key": key.view()}
+            if method == "DELETE":
+                with self._lock:
+                    self.ssh_keys.pop(key.id, None)
+                return 204, {}
+        raise ApiError(404, "not_found", "not found")
+
     def _route(
         self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any] | None = None
     ) -> tuple[int, dict[str, Any]]:
@@ -283,6 +380,8 @@ class HcloudStandin:
         if parts[:1] != ["v1"]:
             raise ApiError(404, "not_found", "not found")
         parts = parts[1:]
+        if parts[:1] == ["ssh_keys"]:
+            return self._route_ssh_keys(method, parts, query, body)
         if method == "GET" and len(parts) == 2 and parts[0] == "firewalls":
             return 200, {"firewall": self._firewall(parts[1]).view()}
         if method == "POST" and parts[:1] == ["firewalls"] and parts[2:] == ["actions", "remove_from_resources"]:
@@ -350,7 +449,7 @@ class HcloudStandin:
                 except ApiError as error:
                     status = error.status
                     body = {"error": {"code": error.code, "message": error.message, "details": {}}}
-                data = json.dumps(body).encode()
+                data = json.dumps(body).encode() if status != 204 else b""
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -364,6 +463,14 @@ class HcloudStandin:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
                 self._serve("POST", json.loads(raw) if raw.strip() else None)
+
+            def do_PUT(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                self._serve("PUT", json.loads(raw) if raw.strip() else None)
+
+            def do_DELETE(self) -> None:
+                self._serve("DELETE")
 
             def log_message(self, format: str, *args: Any) -> None:
                 return

@@ -295,3 +295,71 @@ async def release_bootstrap_firewall(
         full_id=full_id,
         progress=progress,
     )
+
+
+# The project's SSH key (providers.project_ssh_key). Hetzner's API reference ("SSH Keys: Create an
+# SSH key"): a key whose fingerprint, or whose name, the project already holds is refused with
+# 409 `uniqueness_error` ("SSH key with the same fingerprint already exists", "SSH key name is
+# already used"); GET /ssh_keys?fingerprint= lists the one key with that MD5 fingerprint.
+
+
+@dataclass(frozen=True)
+class ProjectKey:
+    """The key the stack's servers are created with: its id, and whether this stack uploaded it
+    (False: another stack's upload won the race and this one took that key)."""
+
+    id: int
+    name: str
+    owned: bool
+
+
+def _same_public_key(held: str | None, wanted: str) -> bool:
+    return bool(held) and str(held).split()[:2] == wanted.split()[:2]
+
+
+def upload_or_adopt_ssh_key(
+    access: HetznerAccess, name: str, public_key: str, fingerprint: str, labels: dict[str, str]
+) -> ProjectKey:
+    """Upload the key; when the project already holds its fingerprint (another stack uploaded it
+    between this run's look-up and now), take that key, and only if its public key is this one."""
+    client = access.client()
+    try:
+        key = client.ssh_keys.create(name=name, public_key=public_key, labels=labels)
+        return ProjectKey(int(key.id or 0), name, owned=True)
+    except APIException as error:
+        if error.code != "uniqueness_error":
+            raise HetznerApiError(f"uploading the SSH key {name!r}: {_answer(error)}; check hcloud:token") from None
+        refused = error
+    except RequestException as error:
+        raise HetznerApiError(f"uploading the SSH key {name!r}: {error}; check hcloud:endpoint") from None
+    held = client.ssh_keys.get_by_fingerprint(fingerprint)
+    if held is None:
+        raise HetznerApiError(
+            f"uploading the SSH key {name!r}: {_answer(refused)}, and the project holds no key with its fingerprint "
+            f"{fingerprint}: the name is another key's; rename or delete that key in the Hetzner project"
+        )
+    if not _same_public_key(held.public_key, public_key):
+        raise HetznerApiError(
+            f"uploading the SSH key {name!r}: the project's key {held.name!r} has its fingerprint {fingerprint} but "
+            "another public key; use another key pair, or name a key with hk3s:ssh.hetzner_key"
+        )
+    return ProjectKey(int(held.id or 0), str(held.name), owned=False)
+
+
+def update_ssh_key(access: HetznerAccess, key_id: int, name: str, labels: dict[str, str]) -> None:
+    """Rename and relabel the key in place (an unknown key is an error: it was deleted by hand)."""
+    client = access.client()
+    try:
+        client.ssh_keys.update(client.ssh_keys.get_by_id(key_id), name=name, labels=labels)
+    except APIException as error:
+        raise HetznerApiError(f"updating the SSH key {key_id}: {_answer(error)}") from None
+
+
+def delete_ssh_key(access: HetznerAccess, key_id: int) -> None:
+    """Delete the key; one already gone is fine."""
+    client = access.client()
+    try:
+        client.ssh_keys.delete(client.ssh_keys.get_by_id(key_id))
+    except APIException as error:
+        if error.code != "not_found":
+            raise HetznerApiError(f"deleting the SSH key {key_id}: {_answer(error)}") from None

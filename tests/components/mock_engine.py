@@ -162,6 +162,8 @@ class Registration:
     ignore_changes: list[str] = field(default_factory=list)
     custom: bool = True
     retain_on_delete: bool = False
+    aliases: list[str] = field(default_factory=list)
+    """The logical names of the resource's aliases (alias specs' `name`)."""
 
     def is_secret(self, key: str) -> bool:
         value = self.raw.fields.get(key)
@@ -318,6 +320,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     ignore_changes=list(request.ignoreChanges),
                     custom=bool(request.custom),
                     retain_on_delete=bool(request.retainOnDelete),
+                    aliases=[alias.spec.name for alias in request.aliases if alias.HasField("spec")],
                 )
             )
         return response

@@ -84,7 +84,7 @@ def test_resources_and_parents(graph: Recording) -> None:
     for reg in graph.of_type("hcloud:index/server:Server"):
         component = next(r for r in graph.registrations if r.type.startswith("hk3s:index:") and r.name == reg.name)
         assert reg.parent == component.urn
-    assert graph.by_name("t-ssh-key").parent.endswith("ClusterServer::srv")
+    assert graph.by_name("cluster-ssh-key").parent.endswith("ClusterServer::srv")
     for name in ("private-network-network", "private-network-subnet", "srv-private", "w1-private", "w2-private"):
         assert graph.by_name(name).parent.endswith("PrivateNetwork::private-network"), name
     assert "metal-private" not in parent_of
@@ -225,9 +225,9 @@ def test_unmanaged_firewall_has_no_host_firewall(ssh_key_file: Path) -> None:
 
 def test_secrets_stay_secret(graph: Recording) -> None:
     # NetworkRanges records two CIDRs, WorkerRoster the workers' names and TeardownGuard one
-    # flag: they log in nowhere. BootstrapFirewallRelease calls the Hetzner API only, with the
-    # token, a secret.
-    keyless = ("NetworkRanges", "WorkerRoster", "TeardownGuard", "BootstrapFirewallRelease")
+    # flag: they log in nowhere. BootstrapFirewallRelease and ProjectSshKey call the Hetzner API
+    # only, with the token, a secret.
+    keyless = ("NetworkRanges", "WorkerRoster", "TeardownGuard", "BootstrapFirewallRelease", "ProjectSshKey")
     dynamic = [
         r for r in graph.registrations if "pulumi-python:dynamic" in r.type and not any(k in r.type for k in keyless)
     ]
@@ -235,7 +235,8 @@ def test_secrets_stay_secret(graph: Recording) -> None:
     for reg in dynamic:
         assert reg.is_secret("private_key"), f"{reg.name}: private_key is not secret"
         assert reg.is_secret("__provider"), f"{reg.name}: serialized provider is not secret"
-    for reg in graph.of_type("hk3s:BootstrapFirewallRelease"):
+    assert graph.of_type("hk3s:ProjectSshKey")
+    for reg in [*graph.of_type("hk3s:BootstrapFirewallRelease"), *graph.of_type("hk3s:ProjectSshKey")]:
         assert reg.is_secret("hcloud_token") and "hcloud_token" in reg.additional_secret_outputs, reg.name
     assert "kubeconfig" in graph.by_name("srv-k3s").additional_secret_outputs
     assert graph.by_name("w1-fence").is_secret("kubeconfig")

@@ -22,6 +22,7 @@ from tests.components.mock_engine import ClusterMocks, Recording, run_with_mocks
 
 SERVER = "hcloud:index/server:Server"
 SSH_KEY = "hcloud:index/sshKey:SshKey"
+PROJECT_KEY = "hk3s:ProjectSshKey"
 # As the engine receives them: the SDK translates the Python names to the provider's.
 CREATION_ONLY = {"sshKeys", "image", "location", "datacenter", "userData", "serverType"}
 
@@ -51,6 +52,10 @@ def _server(graph: Recording, name: str) -> Any:
 
 def _fingerprint(key_file: Path) -> str:
     return hetzner_fingerprint(key_file.with_name(key_file.name + ".pub").read_text())
+
+
+def _public_key(key_file: Path) -> str:
+    return key_file.with_name(key_file.name + ".pub").read_text().strip()
 
 
 def test_hetzner_fingerprint_is_what_ssh_keygen_prints_as_md5(tmp_path: Path) -> None:
@@ -126,12 +131,18 @@ def test_network_and_subnet_wait_for_the_ranges_record(ssh_key_file: Path) -> No
 def test_a_key_with_the_operators_fingerprint_is_used_not_uploaded(ssh_key_file: Path) -> None:
     mocks = ClusterMocks(
         hetzner_ssh_keys=[
-            {"id": 4711, "name": "alice@laptop", "fingerprint": _fingerprint(ssh_key_file), "labels": {}},
+            {
+                "id": 4711,
+                "name": "alice@laptop",
+                "fingerprint": _fingerprint(ssh_key_file),
+                "public_key": _public_key(ssh_key_file),
+                "labels": {},
+            },
             {"id": 99, "name": "someone-else", "fingerprint": "00:11:22:33:44:55:66:77:88:99:aa:bb:cc:dd:ee:ff"},
         ]
     )
     graph = _run(_config(ssh_key_file), mocks)
-    assert graph.of_type(SSH_KEY) == []
+    assert graph.of_type(SSH_KEY) == graph.of_type(PROJECT_KEY) == []
     assert [token for token, _ in mocks.calls].count("hcloud:index/getSshKeys:getSshKeys") == 1
     for server in graph.of_type(SERVER):
         assert server.inputs["sshKeys"] == ["4711"], server.name
@@ -140,44 +151,111 @@ def test_a_key_with_the_operators_fingerprint_is_used_not_uploaded(ssh_key_file:
 def test_no_key_with_that_fingerprint_so_one_is_uploaded(ssh_key_file: Path) -> None:
     mocks = ClusterMocks(hetzner_ssh_keys=[{"id": 99, "name": "other", "fingerprint": "00:11:22:33:44:55:66:77"}])
     graph = _run(_config(ssh_key_file), mocks, stack="dev")
-    (key,) = graph.of_type(SSH_KEY)
-    assert key.inputs["publicKey"] == ssh_key_file.with_name("id_ed25519.pub").read_text().strip()
+    assert graph.of_type(SSH_KEY) == []
+    # Uploaded through ProjectSshKey, which takes another stack's upload of the same key if that
+    # one wins the race (tests/providers/test_project_ssh_key.py).
+    (key,) = graph.of_type(PROJECT_KEY)
+    assert key.inputs["public_key"] == ssh_key_file.with_name("id_ed25519.pub").read_text().strip()
+    assert key.inputs["fingerprint"] == _fingerprint(ssh_key_file)
     assert key.inputs["labels"][OWNER_LABEL] == "hk3s.dev"
+    assert key.is_secret("hcloud_token")
     # Named after the fingerprint: a rotation's new key can exist beside the old one.
     assert key.inputs["name"] == "t-" + _fingerprint(ssh_key_file).replace(":", "")[:12]
     for server in graph.of_type(SERVER):
         assert key.urn in server.dependencies, server.name
 
 
+def _in_project(ssh_key_file: Path, uploaded: Any) -> dict[str, Any]:
+    """The key a run uploaded, as Hetzner's list shows it at the next run."""
+    return {
+        "id": 1234,
+        "name": uploaded.inputs["name"],
+        "fingerprint": _fingerprint(ssh_key_file),
+        "public_key": _public_key(ssh_key_file),
+        "labels": uploaded.inputs["labels"],
+    }
+
+
 def test_two_stacks_in_one_project_share_one_key(ssh_key_file: Path) -> None:
     """dev uploads the key; staging, in the same Hetzner project with the same deploy key, uses it;
     dev's next run keeps managing its own key (it carries dev's owner label)."""
     dev_first = _run(_config(ssh_key_file), ClusterMocks(), stack="dev")
-    (uploaded,) = dev_first.of_type(SSH_KEY)
-    in_project = {
-        "id": 1234,
-        "name": uploaded.inputs["name"],
-        "fingerprint": _fingerprint(ssh_key_file),
-        "labels": uploaded.inputs["labels"],
-    }
+    (uploaded,) = dev_first.of_type(PROJECT_KEY)
+    in_project = _in_project(ssh_key_file, uploaded)
     staging = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[in_project]), stack="staging")
-    assert staging.of_type(SSH_KEY) == []
+    assert staging.of_type(SSH_KEY) == [] and staging.of_type(PROJECT_KEY) == []
     assert {tuple(s.inputs["sshKeys"]) for s in staging.of_type(SERVER)} == {("1234",)}
     dev_again = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[in_project]), stack="dev")
-    assert [k.name for k in dev_again.of_type(SSH_KEY)] == ["t-ssh-key"]
+    assert [k.urn for k in dev_again.of_type(PROJECT_KEY)] == [uploaded.urn]
 
 
-def test_a_key_uploaded_before_the_owner_label_stays_managed(ssh_key_file: Path) -> None:
-    legacy = {"id": 7, "name": "t-admin", "fingerprint": _fingerprint(ssh_key_file), "labels": {}}
-    graph = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[legacy]))
-    assert [k.name for k in graph.of_type(SSH_KEY)] == ["t-ssh-key"]
+def test_a_key_named_like_the_clusters_without_the_owner_label_is_the_operators(ssh_key_file: Path) -> None:
+    """Ownership is read from the owner label only, never from a name: a key the operator uploaded
+    by hand as `<cluster>-admin` (the name the first releases gave theirs) is used and never
+    managed, so no run renames, relabels or deletes it, and none uploads a second key with its
+    fingerprint, which Hetzner refuses (`uniqueness_error`)."""
+    by_hand = {
+        "id": 7,
+        "name": "t-admin",
+        "fingerprint": _fingerprint(ssh_key_file),
+        "public_key": _public_key(ssh_key_file) + " alice@laptop",
+        "labels": {},
+    }
+    graph = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[by_hand]))
+    assert graph.of_type(SSH_KEY) == graph.of_type(PROJECT_KEY) == []
+    assert {tuple(s.inputs["sshKeys"]) for s in graph.of_type(SERVER)} == {("7",)}
+
+
+def test_renaming_the_cluster_renames_the_key_in_place(ssh_key_file: Path) -> None:
+    """Under Pulumi mocks (Hetzner cannot be reached). terraform-provider-hcloud's hcloud_ssh_key
+    (internal/sshkey/resource.go) updates `name` and `labels` in place and replaces the key only
+    for a new `public_key` (ForceNew); Hetzner refuses a second key with a fingerprint or a name it
+    holds (`uniqueness_error`). So the key's logical name must not follow hk3s:cluster.name, whose
+    rename would otherwise create a second key with the same fingerprint mid-run: it stays
+    `cluster-ssh-key`. A key uploaded as an hcloud.SshKey by an earlier release stays one, with
+    aliases for the names those releases gave it (`<cluster>-ssh-key`, the cluster's name now and
+    the one recorded on the key), so their state maps onto it too."""
+    first = _run(_config(ssh_key_file), ClusterMocks(), stack="dev")
+    (uploaded,) = first.of_type(PROJECT_KEY)
+    renamed = _run(
+        _config(ssh_key_file, cluster={"name": "t2"}),
+        ClusterMocks(hetzner_ssh_keys=[_in_project(ssh_key_file, uploaded)]),
+        stack="dev",
+    )
+    (kept,) = renamed.of_type(PROJECT_KEY)
+    assert kept.urn == uploaded.urn and kept.name == "cluster-ssh-key"
+    assert kept.inputs["public_key"] == uploaded.inputs["public_key"]  # the one input that replaces it
+    assert kept.inputs["name"] == "t2-" + _fingerprint(ssh_key_file).replace(":", "")[:12]
+    # Uploaded as an hcloud.SshKey (this stack's owner label, no upload marker).
+    earlier = {**_in_project(ssh_key_file, uploaded), "labels": {OWNER_LABEL: "hk3s.dev", "hk3s-cluster": "t"}}
+    renamed = _run(_config(ssh_key_file, cluster={"name": "t2"}), ClusterMocks(hetzner_ssh_keys=[earlier]), stack="dev")
+    assert renamed.of_type(PROJECT_KEY) == []
+    (kept_earlier,) = renamed.of_type(SSH_KEY)
+    assert kept_earlier.name == "cluster-ssh-key"
+    assert {"t-ssh-key", "t2-ssh-key"} <= set(kept_earlier.aliases)
+    assert kept_earlier.inputs["name"] == "t2-" + _fingerprint(ssh_key_file).replace(":", "")[:12]
+
+
+def test_a_key_with_the_fingerprint_but_another_public_key_is_refused(ssh_key_file: Path) -> None:
+    """Taken by fingerprint only when its public key is this one: Hetzner matches keys by MD5, and
+    an upload beside it would be refused (`uniqueness_error`)."""
+    other = {
+        "id": 8,
+        "name": "other",
+        "fingerprint": _fingerprint(ssh_key_file),
+        "public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOtherOtherOtherOtherOtherOtherOtherOthe x",
+        "labels": {},
+    }
+    with pytest.raises(SettingsError) as raised:
+        _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[other]))
+    assert "hk3s:ssh.private_key_file" in str(raised.value) and "'other'" in str(raised.value)
 
 
 def test_hetzner_key_names_the_key_explicitly(ssh_key_file: Path) -> None:
     keys = [{"id": 55, "name": "deploy", "fingerprint": "aa:bb"}, {"id": 56, "name": "other", "fingerprint": "cc"}]
     config = _config(ssh_key_file, ssh={"private_key_file": str(ssh_key_file), "hetzner_key": "deploy"})
     graph = _run(config, ClusterMocks(hetzner_ssh_keys=keys))
-    assert graph.of_type(SSH_KEY) == []
+    assert graph.of_type(SSH_KEY) == graph.of_type(PROJECT_KEY) == []
     assert {tuple(s.inputs["sshKeys"]) for s in graph.of_type(SERVER)} == {("55",)}
 
 

@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from cluster_settings import SettingsError, load_settings
-from components.hetzner_project import hetzner_name
+from components.hetzner_project import NODE_LABEL, check_hetzner_project, hetzner_name, planned_names
+from components.hetzner_ssh_key import OWNER_LABEL
 from components.program import build_cluster, read_credentials
 from tests.components.mock_engine import HETZNER_SERVER_TYPES, ClusterMocks, Recording, run_with_mocks
 
@@ -208,4 +209,73 @@ def test_a_server_the_run_will_create_is_still_refused_beside_existing_ones(ssh_
     message, recording = _refused(config, mocks)
     assert "hk3s:workers[0].server_type: server type 'cpx21' cannot be ordered now in fsn1 (for w3)" in message
     assert "(for srv)" not in message and "hk3s:cluster.server_type" not in message
+    assert recording.registrations == []
+
+
+# A control plane renamed: the stack's prior state as the Hetzner project records it. Under a stub
+# of Hetzner's listing (the API cannot be reached from here). terraform-provider-hcloud's
+# hcloud_server (internal/server/resource.go) updates `name` and `labels` in place
+# (resourceServerUpdate), so a renamed cluster keeps every server; a new hk3s:server.name is a new
+# Pulumi resource, which Pulumi creates before it refuses the protected old one's delete.
+OWNER = "hk3s.dev"
+CATALOGUE = (
+    [{"name": "cx23", "architecture": "x86", "locations": [{"name": "fsn1", "available": True}]}],
+    [{"name": "ubuntu-24.04", "architecture": "x86", "id": 1}],
+)
+
+
+def _check(key_file: Path, servers: list[dict[str, Any]], **overrides: Any) -> list[str]:
+    overrides = {"workers": [], **overrides}
+    overrides["cluster"] = {"server_type": "cx23", "image": "ubuntu-24.04", **overrides.get("cluster", {})}
+    config = _config(key_file, **overrides)
+    settings = load_settings(config)
+    read = lambda: (*CATALOGUE, {"server": servers})  # noqa: E731
+    try:
+        check_hetzner_project(settings, "dev", planned_names(settings, "dev", False), read, owner=OWNER)
+    except SettingsError as refused:
+        return [str(problem) for problem in refused.problems]
+    return []
+
+
+def _control_plane(name: str, **labels: str) -> dict[str, Any]:
+    return {"name": name, "labels": {"hk3s-cluster": "shop", "hk3s-stack": "dev", "hk3s-role": "server", **labels}}
+
+
+def test_a_new_server_name_is_refused_naming_the_one_to_set_back(ssh_key_file: Path) -> None:
+    held = [_control_plane("shop-dev-srv", **{OWNER_LABEL: OWNER, NODE_LABEL: "srv"})]
+    (problem,) = _check(ssh_key_file, held, server={"name": "cp"})
+    assert problem.startswith("hk3s:server.name: this stack's control plane is the Hetzner server 'shop-dev-srv'")
+    assert "second control-plane server" in problem and "set hk3s:server.name back to 'srv'" in problem
+    # Made before the owner and node labels: known by its cluster and stack labels and its name.
+    (problem,) = _check(ssh_key_file, [_control_plane("shop-dev-srv")], server={"name": "cp"})
+    assert "set hk3s:server.name back to 'srv'" in problem
+    # The control plane now an existing host: the Hetzner one would be dropped.
+    existing = {"name": "srv", "kind": "existing", "address": "198.51.100.7"}
+    (problem,) = _check(ssh_key_file, held, server=existing, workers=[{"name": "w1"}])
+    assert "an existing host as hk3s:server" in problem
+
+
+def test_a_renamed_cluster_and_other_stacks_control_planes_are_not_refused(ssh_key_file: Path) -> None:
+    ours = _control_plane("shop-dev-srv", **{OWNER_LABEL: OWNER, NODE_LABEL: "srv"})
+    assert _check(ssh_key_file, [ours], cluster={"name": "shop2"}) == []
+    assert _check(ssh_key_file, [ours]) == []
+    # Another Pulumi project's stack "dev" in the same Hetzner project: its owner label says so, or
+    # (made before that label) its cluster label.
+    other = _control_plane("web-dev-cp", **{OWNER_LABEL: "web.dev", NODE_LABEL: "cp"})
+    legacy_other = {**_control_plane("web-dev-cp"), "labels": {**_control_plane("x")["labels"], "hk3s-cluster": "web"}}
+    assert _check(ssh_key_file, [other, legacy_other]) == []
+
+
+def test_renaming_the_server_is_refused_before_anything_is_registered(ssh_key_file: Path) -> None:
+    """Under Pulumi mocks: the project holds this stack's control plane `srv`; with hk3s:server.name
+    `cp` the program would register a second control-plane server (a new resource) and Pulumi
+    would create it before refusing the protected one's delete. The servers the program makes
+    carry the owner and node labels this check reads."""
+    first = _run(_config(ssh_key_file), "dev")
+    (srv,) = [s for s in first.of_type("hcloud:index/server:Server") if s.name == "srv"]
+    assert srv.inputs["labels"][OWNER_LABEL] == OWNER and srv.inputs["labels"][NODE_LABEL] == "srv"
+    mocks = ClusterMocks()
+    mocks.hetzner_servers = [("shop-dev-srv", srv.inputs["labels"])]
+    message, recording = _refused(_config(ssh_key_file, server={"name": "cp"}), mocks)
+    assert "hk3s:server.name" in message and "back to 'srv'" in message
     assert recording.registrations == []

@@ -53,6 +53,7 @@ from providers.network_ranges import NetworkRangesInputs, NetworkRangesProvider
 from providers.node_access_check import NodeAccessCheckInputs, NodeAccessCheckProvider, RecordedHost
 from providers.node_fence import NodeFenceInputs, NodeFenceProvider
 from providers.node_join import NodeJoinInputs, NodeJoinProvider
+from providers.project_ssh_key import ProjectSshKeyInputs, ProjectSshKeyProvider
 from providers.teardown_guard import TeardownGuardInputs, TeardownGuardProvider
 from providers.worker_roster import RosterMember, WorkerRosterInputs, WorkerRosterProvider
 
@@ -256,6 +257,17 @@ CASES = [
             node="w2", server_id="4711", bootstrap_firewall_id="12", full_firewall_id="13", hcloud_token="t"
         ).props(),
         bad=(("server_id", "w2-server"),),
+    ),
+    CheckCase(
+        ProjectSshKeyProvider(),
+        ProjectSshKeyInputs(
+            name="shop-aabbccddeeff",
+            public_key=HOST_KEY,
+            fingerprint="aa:bb",
+            labels={"hk3s-owner": "hk3s.dev"},
+            hcloud_token="t",
+        ).props(),
+        bad=(("public_key", "not-a-key"),),
     ),
 ]
 
