@@ -19,7 +19,7 @@ from components.login_key_rotation import retire_previous_login_keys
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork, PrivateNetworkArgs
 from components.provider_shards import OperationShards
-from components.storage_copies import StorageCopies, StorageCopiesArgs
+from components.storage_copies import StorageCopies, StorageCopiesArgs, cluster_identity
 from components.worker_node import WorkerNode, WorkerNodeArgs
 from providers.longhorn_node_role import LonghornNodeRole, LonghornNodeRoleInputs
 from providers.teardown_guard import TeardownGuard, TeardownGuardInputs
@@ -146,6 +146,9 @@ def _storage(settings: StackSettings, credentials: SshCredentials, server: Clust
             server_login=server.endpoint.login(credentials),
             forward_port=settings.cluster.api_forward_port or forward_port(pulumi.get_project(), pulumi.get_stack()),
             teardown_allowed=settings.cluster.teardown_allowed,
+            cluster_identity=cluster_identity(
+                settings.server.name, server.endpoint.hcloud_server_id or server.endpoint.ssh_address
+            ),
         ),
     )
 

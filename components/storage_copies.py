@@ -74,6 +74,24 @@ class StorageCopiesArgs:
     """hk3s:cluster.teardown: a destroy may then forget Longhorn's objects once the API is gone."""
     open_forward: Callable[[SshTarget, int], ApiForward] | None = None
     """Opens the forward; None: `open_api_forward`."""
+    cluster_identity: pulumi.Input[str] | None = None
+    """What names the cluster the Kubernetes provider talks to (`cluster_identity`); None: the
+    provider's own rule (a changed or unknown kubeconfig replaces it)."""
+
+
+def cluster_identity(server_name: str, machine: pulumi.Input[str]) -> pulumi.Output[str]:
+    """The Kubernetes provider's `cluster_identifier`: the server's node name and its machine (its
+    Hetzner server id, or the address of an existing host).
+
+    pulumi-kubernetes replaces a provider whose kubeconfig is unknown in a preview or names another
+    server, and with it every object it made (provider.go DiffConfig); with an identifier that is
+    unchanged it updates it instead. The kubeconfig is unknown in the preview of any run that
+    updates the server's k3s (an upgrade, a key rotation, hk3s:cluster.teardown), and its `server:`
+    is the forward's local port (hk3s:cluster.api_forward_port, or one derived from the project and
+    stack names): none of them is another cluster. A new machine is: its id (or address) is unknown
+    until it exists, so the identifier changes and the provider and Longhorn's objects are made
+    again on it. The stack's own names are left out, so renaming it moves nothing."""
+    return pulumi.Output.concat("hk3s-server/", server_name, "/", machine)
 
 
 def forwarded(args: StorageCopiesArgs) -> pulumi.Output[str]:
@@ -123,6 +141,7 @@ class StorageCopies(pulumi.ComponentResource):
                 # Only in a teardown: Longhorn's objects go with the cluster, so once the API is
                 # gone they are forgotten. Otherwise an API that does not answer stops the run.
                 delete_unreachable=args.teardown_allowed,
+                cluster_identifier=args.cluster_identity,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.after)),
             )
             # Before anything of Longhorn changes: a lower offer is refused while volumes keep more copies.

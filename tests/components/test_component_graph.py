@@ -396,6 +396,21 @@ def test_the_kubernetes_provider_reaches_the_api_through_the_servers_ssh_forward
     assert torn.by_name("storage-kubernetes").inputs["deleteUnreachable"] == "true"
 
 
+def test_the_kubernetes_provider_is_named_by_the_servers_machine_not_its_kubeconfig(ssh_key_file: Path) -> None:
+    """pulumi-kubernetes replaces a provider (and every object it made) whose kubeconfig changed its
+    cluster or is unknown in a preview, unless its `clusterIdentifier` is set and unchanged
+    (provider.go DiffConfig). The identifier names the server's machine (its Hetzner id, or an
+    existing host's address), so a new forward port or a teardown leaves it as it is."""
+    graph = _run(_config(ssh_key_file))
+    identifier = graph.by_name("storage-kubernetes").inputs["clusterIdentifier"]
+    assert identifier == f"hk3s-server/srv/{fake_id('srv')}", identifier
+    for cluster in ({"api_forward_port": 18443}, {"teardown": "allowed"}):
+        other = _run(_config(ssh_key_file, cluster={"name": "t", "k3s_version": "v1.31.4+k3s1", **cluster}))
+        assert other.by_name("storage-kubernetes").inputs["clusterIdentifier"] == identifier, cluster
+    existing = _run(_config(ssh_key_file, server={"name": "srv", "kind": "existing", "address": "192.0.2.10"}))
+    assert existing.by_name("storage-kubernetes").inputs["clusterIdentifier"] == "hk3s-server/srv/192.0.2.10"
+
+
 # Longhorn's settings as the program keeps them: Setting object name -> value (a string, as the
 # object holds it). Written out here rather than read from the component, so a changed value fails.
 KEPT_SETTINGS = {
