@@ -15,6 +15,17 @@ for unit in k3s k3s-agent; do
   fi
 done
 
+# The server's Secrets encrypted at rest: k3s writes this file when it starts with
+# secrets-encryption (docs.k3s.io, "Secrets Encryption Config"); the config says it was asked.
+if [ -f /etc/systemd/system/k3s.service ]; then
+  if [ -f /var/lib/rancher/k3s/server/cred/encryption-config.json ] ||
+    grep -qx 'secrets-encryption: true' /etc/rancher/k3s/config.yaml 2>/dev/null; then
+    result secrets_encryption yes
+  else
+    result secrets_encryption no
+  fi
+fi
+
 # Free space where k3s keeps its data and images, and on the root file system.
 for mount in / /var/lib/rancher; do
   [ -d "$mount" ] || continue

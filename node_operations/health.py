@@ -67,6 +67,12 @@ def judge(node: str, results: dict[str, str]) -> HostHealth:
                 f"{node}: its k3s client certificate expires in {days} days; reboot it (k3s renews a certificate "
                 "that expires within 90 days when it starts)"
             )
+    if results.get("secrets_encryption") == "no":
+        warnings.append(
+            f"{node}: Kubernetes Secrets are stored unencrypted in k3s's datastore: this server started "
+            "without secrets-encryption, and k3s does not support turning it on later; keep its disk and "
+            "backups private, or move the cluster to a new server the program creates (those start with it)"
+        )
     return HostHealth(
         node=node,
         reachable=True,

@@ -79,6 +79,11 @@ class ServerSpec:
     # Traefik and ServiceLB: off unless the stack asks for ingress, and then ServiceLB publishes
     # on the server alone (a node labelled enablelb restricts it to the labelled nodes).
     ingress: bool = False
+    # Kubernetes Secrets encrypted at rest in k3s's datastore. k3s supports it only from the
+    # server's first start ("Starting K3s without encryption and enabling it at a later time is
+    # currently not supported", docs.k3s.io/cli/secrets-encrypt): on for servers this program
+    # creates, never switched on for a server that started without it.
+    secrets_encryption: bool = False
 
 
 # k3s's bundled components the program turns off without hk3s:cluster.ingress: ServiceLB publishes
@@ -160,6 +165,7 @@ def server_config(spec: ServerSpec, flannel_iface: str | None) -> str:
             "kubelet-arg": list(KUBELET_HARDENING_ARGS),
             "disable": [] if spec.ingress else list(INGRESS_COMPONENTS),
             "node-label": [SERVICELB_NODE_LABEL] if spec.ingress else [],
+            "secrets-encryption": True if spec.secrets_encryption else None,
         }
     )
 

@@ -48,6 +48,9 @@ class K3sServerInputs(NodeInputs):
     registry: pulumi.Input[str] | None = None
     teardown_allowed: pulumi.Input[bool] = False
     """Read by delete: a teardown wipes k3s and its data instead of only stopping it."""
+    secrets_encryption: pulumi.Input[bool | None] = None
+    """Decided by check, never by the program: on for a server k3s starts here for the first
+    time, and for one that already runs what it started with (k3s cannot switch it on later)."""
 
 
 # Changing these on a running server restarts k3s: the API is down for 10-30 s.
@@ -122,7 +125,10 @@ class K3sServerProvider(NodeProvider):
                     "10-30 s. Set hk3s:network.approve_server_restart: true to approve it",
                 )
             )
-        return CheckResult(pin_recorded_host_key(olds, dict(news)), failures)
+        checked = pin_recorded_host_key(olds, dict(news))
+        # A server this stack already runs keeps what it started with (an earlier release's: off).
+        checked["secrets_encryption"] = olds.get("secrets_encryption") if olds.get("node") else True
+        return CheckResult(checked, failures)
 
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         """Also says, in preview, when applying the change restarts k3s (the API goes down)."""
@@ -160,6 +166,7 @@ class K3sServerProvider(NodeProvider):
             advertise_address=node_ip if known(inputs.network_mode) == "private" else None,
             ingress=bool(known(inputs.ingress)),
             binary=inputs.k3s.binary(),
+            secrets_encryption=known(inputs.secrets_encryption) is True,
         )
         # The server gets the workers' host preparation and hardening before k3s runs on it.
         pod_network = known(inputs.pod_network) or ("wireguard" if "wireguard" in flannel_backend else "vxlan")

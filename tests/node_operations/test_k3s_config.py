@@ -84,3 +84,8 @@ def test_ca_hash_is_k3s_s_raw_bytes_for_one_certificate_and_the_root_for_a_chain
     # Nothing verifies: the raw bytes, as k3s.
     stranger = _ca("stranger")[0].public_bytes(serialization.Encoding.PEM)
     assert k3s_ca_hash(stranger + one) == hashlib.sha256(stranger + one).hexdigest()
+
+
+def test_secrets_encryption_is_written_only_when_the_server_starts_with_it() -> None:
+    assert yaml.safe_load(server_config(_spec(secrets_encryption=True), "eth0"))["secrets-encryption"] is True
+    assert "secrets-encryption" not in yaml.safe_load(server_config(_spec(), "eth0"))

@@ -335,9 +335,13 @@ def test_the_inputs_a_component_builds_pass(case: CheckCase, olds_name: str) -> 
 def test_an_unknown_input_passes_the_check_of_a_preview(case: CheckCase, news: dict[str, Any], olds_name: str) -> None:
     result = case.provider.check(_olds(case, olds_name), dict(news))
     assert [(failure.property, failure.reason) for failure in result.failures] == []
-    # The unknown input goes on to diff and create as the engine sent it.
+    # The unknown input goes on to diff and create as the engine sent it (but for the inputs the
+    # check itself decides: the pinned host key, and whether the server encrypts Secrets).
     for key, value in news.items():
-        assert result.inputs[key] == value or key == "recorded_host_key"
+        assert result.inputs[key] == value or key in DECIDED_BY_CHECK
+
+
+DECIDED_BY_CHECK = {"recorded_host_key", "secrets_encryption"}
 
 
 # Inputs from other resources (a host's address, the login key, its recorded host key, a join's
