@@ -49,6 +49,13 @@ if have ufw; then
   fi
   policy=$(sed -n 's/^DEFAULT_INPUT_POLICY="\{0,1\}\([A-Z]*\)"\{0,1\}$/\1/p' /etc/default/ufw 2>/dev/null || true)
   fact ufw_default_input "${policy:-unknown}"
+  # IPV6=no: UFW loads no IPv6 rules at all; it matters only while IPv6 is on in the kernel.
+  if grep -qiE '^[[:space:]]*IPV6="?no"?[[:space:]]*$' /etc/default/ufw 2>/dev/null &&
+    [ "$(cat /proc/sys/net/ipv6/conf/all/disable_ipv6 2>/dev/null || echo 1)" = 0 ]; then
+    fact ufw_ipv6_unfiltered yes
+  else
+    fact ufw_ipv6_unfiltered no
+  fi
   for family in v4 v6; do
     file=/etc/ufw/user.rules
     [ "$family" = v6 ] && file=/etc/ufw/user6.rules

@@ -61,10 +61,21 @@ ssh_allowed() {
     END { exit found ? 0 : 1 }' /etc/ufw/user.rules
 }
 
+# UFW with IPV6=no loads no IPv6 rules at all: with IPv6 on in the kernel, every port stays
+# open over IPv6 (link-local from the same segment at least), whatever the rules say.
+ipv6_unfiltered() {
+  grep -qiE '^[[:space:]]*IPV6="?no"?[[:space:]]*$' /etc/default/ufw 2>/dev/null &&
+    [ "$(cat /proc/sys/net/ipv6/conf/all/disable_ipv6 2>/dev/null || echo 1)" = 0 ]
+}
+
 apply() {
   local file=$1 ssh_port=$2
   command -v ufw >/dev/null || die "ufw is not installed"
   [ -r "$file" ] || die "changes file $file is missing"
+  if ipv6_unfiltered; then
+    # The caller refuses first (from its inspection); this holds if the file changed since.
+    die "UFW filters no IPv6 on this host (IPV6=no in /etc/default/ufw) while IPv6 is on in its kernel, so every port is open over IPv6: set IPV6=yes there and run 'ufw reload' (or turn IPv6 off: sysctl net.ipv6.conf.all.disable_ipv6=1), then run again; nothing was changed"
+  fi
   mkdir -p "$state_dir"
   run_changes "$file"
   ssh_allowed "$ssh_port" || die "no UFW rule allows SSH port $ssh_port from anywhere; UFW left as it was"

@@ -182,6 +182,8 @@ class FirewallInspection:
     nft_ruleset: tuple[dict[str, Any], ...]
     nft_persisted: bool
     nft_guard_persisted: bool = False
+    ufw_ipv6_unfiltered: bool = False
+    """UFW has IPV6=no while IPv6 is on in the kernel: every port is open over IPv6."""
 
     def backend(self) -> FirewallBackend:
         """The firewall the program uses on this node: UFW when it is active,
@@ -283,6 +285,7 @@ def parse_inspection(node: str, output: str) -> FirewallInspection:
         nft_ruleset=ruleset,
         nft_persisted=facts.get("nft_persisted") == "yes",
         nft_guard_persisted=facts.get("nft_guard_persisted") == "yes",
+        ufw_ipv6_unfiltered=facts.get("ufw_ipv6_unfiltered") == "yes",
     )
 
 

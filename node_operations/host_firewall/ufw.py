@@ -24,6 +24,7 @@ from node_operations.host_firewall.inspection import UFW_TAG, FirewallBackend, F
 from node_operations.host_firewall.plan import (
     FABRIC_INTERFACES_EXACT,
     FABRIC_PURPOSE,
+    FirewallError,
     IPNetwork,
     NodeFirewallPlan,
     planned_rules,
@@ -31,6 +32,13 @@ from node_operations.host_firewall.plan import (
 from remote_access.ssh import SshSession
 
 REMOTE_UFW_CHANGES = f"{remote.REMOTE_DIR}/ufw-changes.tsv"
+# UFW with IPV6=no loads no IPv6 rules (ufw(8), /etc/default/ufw): the plan would hold for IPv4
+# alone while every port stays open over IPv6 (link-local from the same segment at least).
+UFW_IPV6_REFUSAL = (
+    "UFW filters no IPv6 on this host (IPV6=no in /etc/default/ufw) while IPv6 is on in its kernel, so every "
+    "port is open over IPv6: set IPV6=yes there and run `ufw reload` (or turn IPv6 off: sysctl "
+    "net.ipv6.conf.all.disable_ipv6=1), then run again; nothing was changed"
+)
 
 
 UfwKind = Literal["port", "in", "route_in"]
@@ -179,6 +187,8 @@ class UfwBackend(Backend):
         against the plan. No rule count: UFW's IPv6 copies depend on its own IPV6
         setting, so its rules are compared one by one instead."""
         notes = dnat_guard_drift(inspection, plan)
+        if inspection.ufw_ipv6_unfiltered:
+            notes.append("UFW filters no IPv6 (IPV6=no in /etc/default/ufw) while IPv6 is on")
         if not inspection.ufw_active:
             notes.append("UFW is not active")
         if not _ufw_policy_denies(inspection):
@@ -199,6 +209,8 @@ class UfwBackend(Backend):
     async def apply(self, session: SshSession, plan: NodeFirewallPlan, inspection: FirewallInspection) -> bool:
         """Add and delete the program's rules, enable UFW, then load the DNAT guard
         beside them; False when nothing was to change."""
+        if inspection.ufw_ipv6_unfiltered:
+            raise FirewallError(inspection.node, UFW_IPV6_REFUSAL)
         changes = ufw_changes(existing_ufw_rules(inspection), self.render(plan))
         changed = not (changes.empty and inspection.ufw_active and _ufw_policy_denies(inspection))
         if changed:

@@ -395,6 +395,29 @@ def test_reapplying_changes_nothing(cluster: Cluster) -> None:
     assert _table_state(cluster) == before
 
 
+def test_ufw_that_filters_no_ipv6_is_refused_naming_the_setting_and_left_as_it_was(cluster: Cluster) -> None:
+    """UFW with IPV6=no loads no IPv6 rules (ufw(8), /etc/default/ufw): with IPv6 on in the
+    kernel every port stays open over IPv6. The firewall step refuses such a host, changing
+    nothing, and a refresh reports it as drift; with IPV6=yes back the same run passes."""
+    host, default = cluster.ufw, cluster.ufw.root / "etc/default/ufw"
+    assert host.run(["cat", "/proc/sys/net/ipv6/conf/all/disable_ipv6"]).stdout.strip() == "0"
+    kept = default.read_text()
+    before = _table_state(cluster)["fw-ufw"]
+    default.write_text(re.sub(r"(?m)^IPV6=.*$", "IPV6=no", kept))
+    try:
+        job = [job for job in cluster.jobs() if job.target.node == host.name]
+        result = asyncio.run(apply_firewalls(job))
+        assert list(result.failed) == [host.name], result
+        reason = result.failed[host.name]
+        assert "IPV6=no in /etc/default/ufw" in reason and "set IPV6=yes there" in reason, reason
+        assert _table_state(cluster)["fw-ufw"] == before
+        observed = asyncio.run(read_node_firewall(ssh_target(cluster.lab, host), cluster.plan(host)))
+        assert any("UFW filters no IPv6" in note for note in observed.notes), observed
+    finally:
+        default.write_text(kept)
+    assert not asyncio.run(apply_firewalls(job)).failed
+
+
 def test_an_unreachable_node_fails_alone(cluster: Cluster) -> None:
     """Every node is tried; the failure names its node and the others are applied."""
     gone = SshTarget(
