@@ -61,7 +61,7 @@ from .locks import OperatorLock, backend_directory, keep_state_private, read_pul
 from .nodes import ClusterStatus, DiskCheck, HostCheck, LastRun, Node
 from .runs import Preview, Recovery, RunResult, holders_from_message, keys_recorded_on_first_use
 from .stack_file import StackDocument, StackFile, check_stack_name
-from .workspace import check_passphrase, pulumi_command, pulumi_environment
+from .workspace import check_backend_lasts, check_passphrase, pulumi_command, pulumi_environment
 
 REPO = Path(__file__).resolve().parents[1]
 OutputCallback = Callable[[str], None]
@@ -120,6 +120,7 @@ class ClusterStack:
                 f"{self.file.path.name} does not exist: copy Pulumi.dev.yaml to it and edit it (README, Configuration)"
             )
         check_passphrase(self.env_vars)
+        check_backend_lasts(self.env_vars)
         backend = backend_directory(self.backend_url)
         if backend is not None:
             keep_state_private(backend)

@@ -53,3 +53,28 @@ def check_passphrase(env_vars: Mapping[str, str]) -> None:
             "PULUMI_CONFIG_PASSPHRASE is not set: choose a passphrase that encrypts this stack's secrets, "
             "export it (or PULUMI_CONFIG_PASSPHRASE_FILE) and run again"
         )
+
+
+ALLOW_LOCAL_STATE = "HK3S_ALLOW_LOCAL_STATE"
+
+
+def _set(value: str | None) -> bool:
+    return (value or "").strip().lower() not in ("", "0", "false", "no")
+
+
+def check_backend_lasts(env_vars: Mapping[str, str]) -> None:
+    """Refuse a CI run whose state would stay on the runner: a `file://` backend there (the
+    default when PULUMI_BACKEND_URL is unset) is lost with the runner, and with it the record
+    of every server and the pinned host keys; the next run would create the cluster again.
+    CI systems set CI; a runner that keeps its disk says so with HK3S_ALLOW_LOCAL_STATE=1."""
+    merged = {**os.environ, **env_vars}
+    backend = merged.get("PULUMI_BACKEND_URL") or ""
+    if not _set(merged.get("CI")) or not backend.startswith("file://") or _set(merged.get(ALLOW_LOCAL_STATE)):
+        return
+    raise StackError(
+        f"this is a CI run (CI is set) and the state would be kept in {backend} on this machine: a runner's "
+        "disk goes with the runner, and with it the record of every server and the pinned host keys. Set "
+        "PULUMI_BACKEND_URL to a shared backend (an s3:// bucket, or Pulumi Cloud; README, One stack per "
+        f"environment, in CI), or set {ALLOW_LOCAL_STATE}=1 on a runner that keeps its disk"
+    )
+

@@ -54,6 +54,17 @@ export PULUMI_SKIP_UPDATE_CHECK=true
 # instead of reading Pulumi.yaml's virtualenv; current ones ignore it.
 export PULUMI_PYTHON_CMD="$repo/venv/bin/python"
 export PULUMI_BACKEND_URL=${PULUMI_BACKEND_URL:-file://$HOME/.hk3s-state}
+# A CI run keeps no state on its runner: the runner's disk goes with it, and with it the record
+# of every server and the pinned host keys (HK3S_ALLOW_LOCAL_STATE=1: a runner that keeps its disk).
+truthy() { case "$(printf '%s' "${1:-}" | tr '[:upper:]' '[:lower:]')" in "" | 0 | false | no) return 1 ;; *) return 0 ;; esac; }
+if truthy "${CI:-}" && ! truthy "${HK3S_ALLOW_LOCAL_STATE:-}"; then
+  case "$PULUMI_BACKEND_URL" in
+    file://*)
+      echo "this is a CI run (CI is set) and the state would be kept in $PULUMI_BACKEND_URL on this machine: a runner's disk goes with the runner, and with it the record of every server and the pinned host keys. Set PULUMI_BACKEND_URL to a shared backend (an s3:// bucket, or Pulumi Cloud; README, One stack per environment, in CI), or set HK3S_ALLOW_LOCAL_STATE=1 on a runner that keeps its disk" >&2
+      exit 2
+      ;;
+  esac
+fi
 # The state is for this user only: a state directory the script makes is 0700, and the
 # default one (made 0755 by earlier releases) is tightened.
 case "$PULUMI_BACKEND_URL" in
