@@ -53,7 +53,8 @@ def refusal(stack: str) -> str:
         f"stack {stack}: pulumi destroy is refused: hk3s:cluster.teardown is not 'allowed'. Nothing was changed. "
         "A teardown wipes k3s and every volume's data from every host and deletes the stack's Hetzner servers, "
         "network and firewalls, moving no copy. To tear the stack down: 1. set hk3s:cluster.teardown: allowed "
-        "and run pulumi up (it changes nothing on any host, and lifts protect_control_plane); 2. run pulumi destroy --run-program",
+        "and run pulumi up (it changes nothing on any host, and lifts protect_control_plane); "
+        "2. run pulumi destroy --run-program",
         "teardown",
     )
 

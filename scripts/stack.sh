@@ -72,4 +72,4 @@ program=()
 case "$action" in
   refresh | destroy) program=(--run-program) ;;
 esac
-exec pulumi "$action" --stack "$stack" --parallel "${HK3S_PARALLEL:-32}" "${program[@]}" "$@"
+exec pulumi "$action" --stack "$stack" --parallel "${HK3S_PARALLEL:-32}" ${program[@]+"${program[@]}"} "$@"

@@ -126,7 +126,7 @@ def test_the_guard_refuses_a_destroy_of_a_longhorn_stack_that_reaches_no_api() -
     assert f"nothing serves 127.0.0.1:{port}" in message and "Nothing was changed" in message, message
     assert "run pulumi destroy --run-program --stack prod" in message, message
     # Not allowed: the teardown refusal comes first, whatever the forward.
-    with pytest.raises(TeardownRefusedError, match="hk3s:cluster.teardown is not 'allowed'"):
+    with pytest.raises(TeardownRefusedError, match=r"hk3s:cluster\.teardown is not 'allowed'"):
         provider.delete("teardown-guard", {"teardown_allowed": False, "stack": "prod", "api_forward_port": port})
     # A stack without Longhorn (port 0) needs no forward.
     provider.delete("teardown-guard", {"teardown_allowed": True, "stack": "prod", "api_forward_port": 0})
