@@ -103,6 +103,17 @@ def kept_settings(storage: StorageSettings) -> list[LonghornSetting]:
     ]
 
 
+def teardown_setting(teardown_allowed: bool) -> LonghornSetting:
+    """Longhorn's own guard against its uninstall, kept at the stack's hk3s:cluster.teardown.
+
+    Longhorn's chart refuses to uninstall (its pre-delete hook, `longhorn-manager uninstall`, exits)
+    unless `deleting-confirmation-flag` is true (longhorn-manager app/uninstall.go; default false in
+    types/setting.go). A destroy deletes the Helm release, so the `up` that allows the teardown sets
+    it true, and any other `up` keeps it false: an uninstall nobody allowed stays refused, by Longhorn
+    too. Not in the chart's defaultSettings: changing it must not upgrade the Helm release."""
+    return LonghornSetting("deleting-confirmation-flag", "deletingConfirmationFlag", teardown_allowed, "false")
+
+
 class LonghornSettingPatch(pulumi.CustomResource):
     """One Longhorn Setting's `value`, applied server-side over the object Longhorn's manager
     created: the Kubernetes provider's patch resource for a custom resource

@@ -135,6 +135,11 @@ def _private_network(settings: StackSettings) -> PrivateNetwork:
     )
 
 
+def _api_forward_port(settings: StackSettings) -> int:
+    """The local port of the stack's forward to the Kubernetes API (remote_access.api_forward)."""
+    return settings.cluster.api_forward_port or forward_port(pulumi.get_project(), pulumi.get_stack())
+
+
 def _storage(settings: StackSettings, credentials: SshCredentials, server: ClusterServer) -> StorageCopies:
     """Longhorn and the storage classes, applied through a forward of the server's SSH session."""
     return StorageCopies(
@@ -144,7 +149,7 @@ def _storage(settings: StackSettings, credentials: SshCredentials, server: Clust
             kubeconfig=server.kubeconfig,
             after=[server.k3s],
             server_login=server.endpoint.login(credentials),
-            forward_port=settings.cluster.api_forward_port or forward_port(pulumi.get_project(), pulumi.get_stack()),
+            forward_port=_api_forward_port(settings),
             teardown_allowed=settings.cluster.teardown_allowed,
             cluster_identity=cluster_identity(
                 settings.server.name, server.endpoint.hcloud_server_id or server.endpoint.ssh_address
@@ -279,7 +284,11 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
     # refuses unless hk3s:cluster.teardown allowed it (providers.teardown_guard).
     TeardownGuard(
         "teardown-guard",
-        TeardownGuardInputs(teardown_allowed=settings.cluster.teardown_allowed, stack=pulumi.get_stack()),
+        TeardownGuardInputs(
+            teardown_allowed=settings.cluster.teardown_allowed,
+            stack=pulumi.get_stack(),
+            api_forward_port=_api_forward_port(settings) if settings.storage.install_longhorn else 0,
+        ),
         opts=pulumi.ResourceOptions(depends_on=list(registered)),
     )
     return BuiltCluster(network, server, workers, firewall, storage)

@@ -15,7 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from cluster_settings.models import StorageSettings
-from components.longhorn_settings import LONGHORN_NAMESPACE, LonghornSettingPatch, kept_settings
+from components.longhorn_settings import LONGHORN_NAMESPACE, LonghornSettingPatch, kept_settings, teardown_setting
 from node_operations.longhorn_node_role import COPIES_TAG, SERVER_TAG
 from providers.copies_offer import CopiesOffer, CopiesOfferInputs
 from providers.inputs import NodeLogin
@@ -172,7 +172,7 @@ class StorageCopies(pulumi.ComponentResource):
                 **longhorn_chart_source(storage),
             )
             self.release = release
-            for setting in kept_settings(storage):
+            for setting in [*kept_settings(storage), teardown_setting(args.teardown_allowed)]:
                 LonghornSettingPatch(
                     f"{name}-setting-{setting.name}",
                     setting,

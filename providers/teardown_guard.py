@@ -7,11 +7,21 @@ every other resource of the stack (components.program): in a destroy the engine
 deletes dependents before what they depend on, so the guard is the only resource
 with nothing left depending on it and its delete runs first and alone. Its refusal
 stops the destroy before any host, firewall, Hetzner or Kubernetes object is touched.
+
+A stack that installs Longhorn is torn down only through the forward to the Kubernetes API
+(remote_access.api_forward), which the program opens: `pulumi destroy --run-program` (or
+scripts/stack.sh destroy, the API, the CLI). A plain `pulumi destroy` runs no program, so
+nothing serves the port the Kubernetes provider's recorded kubeconfig names, and the provider
+refuses to delete a Helm release on an unreachable cluster (pulumi-kubernetes provider.go,
+Delete: "can't delete Helm Release with unreachable cluster") after the hosts' own deletes may
+have begun. The guard therefore also refuses, before anything changes, when nothing serves
+that port.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import socket
 from typing import Any
 
 import pulumi
@@ -28,6 +38,9 @@ class TeardownGuardInputs(ResourceInputs):
 
     teardown_allowed: pulumi.Input[bool] = False
     stack: pulumi.Input[str] = "this stack"
+    api_forward_port: pulumi.Input[int] = 0
+    """The local port of the stack's forward to the Kubernetes API when it installs Longhorn
+    (the Kubernetes provider's kubeconfig names it); 0 when it uses no Kubernetes provider."""
 
 
 @program_error
@@ -40,9 +53,28 @@ def refusal(stack: str) -> str:
         f"stack {stack}: pulumi destroy is refused: hk3s:cluster.teardown is not 'allowed'. Nothing was changed. "
         "A teardown wipes k3s and every volume's data from every host and deletes the stack's Hetzner servers, "
         "network and firewalls, moving no copy. To tear the stack down: 1. set hk3s:cluster.teardown: allowed "
-        "and run pulumi up (it changes nothing on any host, and lifts protect_control_plane); 2. run pulumi destroy",
+        "and run pulumi up (it changes nothing on any host, and lifts protect_control_plane); "
+        "2. run pulumi destroy --run-program",
         "teardown",
     )
+
+
+def no_forward(stack: str, port: int) -> str:
+    return tagged(
+        f"stack {stack}: pulumi destroy is refused: nothing serves 127.0.0.1:{port}, the forward to the "
+        "Kubernetes API that Longhorn's Helm release is deleted through. Nothing was changed. A plain pulumi "
+        "destroy runs no program, and the program opens the forward: run pulumi destroy --run-program "
+        f"--stack {stack} (or scripts/stack.sh destroy --stack {stack}, or scripts/hk3s --stack {stack} "
+        f"destroy --confirm {stack})",
+        "teardown",
+    )
+
+
+def serving(port: int) -> bool:
+    """Whether something accepts a TCP connection on 127.0.0.1:`port`."""
+    with socket.socket() as probe:
+        probe.settimeout(5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 class TeardownGuardProvider(ResourceProvider):
@@ -52,7 +84,10 @@ class TeardownGuardProvider(ResourceProvider):
         return CreateResult(id_="teardown-guard", outs=props)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        changed = any(olds.get(key) != news.get(key) for key in TeardownGuardInputs.names("teardown_allowed", "stack"))
+        changed = any(
+            olds.get(key) != news.get(key)
+            for key in TeardownGuardInputs.names("teardown_allowed", "stack", "api_forward_port")
+        )
         return DiffResult(changes=changed, replaces=[], delete_before_replace=False)
 
     def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
@@ -62,6 +97,9 @@ class TeardownGuardProvider(ResourceProvider):
         inputs = TeardownGuardInputs.from_props(props)
         if known(inputs.teardown_allowed) is not True:
             raise TeardownRefusedError(refusal(str(known(inputs.stack) or "this stack")))
+        port = int(known(inputs.api_forward_port) or 0)
+        if port and not serving(port):
+            raise TeardownRefusedError(no_forward(str(known(inputs.stack) or "this stack"), port))
 
 
 class TeardownGuard(Resource, module="hk3s", name="TeardownGuard"):

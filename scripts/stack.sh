@@ -81,4 +81,11 @@ if ! pulumi stack select "$stack" 2>/dev/null; then
 fi
 # The engine's default of 8 operations at once would queue the joins of a larger batch of
 # workers; node operations are spread over provider processes to run side by side.
-exec pulumi "$action" --stack "$stack" --parallel "${HK3S_PARALLEL:-32}" "$@"
+# A refresh or a destroy runs the program too (--run-program): the program opens the forward to
+# the Kubernetes API (remote_access/api_forward.py) that the Kubernetes provider's resources
+# (Longhorn) are read and deleted through; without it they find no API.
+program=()
+case "$action" in
+  refresh | destroy) program=(--run-program) ;;
+esac
+exec pulumi "$action" --stack "$stack" --parallel "${HK3S_PARALLEL:-32}" ${program[@]+"${program[@]}"} "$@"

@@ -423,6 +423,8 @@ KEPT_SETTINGS = {
     "storage-minimal-available-percentage": "15",
     "node-down-pod-deletion-policy": "do-nothing",
     "node-drain-policy": "block-if-contains-last-replica",
+    # Longhorn's own guard against its uninstall: false until hk3s:cluster.teardown allows it.
+    "deleting-confirmation-flag": "false",
 }
 
 
@@ -452,6 +454,18 @@ def test_longhorn_settings_are_patched_after_the_release(ssh_key_file: Path) -> 
     defaults = release.inputs["values"]["defaultSettings"]
     assert defaults["storageReservedPercentageForDefaultDisk"] == 20
     assert defaults["storageMinimalAvailablePercentage"] == 15
+    # Allowing the teardown confirms Longhorn's uninstall through the patch alone: the release's
+    # values stay as they were, so no Helm upgrade comes with it.
+    allowed = _run(
+        _config(
+            ssh_key_file,
+            cluster={"name": "t", "k3s_version": "v1.31.4+k3s1", "teardown": "allowed"},
+            storage={"max_copies": 2, "reserved_percent": 20, "minimal_available_percent": 15},
+        )
+    )
+    flag = allowed.by_name("storage-setting-deleting-confirmation-flag")
+    assert flag.inputs["value"] == "true"
+    assert allowed.by_name("storage-longhorn").inputs["values"] == release.inputs["values"]
 
 
 def test_longhorn_chart_from_its_repository_or_a_local_path(ssh_key_file: Path, tmp_path: Path) -> None:

@@ -46,7 +46,13 @@ def test_the_guard_depends_on_every_other_resource(ssh_key_file: Path) -> None:
     assert missing == [], f"the guard does not depend on {missing}"
     # Nothing depends on the guard: nothing else can be deleted before it.
     assert not [r.name for r in graph.registrations if guard.urn in r.dependencies]
-    assert {k: v for k, v in guard.inputs.items() if k != "__provider"} == {"teardown_allowed": False, "stack": "test"}
+    port = guard.inputs["api_forward_port"]
+    assert {k: v for k, v in guard.inputs.items() if k != "__provider"} == {
+        "teardown_allowed": False,
+        "stack": "test",
+        "api_forward_port": port,
+    }
+    assert 17000 <= port < 27000  # the stack installs Longhorn (the default): its forward's port
 
 
 def test_allowing_the_teardown_lifts_the_protection_and_reaches_every_deleting_resource(ssh_key_file: Path) -> None:
@@ -100,3 +106,27 @@ def test_allowing_the_teardown_is_stored_without_touching_the_host() -> None:
     result = provider.update("w1-join", olds, news)
     assert result.outs is not None
     assert result.outs["teardown_allowed"] is True and result.outs["state"] == "ready"
+
+
+def test_the_guard_refuses_a_destroy_of_a_longhorn_stack_that_reaches_no_api() -> None:
+    """A plain `pulumi destroy` runs no program, so nothing serves the forward's port: refused
+    before anything changes, naming the command that runs the program. With the forward
+    serving (a listening socket here, as the program's forward is), the destroy goes ahead."""
+    import socket  # noqa: PLC0415
+
+    provider = TeardownGuardProvider()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        provider.delete("teardown-guard", {"teardown_allowed": True, "stack": "prod", "api_forward_port": port})
+    with pytest.raises(TeardownRefusedError) as refused:
+        provider.delete("teardown-guard", {"teardown_allowed": True, "stack": "prod", "api_forward_port": port})
+    message = str(refused.value)
+    assert f"nothing serves 127.0.0.1:{port}" in message and "Nothing was changed" in message, message
+    assert "run pulumi destroy --run-program --stack prod" in message, message
+    # Not allowed: the teardown refusal comes first, whatever the forward.
+    with pytest.raises(TeardownRefusedError, match=r"hk3s:cluster\.teardown is not 'allowed'"):
+        provider.delete("teardown-guard", {"teardown_allowed": False, "stack": "prod", "api_forward_port": port})
+    # A stack without Longhorn (port 0) needs no forward.
+    provider.delete("teardown-guard", {"teardown_allowed": True, "stack": "prod", "api_forward_port": 0})

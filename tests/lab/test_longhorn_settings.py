@@ -44,6 +44,8 @@ EXPECTED = {
     "storage-minimal-available-percentage": "15",
     "node-down-pod-deletion-policy": "do-nothing",
     "node-drain-policy": "block-if-contains-last-replica",
+    # Longhorn's guard against its uninstall: kept false until hk3s:cluster.teardown allows it.
+    "deleting-confirmation-flag": "false",
 }
 
 

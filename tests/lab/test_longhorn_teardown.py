@@ -1,0 +1,182 @@
+"""The README's recovery and teardown commands on a stack that installs Longhorn, typed as the
+README shows them, through the real Pulumi CLI and engine, the real Kubernetes provider plugin
+(lab/build/k8s_provider.sh) and the lab's Longhorn chart (lab/longhorn_standin: it refuses its
+uninstall unless `deleting-confirmation-flag` is true, as Longhorn's pre-delete job does), on
+booted lab hosts with the k3s stand-in. Nothing is mocked.
+
+The commands are read from README.md's code blocks (sections "When a run is interrupted" and
+"Tearing down"), `<env>` replaced by the stack's name, so the test types exactly what the README
+shows. The Kubernetes provider reaches the API only through the forward the program opens, so a
+command that runs no program reaches no API: the README's commands run it. The tests of this
+module share one stack (a server, then one worker) and run in order."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.hosts import Host, Lab
+from lab.stack_harness import (
+    LONGHORN_STANDIN_CHART,
+    CliRun,
+    LabStack,
+    base_config,
+    run_cli,
+    run_killable,
+    server_spec,
+    skip_without_kubernetes_provider,
+    up_or_fail,
+    worker_spec,
+)
+
+pytestmark = pytest.mark.lab
+REPO = Path(__file__).resolve().parents[2]
+K3S = "/usr/local/bin/k3s"
+FLAG = "deleting-confirmation-flag"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+
+
+def readme_commands(section: str) -> list[str]:
+    """The command lines of the ```bash blocks of README.md's section `section` (its heading's
+    text), comments dropped, in order."""
+    text = (REPO / "README.md").read_text()
+    match = re.search(rf"^##+ {re.escape(section)}\n(.*?)(?=^## )", text, re.MULTILINE | re.DOTALL)
+    assert match, f"README.md has no section {section!r}"
+    lines: list[str] = []
+    for block in re.findall(r"```bash\n(.*?)```", match.group(1), re.DOTALL):
+        for line in block.splitlines():
+            command = line.split("#", 1)[0].strip()
+            if command:
+                lines.append(command)
+    return lines
+
+
+@dataclass
+class Stack:
+    lab: Lab
+    server: Host
+    worker: Host
+    stack: LabStack
+
+    def config(self, workers: list[Host], **cluster: Any) -> dict[str, Any]:
+        storage = {"install_longhorn": True, "longhorn_chart": str(LONGHORN_STANDIN_CHART)}
+        config = base_config(self.lab, self.server, workers, storage=storage)
+        config["cluster"].update(cluster)
+        return config
+
+    def type(self, line: str, timeout: float = 600) -> CliRun:
+        """One command line as a person types it in the project (`<env>`: this stack)."""
+        stack = self.stack
+        env = {**os.environ, **stack.env, "PULUMI_HOME": str(stack.directory / "pulumi-home")}
+        argv = shlex.split(line.replace("<env>", stack.name))
+        return run_killable(argv, cwd=stack.project, env=env, timeout=timeout)
+
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.server.run([K3S, "kubectl", "-n", "longhorn-system", *args], check=check)
+
+    def flag(self) -> str:
+        return str(json.loads(self.kubectl("get", "settings.longhorn.io", FLAG, "-o", "json").stdout)["value"])
+
+    def resources(self) -> list[str]:
+        deployment = self.stack.stack().export_stack().deployment or {}
+        return [r["type"] for r in deployment.get("resources", []) if r["type"] != "pulumi:pulumi:Stack"]
+
+    def pending(self) -> list[Any]:
+        return list((self.stack.stack().export_stack().deployment or {}).get("pending_operations") or [])
+
+
+@pytest.fixture(scope="module")
+def longhorn_stack(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    skip_without_kubernetes_provider()
+    server, worker = lab.add_host(server_spec("lt-server")), lab.add_host(worker_spec("lt-w1"))
+    lab.wait_ssh_ready([server, worker])
+    stack = Stack(lab, server, worker, LabStack(tmp_path_factory.mktemp("longhorn-teardown")))
+    stack.stack.write_config(stack.config([]))
+    up_or_fail(stack.stack)
+    yield stack
+
+
+def test_the_readme_recovery_commands_finish_a_killed_run(longhorn_stack: Stack) -> None:
+    """A run killed in the middle of a join leaves the stack's lock and a pending create; the
+    README's three commands (the refresh runs the program, which opens the forward the Kubernetes
+    resources are read through) clear both and the `up` finishes the join."""
+    stack = longhorn_stack
+    commands = readme_commands("When a run is interrupted")
+    assert commands == [
+        "pulumi cancel --yes --stack <env>",
+        "pulumi refresh --run-program --clear-pending-creates --yes --stack <env>",
+        "scripts/stack.sh up --stack <env> --yes",
+    ], commands
+    stack.stack.write_config(stack.config([stack.worker]))
+    killed = run_cli(stack.stack, ["up", "--yes", "--skip-preview"], kill_when="waiting for the node to register")
+    assert killed.killed, killed.output[-3000:]
+    assert stack.pending(), "the killed run left no pending operation"
+    for line in commands:
+        run = stack.type(line)
+        assert run.returncode == 0, f"{line}:\n{run.output[-4000:]}"
+        if "refresh" in line:
+            # Every Kubernetes resource was read through the API (none failed to refresh).
+            assert "error" not in run.output.lower(), run.output[-4000:]
+    assert stack.pending() == []
+    node = stack.server.run([K3S, "kubectl", "get", "node", "lt-w1", "-o", "json"]).stdout
+    ready = {c["type"]: c["status"] for c in json.loads(node)["status"]["conditions"]}
+    assert ready.get("Ready") == "True", ready
+    # Until a teardown is allowed the program keeps Longhorn's own guard on, and Longhorn's
+    # uninstall hook is refused (here the stand-in's admission of it, Longhorn's message).
+    assert stack.flag() == "false"
+    hook = stack.kubectl("create", "configmap", "longhorn-uninstall", check=False)
+    assert hook.returncode != 0, hook.stdout
+    assert f"cannot uninstall Longhorn because {FLAG} is set to `false`" in hook.stderr, hook.stderr
+
+
+def test_the_operator_cli_alone_finishes_a_killed_run(longhorn_stack: Stack) -> None:
+    """`scripts/hk3s --stack <env> up --yes`, the one command the README names for all three:
+    the killed run's lock removed, its pending operations cleared with the forward open, then
+    the `up` (here the one that allows the teardown, and so confirms Longhorn's uninstall)."""
+    stack = longhorn_stack
+    stack.stack.write_config(stack.config([stack.worker], teardown="allowed"))
+    killed = run_cli(stack.stack, ["up", "--yes", "--skip-preview"], kill_when="updating (")
+    assert killed.killed, killed.output[-3000:]
+    run = stack.type("scripts/hk3s --stack <env> up --yes")
+    assert run.returncode == 0, run.output[-4000:]
+    assert "removed the lock of an interrupted run" in run.output, run.output[-4000:]
+    assert stack.pending() == []
+    assert stack.flag() == "true"
+
+
+def test_the_readme_teardown_with_longhorn(longhorn_stack: Stack) -> None:
+    """A plain `pulumi destroy` runs no program, so no forward serves the API: the guard refuses
+    it before anything changes, naming the command that works. The README's commands then tear
+    the stack down, Longhorn's release (its uninstall confirmed by the flag) included."""
+    stack = longhorn_stack
+    count = len(stack.resources())
+    plain = stack.type("pulumi destroy --yes --stack <env>")
+    assert plain.returncode != 0
+    assert "pulumi destroy --run-program --stack lab" in plain.output and "Nothing was changed" in plain.output, (
+        plain.output[-4000:]
+    )
+    assert len(stack.resources()) == count and RELEASE in stack.resources()
+    commands = readme_commands("Tearing down")
+    assert commands == [
+        "pulumi destroy --run-program --preview-only --stack <env>",
+        "pulumi destroy --run-program --yes --stack <env>",
+    ], commands
+    preview = stack.type(commands[0])
+    assert preview.returncode == 0, preview.output[-4000:]
+    assert "storage-longhorn" in preview.output and f"- {count} to delete" in preview.output, preview.output[-3000:]
+    assert len(stack.resources()) == count
+    final = stack.type(commands[1])
+    assert final.returncode == 0, final.output[-5000:]
+    assert stack.resources() == []
+    for host in (stack.server, stack.worker):
+        left = host.run(["sh", "-c", f"ls -d {K3S} /var/lib/rancher/k3s /etc/rancher/k3s 2>/dev/null"], check=False)
+        assert left.stdout.strip() == "", f"{host.name} keeps: {left.stdout}"
