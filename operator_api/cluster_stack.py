@@ -161,8 +161,12 @@ class ClusterStack:
         nodes = [Node.from_output(item) for item in value or []]
         if not live or stack is None or not nodes:
             return nodes
-        settings = self.settings_document().validate("reading the nodes")
-        return with_live_states(nodes, settings, self._host_targets(Deployment.export(stack)))
+        try:
+            settings = self.settings_document().validate("reading the nodes")
+            return with_live_states(nodes, settings, self._host_targets(Deployment.export(stack)))
+        except (StackError, OSError) as error:
+            # The recorded nodes still answer when the stack file or the SSH key cannot be read.
+            return [dataclasses.replace(node, live_error=str(error)) for node in nodes]
 
     def kubeconfig(self) -> str | None:
         """The cluster's kubeconfig (a Pulumi secret: keep it out of logs)."""

@@ -128,7 +128,7 @@ def test_api_adds_a_worker_and_nodes_shows_it(cluster: Cluster) -> None:
     created = {e.resource_pre_event.metadata.urn.split("::")[-1] for e in events if e.resource_pre_event}
     assert any(name.startswith(w1.name) for name in created), created
     assert any(f"[{w1.name}] preflight" in line for line in lines), lines[-40:]
-    nodes = {node.name: node for node in cluster.api().nodes()}
+    nodes = {node.name: node for node in cluster.api().nodes(live=False)}
     assert set(nodes) == {cluster.server.name, w1.name}
     worker = nodes[w1.name]
     assert (worker.role, worker.state, worker.address, worker.network_mode) == (
