@@ -141,6 +141,14 @@ class FirewallRules(pulumi.ComponentResource):
                     self._release_bootstrap(args.bootstrap_firewall_id, firewall, attachment, members)
 
         self.host_firewalls = {}
+        # Hetzner's metadata service serves a server's user_data, its SSH host keys in it, to
+        # whatever asks from the server, pods included, unless the forward path drops them: a
+        # server the program created there, or an existing worker named as a Hetzner server
+        # (hcloud_server). Any other existing host's provider is unknown to the program, and its
+        # pods may rely on that provider's metadata service (README, "Which ports are open").
+        on_hetzner = {node.name for node in args.nodes if node.hcloud_server_id is not None} | {
+            worker.name for worker in settings.all_workers() if worker.hcloud_server is not None
+        }
         # Every node's inbound rules: applied where the program runs the firewall, checked
         # by the join where the operator does.
         self.node_rules = {
@@ -156,6 +164,7 @@ class FirewallRules(pulumi.ComponentResource):
                 role=node.role,
                 rules=rules_data,
                 nodeports_open=settings.firewall.nodeports_open,
+                block_metadata=node.name in on_hetzner,
                 teardown_allowed=settings.cluster.teardown_allowed,
             )
             opts = node.options(self, [node.probe])
@@ -166,7 +175,7 @@ class FirewallRules(pulumi.ComponentResource):
                 # Retained: a fenced worker given up (force_remove) may be gone for good, so its
                 # rules are forgotten, not removed over SSH; a lifted fence registers it without.
                 opts = pulumi.ResourceOptions.merge(
-                    opts, pulumi.ResourceOptions(ignore_changes=["rules"], retain_on_delete=True)
+                    opts, pulumi.ResourceOptions(ignore_changes=["rules", "block_metadata"], retain_on_delete=True)
                 )
             self.host_firewalls[node.name] = HostFirewall(f"{node.name}-firewall", inputs, opts=opts)
         self._waits.extend(self.host_firewalls.values())

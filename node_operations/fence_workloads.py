@@ -452,6 +452,7 @@ class WorkloadDecision:
         self.api, self.worker, self.progress = api, worker, progress
         self.accept_stale_data = accept_stale_data
         self.report = WorkloadReport()
+        self.unjudged_pods: list[str] = []  # pods with Longhorn volumes and no owner the fence can stop
 
     async def _owner(self, pod: Mapping[str, Any]) -> Owner | None:
         ref = controller_of(pod)
@@ -493,8 +494,9 @@ class WorkloadDecision:
             current, current_obj = parent, parent_obj
         return above, ""
 
-    async def _workloads(self, pods: list[dict[str, Any]]) -> dict[Owner, Workload]:
-        """The worker's pods with Longhorn volumes, by owner; the ones without one named in warnings."""
+    async def workloads(self, pods: list[dict[str, Any]]) -> dict[Owner, Workload]:
+        """The worker's pods with Longhorn volumes, by owner; the ones without one named in warnings
+        (and in `unjudged_pods`). Read-only: `status` reads the stranded workloads through it."""
         workloads: dict[Owner, Workload] = {}
         if not pods:
             return workloads
@@ -509,6 +511,7 @@ class WorkloadDecision:
             if owner is None:
                 ref = controller_of(pod)
                 by = f"owned by {ref[0]} {ref[1]}" if ref else "no owner"
+                self.unjudged_pods.append(pod_label(pod))
                 self.report.unjudged.append(
                     f"pod {pod_label(pod)} uses Longhorn volume(s) {', '.join(sorted(used.values()))} on {self.worker} "
                     f"and has no owner the fence can stop ({by}): Kubernetes deletes it with the fence, and whatever "
@@ -525,7 +528,7 @@ class WorkloadDecision:
 
     async def decide(self, pods: list[dict[str, Any]]) -> WorkloadReport:
         """Judge the worker's leaving pods (before the taint); stop what may not start elsewhere."""
-        for owner, workload in (await self._workloads(pods)).items():
+        for owner, workload in (await self.workloads(pods)).items():
             obj = await self._object(owner)
             if obj is None:
                 self.report.unjudged.append(f"{owner} (pods {', '.join(workload.pods)}) could not be read")

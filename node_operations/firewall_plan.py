@@ -29,6 +29,12 @@ INGRESS_PORTS = ("80", "443")
 
 Role = Literal["server", "worker"]
 
+# Hetzner Cloud's metadata service: it serves the server's user_data (which carries the
+# server's private SSH host keys) to anything that asks from the server, for the server's
+# whole life. Pods have no business there; on a Hetzner server the forward path drops their
+# traffic to it (`NodeFirewallPlan.block_metadata`).
+METADATA_ADDRESS = "169.254.169.254"
+
 
 @dataclass(frozen=True)
 class PortRule:

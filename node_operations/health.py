@@ -124,11 +124,12 @@ FENCE_ANNOTATION = "hk3s.dev/fenced-at"
 
 def live_state(node: NodeStatus | None) -> str:
     """A node's state as the cluster sees it now: `OutOfService` (fenced: Kubernetes' out-of-service
-    taint, never counted as Ready), else `Ready` or `NotReady`, with `,cordoned` when it takes no new
-    pods; `missing` when the cluster has no such Node."""
+    taint, or the fence's record, which the fence writes first and the lift removes last: a fenced
+    node never counts as Ready, even while its host runs), else `Ready` or `NotReady`, with
+    `,cordoned` when it takes no new pods; `missing` when the cluster has no such Node."""
     if node is None:
         return "missing"
-    if node.has_taint(OUT_OF_SERVICE_TAINT):
+    if node.has_taint(OUT_OF_SERVICE_TAINT) or FENCE_ANNOTATION in node.annotations:
         return "OutOfService"
     state = "Ready" if node.ready else "NotReady"
     return f"{state},cordoned" if node.unschedulable else state

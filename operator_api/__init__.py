@@ -26,7 +26,7 @@ from .errors import (
     UnknownWorkerError,
 )
 from .events import PlannedChange, RunRecord
-from .nodes import ClusterStatus, DiskCheck, HostCheck, LastRun, Node
+from .nodes import ClusterStatus, DiskCheck, DownWorker, HostCheck, LastRun, Node, StrandedWorkload
 from .stack_file import StackDocument, StackFile
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "ClusterStack",
     "ClusterStatus",
     "DiskCheck",
+    "DownWorker",
     "DuplicateWorkerError",
     "HostCheck",
     "LastRun",
@@ -54,6 +55,7 @@ __all__ = [
     "StackDocument",
     "StackError",
     "StackFile",
+    "StrandedWorkload",
     "TeardownNotConfirmedError",
     "UnknownWorkerError",
 ]

@@ -1,23 +1,27 @@
 """What the operator API reads or opens on the cluster itself, through the server's SSH session:
-each node's state now, and the forward to the Kubernetes API for the runs that do not start
-the program (refresh, destroy, and the refresh that clears an interrupted run)."""
+each node's state now, the workloads stranded on a worker that stopped reporting, and the
+forward to the Kubernetes API for the runs that do not start the program (refresh, destroy, and
+the refresh that clears an interrupted run)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from cluster_settings import SettingProblem
 from cluster_settings.models import StackSettings
+from node_operations import stranded
 from node_operations.health import live_state, read_nodes
 from node_operations.reboot import RebootRefusedError, RebootReport, reboot_worker
+from node_operations.stranded import read_cluster
 from remote_access.api_forward import forward_port, open_api_forward
+from remote_access.kube import NodeStatus
 from remote_access.ssh import SshError, SshTarget
 
 from .errors import MaintenanceError, SettingsRejectedError, StackError, UnknownWorkerError
-from .nodes import Node
+from .nodes import DownWorker, Node, StrandedWorkload
 from .stack_file import WORKERS_KEY
 
 
@@ -36,6 +40,10 @@ def with_live_states(nodes: list[Node], settings: StackSettings, targets: Sequen
         cluster = asyncio.run(read_nodes(server, settings.cluster.api_wait_seconds))
     except SshError as error:
         return [dataclasses.replace(node, live_error=str(error)) for node in nodes]
+    return _live(nodes, cluster)
+
+
+def _live(nodes: list[Node], cluster: Mapping[str, NodeStatus]) -> list[Node]:
     return [
         dataclasses.replace(
             node,
@@ -45,6 +53,42 @@ def with_live_states(nodes: list[Node], settings: StackSettings, targets: Sequen
         )
         for node in nodes
     ]
+
+
+def live_status(
+    nodes: list[Node], settings: StackSettings, targets: Sequence[SshTarget]
+) -> tuple[list[Node], list[DownWorker], str | None]:
+    """For `status`: `nodes` with their states now, each worker NotReady and not fenced with the
+    workloads stranded on it (node_operations/stranded.py), and why the cluster could not be
+    asked (None when it was; the nodes then keep their recorded states)."""
+    server = server_target(settings, targets)
+    workers = [node.name for node in nodes if node.role == "worker"]
+    try:
+        if server is None:
+            raise SshError(settings.server.name, "the stack records no login for the server")
+        cluster, down = asyncio.run(read_cluster(server, workers, settings.cluster.api_wait_seconds))
+    except SshError as error:
+        return [dataclasses.replace(node, live_error=str(error)) for node in nodes], [], str(error)
+    return _live(nodes, cluster), [_down_worker(worker) for worker in down], None
+
+
+def _down_worker(worker: stranded.DownWorker) -> DownWorker:
+    return DownWorker(
+        name=worker.name,
+        command=worker.command,
+        advice=worker.advice(),
+        stranded=[
+            StrandedWorkload(
+                worker=item.worker,
+                workload=item.workload,
+                pods=list(item.pods),
+                current_copies={volume.volume: list(volume.current_on) for volume in item.volumes},
+                verdict=item.verdict,
+                line=item.line(),
+            )
+            for item in worker.workloads
+        ],
+    )
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import tempfile
 from collections import deque
@@ -45,7 +46,14 @@ from node_operations.reboot import (
 )
 from remote_access.ssh import SshTarget
 
-from .cluster_access import api_forward_during, check_probed_disk, check_rebootable, reboot, with_live_states
+from .cluster_access import (
+    api_forward_during,
+    check_probed_disk,
+    check_rebootable,
+    live_status,
+    reboot,
+    with_live_states,
+)
 from .deployment import LONGHORN_ROLE_TYPE, Deployment
 from .errors import (
     LockHolder,
@@ -58,7 +66,7 @@ from .errors import (
 from .events import EventCallback, RunRecord
 from .hetzner_power import fenced_hetzner_server, power_on_fenced
 from .locks import OperatorLock, backend_directory, keep_state_private, read_pulumi_locks
-from .nodes import ClusterStatus, DiskCheck, HostCheck, LastRun, Node
+from .nodes import ClusterStatus, DiskCheck, DownWorker, HostCheck, LastRun, Node
 from .runs import Preview, Recovery, RunResult, holders_from_message, keys_recorded_on_first_use
 from .stack_file import StackDocument, StackFile, check_stack_name
 from .workspace import check_backend_lasts, check_passphrase, pulumi_command, pulumi_environment
@@ -141,20 +149,25 @@ class ClusterStack:
         """The stack file as it is now."""
         return self.file.document()
 
-    def nodes(self, *, live: bool = False) -> list[Node]:
-        """Every node the last `up` recorded in the stack's `nodes` output (empty before the first).
-        With `live`, each node's `state` and `k3s_version` are read from the cluster now (through
-        the server, read-only): `Ready`, `NotReady`, `OutOfService`, with `,cordoned`, or `missing`;
-        the recorded state stays in `recorded_state`. When the server cannot be asked, the nodes
-        keep their recorded states and `live_error` says why."""
+    def nodes(self, *, live: bool = True) -> list[Node]:
+        """Every node the last `up` recorded in the stack's `nodes` output (empty before the first),
+        each node's `state` and `k3s_version` read from the cluster now (through the server,
+        read-only): `Ready`, `NotReady`, `OutOfService` (fenced: never Ready), with `,cordoned`, or
+        `missing`; the recorded state stays in `recorded_state`. When the server cannot be asked,
+        the nodes keep their recorded states (a fenced worker's reads `OutOfService`) and
+        `live_error` says why. `live=False`: the recorded states only, without asking the cluster."""
         stack = self._existing_stack()
         outputs = stack.outputs() if stack is not None else {}
         value = outputs["nodes"].value if "nodes" in outputs else []
         nodes = [Node.from_output(item) for item in value or []]
         if not live or stack is None or not nodes:
             return nodes
-        settings = self.settings_document().validate("reading the nodes")
-        return with_live_states(nodes, settings, self._host_targets(Deployment.export(stack)))
+        try:
+            settings = self.settings_document().validate("reading the nodes")
+            return with_live_states(nodes, settings, self._host_targets(Deployment.export(stack)))
+        except (StackError, OSError) as error:
+            # The recorded nodes still answer when the stack file or the SSH key cannot be read.
+            return [dataclasses.replace(node, live_error=str(error)) for node in nodes]
 
     def kubeconfig(self) -> str | None:
         """The cluster's kubeconfig (a Pulumi secret: keep it out of logs)."""
@@ -164,9 +177,13 @@ class ClusterStack:
 
     def status(self, *, check_hosts: bool = False) -> ClusterStatus:
         """Endpoint, version, nodes, the last run, pending operations and current lock holders.
-        Carries no secret. With `check_hosts`, also read-only checks of every node over SSH
-        (k3s running, disk space, the clock, the client certificate's expiry); a node that
-        cannot be reached is named in `warnings`, not fatal."""
+        Each node's state is read from the cluster now (as `nodes()`), and each worker NotReady
+        and not fenced is listed with the workloads stranded on it, the nodes holding a current
+        copy of their data, and the command that fences it (`down_workers`); a server that does
+        not answer leaves the recorded states (`live_error`). Carries no secret. With
+        `check_hosts`, also read-only checks of every node over SSH (k3s running, disk space, the
+        clock, the client certificate's expiry); a node that cannot be reached is named in
+        `warnings`, not fatal."""
         stack = self._existing_stack()
         outputs = stack.outputs() if stack is not None else {}
 
@@ -185,8 +202,19 @@ class ClusterStack:
             )
         backend = backend_directory(self.backend_url)
         locks = read_pulumi_locks(backend, self.project, self.env) if backend else []
-        # One export of the state serves the pending operations and the hosts to check.
+        # One export of the state serves the pending operations and the hosts to ask or check.
         deployment = Deployment.export(stack) if stack is not None else None
+        nodes = [Node.from_output(item) for item in output("nodes") or []]
+        down: list[DownWorker] = []
+        live_error = None
+        if nodes and deployment is not None:
+            try:
+                settings = self.settings_document().validate("reading the cluster's state")
+                nodes, down, live_error = live_status(nodes, settings, self._host_targets(deployment))
+            except (StackError, OSError) as error:
+                # Status still says what the stack records when the file or key cannot be read.
+                live_error = str(error)
+                nodes = [dataclasses.replace(node, live_error=live_error) for node in nodes]
         targets = self._host_targets(deployment) if check_hosts and deployment else []
         health = asyncio.run(check_hosts_of(targets, deployment.longhorn_server())) if targets and deployment else []
         return ClusterStatus(
@@ -194,12 +222,14 @@ class ClusterStack:
             api_endpoint=output("api_endpoint"),
             k3s_version=output("k3s_version"),
             storage_classes=list(output("storage_classes") or []),
-            nodes=[Node.from_output(item) for item in output("nodes") or []],
+            nodes=nodes,
             last_run=last,
             pending_operations=deployment.pending_operations() if deployment is not None else [],
             locked_by=[f"{lock.holder} ({lock.state})" for lock in locks],
             host_checks=[HostCheck.from_health(item) for item in health],
             warnings=[warning for item in health for warning in item.warnings],
+            down_workers=down,
+            live_error=live_error,
         )
 
     def _host_targets(self, deployment: Deployment) -> list[SshTarget]:

@@ -51,7 +51,10 @@ class DiskCheck:
 class Node:
     """One node of the stack's `nodes` output.
 
-    `state` is the join's state for a worker (e.g. ``ready``) and ``server`` for the server;
+    `state` is the join's state for a worker (e.g. ``ready``) and ``server`` for the server, as
+    the last run recorded it, except that a worker the stack fences reads ``OutOfService`` (a
+    fenced worker never counts as ready; its last join's state is history). `nodes()` and
+    `status()` replace it with the cluster's state now where the server answers.
     `network_mode` and `k3s_version` are None for the server, whose output does not carry them.
     """
 
@@ -80,17 +83,18 @@ class Node:
             value = data.get(key)
             return None if value in (None, "") else str(value)
 
+        fenced = bool(data.get("fenced", False))
         return cls(
             name=str(data["name"]),
             role=str(data.get("role", "worker")),
-            state=str(data.get("state") or "unknown"),
+            state="OutOfService" if fenced else str(data.get("state") or "unknown"),
             address=text("address"),
             private_address=text("private_address"),
             ssh_address=text("ssh_address"),
             network_mode=text("network_mode"),
             k3s_version=text("k3s_version"),
             holds_copies=bool(data.get("holds_copies", False)),
-            fenced=bool(data.get("fenced", False)),
+            fenced=fenced,
             disk=DiskCheck.from_output(data["disk"]) if isinstance(data.get("disk"), Mapping) else None,
         )
 
@@ -137,6 +141,31 @@ class HostCheck:
 
 
 @dataclass(frozen=True)
+class StrandedWorkload:
+    """A workload whose pods wait on a worker that is NotReady and not fenced
+    (node_operations/stranded.py): where a current copy of each of its Longhorn volumes is."""
+
+    worker: str
+    workload: str
+    pods: list[str]
+    current_copies: dict[str, list[str]]
+    """Volume -> the other nodes holding a current copy (healthy now, on a node Ready and not fenced)."""
+    verdict: str
+    """What a fence would decide now: moves, stale, only-copy or unjudged."""
+    line: str
+
+
+@dataclass(frozen=True)
+class DownWorker:
+    """A worker the cluster sees NotReady that no fence holds, and the command that fences it."""
+
+    name: str
+    command: str
+    advice: str
+    stranded: list[StrandedWorkload] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class ClusterStatus:
     """The stack at a glance. Holds no secret: the kubeconfig is not part of it."""
 
@@ -145,6 +174,8 @@ class ClusterStatus:
     k3s_version: str | None
     storage_classes: list[str]
     nodes: list[Node]
+    """Each node's state as the cluster sees it now (`recorded_state` keeps the last run's), or,
+    with `live_error`, as recorded."""
     last_run: LastRun | None
     pending_operations: list[str]
     locked_by: list[str]
@@ -152,6 +183,10 @@ class ClusterStatus:
     """Filled by `status(check_hosts=True)` only."""
     warnings: list[str] = field(default_factory=list)
     """What the host checks found wrong, one line per finding, naming the node."""
+    down_workers: list[DownWorker] = field(default_factory=list)
+    """Workers NotReady and not fenced, with the workloads stranded on them."""
+    live_error: str | None = None
+    """Why the cluster could not be asked (node states are then the recorded ones)."""
 
     @property
     def deployed(self) -> bool:

@@ -326,9 +326,17 @@ def status_text(stack: ClusterStack, *, check_hosts: bool = False) -> tuple[dict
         "",
         nodes_table(status.nodes),
     ]
+    if status.live_error:
+        lines.append(f"STATE is the last run's: the cluster could not be asked ({status.live_error})")
     notes = disk_notes(status.nodes)
     if notes:
         lines += ["", "Disks (COPIES, DISK_SYNC: p99/worst sync time at the last probe):", *notes]
+    for worker in status.down_workers:
+        # Workloads on a NotReady worker wait there: say where their data could start from, and how.
+        lines += ["", worker.advice]
+        lines += [f"  stranded: {item.line}" for item in worker.stranded] or [
+            f"  stranded: no workload with Longhorn volumes on {worker.name}"
+        ]
     if check_hosts:
         lines += ["", host_checks_table(status.host_checks)]
         lines += ["", *(f"warning: {w}" for w in status.warnings)] if status.warnings else ["", "No warnings."]

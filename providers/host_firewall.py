@@ -50,6 +50,8 @@ class HostFirewallInputs(NodeInputs):
     role: pulumi.Input[str]
     rules: pulumi.Input[list[dict[str, Any]]]
     nodeports_open: pulumi.Input[bool] = False
+    block_metadata: pulumi.Input[bool] = False
+    """Drop pods' traffic to the cloud's metadata service (a server the program created at Hetzner)."""
     teardown_allowed: pulumi.Input[bool] = False
     """Read by delete: a teardown goes on without a host it cannot reach."""
 
@@ -79,15 +81,27 @@ def _rule_failures(rules: Any) -> list[CheckFailure]:
 
 def firewall_plan(props: Mapping[str, Any]) -> NodeFirewallPlan:
     """The operations' plan from the inputs `check` receives."""
-    return _plan(str(props["node"]), props.get("role"), props.get("rules"), props.get("nodeports_open"))
+    return _plan(
+        str(props["node"]),
+        props.get("role"),
+        props.get("rules"),
+        props.get("nodeports_open"),
+        props.get("block_metadata"),
+    )
 
 
 def _typed_plan(inputs: HostFirewallInputs) -> NodeFirewallPlan:
     """The operations' plan from the resource's inputs."""
-    return _plan(str(known(inputs.login.node)), known(inputs.role), known(inputs.rules), known(inputs.nodeports_open))
+    return _plan(
+        str(known(inputs.login.node)),
+        known(inputs.role),
+        known(inputs.rules),
+        known(inputs.nodeports_open),
+        known(inputs.block_metadata),
+    )
 
 
-def _plan(node: str, role: Any, rules_data: Any, nodeports_open: Any) -> NodeFirewallPlan:
+def _plan(node: str, role: Any, rules_data: Any, nodeports_open: Any, block_metadata: Any = False) -> NodeFirewallPlan:
     rules = tuple(
         PortRule(
             port=str(rule["port"]),
@@ -98,7 +112,11 @@ def _plan(node: str, role: Any, rules_data: Any, nodeports_open: Any) -> NodeFir
         for rule in rules_data or []
     )
     return NodeFirewallPlan(
-        node=node, role="server" if role == "server" else "worker", rules=rules, nodeports_open=bool(nodeports_open)
+        node=node,
+        role="server" if role == "server" else "worker",
+        rules=rules,
+        nodeports_open=bool(nodeports_open),
+        block_metadata=block_metadata is True,
     )
 
 

@@ -1,4 +1,5 @@
-"""The DNAT guard: a forward chain that holds traffic Kubernetes DNATs to the plan.
+"""The DNAT guard: a forward chain that holds traffic Kubernetes DNATs to the plan, and keeps
+pods away from the cloud's metadata service.
 
 DNAT'd traffic (kube-proxy's NodePorts and LoadBalancer addresses, the
 hostPorts ServiceLB publishes) is forwarded to a pod and never meets an input
@@ -7,6 +8,12 @@ port it was sent to is open to its source in the plan. It is part of the
 program's table with nftables, and a table of its own (`inet hk3s_dnat_guard`,
 kept for boot by its own unit) beside UFW or firewalld, whose rules do not
 filter DNAT'd traffic by port.
+
+The same chain drops every forwarded packet to the metadata service where the plan asks
+(`block_metadata`, a Hetzner server): a pod's traffic leaves through the node's forward path,
+never its output path, so one rule here holds on every backend. Traffic the node itself sends
+(hostNetwork pods included) goes through the output path and is not held: a hostNetwork pod is
+the node, as far as the network can tell.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from host_scripts import script_path
+from node_operations.firewall_plan import METADATA_ADDRESS
 from node_operations.host_firewall import remote
 from node_operations.host_firewall.inspection import FirewallInspection
 from node_operations.host_firewall.nft import (
@@ -32,10 +40,11 @@ from remote_access.ssh import SshSession
 NFT_GUARD_TABLE = "hk3s_dnat_guard"
 NFT_GUARD_CHAIN = "dnat_guard"
 DNAT_GUARD_PURPOSE = "DNAT to a port the plan keeps closed (NodePort, hostPort, LoadBalancer)"
+METADATA_PURPOSE = "pods to the cloud metadata service (it serves the host keys)"
 REMOTE_GUARD_FILE = f"{remote.REMOTE_DIR}/dnat-guard.nft"
 
 
-def dnat_guard_lines(planned: Sequence[PlannedRule]) -> list[str]:
+def dnat_guard_lines(planned: Sequence[PlannedRule], *, block_metadata: bool = False) -> list[str]:
     """The chain that holds DNAT'd traffic to the plan.
 
     kube-proxy (NodePorts, LoadBalancer addresses) and the hostPorts ServiceLB
@@ -44,8 +53,11 @@ def dnat_guard_lines(planned: Sequence[PlannedRule]) -> list[str]:
     accepts every DNAT'd flow in its forward chain, flannel every flow to the
     pod network). Here a DNAT'd connection from outside the cluster fabric
     passes only when the port it was sent to (`ct original proto-dst`) is one
-    the plan opens to its source; traffic that was not DNAT'd is left alone."""
-    rules = [
+    the plan opens to its source; traffic that was not DNAT'd is left alone.
+    With `block_metadata`, first of all: nothing is forwarded to the metadata service (a
+    reject, so a pod's client fails at once instead of waiting out its timeout)."""
+    rules = [f"ip daddr {METADATA_ADDRESS} reject comment {nft_comment(METADATA_PURPOSE)}"] if block_metadata else []
+    rules += [
         "ct state established,related accept",
         # Pods reaching a Service's ClusterIP are DNAT'd too, on the fabric.
         f"iifname {{ {nft_fabric()} }} accept",
@@ -73,7 +85,7 @@ def render_dnat_guard(plan: NodeFirewallPlan) -> NftRuleset:
     firewall is UFW or firewalld (neither filters DNAT'd traffic by port)."""
     plan.check()
     planned = planned_rules(plan)
-    guard = dnat_guard_lines(planned)
+    guard = dnat_guard_lines(planned, block_metadata=plan.block_metadata)
     lines = [
         f"# DNAT guard of {plan.node} ({plan.role}), written by hk3s beside its UFW or firewalld rules.",
         f"table inet {NFT_GUARD_TABLE} {{}}",

@@ -373,7 +373,7 @@ class NftablesBackend(Backend):
         lines += ["\tchain input {", "\t\ttype filter hook input priority filter; policy drop;"]
         lines += [f"\t\t{rule}" for rule in input_rules]
         lines.append("\t}")
-        guard = dnat_guard_lines(planned)
+        guard = dnat_guard_lines(planned, block_metadata=plan.block_metadata)
         lines += guard
         lines.append("}")
         return NftRuleset("\n".join(lines) + "\n", len(input_rules) + guard_rule_count(guard))

@@ -97,6 +97,9 @@ class NodeFirewallPlan:
     role: Role
     rules: tuple[PortRule, ...]
     nodeports_open: bool = False
+    block_metadata: bool = False
+    """Drop forwarded traffic (pods') to the cloud's metadata service (firewall_plan.METADATA_ADDRESS):
+    set for a server the program created at Hetzner, whose metadata service serves its SSH host keys."""
 
     def problems(self) -> list[str]:
         """What makes this plan unsafe or unrenderable, one line each."""

@@ -223,6 +223,23 @@ def test_unmanaged_firewall_has_no_host_firewall(ssh_key_file: Path) -> None:
     assert names == {"w1-firewall"}
 
 
+def test_the_metadata_service_is_blocked_on_hetzner_servers_only(ssh_key_file: Path) -> None:
+    """Component wiring under Pulumi's mocks: a server the program creates at Hetzner, and an
+    existing worker named as a Hetzner server (hcloud_server), have pods' traffic to the metadata
+    service dropped; any other existing host, whose provider the program does not know, not."""
+    config = _config(ssh_key_file)
+    config["workers"].append({"name": "metal-h", "kind": "existing", "address": "198.51.100.77", "hcloud_server": "7"})
+    firewalls = {r.name: r.inputs for r in _run(config).of_type("hk3s:HostFirewall")}
+    blocked = {name: inputs.get("block_metadata") for name, inputs in firewalls.items()}
+    assert blocked == {
+        "srv-firewall": True,
+        "w1-firewall": True,
+        "w2-firewall": True,
+        "metal-firewall": False,
+        "metal-h-firewall": True,
+    }
+
+
 def test_secrets_stay_secret(graph: Recording) -> None:
     # NetworkRanges records two CIDRs, WorkerRoster the workers' names and TeardownGuard one
     # flag: they log in nowhere. BootstrapFirewallRelease and ProjectSshKey call the Hetzner API
@@ -501,7 +518,7 @@ def test_a_fenced_workers_firewall_keeps_its_rules_while_the_others_change(
 ) -> None:
     """The fenced w1's host firewall ignores rule changes (peers added or removed meanwhile), so
     those runs never log in to a worker that may be powered off; the others' firewalls follow."""
-    assert graph.by_name("w1-firewall").ignore_changes == ["rules"]
+    assert graph.by_name("w1-firewall").ignore_changes == ["rules", "block_metadata"]
     assert graph.by_name("w2-firewall").ignore_changes == []
     # Given up later (force_remove), it may be gone for good: its rules are forgotten, not removed over SSH.
     assert graph.by_name("w1-firewall").retain_on_delete and not graph.by_name("w2-firewall").retain_on_delete

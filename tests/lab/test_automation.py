@@ -128,7 +128,7 @@ def test_api_adds_a_worker_and_nodes_shows_it(cluster: Cluster) -> None:
     created = {e.resource_pre_event.metadata.urn.split("::")[-1] for e in events if e.resource_pre_event}
     assert any(name.startswith(w1.name) for name in created), created
     assert any(f"[{w1.name}] preflight" in line for line in lines), lines[-40:]
-    nodes = {node.name: node for node in cluster.api().nodes()}
+    nodes = {node.name: node for node in cluster.api().nodes(live=False)}
     assert set(nodes) == {cluster.server.name, w1.name}
     worker = nodes[w1.name]
     assert (worker.role, worker.state, worker.address, worker.network_mode) == (
@@ -159,7 +159,7 @@ def test_cli_adds_a_worker_and_node_list_json_matches_the_api(cluster: Cluster) 
     assert json.loads(listed.stdout) == [node.to_dict() for node in api_nodes]
     # The state read from the cluster now, beside the one the last run recorded.
     assert {n.name: (n.state, n.recorded_state) for n in api_nodes}[w2.name] == ("Ready", "ready")
-    assert {n.name: n.state for n in cluster.api().nodes()}[w2.name] == "ready"
+    assert {n.name: n.state for n in cluster.api().nodes(live=False)}[w2.name] == "ready"
     assert cluster.ready(w2.name)
     assert cluster.kubectl_json("get", "node", w2.name)["metadata"]["labels"]["tier"] == "batch"
     # Cordoned by hand: the list says so at once, with no run in between.
@@ -251,7 +251,7 @@ def test_a_run_killed_mid_join_is_resumed_by_one_api_call(cluster: Cluster) -> N
     assert api.pending_operations() == []
     assert cluster.node_names().count(w3.name) == 1
     assert cluster.ready(w3.name)
-    assert {n.name: n.state for n in api.nodes()}[w3.name] == "ready"
+    assert {n.name: n.state for n in api.nodes(live=False)}[w3.name] == "ready"
 
 
 def test_two_api_callers_one_runs_the_other_is_told_the_stack_is_busy(cluster: Cluster) -> None:

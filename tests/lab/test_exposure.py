@@ -19,6 +19,13 @@ its own forward chain. The DNATs are installed on every node, the worst case
 Before the guard is in place every DNAT'd port answers from outside, so a
 closed port is the guard's doing; with it, a worker answers on SSH alone and
 the server (ingress asked for) on SSH, 80 and 443.
+
+The same forward chain keeps pods away from Hetzner's metadata service on a
+Hetzner node (`block_metadata`). The lab has no metadata service: a plain host
+(ex-meta) stands for it, 169.254.169.254 on its loopback and a listener on port
+80, each node routing that address to it as a Hetzner server routes it to its
+gateway, and masquerading its pod's traffic there as flannel masquerades pod
+traffic that leaves the pod network.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from dataclasses import dataclass
 import pytest
 
 from lab.hosts import Host, HostSpec, Lab
-from node_operations.firewall_plan import Role, inbound_rules
+from node_operations.firewall_plan import METADATA_ADDRESS, Role, inbound_rules
 from node_operations.host_firewall.fleet import NodeFirewallJob, apply_firewalls
 from node_operations.host_firewall.plan import NodeFirewallPlan
 from tests.lab.test_host_firewall import (
@@ -70,11 +77,25 @@ DNAT_PORTS = (80, 443, 30080)
 PROBED_PORTS = (22, 80, 443, 6443, 8888, 10250, 30080)
 
 
+# flannel's masquerade of pod traffic that leaves the pod network (only the pod here starts any).
+POD_MASQUERADE = f"""
+table ip hk3s_test_masq {{
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    ip saddr {POD_NET}.0/24 ip daddr != {POD_NET}.0/24 masquerade
+  }}
+}}
+"""
+METADATA_LISTENER = POD_LISTENER.replace("8080", "80")
+
+
 @dataclass
 class ExposedCluster:
     lab: Lab
     server: Host
     workers: dict[str, Host]  # backend -> worker
+    metadata: Host  # stands for Hetzner's metadata service; no member of the cluster
+    block_metadata: bool = False
 
     @property
     def members(self) -> list[Host]:
@@ -90,7 +111,7 @@ class ExposedCluster:
             pod_network="wireguard",
             ingress=True,
         )
-        return NodeFirewallPlan(host.name, role, tuple(rules))
+        return NodeFirewallPlan(host.name, role, tuple(rules), block_metadata=self.block_metadata)
 
     def apply(self) -> dict[str, bool]:
         jobs = [NodeFirewallJob(ssh_target(self.lab, host), self.plan(host)) for host in self.members]
@@ -147,14 +168,15 @@ def cluster(lab: Lab) -> Iterator[ExposedCluster]:
         "firewalld": lab.add_host(HostSpec("ex-fwd", extra_packages=FIREWALLD_PACKAGES)),
         "nftables": lab.add_host(HostSpec("ex-nft")),
     }
-    hosts = [server, *workers.values()]
+    metadata = lab.add_host(HostSpec("ex-meta"))
+    hosts = [server, *workers.values(), metadata]
     lab.wait_ssh_ready(hosts, timeout=180)
     workers["firewalld"].run("for i in $(seq 100); do firewall-cmd --state && exit 0; sleep 0.2; done; exit 1")
-    made = ExposedCluster(lab, server, workers)
+    made = ExposedCluster(lab, server, workers, metadata)
     try:
         changed = made.apply()
         assert all(changed.values()), changed
-        for host in hosts:
+        for host in made.members:
             add_pod_and_dnat(host, flannel_forward=host in (server, workers["ufw"]))
         yield made
     finally:
@@ -215,3 +237,53 @@ def test_reapplying_changes_nothing_and_refresh_sees_a_missing_guard(cluster: Ex
     finally:
         assert cluster.apply()[host.name] is True
     assert open_from_outside(host) == {22}
+
+
+def pod_reaches(host: Host, address: str, port: int = 80) -> bool:
+    """A TCP connect from `host`'s pod (its network namespace behind the veth)."""
+    argv = ["ip", "netns", "exec", "pod", "nc", "-z", "-w", "3", address, str(port)]
+    return host.run(argv, check=False, timeout=30).returncode == 0
+
+
+def test_on_a_hetzner_node_pods_reach_no_metadata_service_and_the_node_itself_still_does(
+    cluster: ExposedCluster,
+) -> None:
+    """Every backend: before the block each node's pod reaches the metadata stand-in (so a closed
+    port is the block's doing); with the plan's `block_metadata` the pod's connection is refused
+    in the forward path, while the node itself (as a hostNetwork pod would) and the pod's traffic
+    to any other address (the stand-in host's own) still get through."""
+    meta = cluster.metadata
+    meta.run(["ip", "addr", "add", f"{METADATA_ADDRESS}/32", "dev", "lo"])
+    (meta.root / "root/metadata_listener.py").write_text(METADATA_LISTENER)
+    meta.run(["systemd-run", "--unit=hk3s-test-metadata", "--collect", "python3", "/root/metadata_listener.py"])
+    for host in cluster.members:
+        host.run(["ip", "route", "replace", f"{METADATA_ADDRESS}/32", "via", str(meta.public_ip)])
+        host.run(f"nft -f - <<'EOF'\n{POD_MASQUERADE}\nEOF")
+
+    # A real pod's traffic arrives on cni0, which the program puts in its fabric zone; the pod's
+    # veth stands for it there (at runtime, so the program's zone files stay as it wrote them; an
+    # apply reloads firewalld, so again after each).
+    def veth_in_fabric_zone() -> None:
+        cluster.workers["firewalld"].run(["firewall-cmd", "--zone=hk3s-fabric", "--change-interface=veth-pod"])
+
+    veth_in_fabric_zone()
+    wait_listening = "for i in $(seq 100); do ss -Htln | grep -q ':80 ' && exit 0; sleep 0.1; done; exit 1"
+    meta.run(wait_listening)
+    before = {host.name: pod_reaches(host, METADATA_ADDRESS) for host in cluster.members}
+    assert before == dict.fromkeys(before, True), before
+
+    cluster.block_metadata = True
+    changed = cluster.apply()
+    assert all(changed.values()), changed
+    veth_in_fabric_zone()
+    after = {host.name: pod_reaches(host, METADATA_ADDRESS) for host in cluster.members}
+    assert after == dict.fromkeys(after, False), after
+    for host in cluster.members:
+        assert tcp_open_from(host, METADATA_ADDRESS, 80), f"{host.name} itself no longer reaches it"
+        assert pod_reaches(host, str(meta.public_ip)), f"{host.name}'s pod reaches nothing outside any more"
+    # Kept across a reapply: the plan with the block is what the host holds (the veth's runtime
+    # zone, the test's own, undone first: the program would put its zones back as it wrote them).
+    cluster.workers["firewalld"].run(["firewall-cmd", "--zone=hk3s-fabric", "--remove-interface=veth-pod"])
+    assert cluster.apply() == dict.fromkeys((host.name for host in cluster.members), False)
+    veth_in_fabric_zone()
+    assert not any(pod_reaches(host, METADATA_ADDRESS) for host in cluster.members)

@@ -54,6 +54,7 @@ import pytest
 from lab.hosts import Host, Lab
 from lab.stack_harness import (
     LONGHORN_STANDIN_CHART,
+    CliRun,
     LabStack,
     base_config,
     run_cli,
@@ -214,6 +215,12 @@ class Cluster:
         found = get(self.server, "node", host.name)
         return str(next(c["status"] for c in found["status"]["conditions"] if c["type"] == "Ready"))
 
+    def hk3s(self, *args: str) -> CliRun:
+        """`scripts/hk3s --stack lab ARGS`, as an operator runs it; it must succeed."""
+        run = self.stack.hk3s(*args, timeout=300)
+        assert run.returncode == 0, (args, run.stdout[-3000:], run.stderr[-3000:])
+        return run
+
     def down(self, host: Host) -> None:
         host.run(["systemctl", "stop", "k3s-agent"])
         wait_until(f"{host.name} NotReady", lambda: self.ready(host) != "True", 90, self.diagnose)
@@ -305,7 +312,22 @@ def test_a_fence_keeps_stopped_what_has_no_current_copy_elsewhere(cluster: Clust
     kubectl(server, "label", "node", w2.name, f"{LABEL}=yes")  # the workloads may run there too
     old_w2 = next(r for r in replicas(server, "old") if r["nodeID"] == w2.name)
     assert old_w2.get("failedAt"), old_w2  # not rebuilt: no healthy copy to rebuild from
-    time.sleep(62)  # fw-w1 down for the minute a fence asks for
+    down_since = time.monotonic()
+    # While fw-w1 is NotReady and not fenced, `status` names what waits on it, where a current
+    # copy of its data is (healthy now on a node Ready and not fenced), and the command to run.
+    status = cluster.hk3s("status").stdout
+    assert f"{w1.name} is NotReady and not fenced" in status, status
+    assert f"fence it: scripts/hk3s node fence {w1.name}" in status, status
+    cur_line = next(line for line in status.splitlines() if "Deployment default/cur-app (pods" in line)
+    assert cur_line.endswith(f"on {w1.name} [moves]: volume cur (claim default/cur): current copy on {server.name}")
+    # old's copy on fw-w2 failed before fw-w1's: no current copy anywhere (fw-w1's is not one: NotReady).
+    assert f"on {w1.name} [stale]: volume old (claim default/old): current copy on no other node" in status, status
+    assert "Deployment default/only-app (pods" in status and "Job default/only-job (pods" in status, status
+    assert f"on {w1.name} [only-copy]: volume only (claim default/only): current copy on no other node" in status
+    assert f"pod default/bare (pods default/bare) on {w1.name} [unjudged]" in status, status
+    states = {n.name: n.state for n in cluster.stack.api().nodes()}
+    assert states[w1.name] == "NotReady" and states[w2.name] == "Ready", states
+    time.sleep(max(0.0, 62 - (time.monotonic() - down_since)))  # fw-w1 down for the minute a fence asks for
 
     # The run is killed right after its first stop; the next up resumes.
     cluster.write_fences({w1.name: {}})
@@ -357,6 +379,16 @@ def test_a_fence_keeps_stopped_what_has_no_current_copy_elsewhere(cluster: Clust
     }
     # Kubernetes detached their volumes from the fenced worker.
     wait_until(f"no VolumeAttachment to {w1.name}", lambda: not attached_to(server, w1.name), 120, cluster.diagnose)
+    # Fenced, fw-w1 reads OutOfService from the cluster everywhere its state is shown, never the
+    # last join's "ready"; and it is no longer a worker waiting for a decision.
+    status_json = json.loads(cluster.hk3s("status", "--json").stdout)
+    assert {n["name"]: n["state"] for n in status_json["nodes"]}[w1.name] == "OutOfService", status_json["nodes"]
+    assert status_json["down_workers"] == [] and status_json["live_error"] is None, status_json
+    listed = json.loads(cluster.hk3s("node", "list", "--json").stdout)
+    assert {n["name"]: n["state"] for n in listed}[w1.name] == "OutOfService", listed
+    api = cluster.stack.api()
+    assert {n.name: n.state for n in api.nodes()}[w1.name] == "OutOfService"
+    assert {n.name: n.state for n in api.nodes(live=False)}[w1.name] == "OutOfService"  # the fence is recorded
 
 
 def test_accepting_stale_data_starts_the_workload_from_the_older_copies(cluster: Cluster) -> None:

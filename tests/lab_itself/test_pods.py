@@ -10,7 +10,10 @@ cgroup, mount or process behind.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -31,8 +34,12 @@ from lab.stack_harness import (
     up_or_fail,
     worker_spec,
 )
+from node_operations.firewall_plan import METADATA_ADDRESS, inbound_rules
+from node_operations.host_firewall.apply import apply_node_firewall, remove_node_firewall
+from node_operations.host_firewall.plan import NodeFirewallPlan
 from node_operations.reboot import REBOOT_ANNOTATION
 from operator_api import MaintenanceError
+from remote_access.ssh import SshTarget
 
 pytestmark = pytest.mark.lab
 
@@ -316,6 +323,96 @@ def test_deployment_runs_on_two_joined_pod_workers(pod_cluster: PodCluster) -> N
         "the restarted agent's containers listed again", lambda: _running_container_ids(first) == before, 60, diagnose
     )
     _wait("4 web pods Ready after the restart", lambda: sum(map(_ready, _pods(server))) == 4, 120, diagnose)
+
+
+def _login(lab: Lab, host: Host) -> SshTarget:
+    return SshTarget(
+        node=host.name,
+        address=host.ssh_ip,
+        private_key=lab.ssh_private_key_path.read_text(),
+        recorded_host_key=host.ssh_host_public_key,
+    )
+
+
+def test_a_real_pod_on_a_hetzner_node_cannot_reach_the_metadata_service(lab: Lab, pod_cluster: PodCluster) -> None:
+    """A web pod on pods-w1 asks the metadata service for its user_data, before and after the
+    program's host firewall (nftables, `block_metadata` as on a Hetzner server) is on pods-w1;
+    the host itself (as a hostNetwork pod would) still gets it. The lab has no metadata service:
+    pods-w2 stands for it, 169.254.169.254 on its loopback and an HTTP server on port 80, and
+    pods-w1 routes that address to it as a Hetzner server routes it to its gateway, masquerading
+    its pods' traffic there as flannel does for traffic leaving the pod network. The firewall is
+    taken off again, so the tests after this one find the cluster as it was."""
+    server, first, second, diagnose = pod_cluster.server, pod_cluster.first, pod_cluster.second, pod_cluster.diagnose
+    (second.root / "root/meta").mkdir(exist_ok=True)
+    (second.root / "root/meta/user-data").write_text("hk3s-lab-user-data\n")
+    second.run(["ip", "addr", "replace", f"{METADATA_ADDRESS}/32", "dev", "lo"])
+    metadata_server = ["python3", "-m", "http.server", "80", "--bind", METADATA_ADDRESS, "--directory", "/root/meta"]
+    second.run(["systemd-run", "--unit=hk3s-test-metadata", "--collect", *metadata_server])
+    pod_cidr = json.loads(_kubectl(server, "get", "node", first.name, "-o", "json"))["spec"]["podCIDR"]
+    first.run(["ip", "route", "replace", f"{METADATA_ADDRESS}/32", "via", str(second.public_ip)])
+    masquerade = (
+        "table ip hk3s_test_masq {\n chain postrouting {\n  type nat hook postrouting priority srcnat; policy accept;\n"
+        f"  ip saddr {pod_cidr} ip daddr {METADATA_ADDRESS} masquerade\n }}\n}}\n"
+    )
+    first.run(f"nft -f - <<'EOF'\n{masquerade}EOF")
+    pod = next(p["metadata"]["name"] for p in _pods(server) if p["spec"]["nodeName"] == first.name)
+    url = f"http://{METADATA_ADDRESS}/user-data"
+
+    def pod_reads() -> subprocess.CompletedProcess[str]:
+        argv = ["/usr/local/bin/k3s", "kubectl", "exec", pod, "--", "timeout", "10", "wget", "-q", "-O", "-", url]
+        return server.run(argv, check=False, timeout=60)
+
+    def host_reads() -> str:
+        script = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read())"
+        return first.run(["python3", "-c", script], check=False, timeout=30).stdout
+
+    def why() -> str:
+        read = pod_reads()
+        return "\n".join(
+            [
+                f"pod: {read.returncode} {read.stdout} {read.stderr}",
+                f"host: {host_reads()}",
+                first.run(["ip", "route", "get", METADATA_ADDRESS], check=False).stdout,
+                second.run(["ss", "-Htln"], check=False).stdout,
+                first.run(["nft", "list", "ruleset"], check=False).stdout[-3000:],
+            ]
+        )
+
+    _wait("the node reaches the metadata stand-in", lambda: "hk3s-lab-user-data" in host_reads(), 30, why)
+    _wait("its pod reaches the metadata stand-in", lambda: "hk3s-lab-user-data" in pod_reads().stdout, 30, why)
+    peers = {host.name: str(host.public_ip) for host in (server, first, second)}
+    rules = inbound_rules(role="worker", node=first.name, peers=peers, server=server.name, pod_network="vxlan")
+    plan = NodeFirewallPlan(first.name, "worker", tuple(rules), block_metadata=True)
+    try:
+        # The same firewall without the block lets the pod through: what stops it below is the block.
+        asyncio.run(apply_node_firewall(_login(lab, first), dataclasses.replace(plan, block_metadata=False)))
+        assert "hk3s-lab-user-data" in pod_reads().stdout, why()
+        asyncio.run(apply_node_firewall(_login(lab, first), plan))
+        blocked = pod_reads()
+        assert blocked.returncode != 0 and "hk3s-lab-user-data" not in blocked.stdout, blocked
+        # The node itself is not held (hostNetwork pods are the node as far as the network can tell).
+        assert "hk3s-lab-user-data" in host_reads()
+        # The pod still reaches the rest of the cluster: the other worker's pod by its pod IP.
+        there = next(p for p in _pods(server) if p["spec"]["nodeName"] == second.name)
+        answer = _kubectl(
+            server,
+            "exec",
+            pod,
+            "--",
+            "timeout",
+            "10",
+            "wget",
+            "-q",
+            "-O",
+            "-",
+            f"http://{there['status']['podIP']}:8080/",
+        )
+        assert answer.strip() == there["metadata"]["name"]
+    finally:
+        asyncio.run(remove_node_firewall(_login(lab, first)))
+        first.run(["nft", "delete", "table", "ip", "hk3s_test_masq"], check=False)
+        second.run(["systemctl", "stop", "hk3s-test-metadata"], check=False)
+    _wait("4 web pods Ready", lambda: sum(map(_ready, _pods(server))) == 4, 60, diagnose)
 
 
 def test_rejoin_keeps_the_pods_running(pod_cluster: PodCluster) -> None:

@@ -7,6 +7,7 @@ nothing on this machine changes; the namespace is deleted afterwards.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import xml.etree.ElementTree as ET
@@ -174,6 +175,23 @@ def test_the_dnat_guard_follows_the_plan_on_every_backend() -> None:
     assert plan_for("w1", cluster_peers(3), ingress=True) == worker
     with_ingress = NodeFirewallPlan("w1", "worker", (*worker.rules, PortRule("80", "tcp", ("0.0.0.0/0",), "web")))
     assert any("only SSH may be open to every source" in problem for problem in with_ingress.problems())
+
+
+def test_a_hetzner_node_rejects_forwarded_traffic_to_the_metadata_service_first(netns: str) -> None:
+    """The forward chain every backend has (in the program's table with nftables, in the guard's
+    own table beside UFW or firewalld) rejects forwarded traffic to 169.254.169.254 before it
+    accepts anything, established flows and the fabric included; without the flag it does not."""
+    plain = plan_for("w1", cluster_peers(3))
+    hetzner = dataclasses.replace(plain, block_metadata=True)
+    reject = 'ip daddr 169.254.169.254 reject comment "pods to the cloud metadata service (it serves the host keys)"'
+    for render in (NFTABLES.render, render_dnat_guard):
+        text, count = render(hetzner).text, render(hetzner).rule_count
+        chain = text[text.index("chain dnat_guard {") :]
+        first_rule = chain.splitlines()[2].strip()
+        assert first_rule == reject, chain
+        assert reject not in render(plain).text and count == render(plain).rule_count + 1
+        checked = nft(netns, "-c", "-f", "-", stdin=text)
+        assert checked.returncode == 0, checked.stderr
 
 
 # --------------------------------------------------------------------------- plan checks

@@ -63,3 +63,10 @@ def test_the_live_state_names_ready_notready_cordoned_outofservice_and_missing()
     # Another taint with the same effect is not a fence.
     assert live_state(_node(True, taints=[Taint("dedicated", "web", "NoExecute")])) == "Ready"
     assert live_state(None) == "missing"
+
+
+def test_a_node_with_the_fence_record_is_out_of_service_before_its_taint_and_until_the_lift_ends() -> None:
+    # The fence writes its record first and the lift removes it last (the taint goes before the
+    # lift's checks): a node carrying it is fenced, Ready or not.
+    recorded = NodeStatus(name="w1", ready=True, annotations={"hk3s.dev/fenced-at": "2026-12-05T02:00:00Z"})
+    assert live_state(recorded) == "OutOfService"
