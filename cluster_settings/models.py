@@ -146,7 +146,8 @@ class ClusterSettings(StrictModel):
     teardown: Literal["refused", "allowed"] = Field(
         "refused",
         description="refused: pulumi destroy is refused before anything changes. allowed (then `up`, then "
-        "`pulumi destroy`): the destroy wipes k3s, its data and the program's files and rules from every host and "
+        "`pulumi destroy --run-program`): the destroy wipes k3s, its data and the program's files and rules from "
+        "every host and "
         "deletes the stack's Hetzner resources, lifting protect_control_plane (Pulumi's and Hetzner's protection, "
         "at that `up`); no volume's data is moved or kept.",
     )
@@ -257,7 +258,8 @@ class SshSettings(StrictModel):
     trust_on_first_use: bool = Field(
         False,
         description="In a non-interactive run (CI, the operator API and CLI, any run with CI or "
-        "HK3S_NON_INTERACTIVE set, any run whose `pulumi` has no terminal on stdin), record the SSH host key of a host with none pinned on first contact "
+        "HK3S_NON_INTERACTIVE set, any run whose `pulumi` has no terminal on stdin), record the SSH host key of "
+        "a host with none pinned on first contact "
         "instead of refusing the run. Every key recorded that way is listed in the run's result. Hetzner "
         "servers the program creates get their keys from it and are pinned from the start.",
     )

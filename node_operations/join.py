@@ -251,7 +251,11 @@ class Joiner:
         report = evaluate_operator_firewall(self.host.firewall_inspection(), required)
         if report.stops_join:
             raise JoinError(self.spec.node, "firewall", report.message())
-        self.checks["operator-firewall"] = f"{report.firewall}: nothing missing"
+        self.checks["operator-firewall"] = (
+            f"{report.firewall}: nothing missing, nothing that must stay closed open"
+            if report.active
+            else "none active: every port the node listens on is open to whoever reaches it"
+        )
 
     async def _check_peers(self) -> None:
         """SSH access to the peers this join was given (a program run checks its recorded

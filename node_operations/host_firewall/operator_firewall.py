@@ -3,26 +3,36 @@ workers[].firewall false) against the rules the cluster needs from it.
 
 The join reads the node with `inspect_firewall(session, operator=True)` and
 calls `evaluate_operator_firewall(inspection, required)`, `required` being the
-node's `inbound_rules(...)`. SSH rules and NodePort rules are not checked (the
-join reached SSH already; NodePorts are the operator's call). The report's
-`stops_join` is true when an active firewall (UFW active, firewalld running,
-or an nftables input hook with a drop policy or drop rules) misses rules;
+node's `inbound_rules(...)`. SSH rules and NodePort rules are not required (the
+join reached SSH already; NodePorts are the operator's call), but what must stay
+closed is checked: 8888/tcp, and NodePorts unless the stack opens them, open to
+every source are `exposed`. The report's `stops_join` is true when an active
+firewall (UFW active, firewalld running, or an nftables input hook with a drop
+policy or drop rules) misses rules or exposes such a port;
 `missing` lists them (all required rules when it cannot tell, `determined`
 false and `reason` saying why); `message()` is the text to show.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from node_operations.firewall_plan import PortRule
-from node_operations.host_firewall.backend import Probe, UndeterminedError
+from node_operations.firewall_plan import ANY_IPV4, NODEPORT_RANGE, PortRule
+from node_operations.host_firewall.backend import Backend, Probe, UndeterminedError
 from node_operations.host_firewall.backends import BACKENDS
 from node_operations.host_firewall.inspection import FirewallBackend, FirewallInspection
-from node_operations.host_firewall.plan import is_nodeport_rule, is_ssh_rule, port_range, source_networks
+from node_operations.host_firewall.plan import (
+    OPERATOR_CLOSED_PORT,
+    is_nodeport_rule,
+    is_ssh_rule,
+    port_range,
+    source_networks,
+)
 
 OperatorFirewallKind = Literal["none", "ufw", "firewalld", "nftables"]
 # UFW and firewalld run on nftables (or iptables) themselves: their own rules
@@ -40,18 +50,26 @@ class OperatorFirewallReport:
     determined: bool
     missing: tuple[PortRule, ...]
     reason: str = ""
+    exposed: tuple[PortRule, ...] = ()
+    """Ports the cluster keeps closed that this firewall opens to every source."""
 
     @property
     def stops_join(self) -> bool:
-        """The join must stop: an active firewall lacks (or may lack) rules."""
-        return self.active and bool(self.missing)
+        """The join must stop: an active firewall lacks (or may lack) rules, or opens to every
+        source a port that must stay closed."""
+        return self.active and bool(self.missing or self.exposed)
 
     def message(self) -> str:
         """What to tell the operator, naming the node, the rules and the way out."""
         if not self.active:
             return f"{self.node}: no active host firewall found"
-        if not self.missing:
+        if not self.missing and not self.exposed:
             return f"{self.node}: the {self.firewall} firewall allows every port the cluster needs"
+        if not self.missing:
+            return self._exposed_sentence().lstrip() + (
+                " Then run again, or let hk3s run this node's firewall (hk3s:workers[].firewall or "
+                "hk3s:firewall.managed true)."
+            )
         listing = "; ".join(
             f"{rule.port}/{rule.protocol} from {', '.join(rule.sources)} ({rule.purpose})" for rule in self.missing
         )
@@ -63,8 +81,18 @@ class OperatorFirewallReport:
         commands = self.suggested_commands()
         hint = f" For example: {' ; '.join(commands)}." if commands else ""
         return (
-            f"{head}{hint} Then run again, or let hk3s run this node's firewall (hk3s:workers[].firewall or "
-            "hk3s:firewall.managed true). Keep 8888/tcp closed to outside traffic and NodePorts limited."
+            f"{head}{hint}{self._exposed_sentence()} Then run again, or let hk3s run this node's firewall "
+            "(hk3s:workers[].firewall or hk3s:firewall.managed true). Keep 8888/tcp closed to outside traffic "
+            "and NodePorts limited."
+        )
+
+    def _exposed_sentence(self) -> str:
+        if not self.exposed:
+            return ""
+        listing = "; ".join(f"{rule.port}/{rule.protocol} ({rule.purpose})" for rule in self.exposed)
+        return (
+            f" {self.node}: the host firewall ({self.firewall}) opens to every source what must stay closed: "
+            f"{listing}; close it."
         )
 
     def suggested_commands(self) -> list[str]:
@@ -118,4 +146,26 @@ def evaluate_operator_firewall(inspection: FirewallInspection, required: Sequenc
         return OperatorFirewallReport(
             node, kind, True, False, tuple(rule for rule, _ in probes), f"cannot tell from the {kind} rules: {why}"
         )
-    return OperatorFirewallReport(node, kind, True, True, tuple(missing))
+    return OperatorFirewallReport(
+        node, kind, True, True, tuple(missing), exposed=_exposed(backend, inspection, required)
+    )
+
+
+def _exposed(backend: Backend, inspection: FirewallInspection, required: Sequence[PortRule]) -> tuple[PortRule, ...]:
+    """What the cluster keeps closed and this firewall opens to every source: 8888/tcp always,
+    NodePorts unless the stack opens them (hk3s:firewall.nodeports_open). A firewall whose
+    rules cannot tell is not accused."""
+    everyone = ipaddress.ip_network(ANY_IPV4)
+    closed = [PortRule(str(OPERATOR_CLOSED_PORT), "tcp", (ANY_IPV4,), "must stay closed to outside traffic")]
+    if not any(is_nodeport_rule(rule) for rule in required):
+        closed += [
+            PortRule(NODEPORT_RANGE, protocol, (ANY_IPV4,), "NodePorts, closed unless hk3s:firewall.nodeports_open")
+            for protocol in ("tcp", "udp")
+        ]
+    exposed: list[PortRule] = []
+    for rule in closed:
+        first, last = port_range(rule.port)
+        with contextlib.suppress(UndeterminedError):
+            if backend.allows(inspection, Probe(everyone, rule.protocol, first, last)):
+                exposed.append(rule)
+    return tuple(exposed)

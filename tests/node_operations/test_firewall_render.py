@@ -323,7 +323,32 @@ def test_operator_ufw_report() -> None:
     allowing = output.replace("ufw_default_input DROP", "ufw_default_input ACCEPT").replace(
         "deny tcp 10250", "allow tcp 10250"
     )
-    assert not evaluate_operator_firewall(parse_inspection("w1", allowing), required_for_worker()).stops_join
+    # Nothing the cluster needs is missing, but an ACCEPT default opens to every source what
+    # must stay closed: 8888/tcp and (the stack keeps them closed) the NodePorts.
+    open_everywhere = evaluate_operator_firewall(parse_inspection("w1", allowing), required_for_worker())
+    assert open_everywhere.missing == () and open_everywhere.stops_join
+    assert [(rule.port, rule.protocol) for rule in open_everywhere.exposed] == [
+        ("8888", "tcp"),
+        ("30000-32767", "tcp"),
+        ("30000-32767", "udp"),
+    ]
+    assert "opens to every source what must stay closed: 8888/tcp" in open_everywhere.message()
+    # The stack opens the NodePorts: then only 8888/tcp is held against it.
+    with_nodeports = inbound_rules(
+        role="worker", node="w1", peers=cluster_peers(2), server=SERVER, pod_network="wireguard", nodeports_open=True
+    )
+    assert [r.port for r in evaluate_operator_firewall(parse_inspection("w1", allowing), with_nodeports).exposed] == [
+        "8888"
+    ]
+    every_rule = [
+        "allow tcp 22 0.0.0.0/0 any 0.0.0.0/0 in",
+        "allow tcp 10250 0.0.0.0/0 any 10.0.0.0/16 in",
+        "allow udp 51820 0.0.0.0/0 any 10.0.0.0/16 in",
+        "allow tcp 9100 0.0.0.0/0 any 10.0.0.2 in",
+    ]
+    tight = "fact ufw installed\nfact ufw_active yes\nfact ufw_default_input DROP\n"
+    tight += "".join(f"data ufw_v4 {rule}\n" for rule in every_rule) + "fact complete yes\n"
+    assert not evaluate_operator_firewall(parse_inspection("w1", tight), required_for_worker()).stops_join
     inactive = output.replace("ufw_active yes", "ufw_active no")
     assert not evaluate_operator_firewall(parse_inspection("w1", inactive), required_for_worker()).active
 
