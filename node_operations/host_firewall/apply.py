@@ -93,6 +93,13 @@ async def apply_node_firewall(
         if problem is not None:
             raise FirewallError(target.node, problem)
         _say(progress, f"host firewall {'updated' if changed else 'unchanged'}: {observed.rule_count} rules")
+        foreign = backend.foreign_allows(after)
+        if foreign:
+            _say(
+                progress,
+                f"host firewall: {len(foreign)} {name} rule(s) not of the program's also let traffic in, beside "
+                f"its plan (it never deletes them; review them): {'; '.join(foreign)}",
+            )
         return AppliedFirewall(
             node=target.node,
             backend=name,

@@ -56,6 +56,11 @@ class Backend(ABC):
     async def remove(self, session: SshSession, inspection: FirewallInspection) -> None:
         """Take the program's rules out of this firewall, nothing else."""
 
+    def foreign_allows(self, inspection: FirewallInspection) -> list[str]:
+        """Rules in this firewall that are not the program's and let inbound traffic in: the
+        program never deletes them, and they open ports beside its plan, so they are named."""
+        return []
+
     def coverage_problem(self, inspection: FirewallInspection) -> str | None:
         """Why the program's rules, in force, would still not filter some of the
         node's traffic, with the way out; None when they do."""

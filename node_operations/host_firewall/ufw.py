@@ -234,6 +234,18 @@ class UfwBackend(Backend):
             script_path("firewall_ufw.sh"), ["remove", REMOTE_UFW_CHANGES], deadline=remote.REMOVE_DEADLINE_SECONDS
         )
 
+    def foreign_allows(self, inspection: FirewallInspection) -> list[str]:
+        """UFW's allow (and limit) rules without the program's comment, as `ufw status` would
+        name them: rules that predate the program, or that someone added beside it."""
+        found: list[str] = []
+        for entry in inspection.ufw_tuples:
+            if entry.tagged or entry.action.removeprefix("route:") not in ("allow", "limit"):
+                continue
+            where = f" on {entry.interface}" if entry.interface else ""
+            family = " (v6)" if entry.family == 6 else ""
+            found.append(f"{entry.action} {entry.protocol} {entry.dport} from {entry.src}{where}{family}")
+        return found
+
     def filtering(self, inspection: FirewallInspection) -> bool:
         return inspection.ufw_active
 

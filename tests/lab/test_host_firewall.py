@@ -418,6 +418,25 @@ def test_ufw_that_filters_no_ipv6_is_refused_naming_the_setting_and_left_as_it_w
     assert not asyncio.run(apply_firewalls(job)).failed
 
 
+def test_ufw_rules_that_are_not_the_programs_are_named_and_kept(cluster: Cluster) -> None:
+    """An allow rule someone added to a UFW the program runs (or one from before it) opens a
+    port beside the plan: each apply names it, and never deletes it."""
+    host = cluster.ufw
+    host.run(["ufw", "allow", "proto", "tcp", "from", "any", "to", "any", "port", "8080"])
+    try:
+        lines: list[tuple[str, str]] = []
+        job = [job for job in cluster.jobs() if job.target.node == host.name]
+        result = asyncio.run(apply_firewalls(job, progress=lambda node, line: lines.append((node, line))))
+        assert not result.failed, result.failed
+        named = [line for node, line in lines if node == host.name and "not of the program's" in line]
+        assert len(named) == 1 and "allow tcp 8080 from 0.0.0.0/0" in named[0], lines
+        assert "allow tcp 8080 0.0.0.0/0 any 0.0.0.0/0 in" in host.run("cat /etc/ufw/user.rules").stdout
+        others = [line for node, line in lines if node != host.name and "not of the program's" in line]
+        assert others == []
+    finally:
+        host.run(["ufw", "delete", "allow", "proto", "tcp", "from", "any", "to", "any", "port", "8080"])
+
+
 def test_an_unreachable_node_fails_alone(cluster: Cluster) -> None:
     """Every node is tried; the failure names its node and the others are applied."""
     gone = SshTarget(

@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from node_operations.firewall_plan import PortRule, inbound_rules
+from node_operations.host_firewall.backends import BACKENDS
 from node_operations.host_firewall.dnat_guard import render_dnat_guard
 from node_operations.host_firewall.drift import align_rules
 from node_operations.host_firewall.firewalld import FIREWALLD
@@ -416,3 +417,20 @@ def test_no_firewall_does_not_stop_the_join() -> None:
         parse_inspection("w1", "fact nft installed\nfact complete yes\n"), required_for_worker()
     )
     assert not report.active and not report.stops_join
+
+
+def test_ufw_rules_not_of_the_programs_are_named() -> None:
+    """Untagged allow rules open ports beside the plan: the apply names them (never deletes)."""
+    tagged = "comment=" + b"hk3s: kubelet".hex()
+    lines = [
+        f"allow tcp 10250 0.0.0.0/0 any 10.0.0.2 in {tagged}",
+        "allow tcp 8080 0.0.0.0/0 any 0.0.0.0/0 in",
+        "deny tcp 25 0.0.0.0/0 any 0.0.0.0/0 in",
+    ]
+    output = "fact ufw installed\nfact ufw_active yes\nfact ufw_default_input DROP\n"
+    output += "".join(f"data ufw_v4 {line}\n" for line in lines)
+    output += "data ufw_v6 allow tcp 8080 ::/0 any ::/0 in\nfact complete yes\n"
+    assert BACKENDS["ufw"].foreign_allows(parse_inspection("w1", output)) == [
+        "allow tcp 8080 from 0.0.0.0/0",
+        "allow tcp 8080 from ::/0 (v6)",
+    ]
