@@ -24,6 +24,7 @@ from .errors import (
     StackError,
     TeardownNotConfirmedError,
     UnknownWorkerError,
+    WorkloadStartRefusedError,
 )
 from .events import PlannedChange, RunRecord
 from .nodes import ClusterStatus, DiskCheck, HostCheck, LastRun, Node
@@ -56,4 +57,5 @@ __all__ = [
     "StackFile",
     "TeardownNotConfirmedError",
     "UnknownWorkerError",
+    "WorkloadStartRefusedError",
 ]

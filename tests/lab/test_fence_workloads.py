@@ -173,7 +173,14 @@ def workloads() -> list[dict[str, Any]]:
     }
     bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": "default"}}
     bare["spec"] = pod_spec("cur")
-    return [deployment("cur-app", "cur"), deployment("old-app", "old", 2), deployment("only-app", "only"), job, bare]
+    return [
+        deployment("cur-app", "cur"),
+        deployment("old-app", "old", 2),
+        deployment("stale-app", "old"),
+        deployment("only-app", "only"),
+        job,
+        bare,
+    ]
 
 
 def attached_to(server: Host, node: str) -> set[str]:
@@ -265,7 +272,7 @@ def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clus
         lambda: (
             all(
                 cluster.scheduled(app) == [w1.name] * count
-                for app, count in (("cur-app", 1), ("old-app", 2), ("only-app", 1), ("only-job", 1))
+                for app, count in (("cur-app", 1), ("old-app", 2), ("stale-app", 1), ("only-app", 1), ("only-job", 1))
             )
             and get(server, "pod", "bare")["spec"].get("nodeName") == w1.name
         ),
@@ -347,16 +354,55 @@ def test_a_fence_keeps_stopped_what_has_no_current_copy_elsewhere(cluster: Clust
     # Where each workload runs now leaves out the ones kept stopped (said above, with why).
     assert "ReplicaSet default/cur-app-" in text and "ReplicaSet default/old-app-" not in text, text[-4000:]
     # Nothing of them is left on fw-w1, and none of the stopped ones runs anywhere.
-    for app in ("only-app", "old-app", "only-job"):
+    for app in ("only-app", "old-app", "stale-app", "only-job"):
         assert cluster.scheduled(app) == [], (app, cluster.diagnose())
     summary = json.loads(get(server, "node", w1.name)["metadata"]["annotations"][NODE_STOPPED_ANNOTATION])
     assert summary == {
         "Deployment default/old-app": "stale",
         "Deployment default/only-app": "only-copy",
+        "Deployment default/stale-app": "stale",
         "Job default/only-job": "only-copy",
     }
     # Kubernetes detached their volumes from the fenced worker.
     wait_until(f"no VolumeAttachment to {w1.name}", lambda: not attached_to(server, w1.name), 120, cluster.diagnose)
+
+
+def test_workload_start_refuses_without_a_current_copy_and_starts_with_consent(cluster: Cluster) -> None:
+    """`workload start` judges one stopped workload as the fence does: with copies elsewhere that
+    may be older it refuses, naming the volume, its copies and `--accept-stale-data`, and changes
+    nothing; with that consent it starts it at its former size and drops its record; an only copy
+    on the fenced worker is refused even with consent."""
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    before = get(server, "deployment", "stale-app")
+    refused = cluster.stack.hk3s("workload", "start", "default/Deployment/stale-app")
+    assert refused.returncode == 3, refused.stderr[-4000:]
+    said = " ".join(refused.stderr.split())
+    assert "Deployment default/stale-app is not started: no node that is Ready and not fenced holds a current" in said
+    assert "volume old (claim default/old): copies on" in said and f"{w2.name} (failed; lastHealthyAt" in said, said
+    assert "scripts/hk3s workload start default/Deployment/stale-app --accept-stale-data" in said, said
+    after = get(server, "deployment", "stale-app")
+    assert after["spec"]["replicas"] == 0
+    assert after["metadata"]["annotations"] == before["metadata"]["annotations"]
+
+    only = cluster.stack.hk3s("workload", "start", "default/Deployment/only-app", "--accept-stale-data", "--yes")
+    assert only.returncode == 3, only.stderr[-4000:]
+    assert f"no node but {w1.name} ever held a copy of only" in " ".join(only.stderr.split()), only.stderr[-4000:]
+    assert get(server, "deployment", "only-app")["spec"]["replicas"] == 0
+
+    lines: list[str] = []
+    started = cluster.stack.api().start_workload(
+        "default/Deployment/stale-app", accept_stale_data=True, on_output=lines.append
+    )
+    assert "Deployment default/stale-app started again (replicas: 1)" in started, started
+    assert "stale copies accepted" in started, started
+    stale_app = get(server, "deployment", "stale-app")
+    assert stale_app["spec"]["replicas"] == 1
+    assert STOPPED_ANNOTATION not in (stale_app["metadata"].get("annotations") or {})
+    summary = json.loads(get(server, "node", w1.name)["metadata"]["annotations"][NODE_STOPPED_ANNOTATION])
+    assert "Deployment default/stale-app" not in summary and "Deployment default/old-app" in summary, summary
+    wait_until(
+        "stale-app scheduled to fw-w2", lambda: cluster.scheduled("stale-app") == [w2.name], 120, cluster.diagnose
+    )
 
 
 def test_accepting_stale_data_starts_the_workload_from_the_older_copies(cluster: Cluster) -> None:
@@ -551,6 +597,32 @@ def test_a_copy_on_a_node_that_is_down_is_not_current(cluster: Cluster) -> None:
     pair_app = get(server, "deployment", "pair-app")
     assert pair_app["spec"]["replicas"] == 0
     assert json.loads(pair_app["metadata"]["annotations"][STOPPED_ANNOTATION])["reason"] == "stale"
+
+
+def test_workload_start_starts_a_workload_whose_copy_elsewhere_turned_current(cluster: Cluster) -> None:
+    """pair-app was stopped while its other copy's node was down; that node is Ready again and its
+    copy current, so `workload start` starts it with no consent. A workload no fence stopped, and
+    one whose only copy is on the fenced worker, are refused, changing nothing."""
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    assert cluster.fence_text, "the fence of the test before did not run"
+    run = cluster.stack.hk3s("workload", "start", "default/Deployment/pair-app")
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "Deployment default/pair-app started again (replicas: 1), stopped by the fence of" in run.stdout
+    assert f"{w2.name} (current; lastHealthyAt" in run.stdout, run.stdout
+    pair_app = get(server, "deployment", "pair-app")
+    assert pair_app["spec"]["replicas"] == 1
+    assert STOPPED_ANNOTATION not in (pair_app["metadata"].get("annotations") or {})
+    summary = json.loads(get(server, "node", w1.name)["metadata"]["annotations"][NODE_STOPPED_ANNOTATION])
+    assert "Deployment default/pair-app" not in summary and "CronJob default/nightly" in summary, summary
+
+    for ref, said in (
+        ("default/Deployment/op-db", "Deployment default/op-db was not stopped by a fence"),
+        ("default/CronJob/nightly", f"no node but {w1.name} ever held a copy of cronv"),
+    ):
+        refused = cluster.stack.hk3s("workload", "start", ref)
+        assert refused.returncode == 3 and said in " ".join(refused.stderr.split()), (ref, refused.stderr[-4000:])
+    assert get(server, "cronjob", "nightly")["spec"]["suspend"] is True
+    assert get(server, "deployment", "op-db")["spec"]["replicas"] == 1
 
 
 def test_parents_of_stopped_workloads_are_held_stopped_or_named(cluster: Cluster) -> None:
