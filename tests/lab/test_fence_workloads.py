@@ -22,6 +22,8 @@ containers.
   fw-w2 (a current copy on the server), only-app and only-job stay stopped until fw-w1 rejoins,
   old-app stays stopped, its copies listed with their timestamps; the bare pod gets a warning;
   each stopped owner's record keeps its former size across the kill.
+- `workload start`: stale-app (on `old` too) is refused without consent, naming the volume, its
+  copies and `--accept-stale-data`, and started with it; only-app is refused even with consent.
 - accept_stale_data: old-app starts (on fw-w2); only-app stays stopped.
 - The fence lifted: fw-w1 back Ready, only-app and only-job started again.
 
@@ -37,6 +39,13 @@ Then, on the same cluster (the workloads above removed), one fence of fw-w1 show
   Deployment owned by a custom resource (`App default/db`, whose controller would scale it back)
   using `opv` (its only copy on fw-w1) is not scaled; it is named in the fence's report and in
   `status(check_hosts=True)`.
+  Before the lift, `workload start` starts pair-app with no consent (fw-w2 is Ready again and its
+  copy current) and refuses op-db (no fence stopped it) and the CronJob (its only copy on fw-w1).
+
+Last, fw-w1 is fenced again with the kube-controller-manager paused, so Kubernetes deletes none of
+its pods and detaches nothing: a minute after the taint the fence deletes the pod left only once
+its volume's VolumeAttachment to fw-w1 is gone. Then a third worker joins, and its join names the
+volume whose only copy sits on fw-w1.
 """
 
 from __future__ import annotations
@@ -44,9 +53,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -666,3 +677,116 @@ def test_parents_of_stopped_workloads_are_held_stopped_or_named(cluster: Cluster
         assert STOPPED_ANNOTATION not in (found["metadata"].get("annotations") or {})
     annotations = get(server, "node", w1.name)["metadata"].get("annotations") or {}
     assert NODE_STOPPED_ANNOTATION not in annotations and NODE_UNHELD_ANNOTATION not in annotations
+
+
+def signal_controller_manager(server: Host, sig: str) -> None:
+    """SIGSTOP or SIGCONT the server's kube-controller-manager (the stand-in k3s server's child, by
+    its pid inside the server's container; it runs without leader election, so a pause loses
+    nothing but time)."""
+    pids = server.run(["pgrep", "-f", "/kube-controller-manager "]).stdout.split()
+    assert len(pids) == 1, pids
+    server.run(["kill", f"-{sig}", pids[0]])
+
+
+def test_after_the_minute_the_fence_deletes_a_pod_left_only_once_its_volume_is_detached(cluster: Cluster) -> None:
+    """A pod with a Longhorn volume that Kubernetes has not deleted a minute after the taint is
+    deleted by the fence, with no grace period, only while the Node is fenced, NotReady and tainted
+    out of service and no VolumeAttachment of its volume to the worker is left. The
+    kube-controller-manager is paused through the fence, so neither its taint eviction and pod
+    garbage collector delete the pod nor its attach-detach controller detaches the volume; the
+    test detaches it (deletes the VolumeAttachment, as that controller does) a while after the
+    minute, and the pod goes only then."""
+    server, w1 = cluster.server, cluster.w1
+    for kind in ("deployment", "job", "cronjob"):
+        kubectl(server, "delete", kind, "--all", "-n", "default", "--wait=false")
+    wait_until(
+        "no ReplicaSet or Job left in default",
+        lambda: not get(server, "replicasets,jobs", "-n", "default")["items"],
+        60,
+        cluster.diagnose,
+    )
+    kubectl(server, "delete", "pods", "--all", "-n", "default", "--force", "--grace-period=0", "--wait=false")
+    wait_until(
+        "no pod left in default", lambda: not get(server, "pods", "-n", "default")["items"], 60, cluster.diagnose
+    )
+    # `cur` keeps a copy on the server: the workload may start elsewhere, so the fence stops nothing.
+    app = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "release-app", "namespace": "default"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "release-app"}},
+            "template": {"metadata": {"labels": {"app": "release-app"}}, "spec": pinned_spec("cur", w1.name)},
+        },
+    }
+    apply(server, "release-app", [app])
+    wait_until(
+        "release-app scheduled to fw-w1", lambda: cluster.scheduled("release-app") == [w1.name], 120, cluster.diagnose
+    )
+    wait_until("pv-cur attached to fw-w1", lambda: "pv-cur" in attached_to(server, w1.name), 120, cluster.diagnose)
+    pod = cluster.pods_of("release-app")[0]["metadata"]["name"]
+
+    cluster.down(w1)
+    ready = next(c for c in get(server, "node", w1.name)["status"]["conditions"] if c["type"] == "Ready")
+    since = datetime.fromisoformat(ready["lastTransitionTime"]).timestamp()
+    time.sleep(max(0.0, since + 62 - float(server.run(["date", "+%s"]).stdout)))
+    cluster.write_fences({w1.name: {}})
+    cluster.stack.log.clear()
+    outcome: list[str] = []
+    signal_controller_manager(server, "STOP")
+    try:
+        fence = threading.Thread(target=lambda: outcome.append(cluster.stack.up_output()), daemon=True)
+        fence.start()
+        wait_until(
+            "the fence tainted fw-w1", lambda: "tainted node.kubernetes.io/out-of-service" in cluster.stack.text(), 240
+        )
+        tainted = time.monotonic()
+        # The minute passes and more: the fence's loop runs, but the volume is still attached there.
+        time.sleep(75)
+        assert [p["metadata"]["name"] for p in cluster.pods_of("release-app")] == [pod], cluster.diagnose()
+        assert f"deleted pod default/{pod}" not in cluster.stack.text()
+        names = [
+            a["metadata"]["name"]
+            for a in get(server, "volumeattachments")["items"]
+            if a["spec"]["nodeName"] == w1.name and a["spec"]["source"].get("persistentVolumeName") == "pv-cur"
+        ]
+        assert names, cluster.diagnose()
+        for name in names:
+            kubectl(
+                server, "patch", "volumeattachment", name, "--type", "merge", "-p", '{"metadata":{"finalizers":null}}'
+            )
+            kubectl(server, "delete", "volumeattachment", name, "--wait=false", "--ignore-not-found")
+        fence.join(timeout=240)
+        assert outcome == [""], outcome[0][-8000:] if outcome else "the fence did not end"
+    finally:
+        signal_controller_manager(server, "CONT")
+    print(f"the pod went {time.monotonic() - tainted:.1f} s after the taint (detached at 75 s)")
+    text = cluster.stack.text()
+    assert f"deleted pod default/{pod} (its volumes detached from {w1.name}, the fence recorded)" in text, text[-4000:]
+    assert (
+        "deleted by the fence (not deleted by Kubernetes within 60 s, their volumes detached from the worker): " in text
+    )
+    assert not [p for p in get(server, "pods", "-l", "app=release-app")["items"] if p["metadata"]["name"] == pod]
+
+
+def test_a_join_names_each_volume_whose_only_copy_sits_on_a_worker(cluster: Cluster) -> None:
+    """A worker's join ends naming each single-copy volume whose copy sits on a worker, as
+    `status --check` does: `only` keeps its one copy on fw-w1 (fenced by the test before; its join
+    is left alone), `cur` keeps two and is not named."""
+    w1 = cluster.w1
+    w3 = cluster.lab.add_host(worker_spec("fw-w3"))
+    cluster.lab.wait_ssh_ready([w3])
+    cluster.config["workers"].append({"name": w3.name, "kind": "existing", "address": w3.public_ip})
+    cluster.stack.write_config(cluster.config)
+    started = time.monotonic()
+    output = cluster.stack.up_output()
+    if output:
+        pytest.fail(output[-8000:])
+    print(f"the join of {w3.name} took {time.monotonic() - started:.1f} s")
+    text = cluster.stack.text()
+    assert f"[{w3.name}] joined and released" in text, text[-4000:]
+    assert f"[{w3.name}] volume only keeps its only copy on worker {w1.name}: losing that worker loses it" in text, (
+        text[-4000:]
+    )
+    assert "volume cur keeps its only copy" not in text
