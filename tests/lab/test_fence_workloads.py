@@ -45,7 +45,8 @@ Then, on the same cluster (the workloads above removed), one fence of fw-w1 show
 Last, fw-w1 is fenced again with the kube-controller-manager paused, so Kubernetes deletes none of
 its pods and detaches nothing: a minute after the taint the fence deletes the pod left only once
 its volume's VolumeAttachment to fw-w1 is gone. Then a third worker joins, and its join names the
-volume whose only copy sits on fw-w1.
+volume whose only copy sits on fw-w1. Last, fw-w1 is given up: the run names what its fence keeps
+stopped with `workload start`, which refuses it (the only copy went with fw-w1).
 """
 
 from __future__ import annotations
@@ -709,23 +710,37 @@ def test_after_the_minute_the_fence_deletes_a_pod_left_only_once_its_volume_is_d
     wait_until(
         "no pod left in default", lambda: not get(server, "pods", "-n", "default")["items"], 60, cluster.diagnose
     )
-    # `cur` keeps a copy on the server: the workload may start elsewhere, so the fence stops nothing.
-    app = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "release-app", "namespace": "default"},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "release-app"}},
-            "template": {"metadata": {"labels": {"app": "release-app"}}, "spec": pinned_spec("cur", w1.name)},
-        },
-    }
-    apply(server, "release-app", [app])
+
+    # `cur` keeps a copy on the server: release-app may start elsewhere. `only` keeps its one copy
+    # on fw-w1: kept-app is stopped (the next test gives fw-w1 up with it stopped).
+    def app(name: str, claim: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {"metadata": {"labels": {"app": name}}, "spec": pinned_spec(claim, w1.name)},
+            },
+        }
+
+    apply(server, "release-apps", [app("release-app", "cur"), app("kept-app", "only")])
+    for name in ("release-app", "kept-app"):
+        wait_until(
+            f"{name} scheduled to fw-w1",
+            lambda n=name: cluster.scheduled(n) == [w1.name],  # type: ignore[misc]
+            120,
+            cluster.diagnose,
+        )
     wait_until(
-        "release-app scheduled to fw-w1", lambda: cluster.scheduled("release-app") == [w1.name], 120, cluster.diagnose
+        "pv-cur and pv-only attached to fw-w1",
+        lambda: {"pv-cur", "pv-only"} <= attached_to(server, w1.name),
+        120,
+        cluster.diagnose,
     )
-    wait_until("pv-cur attached to fw-w1", lambda: "pv-cur" in attached_to(server, w1.name), 120, cluster.diagnose)
     pod = cluster.pods_of("release-app")[0]["metadata"]["name"]
+    kept = cluster.pods_of("kept-app")[0]["metadata"]["name"]
 
     cluster.down(w1)
     ready = next(c for c in get(server, "node", w1.name)["status"]["conditions"] if c["type"] == "Ready")
@@ -745,11 +760,13 @@ def test_after_the_minute_the_fence_deletes_a_pod_left_only_once_its_volume_is_d
         # The minute passes and more: the fence's loop runs, but the volume is still attached there.
         time.sleep(75)
         assert [p["metadata"]["name"] for p in cluster.pods_of("release-app")] == [pod], cluster.diagnose()
-        assert f"deleted pod default/{pod}" not in cluster.stack.text()
+        assert [p["metadata"]["name"] for p in cluster.pods_of("kept-app")] == [kept], cluster.diagnose()
+        assert "deleted pod default/" not in cluster.stack.text()
         names = [
             a["metadata"]["name"]
             for a in get(server, "volumeattachments")["items"]
-            if a["spec"]["nodeName"] == w1.name and a["spec"]["source"].get("persistentVolumeName") == "pv-cur"
+            if a["spec"]["nodeName"] == w1.name
+            and a["spec"]["source"].get("persistentVolumeName") in ("pv-cur", "pv-only")
         ]
         assert names, cluster.diagnose()
         for name in names:
@@ -767,7 +784,10 @@ def test_after_the_minute_the_fence_deletes_a_pod_left_only_once_its_volume_is_d
     assert (
         "deleted by the fence (not deleted by Kubernetes within 60 s, their volumes detached from the worker): " in text
     )
-    assert not [p for p in get(server, "pods", "-l", "app=release-app")["items"] if p["metadata"]["name"] == pod]
+    assert f"deleted pod default/{kept} (its volumes detached" in text, text[-4000:]
+    for name in (pod, kept):
+        assert not [p for p in get(server, "pods", "-n", "default")["items"] if p["metadata"]["name"] == name]
+    assert get(server, "deployment", "kept-app")["spec"]["replicas"] == 0  # stopped: its only copy is on fw-w1
 
 
 def test_a_join_names_each_volume_whose_only_copy_sits_on_a_worker(cluster: Cluster) -> None:
@@ -790,3 +810,23 @@ def test_a_join_names_each_volume_whose_only_copy_sits_on_a_worker(cluster: Clus
         text[-4000:]
     )
     assert "volume cur keeps its only copy" not in text
+
+
+def test_a_give_up_lists_what_its_fence_stopped_and_workload_start_judges_it(cluster: Cluster) -> None:
+    """fw-w1 given up (`node remove --force`) while its fence keeps kept-app stopped: the run names
+    kept-app with `workload start`, which then refuses it, since no node the cluster has holds a
+    copy of `only` (its one copy was on fw-w1), and changes nothing."""
+    server, w1 = cluster.server, cluster.w1
+    run = cluster.stack.hk3s("node", "remove", w1.name, "--force", "--yes")
+    assert run.returncode == 0, run.stderr[-4000:]
+    said = " ".join(run.stderr.split())
+    assert f"[{w1.name}] given up (fenced since" in said, said[-4000:]
+    assert (
+        f"[{w1.name}] Deployment default/kept-app stays stopped by the fence (only-copy); nothing starts it on its "
+        "own: start it with scripts/hk3s workload start default/Deployment/kept-app (" in said
+    ), said[-4000:]
+    refused = cluster.stack.hk3s("workload", "start", "default/Deployment/kept-app", "--accept-stale-data", "--yes")
+    assert refused.returncode == 3, refused.stderr[-4000:]
+    assert f"no node but {w1.name} ever held a copy of only" in " ".join(refused.stderr.split())
+    kept = get(server, "deployment", "kept-app")
+    assert kept["spec"]["replicas"] == 0 and STOPPED_ANNOTATION in kept["metadata"]["annotations"]
