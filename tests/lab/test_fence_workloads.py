@@ -504,7 +504,7 @@ def test_a_copy_on_a_node_that_is_down_is_not_current(cluster: Cluster) -> None:
     server, w1, w2 = cluster.server, cluster.w1, cluster.w2
     # The earlier tests' workloads go (their pods forced away: the workers run no kubelet that
     # would finish a graceful deletion).
-    kubectl(server, "delete", "deployment", "cur-app", "old-app", "only-app", "--wait=false")
+    kubectl(server, "delete", "deployment", "cur-app", "old-app", "stale-app", "only-app", "--wait=false")
     kubectl(server, "delete", "job", "only-job", "--wait=false")
     wait_until(
         "the earlier workloads' ReplicaSets gone (none makes a pod again)",
