@@ -27,7 +27,7 @@ exists, loses the started workload's entry.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,7 +195,7 @@ async def forget_in_summary(api: ClusterApi, worker: str, owner: str, nodes: lis
     await api.kubectl(["patch", "node", worker, "--type", "merge", "-p", json.dumps(patch)], repeat=Repeat.IDEMPOTENT)
 
 
-def stopped_lines(objects: list[Mapping[str, Any]], worker: str) -> list[str]:
+def stopped_lines(objects: Sequence[Mapping[str, Any]], worker: str) -> list[str]:
     """A line per workload `worker`'s fence keeps stopped, with the command that starts it."""
     lines = []
     for obj in objects:
