@@ -45,6 +45,7 @@ from node_operations.fence import FENCE_ANNOTATION, OUT_OF_SERVICE
 from node_operations.join_permits import revoke_join_permit
 from node_operations.refusal import tagged
 from node_operations.worker_removal import ANSWER_SECONDS, LONGHORN_NAMESPACE, LONGHORN_NODE_CRD, RemovalRefusedError
+from node_operations.workload_start import read_stopped_lines
 from remote_access.kube import ClusterApi, Repeat
 from remote_access.ssh import SshError, SshTarget, open_session
 
@@ -147,6 +148,10 @@ async def give_up_worker(
                 repeat=Repeat.IDEMPOTENT,
             )
         await api.delete_node_password(worker.node)
+        # What its fence stopped stays stopped: no lift will come to start it, so each is named
+        # with the command that judges and starts it.
+        for line in await read_stopped_lines(api, worker.node):
+            progress(line)
     if found is None:
         return "given up: no Node was left; its join permit, Longhorn node and node password are gone too"
     recorded = found["metadata"]["annotations"][FENCE_ANNOTATION]

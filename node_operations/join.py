@@ -59,6 +59,7 @@ from node_operations.node_access import NodeAccessError, RecordedNode, check_rec
 from node_operations.node_metadata import MANAGED_LABEL
 from node_operations.preflight import PreflightRequirements, evaluate_preflight
 from node_operations.refusal import tagged
+from node_operations.volume_copies import single_copies_for_join
 from remote_access.kube import API_WAIT_SECONDS, ClusterApi, JoinToken, NodeStatus, Taint
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
@@ -583,6 +584,13 @@ async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, prog
             f"commands_by_phase={','.join(f'{name}:{count}' for name, count in phases.items())}"
         )
         timed("joined and released")
+        # The summary names each volume whose only copy sits on a worker, as status does. The
+        # worker has joined by now: a failed read is said, not a failed join.
+        try:
+            for line in await single_copies_for_join(joiner.cluster, server.node):
+                timed(line)
+        except SshError as error:
+            timed(f"the volumes' copies could not be read ({error}); status --check names single copies on workers")
         return JoinResult(
             name=node.name,
             addresses=sorted(set(node.addresses.get(kind, "") for kind in ("InternalIP", "ExternalIP")) - {""}),

@@ -116,6 +116,21 @@ def single_copies_on_workers(volumes: list[dict[str, Any]], replicas: list[dict[
     return lines
 
 
+async def single_copies_for_join(cluster: ClusterApi, server: str) -> list[str]:
+    """`single_copies_on_workers` for a join's summary: a worker added is no reason to keep a
+    volume's only copy on another worker, so the join names them as `status` does. None where
+    Longhorn does not run (its resources not defined)."""
+    defined = await cluster.kubectl(
+        ["get", "crd", "volumes.longhorn.io", "replicas.longhorn.io", "--ignore-not-found", "-o", "name"],
+        repeat=Repeat.READ,
+    )
+    if len(defined.split()) < 2:
+        return []
+    volumes = await longhorn_items(cluster, "volumes.longhorn.io")
+    replicas = await longhorn_items(cluster, "replicas.longhorn.io") if volumes else []
+    return single_copies_on_workers(volumes, replicas, server)
+
+
 def unheld_workloads(nodes: list[dict[str, Any]]) -> list[str]:
     """A line per workload a fence cannot hold stopped, from its Node's list (see the module
     docstring); a list that is not the fence's JSON is skipped."""

@@ -24,6 +24,7 @@ from .errors import (
     StackError,
     TeardownNotConfirmedError,
     UnknownWorkerError,
+    WorkloadStartRefusedError,
 )
 from .events import PlannedChange, RunRecord
 from .nodes import ClusterStatus, DiskCheck, DownWorker, HostCheck, LastRun, Node, StrandedWorkload
@@ -58,4 +59,5 @@ __all__ = [
     "StrandedWorkload",
     "TeardownNotConfirmedError",
     "UnknownWorkerError",
+    "WorkloadStartRefusedError",
 ]

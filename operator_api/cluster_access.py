@@ -16,11 +16,19 @@ from node_operations import stranded
 from node_operations.health import live_state, read_nodes
 from node_operations.reboot import RebootRefusedError, RebootReport, reboot_worker
 from node_operations.stranded import read_cluster
+from node_operations.workload_start import WorkloadRef, start_workload_through
+from node_operations.workload_start import WorkloadStartRefusedError as StartRefused
 from remote_access.api_forward import forward_port, open_api_forward
 from remote_access.kube import NodeStatus
 from remote_access.ssh import SshError, SshTarget
 
-from .errors import MaintenanceError, SettingsRejectedError, StackError, UnknownWorkerError
+from .errors import (
+    MaintenanceError,
+    SettingsRejectedError,
+    StackError,
+    UnknownWorkerError,
+    WorkloadStartRefusedError,
+)
 from .nodes import DownWorker, Node, StrandedWorkload
 from .stack_file import WORKERS_KEY
 
@@ -203,3 +211,32 @@ def check_probed_disk(settings: StackSettings, name: str, action: str) -> None:
             ],
             action=action,
         )
+
+
+def start_workload(
+    settings: StackSettings,
+    targets: Sequence[SshTarget],
+    ref: WorkloadRef,
+    *,
+    accept_stale_data: bool,
+    say: Callable[[str], None],
+) -> str:
+    """Start one workload a fence stopped, through the server (node_operations.workload_start);
+    a refusal as the API's `WorkloadStartRefusedError`."""
+    server = server_target(settings, targets)
+    if server is None:
+        raise StackError(f"the stack records no login for the server {settings.server.name}: run up first")
+    try:
+        return asyncio.run(
+            start_workload_through(
+                server,
+                ref,
+                accept_stale_data=accept_stale_data,
+                api_wait=settings.cluster.api_wait_seconds,
+                progress=say,
+            )
+        )
+    except StartRefused as error:
+        raise WorkloadStartRefusedError(str(error)) from None
+    except SshError as error:
+        raise StackError(f"{ref} was not started: {error}; run the same command again") from None

@@ -38,12 +38,14 @@ from typing import Any, Literal
 import yaml
 from pulumi import automation as auto
 
+from cluster_settings import SettingProblem
 from node_operations.health import check_hosts as check_hosts_of
 from node_operations.reboot import (
     DRAIN_TIMEOUT_SECONDS,
     READY_TIMEOUT_SECONDS,
     RebootReport,
 )
+from node_operations.workload_start import WorkloadRef
 from remote_access.ssh import SshTarget
 
 from .cluster_access import (
@@ -52,6 +54,7 @@ from .cluster_access import (
     check_rebootable,
     live_status,
     reboot,
+    start_workload,
     with_live_states,
 )
 from .deployment import LONGHORN_ROLE_TYPE, Deployment
@@ -458,6 +461,26 @@ class ClusterStack:
                 drain_timeout=drain_timeout,
                 ready_timeout=ready_timeout,
                 say=lambda line: _say(on_output, line),
+            )
+
+    def start_workload(
+        self, workload: str, *, accept_stale_data: bool = False, on_output: OutputCallback | None = None
+    ) -> str:
+        """Start one workload a fence stopped, `workload` as NAMESPACE/KIND/NAME (Deployment,
+        StatefulSet, ReplicaSet, Job or CronJob), judged as the fence judges: with a current copy of
+        every volume on a node Ready and not fenced, or, with `accept_stale_data`, copies that may
+        be older. Refused otherwise (`WorkloadStartRefusedError`, naming each volume and the fix),
+        changing nothing. Returns the report's line. The stack is held meanwhile; no Pulumi run."""
+        action = f"starting {workload}"
+        try:
+            ref = WorkloadRef.parse(workload)
+        except ValueError as error:
+            raise SettingsRejectedError([SettingProblem("workload", str(error))], action=action) from None
+        settings = self.settings_document().validate(action)
+        with self._exclusive(action, on_output, clear_pending=False):
+            targets = self._host_targets(Deployment.export(self._stack()))
+            return start_workload(
+                settings, targets, ref, accept_stale_data=accept_stale_data, say=lambda line: _say(on_output, line)
             )
 
     def check_disk(

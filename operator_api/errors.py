@@ -54,6 +54,11 @@ class MaintenanceError(StackError):
         super().__init__(message)
 
 
+class WorkloadStartRefusedError(StackError):
+    """`start_workload` refused, changing nothing: the workload was not stopped by a fence, or no
+    copy elsewhere may serve it (the message names the volumes and the fix)."""
+
+
 class UnknownWorkerError(SettingsRejectedError):
     """The named worker is not in `hk3s:workers`."""
 

@@ -1,16 +1,17 @@
 """The operator CLI: `scripts/hk3s [--stack ENV] [--json] COMMAND`.
 
-Commands: `node add|list|check-disk|reboot|fence|unfence|remove`, `status`, `preview`, `up`. Tables for people by
-default, `--json` for programs (on stdout; progress and messages go to stderr).
+Commands: `node add|list|check-disk|reboot|fence|unfence|remove`, `workload start`, `status`,
+`preview`, `up`. Tables for people by default, `--json` for programs (on stdout; progress and
+messages go to stderr).
 
 Exit codes: 0 done; 1 failed part-way (fix the cause and run again: it continues);
 2 usage; 3 refused, nothing changed (bad input, a capability this release lacks, a failed
 preflight, or a confirmation not given); 4 the stack is busy with another run.
 
 Actions that restart the Kubernetes API or release data (`node remove`, `node fence
---accept-stale-data`, an `up` whose plan restarts the server or deletes resources) need
-`--yes`; without it the command shows the plan and asks, or refuses when stdin is not a
-terminal.
+--accept-stale-data`, `workload start --accept-stale-data`, an `up` whose plan restarts the
+server or deletes resources) need `--yes`; without it the command shows the plan and asks, or
+refuses when stdin is not a terminal.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from operator_api import (
     StackDocument,
     StackError,
     TeardownNotConfirmedError,
+    WorkloadStartRefusedError,
 )
 from operator_api.events import PROGRESS_LINE, UNCHANGED_OPS
 
@@ -123,6 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
     remove.add_argument(
         "--force", action="store_true", help="give up a fenced worker: deregister it without a drain (host off or gone)"
     )
+
+    workload = commands.add_parser("workload", help="start a workload a fence stopped")
+    workload_commands = workload.add_subparsers(dest="workload_command", required=True, metavar="ACTION")
+    start = workload_commands.add_parser(
+        "start",
+        parents=[common],
+        help="start one workload a fence stopped, judged by its volumes' copies as the fence judges",
+    )
+    start.add_argument("workload", metavar="NAMESPACE/KIND/NAME", help="e.g. default/Deployment/db")
+    start.add_argument(
+        "--accept-stale-data", action="store_true", help="start it from copies that may be older than the lost one"
+    )
+    start.add_argument("--yes", action="store_true", help="no question (needed with --accept-stale-data)")
 
     status = commands.add_parser("status", parents=[common], help="endpoint, version, nodes, last run, locks")
     status.add_argument(
@@ -394,6 +409,14 @@ def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack)
         data, human = status_text(stack, check_hosts=args.check)
         console.result(data, human)
         return EXIT_OK
+    if args.command == "workload":
+        if args.accept_stale_data:
+            console.confirm(f"Start {args.workload} from copies that may be older than the lost one?", yes=args.yes)
+        line = stack.start_workload(
+            args.workload, accept_stale_data=args.accept_stale_data, on_output=console.output_line
+        )
+        console.result({"workload": args.workload, "started": line}, line)
+        return EXIT_OK
     if args.command == "preview":
         preview = stack.preview(on_output=console.output_line)
         console.result(preview_data(preview), preview_text(preview))
@@ -509,7 +532,7 @@ def main(argv: Sequence[str] | None = None, *, stdin: TextIO | None = None) -> i
         return run_command(args, console, stack)
     except ConfirmationMissingError as error:
         return _fail(console, error, EXIT_REFUSED)
-    except (SettingsRejectedError, RefusedError, TeardownNotConfirmedError) as error:
+    except (SettingsRejectedError, RefusedError, TeardownNotConfirmedError, WorkloadStartRefusedError) as error:
         return _fail(console, error, EXIT_REFUSED)
     except MaintenanceError as error:
         return _fail(console, error, EXIT_REFUSED if error.put_back else EXIT_FAILED)

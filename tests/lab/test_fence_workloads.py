@@ -22,6 +22,8 @@ containers.
   fw-w2 (a current copy on the server), only-app and only-job stay stopped until fw-w1 rejoins,
   old-app stays stopped, its copies listed with their timestamps; the bare pod gets a warning;
   each stopped owner's record keeps its former size across the kill.
+- `workload start`: stale-app (on `old` too) is refused without consent, naming the volume, its
+  copies and `--accept-stale-data`, and started with it; only-app is refused even with consent.
 - accept_stale_data: old-app starts (on fw-w2); only-app stays stopped.
 - The fence lifted: fw-w1 back Ready, only-app and only-job started again.
 
@@ -37,6 +39,14 @@ Then, on the same cluster (the workloads above removed), one fence of fw-w1 show
   Deployment owned by a custom resource (`App default/db`, whose controller would scale it back)
   using `opv` (its only copy on fw-w1) is not scaled; it is named in the fence's report and in
   `status(check_hosts=True)`.
+  Before the lift, `workload start` starts pair-app with no consent (fw-w2 is Ready again and its
+  copy current) and refuses op-db (no fence stopped it) and the CronJob (its only copy on fw-w1).
+
+Last, fw-w1 is fenced again with the kube-controller-manager paused, so Kubernetes deletes none of
+its pods and detaches nothing: a minute after the taint the fence deletes the pod left only once
+its volume's VolumeAttachment to fw-w1 is gone. Then a third worker joins, and its join names the
+volume whose only copy sits on fw-w1. Last, fw-w1 is given up: the run names what its fence keeps
+stopped with `workload start`, which refuses it (the only copy went with fw-w1).
 """
 
 from __future__ import annotations
@@ -44,9 +54,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -174,7 +186,14 @@ def workloads() -> list[dict[str, Any]]:
     }
     bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": "default"}}
     bare["spec"] = pod_spec("cur")
-    return [deployment("cur-app", "cur"), deployment("old-app", "old", 2), deployment("only-app", "only"), job, bare]
+    return [
+        deployment("cur-app", "cur"),
+        deployment("old-app", "old", 2),
+        deployment("stale-app", "old"),
+        deployment("only-app", "only"),
+        job,
+        bare,
+    ]
 
 
 def attached_to(server: Host, node: str) -> set[str]:
@@ -272,7 +291,7 @@ def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clus
         lambda: (
             all(
                 cluster.scheduled(app) == [w1.name] * count
-                for app, count in (("cur-app", 1), ("old-app", 2), ("only-app", 1), ("only-job", 1))
+                for app, count in (("cur-app", 1), ("old-app", 2), ("stale-app", 1), ("only-app", 1), ("only-job", 1))
             )
             and get(server, "pod", "bare")["spec"].get("nodeName") == w1.name
         ),
@@ -369,12 +388,13 @@ def test_a_fence_keeps_stopped_what_has_no_current_copy_elsewhere(cluster: Clust
     # Where each workload runs now leaves out the ones kept stopped (said above, with why).
     assert "ReplicaSet default/cur-app-" in text and "ReplicaSet default/old-app-" not in text, text[-4000:]
     # Nothing of them is left on fw-w1, and none of the stopped ones runs anywhere.
-    for app in ("only-app", "old-app", "only-job"):
+    for app in ("only-app", "old-app", "stale-app", "only-job"):
         assert cluster.scheduled(app) == [], (app, cluster.diagnose())
     summary = json.loads(get(server, "node", w1.name)["metadata"]["annotations"][NODE_STOPPED_ANNOTATION])
     assert summary == {
         "Deployment default/old-app": "stale",
         "Deployment default/only-app": "only-copy",
+        "Deployment default/stale-app": "stale",
         "Job default/only-job": "only-copy",
     }
     # Kubernetes detached their volumes from the fenced worker.
@@ -389,6 +409,44 @@ def test_a_fence_keeps_stopped_what_has_no_current_copy_elsewhere(cluster: Clust
     api = cluster.stack.api()
     assert {n.name: n.state for n in api.nodes()}[w1.name] == "OutOfService"
     assert {n.name: n.state for n in api.nodes(live=False)}[w1.name] == "OutOfService"  # the fence is recorded
+
+
+def test_workload_start_refuses_without_a_current_copy_and_starts_with_consent(cluster: Cluster) -> None:
+    """`workload start` judges one stopped workload as the fence does: with copies elsewhere that
+    may be older it refuses, naming the volume, its copies and `--accept-stale-data`, and changes
+    nothing; with that consent it starts it at its former size and drops its record; an only copy
+    on the fenced worker is refused even with consent."""
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    before = get(server, "deployment", "stale-app")
+    refused = cluster.stack.hk3s("workload", "start", "default/Deployment/stale-app")
+    assert refused.returncode == 3, refused.stderr[-4000:]
+    said = " ".join(refused.stderr.split())
+    assert "Deployment default/stale-app is not started: no node that is Ready and not fenced holds a current" in said
+    assert "volume old (claim default/old): copies on" in said and f"{w2.name} (failed; lastHealthyAt" in said, said
+    assert "scripts/hk3s workload start default/Deployment/stale-app --accept-stale-data" in said, said
+    after = get(server, "deployment", "stale-app")
+    assert after["spec"]["replicas"] == 0
+    assert after["metadata"]["annotations"] == before["metadata"]["annotations"]
+
+    only = cluster.stack.hk3s("workload", "start", "default/Deployment/only-app", "--accept-stale-data", "--yes")
+    assert only.returncode == 3, only.stderr[-4000:]
+    assert f"no node but {w1.name} ever held a copy of only" in " ".join(only.stderr.split()), only.stderr[-4000:]
+    assert get(server, "deployment", "only-app")["spec"]["replicas"] == 0
+
+    lines: list[str] = []
+    started = cluster.stack.api().start_workload(
+        "default/Deployment/stale-app", accept_stale_data=True, on_output=lines.append
+    )
+    assert "Deployment default/stale-app started again (replicas: 1)" in started, started
+    assert "stale copies accepted" in started, started
+    stale_app = get(server, "deployment", "stale-app")
+    assert stale_app["spec"]["replicas"] == 1
+    assert STOPPED_ANNOTATION not in (stale_app["metadata"].get("annotations") or {})
+    summary = json.loads(get(server, "node", w1.name)["metadata"]["annotations"][NODE_STOPPED_ANNOTATION])
+    assert "Deployment default/stale-app" not in summary and "Deployment default/old-app" in summary, summary
+    wait_until(
+        "stale-app scheduled to fw-w2", lambda: cluster.scheduled("stale-app") == [w2.name], 120, cluster.diagnose
+    )
 
 
 def test_accepting_stale_data_starts_the_workload_from_the_older_copies(cluster: Cluster) -> None:
@@ -478,7 +536,7 @@ def test_a_copy_on_a_node_that_is_down_is_not_current(cluster: Cluster) -> None:
     server, w1, w2 = cluster.server, cluster.w1, cluster.w2
     # The earlier tests' workloads go (their pods forced away: the workers run no kubelet that
     # would finish a graceful deletion).
-    kubectl(server, "delete", "deployment", "cur-app", "old-app", "only-app", "--wait=false")
+    kubectl(server, "delete", "deployment", "cur-app", "old-app", "stale-app", "only-app", "--wait=false")
     kubectl(server, "delete", "job", "only-job", "--wait=false")
     wait_until(
         "the earlier workloads' ReplicaSets gone (none makes a pod again)",
@@ -585,6 +643,32 @@ def test_a_copy_on_a_node_that_is_down_is_not_current(cluster: Cluster) -> None:
     assert json.loads(pair_app["metadata"]["annotations"][STOPPED_ANNOTATION])["reason"] == "stale"
 
 
+def test_workload_start_starts_a_workload_whose_copy_elsewhere_turned_current(cluster: Cluster) -> None:
+    """pair-app was stopped while its other copy's node was down; that node is Ready again and its
+    copy current, so `workload start` starts it with no consent. A workload no fence stopped, and
+    one whose only copy is on the fenced worker, are refused, changing nothing."""
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    assert cluster.fence_text, "the fence of the test before did not run"
+    run = cluster.stack.hk3s("workload", "start", "default/Deployment/pair-app")
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "Deployment default/pair-app started again (replicas: 1), stopped by the fence of" in run.stdout
+    assert f"{w2.name} (current; lastHealthyAt" in run.stdout, run.stdout
+    pair_app = get(server, "deployment", "pair-app")
+    assert pair_app["spec"]["replicas"] == 1
+    assert STOPPED_ANNOTATION not in (pair_app["metadata"].get("annotations") or {})
+    summary = json.loads(get(server, "node", w1.name)["metadata"]["annotations"][NODE_STOPPED_ANNOTATION])
+    assert "Deployment default/pair-app" not in summary and "CronJob default/nightly" in summary, summary
+
+    for ref, said in (
+        ("default/Deployment/op-db", "Deployment default/op-db was not stopped by a fence"),
+        ("default/CronJob/nightly", f"no node but {w1.name} ever held a copy of cronv"),
+    ):
+        refused = cluster.stack.hk3s("workload", "start", ref)
+        assert refused.returncode == 3 and said in " ".join(refused.stderr.split()), (ref, refused.stderr[-4000:])
+    assert get(server, "cronjob", "nightly")["spec"]["suspend"] is True
+    assert get(server, "deployment", "op-db")["spec"]["replicas"] == 1
+
+
 def test_parents_of_stopped_workloads_are_held_stopped_or_named(cluster: Cluster) -> None:
     """A stopped workload's owners are walked to the top, on the fence of the test before: a CronJob is
     suspended with a record, a workload an operator's resource controls is named, not scaled."""
@@ -626,3 +710,155 @@ def test_parents_of_stopped_workloads_are_held_stopped_or_named(cluster: Cluster
         assert STOPPED_ANNOTATION not in (found["metadata"].get("annotations") or {})
     annotations = get(server, "node", w1.name)["metadata"].get("annotations") or {}
     assert NODE_STOPPED_ANNOTATION not in annotations and NODE_UNHELD_ANNOTATION not in annotations
+
+
+def signal_controller_manager(server: Host, sig: str) -> None:
+    """SIGSTOP or SIGCONT the server's kube-controller-manager (the stand-in k3s server's child, by
+    its pid inside the server's container; it runs without leader election, so a pause loses
+    nothing but time)."""
+    pids = server.run(["pgrep", "-f", "/kube-controller-manager "]).stdout.split()
+    assert len(pids) == 1, pids
+    server.run(["kill", f"-{sig}", pids[0]])
+
+
+def test_after_the_minute_the_fence_deletes_a_pod_left_only_once_its_volume_is_detached(cluster: Cluster) -> None:
+    """A pod with a Longhorn volume that Kubernetes has not deleted a minute after the taint is
+    deleted by the fence, with no grace period, only while the Node is fenced, NotReady and tainted
+    out of service and no VolumeAttachment of its volume to the worker is left. The
+    kube-controller-manager is paused through the fence, so neither its taint eviction and pod
+    garbage collector delete the pod nor its attach-detach controller detaches the volume; the
+    test detaches it (deletes the VolumeAttachment, as that controller does) a while after the
+    minute, and the pod goes only then."""
+    server, w1 = cluster.server, cluster.w1
+    for kind in ("deployment", "job", "cronjob"):
+        kubectl(server, "delete", kind, "--all", "-n", "default", "--wait=false")
+    wait_until(
+        "no ReplicaSet or Job left in default",
+        lambda: not get(server, "replicasets,jobs", "-n", "default")["items"],
+        60,
+        cluster.diagnose,
+    )
+    kubectl(server, "delete", "pods", "--all", "-n", "default", "--force", "--grace-period=0", "--wait=false")
+    wait_until(
+        "no pod left in default", lambda: not get(server, "pods", "-n", "default")["items"], 60, cluster.diagnose
+    )
+
+    # `cur` keeps a copy on the server: release-app may start elsewhere. `only` keeps its one copy
+    # on fw-w1: kept-app is stopped (the next test gives fw-w1 up with it stopped).
+    def app(name: str, claim: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {"metadata": {"labels": {"app": name}}, "spec": pinned_spec(claim, w1.name)},
+            },
+        }
+
+    apply(server, "release-apps", [app("release-app", "cur"), app("kept-app", "only")])
+    for name in ("release-app", "kept-app"):
+        wait_until(
+            f"{name} scheduled to fw-w1",
+            lambda n=name: cluster.scheduled(n) == [w1.name],  # type: ignore[misc]
+            120,
+            cluster.diagnose,
+        )
+    wait_until(
+        "pv-cur and pv-only attached to fw-w1",
+        lambda: {"pv-cur", "pv-only"} <= attached_to(server, w1.name),
+        120,
+        cluster.diagnose,
+    )
+    pod = cluster.pods_of("release-app")[0]["metadata"]["name"]
+    kept = cluster.pods_of("kept-app")[0]["metadata"]["name"]
+
+    cluster.down(w1)
+    ready = next(c for c in get(server, "node", w1.name)["status"]["conditions"] if c["type"] == "Ready")
+    since = datetime.fromisoformat(ready["lastTransitionTime"]).timestamp()
+    time.sleep(max(0.0, since + 62 - float(server.run(["date", "+%s"]).stdout)))
+    cluster.write_fences({w1.name: {}})
+    cluster.stack.log.clear()
+    outcome: list[str] = []
+    signal_controller_manager(server, "STOP")
+    try:
+        fence = threading.Thread(target=lambda: outcome.append(cluster.stack.up_output()), daemon=True)
+        fence.start()
+        wait_until(
+            "the fence tainted fw-w1", lambda: "tainted node.kubernetes.io/out-of-service" in cluster.stack.text(), 240
+        )
+        tainted = time.monotonic()
+        # The minute passes and more: the fence's loop runs, but the volume is still attached there.
+        time.sleep(75)
+        assert [p["metadata"]["name"] for p in cluster.pods_of("release-app")] == [pod], cluster.diagnose()
+        assert [p["metadata"]["name"] for p in cluster.pods_of("kept-app")] == [kept], cluster.diagnose()
+        assert "deleted pod default/" not in cluster.stack.text()
+        names = [
+            a["metadata"]["name"]
+            for a in get(server, "volumeattachments")["items"]
+            if a["spec"]["nodeName"] == w1.name
+            and a["spec"]["source"].get("persistentVolumeName") in ("pv-cur", "pv-only")
+        ]
+        assert names, cluster.diagnose()
+        for name in names:
+            kubectl(
+                server, "patch", "volumeattachment", name, "--type", "merge", "-p", '{"metadata":{"finalizers":null}}'
+            )
+            kubectl(server, "delete", "volumeattachment", name, "--wait=false", "--ignore-not-found")
+        fence.join(timeout=240)
+        assert outcome == [""], outcome[0][-8000:] if outcome else "the fence did not end"
+    finally:
+        signal_controller_manager(server, "CONT")
+    print(f"the pod went {time.monotonic() - tainted:.1f} s after the taint (detached at 75 s)")
+    text = cluster.stack.text()
+    assert f"deleted pod default/{pod} (its volumes detached from {w1.name}, the fence recorded)" in text, text[-4000:]
+    assert (
+        "deleted by the fence (not deleted by Kubernetes within 60 s, their volumes detached from the worker): " in text
+    )
+    assert f"deleted pod default/{kept} (its volumes detached" in text, text[-4000:]
+    for name in (pod, kept):
+        assert not [p for p in get(server, "pods", "-n", "default")["items"] if p["metadata"]["name"] == name]
+    assert get(server, "deployment", "kept-app")["spec"]["replicas"] == 0  # stopped: its only copy is on fw-w1
+
+
+def test_a_join_names_each_volume_whose_only_copy_sits_on_a_worker(cluster: Cluster) -> None:
+    """A worker's join ends naming each single-copy volume whose copy sits on a worker, as
+    `status --check` does: `only` keeps its one copy on fw-w1 (fenced by the test before; its join
+    is left alone), `cur` keeps two and is not named."""
+    w1 = cluster.w1
+    w3 = cluster.lab.add_host(worker_spec("fw-w3"))
+    cluster.lab.wait_ssh_ready([w3])
+    cluster.config["workers"].append({"name": w3.name, "kind": "existing", "address": w3.public_ip})
+    cluster.stack.write_config(cluster.config)
+    started = time.monotonic()
+    output = cluster.stack.up_output()
+    if output:
+        pytest.fail(output[-8000:])
+    print(f"the join of {w3.name} took {time.monotonic() - started:.1f} s")
+    text = cluster.stack.text()
+    assert f"[{w3.name}] joined and released" in text, text[-4000:]
+    assert f"[{w3.name}] volume only keeps its only copy on worker {w1.name}: losing that worker loses it" in text, (
+        text[-4000:]
+    )
+    assert "volume cur keeps its only copy" not in text
+
+
+def test_a_give_up_lists_what_its_fence_stopped_and_workload_start_judges_it(cluster: Cluster) -> None:
+    """fw-w1 given up (`node remove --force`) while its fence keeps kept-app stopped: the run names
+    kept-app with `workload start`, which then refuses it, since no node the cluster has holds a
+    copy of `only` (its one copy was on fw-w1), and changes nothing."""
+    server, w1 = cluster.server, cluster.w1
+    run = cluster.stack.hk3s("node", "remove", w1.name, "--force", "--yes")
+    assert run.returncode == 0, run.stderr[-4000:]
+    said = " ".join(run.stderr.split())
+    assert f"[{w1.name}] given up (fenced since" in said, said[-4000:]
+    assert (
+        f"[{w1.name}] Deployment default/kept-app stays stopped by the fence (only-copy); nothing starts it on its "
+        "own: start it with scripts/hk3s workload start default/Deployment/kept-app (" in said
+    ), said[-4000:]
+    refused = cluster.stack.hk3s("workload", "start", "default/Deployment/kept-app", "--accept-stale-data", "--yes")
+    assert refused.returncode == 3, refused.stderr[-4000:]
+    assert f"no node but {w1.name} ever held a copy of only" in " ".join(refused.stderr.split())
+    kept = get(server, "deployment", "kept-app")
+    assert kept["spec"]["replicas"] == 0 and STOPPED_ANNOTATION in kept["metadata"]["annotations"]

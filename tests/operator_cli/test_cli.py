@@ -314,3 +314,25 @@ def test_check_disk_is_a_node_command_and_says_the_verdict() -> None:
     ]
     accepted = DiskCheck(True, True, 31.0, 40.5, 300, 10.0, "metal-1: the disk ... override recorded", 7.9)
     assert disk_check_text("metal-1", accepted).startswith("metal-1 may hold volume copies (ignore_slow_disk override)")
+
+
+def test_workload_start_refuses_a_bad_name_and_stale_data_without_yes(
+    project: Path, cli_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused before the cluster is asked (exit 3): a workload not named NAMESPACE/KIND/NAME, and
+    consent to stale copies without --yes from a stdin that is not a terminal."""
+    before = (project / "Pulumi.dev.yaml").read_bytes()
+    code, out, _ = run(project, capsys, "--json", "workload", "start", "default/db")
+    data = json.loads(out)
+    assert code == EXIT_REFUSED and data["problems"][0]["key"] == "workload", data
+    assert "is not NAMESPACE/KIND/NAME" in data["problems"][0]["message"]
+    code, _, err = run(project, capsys, "workload", "start", "default/Deployment/db", "--accept-stale-data")
+    assert code == EXIT_REFUSED and "pass --yes" in err, err
+    args = build_parser().parse_args(["workload", "start", "ns/Job/j", "--accept-stale-data", "--yes"])
+    assert (args.command, args.workload_command, args.workload, args.accept_stale_data) == (
+        "workload",
+        "start",
+        "ns/Job/j",
+        True,
+    )
+    assert (project / "Pulumi.dev.yaml").read_bytes() == before
