@@ -77,4 +77,3 @@ def check_backend_lasts(env_vars: Mapping[str, str]) -> None:
         "PULUMI_BACKEND_URL to a shared backend (an s3:// bucket, or Pulumi Cloud; README, One stack per "
         f"environment, in CI), or set {ALLOW_LOCAL_STATE}=1 on a runner that keeps its disk"
     )
-
