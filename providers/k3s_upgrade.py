@@ -71,9 +71,16 @@ UPGRADE_INPUTS = K3sUpgradeInputs.names("k3s_version", "k3s_sha256")
 def unfenced_behind(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
     """The workers the last upgrade left behind at their release while fenced that are still in the
     stack and no longer in hk3s:fences: each run moves them until they run the release."""
-    workers = {str(w.get("node")) for w in news.get("workers") or []}
-    fenced = {str(name) for name in news.get("fenced") or []}
-    return [str(name) for name in olds.get("left_behind") or [] if name in workers and name not in fenced]
+    left = [str(name) for name in olds.get("left_behind") or []]
+    if not left:
+        return []
+    # At preview the lists may be unknown (a worker's address comes from a resource that changes):
+    # the stored ones stand in for them.
+    listed = news.get("workers") if is_known(news.get("workers")) else olds.get("workers")
+    fenced_now = news.get("fenced") if is_known(news.get("fenced")) else olds.get("fenced")
+    workers = {str(w.get("node")) for w in listed or [] if isinstance(w, dict)}
+    fenced = {str(name) for name in fenced_now or []}
+    return [name for name in left if name in workers and name not in fenced]
 
 
 def upgrade_plan(olds: dict[str, Any], news: dict[str, Any]) -> str | None:

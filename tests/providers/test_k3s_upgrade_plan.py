@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pulumi.output import Unknown
 
 from node_operations.health import FENCE_ANNOTATION
 from node_operations.k3s_upgrade import release_step
@@ -178,3 +179,8 @@ def test_a_worker_left_behind_while_fenced_is_moved_once_unfenced(capsys: pytest
     assert "[srv] plan: w2 left at an older release while fenced, unfenced now: moved to k3s v1.36.1+k3s1" in err
     # Removed from the stack: nothing left to move.
     assert provider.diff("u", dict(olds), {**olds, "workers": WORKERS[:1]}).changes is False
+    # At preview a worker's address may be unknown, the list with it: the stored list stands in.
+    unknown = {**olds, "workers": Unknown(), "fenced": Unknown()}
+    assert provider.diff("u", {**olds, "fenced": []}, unknown).changes is True
+    assert provider.diff("u", {**olds, "fenced": ["w2"]}, unknown).changes is False
+    assert provider.diff("u", dict(OLDS), {**OLDS, "workers": Unknown()}).changes is False
