@@ -353,8 +353,9 @@ class Joiner:
                     "removed a fence's drop-in left on the host (hk3s-fence.conf, from a fence that ended with the "
                     "worker given up), which kept its agent from starting"
                 )
-            if token is not None and installed.results.get("service") == "running":
-                # A new token with an unchanged config: the running agent must read it.
+            if token is not None and (installed.results.get("service") == "running" or dead_certificate is not None):
+                # A new token with an unchanged config: the running agent must read it (an agent
+                # whose certificate expired is still starting, retrying with the spent token it read).
                 await self.worker.run(["systemctl", "restart", "--no-block", "k3s-agent"], deadline=30)
             node = await self.wait_registered(installed.since)
             if dead_certificate is not None:

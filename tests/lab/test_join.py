@@ -576,18 +576,29 @@ def _expire_client_certificate(cluster: Cluster, worker: Host) -> None:
 
 
 def test_a_worker_whose_client_certificate_expired_is_joined_again_with_a_fresh_token(cluster: Cluster) -> None:
-    """jn-worker-1's kubelet client certificate on its host has expired (see
-    _expire_client_certificate). A refresh reads the certificate's end on the host and records it;
-    the next up joins the worker again with a fresh one-time token (a rejoin otherwise makes none),
-    waits until the agent holds a new certificate the server signed, and deletes the token.
-
-    The agent is not restarted on the expired certificate first: real k3s's agent would then stay
-    out (its spent token and the expired certificate both refused: pkg/agent/config/config.go
-    get(), the supervisor's authenticator) and its Node NotReady, but the stand-in's agent, tried
-    so, fetched a new certificate at its start anyway (kinder than k3s; left as it is). So this test
-    shows the refresh's finding and the rejoin's fresh token and new certificate, not the outage."""
+    """jn-worker-1's kubelet client certificate has expired (see _expire_client_certificate) and its
+    agent restarted: it cannot authenticate (its join token is spent, the certificate refused:
+    k3s's pkg/agent/config/config.go get() retries "Waiting to retrieve agent configuration"
+    forever) and its Node goes NotReady. A refresh reads the certificate's end on the host and
+    records it; the next up joins the worker again with a fresh one-time token (a rejoin otherwise
+    makes none), waits until the agent holds a new certificate the server signed, and deletes the
+    token; the Node is Ready again. The restart waits 15 s first: the API server caches a token it
+    accepted for 10 s (kube-apiserver's token cache), so the join's token, deleted moments before
+    in the test before, is refused as it would be a year on."""
     worker = cluster.w1
     _expire_client_certificate(cluster, worker)
+    time.sleep(15)
+    worker.run(["systemctl", "restart", "--no-block", "k3s-agent"])
+    deadline = time.monotonic() + 90
+    while ready(cluster.node(worker.name)):
+        assert time.monotonic() < deadline, (
+            f"{worker.name} still Ready 90 s after its certificate expired: "
+            + worker.run(["journalctl", "-u", "k3s-agent", "--no-pager", "-o", "cat", "-n", "15"]).stdout
+        )
+        time.sleep(2)
+    log = worker.run(["journalctl", "-u", "k3s-agent", "--no-pager", "-o", "cat", "-n", "30"]).stdout
+    assert "Waiting to retrieve agent configuration" in log, log
+
     cluster.stack.log.clear()
     started = time.monotonic()
     cluster.stack.refresh()
