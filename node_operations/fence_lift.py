@@ -24,6 +24,10 @@ while it was fenced (in private mode a new public address: the Node's external I
 first `up` after the lift, since the engine runs the join before the fence's delete and a fenced
 worker's join changes nothing (providers/node_join.py): the last line then says to run `up` again.
 
+A worker fenced across an upgrade was left at its release (its agent held down): the lift restarts
+the binary it has, and the last line says to run `up` again, whose K3sUpgrade moves it to the
+server's release as an upgrade moves any worker (providers/k3s_upgrade.py, `left_behind`).
+
 Before anything changes, the host must still carry the address its Node was recorded with (the
 cluster address every peer's firewall admits and the agent's configured node IP). In public mode
 an address that changed while the worker was fenced is refused: the peers' firewalls, the
@@ -167,7 +171,20 @@ class FenceLift:
                 ["patch", "node", self.node, "--type", "merge", "-p", unset], repeat=Repeat.IDEMPOTENT
             )
         lifted = f"fence lifted: rejoined ({', '.join(f'{k} {v}' for k, v in self.checks.items())})"
-        self.progress(lifted + await self._pending_join())
+        self.progress(lifted + await self._pending_release() + await self._pending_join())
+
+    async def _pending_release(self) -> str:
+        """What the operator still has to run when the rejoined worker runs another k3s release than
+        the server: an upgrade made while it was fenced left it alone (its agent was held down), and
+        the lift restarts the binary it has. K3sUpgrade moves it, as any worker, in the next run."""
+        worker, server = await self.cluster.get_node(self.node), await self.cluster.get_node(self.server.target.node)
+        if worker is None or server is None or worker.kubelet_version == server.kubelet_version:
+            return ""
+        return (
+            f". It runs k3s {worker.kubelet_version} and the server {server.kubelet_version} (an upgrade left it alone "
+            f"while it was fenced): run up again, which moves it to {server.kubelet_version} as an upgrade moves a "
+            "worker"
+        )
 
     async def _pending_join(self) -> str:
         """What the operator still has to run when the agent publishes another external address

@@ -16,6 +16,10 @@ for names holding a join permit (a ValidatingAdmissionPolicy the program
 installs); the program grants the permit when it joins that node and keeps it
 while the Node exists, since its kubelet creates the Node at every start; a removal
 or a give-up revokes it with the Node (node_operations.join_permits says why).
+A rejoin makes no token while the agent's client certificate authenticates it;
+one whose certificate expired or is gone gets a fresh one, deleted once the agent
+holds a new certificate (k3s's agent renews it only through an authenticated
+request, and the dead token authenticates nothing).
 
 The checks of the tainted node live in node_operations.join_validation, what
 the agent's log says went wrong in node_operations.agent_log.
@@ -41,6 +45,7 @@ from node_operations.join_host import (
     AgentBinary,
     JoiningHost,
     agent_binary,
+    client_certificate_dead,
     install_agent,
     prepare_joining_host,
     read_joining_host,
@@ -289,9 +294,16 @@ class Joiner:
     async def join(self, facts: HostFacts, existing: NodeStatus | None) -> NodeStatus:
         spec = self.spec
         rejoin = existing is not None
+        # A rejoin needs no token while the agent's client certificate authenticates it; one whose
+        # certificate expired (or is gone) has nothing else (its join token was spent), and k3s's
+        # agent renews the certificate only through an authenticated request: it gets a fresh
+        # one-time token, deleted once the agent holds a new certificate.
+        dead_certificate = await client_certificate_dead(self.worker) if rejoin else None
         if rejoin:
             # Rejoin: checks run cordoned; running pods stay where they are.
             self.progress("already registered: cordoning for the checks (running pods stay)")
+        if dead_certificate is not None:
+            self.progress(f"{dead_certificate}: a fresh join token brings it a new certificate")
         # The permit stays while the Node exists: a kubelet creates its Node at every start (and
         # takes "already exists" as registered), and admission runs before that check, so a
         # revoked permit would refuse a joined node's restart. A node joined before this rule
@@ -309,7 +321,7 @@ class Joiner:
                     for token_id, description in self.cluster_reading.token_ids.items()
                     if description == spec.node
                 ),
-                token_ttl=None if rejoin else TOKEN_TTL,
+                token_ttl=None if rejoin and dead_certificate is None else TOKEN_TTL,
             ),
         )
         if self.forget_node_password and rejoin:
@@ -346,10 +358,14 @@ class Joiner:
                     "removed a fence's drop-in left on the host (hk3s-fence.conf, from a fence that ended with the "
                     "worker given up), which kept its agent from starting"
                 )
-            if token is not None and installed.results.get("service") == "running":
-                # A new token with an unchanged config: the running agent must read it.
+            if token is not None and (installed.results.get("service") == "running" or dead_certificate is not None):
+                # A new token with an unchanged config: the running agent must read it (an agent
+                # whose certificate expired is still starting, retrying with the spent token it read).
                 await self.worker.run(["systemctl", "restart", "--no-block", "k3s-agent"], deadline=30)
             node = await self.wait_registered(installed.since)
+            if dead_certificate is not None:
+                # Its Node is there already: the token may go only once the agent used it.
+                await self._wait_new_certificate(installed.since)
         except BaseException:
             if token is not None:
                 await self._forget_token(token, registered=False)
@@ -419,6 +435,26 @@ class Joiner:
                 await self.worker.run(["rm", "-f", TOKEN_FILE], deadline=15)
             with contextlib.suppress(SshError):
                 await self._revoke_permit()
+
+    async def _wait_new_certificate(self, since: str) -> None:
+        """Wait until the agent holds a client certificate that has not expired (the server signed
+        it through the fresh token), diagnosing from the agent's log as the registration does."""
+        deadline = self.paused_clock(self.spec.register_deadline)
+        while (dead := await client_certificate_dead(self.worker)) is not None:
+            lines = await agent_log(self.worker, since)
+            diagnosis = diagnose_agent_log(self.spec.node, lines)
+            if diagnosis is not None and diagnosis.check in ("ca-hash", "token-node", "node-password"):
+                raise diagnosis
+            if time.monotonic() > deadline():
+                tail = " | ".join(log_message(line) for line in lines[-3:]) or "no agent log lines"
+                raise JoinError(
+                    self.spec.node,
+                    "register",
+                    f"the agent got no new client certificate within {self.spec.register_deadline:.0f}s ({dead}; "
+                    f"agent log: {tail}); see journalctl -u k3s-agent on the host, then run up again",
+                )
+            await asyncio.sleep(POLL_SECONDS)
+        self.progress("the agent holds a new client certificate")
 
     async def _keeps_dead_token(self) -> bool:
         """Whether the host's token file holds a token pinning this cluster's CA (only the

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from host_scripts import script_path
 from node_operations.host_facts import HOST_FACTS_DEADLINE_SECONDS, HostFacts, parse_host_facts
@@ -199,11 +200,23 @@ async def install_agent(
 AGENT_UNIT = "/etc/systemd/system/k3s-agent.service"
 
 
-# On one line each: the host's machine-id, then "agent" when the agent this program installed
-# (its binary and unit) is there. Read-only.
+# The agent's kubelet client certificate: what the agent authenticates with once its one-time join
+# token is spent (node_operations/join.py).
+AGENT_CLIENT_CERT = "/var/lib/rancher/k3s/agent/client-kubelet.crt"
+
+# On one line each: the host's machine-id; "agent" when the agent this program installed (its
+# binary and unit) is there; the end of the agent's client certificate (seconds since the epoch),
+# "missing" when there is none, "-" when it cannot be read (no openssl); the host's clock. Read-only.
 _JOINED_HOST_PROBE = (
     'id=$(cat /etc/machine-id 2>/dev/null); echo "${id:--}"; '
-    f"if [ -x {K3S_BIN} ] && [ -f {AGENT_UNIT} ]; then echo agent; else echo no-agent; fi"
+    f"if [ -x {K3S_BIN} ] && [ -f {AGENT_UNIT} ]; then echo agent; else echo no-agent; fi; "
+)
+# The end of the agent's client certificate (seconds since the epoch; "missing" when there is none,
+# "-" when it cannot be read), then the host's clock, one line each. Read-only.
+_CLIENT_CERT_PROBE = (
+    f"if [ ! -e {AGENT_CLIENT_CERT} ]; then echo missing; else "
+    f"end=$(openssl x509 -enddate -noout -in {AGENT_CLIENT_CERT} 2>/dev/null | sed 's/^notAfter=//'); "
+    'if [ -n "$end" ] && date -d "$end" +%s 2>/dev/null; then :; else echo -; fi; fi; date +%s'
 )
 
 
@@ -213,17 +226,18 @@ async def joined_host_changed(worker: SshTarget, machine_id: str) -> str | None:
     A host rebuilt under the node's name (a fresh OS: no k3s, a new machine-id, a new node
     password) still matches the stack's inputs, so only the host itself can say that the join
     is gone. `machine_id` is the one recorded at the join ("" for a join recorded before it was
-    kept: then only the agent's presence is checked). A host that cannot be reached says
+    kept: then only the agent's presence is checked). An agent whose client certificate expired or
+    is gone cannot authenticate again: its join is gone as well. A host that cannot be reached says
     nothing here (None): the run's own checks name it."""
     try:
         async with open_session(worker, shared=True) as session:
-            result = await session.run(["sh", "-c", _JOINED_HOST_PROBE], deadline=20, check=False)
+            result = await session.run(["sh", "-c", _JOINED_HOST_PROBE + _CLIENT_CERT_PROBE], deadline=20, check=False)
     except SshError:
         return None
     lines = result.stdout.split()
-    if result.exit_status != 0 or len(lines) != 2:
+    if result.exit_status != 0 or len(lines) != 4:
         return None
-    host_id, agent = lines
+    host_id, agent, cert_end, now = lines
     if machine_id and host_id not in (machine_id, "-"):
         return (
             f"the host at {worker.address} is another machine than the one joined as {worker.node} "
@@ -231,4 +245,27 @@ async def joined_host_changed(worker: SshTarget, machine_id: str) -> str | None:
         )
     if agent != "agent":
         return f"the host at {worker.address} no longer has the k3s agent it joined with ({K3S_BIN}, {AGENT_UNIT})"
-    return None
+    return _client_cert_dead(cert_end, now)
+
+
+async def client_certificate_dead(worker: SshSession) -> str | None:
+    """Why the agent on `worker` can no longer authenticate by its client certificate (expired or
+    missing), or None (valid, or unreadable: then nothing is claimed)."""
+    result = await worker.run(["sh", "-c", _CLIENT_CERT_PROBE], deadline=20, check=False)
+    lines = result.stdout.split()
+    return _client_cert_dead(*lines) if result.exit_status == 0 and len(lines) == 2 else None
+
+
+def _client_cert_dead(cert_end: str, now: str) -> str | None:
+    """Why the agent can no longer authenticate to the server, or None. Its join token was spent at
+    the join, so its client certificate is all it has: k3s's agent presents it with that token at
+    every start (pkg/agent/config/config.go), the server refuses an expired one, and k3s renews an
+    agent's certificate only through that authenticated request. Only a rejoin with a fresh token
+    brings such a worker back."""
+    dead = "the agent cannot authenticate to the server any more (its join token is spent), so its Node stays NotReady"
+    if cert_end == "missing":
+        return f"its agent's client certificate {AGENT_CLIENT_CERT} is missing: {dead}"
+    if not (cert_end.isdigit() and now.isdigit()) or int(cert_end) > int(now):
+        return None
+    expired = datetime.fromtimestamp(int(cert_end), UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"its agent's client certificate {AGENT_CLIENT_CERT} expired at {expired}: {dead}"

@@ -83,6 +83,8 @@ class UpgradeReport:
     already: tuple[str, ...]
     not_joined: tuple[str, ...]
     fenced: tuple[str, ...] = ()
+    # The fenced workers whose Node runs another release than `version`: moved once unfenced.
+    behind: tuple[str, ...] = ()
 
     def summary(self) -> str:
         parts = [f"{len(self.upgraded)} worker(s) moved to {self.version}"]
@@ -92,6 +94,10 @@ class UpgradeReport:
             parts.append(f"not joined yet (they join at {self.version}): {', '.join(self.not_joined)}")
         if self.fenced:
             parts.append(f"fenced, left alone at their release: {', '.join(self.fenced)}")
+        if self.behind:
+            parts.append(
+                f"moved to {self.version} in the first up after their fence is lifted: {', '.join(self.behind)}"
+            )
         return "; ".join(parts)
 
 
@@ -331,7 +337,9 @@ async def upgrade_workers(
         workers = [worker for worker in workers if worker.node not in fenced]
         plans, already, not_joined = plan_moves(nodes, workers, settings)
         if not plans:
-            return UpgradeReport(version, (), tuple(already), tuple(not_joined), tuple(fenced))
+            return UpgradeReport(
+                version, (), tuple(already), tuple(not_joined), tuple(fenced), behind_release(nodes, fenced, version)
+            )
         permits = ["get", "configmap", PERMITS_CONFIGMAP, "-n", "kube-system", "--ignore-not-found", "-o", "name"]
         if (await api.kubectl(permits, repeat=Repeat.READ)).strip():
             # A cluster whose first join predates the server's own permit: the restarted server's
@@ -381,4 +389,13 @@ async def upgrade_workers(
                 raise UpgradeStoppedError(worker.node, not_ready_stop(status, version, moved=moved, after=after))
             await WorkerUpgrade(api, worker, settings, progress).run(record, resumed=resumed)
             moved.append(worker.node)
-    return UpgradeReport(version, tuple(moved), tuple(already), tuple(not_joined), tuple(fenced))
+    behind = behind_release(nodes, fenced, version)
+    return UpgradeReport(version, tuple(moved), tuple(already), tuple(not_joined), tuple(fenced), behind)
+
+
+def behind_release(nodes: dict[str, dict[str, Any]], fenced: Sequence[str], version: str) -> tuple[str, ...]:
+    """The fenced workers whose Node runs another release than `version` (the upgrade left them
+    there): each is moved by the first run after its fence is lifted."""
+    return tuple(
+        name for name in fenced if name in nodes and NodeStatus.from_object(nodes[name]).kubelet_version != version
+    )

@@ -15,6 +15,12 @@ NodeJoin whose version alone changed records the version its Node runs, with no 
 A fenced worker (hk3s:fences) is left alone and listed, in the preview's plan and in the run; each
 worker's Node is read again at its turn, and one gone NotReady since the run began stops it there,
 untouched (node_operations.k3s_upgrade).
+
+A fenced worker the upgrade left at another release is kept in the output `left_behind`. Once it
+leaves hk3s:fences the diff says an update (and the preview names it) in every run until it runs
+the release: the run that lifts its fence finds it still fenced (the lift, the fence's delete, runs
+last), the next one moves it as an upgrade moves any worker. So a worker fenced across an upgrade
+never stays on the old release unnoticed after its lift.
 """
 
 from __future__ import annotations
@@ -62,6 +68,21 @@ class K3sUpgradeInputs(NodeInputs):
 UPGRADE_INPUTS = K3sUpgradeInputs.names("k3s_version", "k3s_sha256")
 
 
+def unfenced_behind(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
+    """The workers the last upgrade left behind at their release while fenced that are still in the
+    stack and no longer in hk3s:fences: each run moves them until they run the release."""
+    left = [str(name) for name in olds.get("left_behind") or []]
+    if not left:
+        return []
+    # At preview the lists may be unknown (a worker's address comes from a resource that changes):
+    # the stored ones stand in for them.
+    listed = news.get("workers") if is_known(news.get("workers")) else olds.get("workers")
+    fenced_now = news.get("fenced") if is_known(news.get("fenced")) else olds.get("fenced")
+    workers = {str(w.get("node")) for w in listed or [] if isinstance(w, dict)}
+    fenced = {str(name) for name in fenced_now or []}
+    return [name for name in left if name in workers and name not in fenced]
+
+
 def upgrade_plan(olds: dict[str, Any], news: dict[str, Any]) -> str | None:
     """The preview's line for a change of release: the order, and what each worker goes through."""
     old = str(olds.get("k3s_version") or "")
@@ -94,9 +115,18 @@ class K3sUpgradeProvider(NodeProvider):
         plan = upgrade_plan(olds, news) if changed else None
         if plan is not None:
             progress(str(news.get("node")), plan)
+        behind = unfenced_behind(olds, news)
+        if behind:
+            release = news.get("k3s_version") if is_known(news.get("k3s_version")) else news.get("target_version")
+            progress(
+                str(news.get("node")),
+                f"plan: {', '.join(behind)} left at an older release while fenced, unfenced now: moved to k3s "
+                f"{release} one at a time, as in an upgrade, by the first run that finds its fence lifted (the run "
+                "that lifts it finds it still fenced: then the next)",
+            )
         # A rotated login key is stored (the update of a state-only change touches no host).
         rotated = "private_key" in olds and olds.get("private_key") != news.get("private_key")
-        return DiffResult(changes=bool(changed) or rotated, replaces=[], delete_before_replace=False)
+        return DiffResult(changes=bool(changed) or bool(behind) or rotated, replaces=[], delete_before_replace=False)
 
     def _upgrade(self, props: dict[str, Any]) -> dict[str, Any]:
         inputs = K3sUpgradeInputs.from_props(props)
@@ -110,7 +140,12 @@ class K3sUpgradeProvider(NodeProvider):
         )
         report = run_operation(upgrade_workers(server, workers, settings, lambda line: print_line(server.node, line)))
         progress(server.node, report.summary())
-        return {**props, "version": report.version, "upgraded": list(report.upgraded)}
+        return {
+            **props,
+            "version": report.version,
+            "upgraded": list(report.upgraded),
+            "left_behind": list(report.behind),
+        }
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         # A new stack, or one from before this resource: every joined worker already runs the
@@ -152,8 +187,11 @@ class K3sUpgrade(Resource, module="hk3s", name="K3sUpgrade"):
 
     version: pulumi.Output[str]
     upgraded: pulumi.Output[list[str]]
+    left_behind: pulumi.Output[list[str]]
 
     def __init__(
         self, resource_name: str, inputs: K3sUpgradeInputs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
-        super().__init__(K3sUpgradeProvider(), resource_name, resource_inputs(inputs, ["version", "upgraded"]), opts)
+        super().__init__(
+            K3sUpgradeProvider(), resource_name, resource_inputs(inputs, ["version", "upgraded", "left_behind"]), opts
+        )

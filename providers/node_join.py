@@ -337,9 +337,17 @@ class NodeJoinProvider(NodeProvider):
         status = run_operation(read_node(inputs.server(), node, wait))
         if status is not None and FENCE_ANNOTATION in status.annotations:
             # The upgrade leaves a fenced worker alone: it keeps the release it runs until it rejoins.
-            progress(node, f"fenced: left at {status.kubelet_version} by the upgrade to {version}")
+            # The state keeps the release it last ran (as for any change of a fenced worker's join),
+            # so each run's diff still shows the move pending; the first run after the lift that
+            # finds it at the release (K3sUpgrade moves it, before this join) records it.
+            progress(
+                node,
+                f"fenced: left at {status.kubelet_version} by the upgrade to {version}; moved to {version} by the "
+                "first up after the fence is lifted",
+            )
+            kept = {key: olds[key] for key in RELEASE_INPUTS if key in olds}
             outs = {**olds, **{key: value for key, value in news.items() if value is not None and key != "__provider"}}
-            return {**outs, "k3s_version_in_use": status.kubelet_version, "state": "not-ready"}
+            return {**outs, **kept, "k3s_version_in_use": status.kubelet_version, "state": "not-ready"}
         if status is None or status.kubelet_version != version:
             running = status.kubelet_version if status is not None else "no Node"
             raise SshError(

@@ -102,10 +102,11 @@ class FencedCluster:
         plan = self.lab.setup_network()
         return str(IPv4Address(int(plan.public_net.network_address) + NEW_ADDRESS_OFFSET))
 
-    def move_public_address(self, new: str) -> str:
-        """Give the worker's public NIC `new` in place of its address (as when a cloud assigns a
-        new public IP): the old one is gone from the host. Returns the old one."""
-        old = self.worker.public_ip
+    def move_public_address(self, new: str, old: str | None = None) -> str:
+        """Give the worker's public NIC `new` in place of `old` (by default the address it was made
+        with; as when a cloud assigns a new public IP): the old one is gone from the host. Returns
+        the old one."""
+        old = old or self.worker.public_ip
         assert old is not None
         plan = self.lab.setup_network()
         prefix = plan.public_net.prefixlen

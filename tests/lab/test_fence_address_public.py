@@ -7,14 +7,20 @@ hk3s:workers gets the new one: that `up` stores the new address in the fence and
 as it is (a fenced worker's join changes nothing on its host). With the fence entry removed the
 lift is refused, naming the node IP it joined with, the host's address now and the fix, and
 nothing changed: the fence record, the out-of-service taint, the agent's configuration and the
-drop-in all stay."""
+drop-in all stay. Then the host gets its address back and the worker is fenced across an upgrade:
+after its lift, the next `up` moves it to the server's release."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
+import yaml
 
 from lab.hosts import Lab
-from tests.lab.fenced_worker import OUT_OF_SERVICE, FencedCluster, fenced_cluster
+from lab.stack_harness import k3s_release, skip_without_lab_binaries, up_or_fail
+from tests.lab.fenced_worker import K3S, OUT_OF_SERVICE, FencedCluster, fenced_cluster
 
 pytestmark = pytest.mark.lab
 
@@ -59,3 +65,60 @@ def test_a_new_address_in_public_mode_is_refused_at_the_lift_and_nothing_changes
     assert cluster.drop_in() and not cluster.agent_active()
     print(next(line for line in output.splitlines() if "lifting the fence is refused" in line))
     print(f"timings: up with the new address {recorded_up:.1f} s, refused lift {lift_up:.1f} s")
+
+
+def kubelet_version(node: dict[str, Any]) -> str:
+    return str(node["status"]["nodeInfo"]["kubeletVersion"])
+
+
+def test_a_worker_fenced_across_an_upgrade_reaches_the_release_after_its_lift(cluster: FencedCluster) -> None:
+    """A worker fenced across an upgrade is never left behind the server after its lift. fpu-w1,
+    still fenced (the lift of the test before was refused), gets its address back, its fence entry
+    back, and the cluster moves to the stand-in's patch release: the server moves, fpu-w1 is left
+    alone at its release (its agent held down). With the entry removed the lift rejoins it at the
+    release its host has and its last line says to run up again; that `up` moves it to the
+    server's release in place (as an upgrade moves a worker: no rejoin) and its Node is Ready at it."""
+    skip_without_lab_binaries("k3s-patch")
+    worker = cluster.worker
+    joined_at = str(yaml.safe_load(cluster.agent_config())["node-ip"])
+    if cluster.config["workers"][0]["address"] != joined_at:
+        cluster.move_public_address(joined_at, old=cluster.config["workers"][0]["address"])
+    old = kubelet_version(cluster.node())
+    release = k3s_release("k3s-patch")
+    new = release["k3s_version"]
+    assert old != new
+    cluster.config["fences"] = {worker.name: {}}
+    cluster.config["cluster"].update(release)
+    cluster.stack.log.clear()
+    _, upgrade_up = cluster.timed_up()
+    text = cluster.stack.text()
+    assert f"fenced, left alone at their release: {worker.name}" in text, text[-4000:]
+    server = json.loads(cluster.server.run([K3S, "kubectl", "get", "node", cluster.server.name, "-o", "json"]).stdout)
+    assert kubelet_version(server) == new and kubelet_version(cluster.node()) == old
+    assert cluster.fence_record() and cluster.drop_in()
+
+    # The lift: rejoined at the release its host has, and told to run up again.
+    cluster.config["fences"] = {}
+    cluster.stack.log.clear()
+    _, lift_up = cluster.timed_up()
+    text = cluster.stack.text()
+    assert f"[{worker.name}] fence lifted: rejoined" in text, text[-4000:]
+    assert f"It runs k3s {old} and the server {new} (an upgrade left it alone while it was fenced): run up again" in (
+        text
+    ), text[-4000:]
+    assert cluster.ready() and not cluster.fence_record()
+
+    # The next up shows the move and makes it.
+    cluster.stack.log.clear()
+    _, move_up = cluster.timed_up()
+    text = cluster.stack.text()
+    assert f"plan: {worker.name} left at an older release while fenced, unfenced now: moved to k3s {new}" in text
+    assert f"[{worker.name}] upgrading k3s {old} -> {new}" in text, text[-4000:]
+    assert f"[{worker.name}] runs {new} (upgraded in place, no rejoin)" in text, text[-4000:]
+    assert f"[{worker.name}] preflight" not in text
+    assert kubelet_version(cluster.node()) == new and cluster.ready()
+    # Done: the next up changes nothing.
+    result = up_or_fail(cluster.stack)
+    changes = {str(getattr(op, "value", op)): n for op, n in (result.summary.resource_changes or {}).items()}
+    assert set(changes) == {"same"}, changes
+    print(f"timings: upgrade while fenced {upgrade_up:.1f} s, lift {lift_up:.1f} s, move {move_up:.1f} s")

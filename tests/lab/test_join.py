@@ -4,15 +4,22 @@ this module share one cluster and run in order."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pulumi import automation as auto
 
 from lab.hosts import Host, Lab
@@ -516,3 +523,97 @@ def test_a_minor_upgrade_drains_one_worker_at_a_time_after_the_server(cluster: C
         assert f"[{name}] runs {new} (upgraded in place, no rejoin)" in text
         assert f"[{name}] preflight" not in text
     print(f"minor upgrade of a server and 3 workers: {seconds:.0f} s")
+
+
+AGENT_DIR = "var/lib/rancher/k3s/agent"
+CLIENT_CA = "var/lib/rancher/k3s/server/tls/client-ca"
+
+
+def _expire_client_certificate(cluster: Cluster, worker: Host) -> None:
+    """Put in place of `worker`'s kubelet client certificate one the cluster's client CA signed for
+    the same node (CN system:node:<name>, O system:nodes), valid for a year that ended yesterday:
+    what the agent holds once its certificate's year has passed. Every real part then judges it by
+    its own clock and the certificate's notAfter: the API server and the supervisor refuse it, the
+    agent's start finds it expired, openssl on the host reads its end. The stand-in keeps its
+    credentials in client-kubelet.crt/.key and, embedded, in kubelet.kubeconfig: all three change."""
+    # Read and written inside the hosts (their mounts, as k3s sees them), not through their root.
+    ca_cert = x509.load_pem_x509_certificate(cluster.server.run(["cat", f"/{CLIENT_CA}.crt"]).stdout.encode())
+    ca_key = serialization.load_pem_private_key(cluster.server.run(["cat", f"/{CLIENT_CA}.key"]).stdout.encode(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.now(UTC)
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{worker.name}"),
+        ]
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(days=366))
+        .not_valid_after(now - timedelta(days=1))
+        .add_extension(x509.KeyUsage(True, False, True, False, False, False, False, False, False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    kubeconfig = yaml.safe_load(worker.run(["cat", f"/{AGENT_DIR}/kubelet.kubeconfig"]).stdout)
+    for user in kubeconfig["users"]:
+        user["user"]["client-certificate-data"] = base64.b64encode(cert_pem).decode()
+        user["user"]["client-key-data"] = base64.b64encode(key_pem).decode()
+    files = {"client-kubelet.crt": cert_pem, "client-kubelet.key": key_pem}
+    files["kubelet.kubeconfig"] = yaml.safe_dump(kubeconfig).encode()
+    for name, data in files.items():
+        encoded = base64.b64encode(data).decode()
+        worker.run(["sh", "-c", 'echo "$1" | base64 -d > "$2"', "-", encoded, f"/{AGENT_DIR}/{name}"])
+
+
+def test_a_worker_whose_client_certificate_expired_is_joined_again_with_a_fresh_token(cluster: Cluster) -> None:
+    """jn-worker-1's kubelet client certificate has expired (see _expire_client_certificate) and its
+    agent restarted: it cannot authenticate (its join token is spent, the certificate refused:
+    k3s's pkg/agent/config/config.go get() retries "Waiting to retrieve agent configuration"
+    forever) and its Node goes NotReady. A refresh reads the certificate's end on the host and
+    records it; the next up joins the worker again with a fresh one-time token (a rejoin otherwise
+    makes none), waits until the agent holds a new certificate the server signed, and deletes the
+    token; the Node is Ready again. The restart waits 15 s first: the API server caches a token it
+    accepted for 10 s (kube-apiserver's token cache), so the join's token, deleted moments before
+    in the test before, is refused as it would be a year on."""
+    worker = cluster.w1
+    _expire_client_certificate(cluster, worker)
+    time.sleep(15)
+    worker.run(["systemctl", "restart", "--no-block", "k3s-agent"])
+    deadline = time.monotonic() + 90
+    while ready(cluster.node(worker.name)):
+        assert time.monotonic() < deadline, (
+            f"{worker.name} still Ready 90 s after its certificate expired: "
+            + worker.run(["journalctl", "-u", "k3s-agent", "--no-pager", "-o", "cat", "-n", "15"]).stdout
+        )
+        time.sleep(2)
+    log = worker.run(["journalctl", "-u", "k3s-agent", "--no-pager", "-o", "cat", "-n", "30"]).stdout
+    assert "Waiting to retrieve agent configuration" in log, log
+
+    cluster.stack.log.clear()
+    started = time.monotonic()
+    cluster.stack.refresh()
+    text = cluster.stack.text()
+    expired = f"[{worker.name}] its agent's client certificate /{AGENT_DIR}/client-kubelet.crt expired at"
+    assert expired in text and "the next up joins it again" in text, text[-4000:]
+    cluster.stack.log.clear()
+    cluster.up()
+    seconds = time.monotonic() - started
+    text = cluster.stack.text()
+    assert "this run joins it again" in text and f"[{worker.name}] joined and released" in text, text[-4000:]
+    assert "expired at" in text and "a fresh join token brings it a new certificate" in text, text[-4000:]
+    assert f"[{worker.name}] the agent holds a new client certificate" in text, text[-4000:]
+    assert ready(cluster.node(worker.name))
+    cert = x509.load_pem_x509_certificate(worker.run(["cat", f"/{AGENT_DIR}/client-kubelet.crt"]).stdout.encode())
+    assert cert.not_valid_after_utc > datetime.now(UTC) + timedelta(days=300), cert.not_valid_after_utc
+    assert cluster.tokens() == []
+    print(f"refresh and rejoin of a worker whose certificate expired: {seconds:.0f} s")

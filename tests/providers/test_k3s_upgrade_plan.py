@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pulumi.output import Unknown
 
 from node_operations.health import FENCE_ANNOTATION
 from node_operations.k3s_upgrade import release_step
@@ -162,3 +163,24 @@ def test_a_fenced_worker_keeps_its_release_through_an_upgrade(
     assert joined == [] and result.outs is not None
     assert result.outs["k3s_version_in_use"] == "v1.36.1+k3s1" and result.outs["state"] == "not-ready"
     assert "[w1] fenced: left at v1.36.1+k3s1 by the upgrade to v1.36.2+k3s1" in capsys.readouterr().err
+    # The release it last ran stays in the state: each run's diff still shows the move pending.
+    assert result.outs["k3s_version"] == JOINED["k3s_version"] != "v1.36.2+k3s1"
+
+
+def test_a_worker_left_behind_while_fenced_is_moved_once_unfenced(capsys: pytest.CaptureFixture[str]) -> None:
+    provider = K3sUpgradeProvider()
+    olds = {**OLDS, "workers": WORKERS, "left_behind": ["w2"]}
+    # Still fenced: nothing to do, nothing said.
+    assert provider.diff("u", dict(olds), {**olds, "fenced": ["w2"]}).changes is False
+    assert "plan:" not in capsys.readouterr().err
+    # Out of hk3s:fences: every run updates (and says so) until the upgrade has moved it.
+    assert provider.diff("u", dict(olds), {**olds, "fenced": []}).changes is True
+    err = capsys.readouterr().err
+    assert "[srv] plan: w2 left at an older release while fenced, unfenced now: moved to k3s v1.36.1+k3s1" in err
+    # Removed from the stack: nothing left to move.
+    assert provider.diff("u", dict(olds), {**olds, "workers": WORKERS[:1]}).changes is False
+    # At preview a worker's address may be unknown, the list with it: the stored list stands in.
+    unknown = {**olds, "workers": Unknown(), "fenced": Unknown()}
+    assert provider.diff("u", {**olds, "fenced": []}, unknown).changes is True
+    assert provider.diff("u", {**olds, "fenced": ["w2"]}, unknown).changes is False
+    assert provider.diff("u", dict(OLDS), {**OLDS, "workers": Unknown()}).changes is False
