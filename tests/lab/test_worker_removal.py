@@ -38,6 +38,8 @@ from lab.stack_harness import (
     wait_until,
     worker_spec,
 )
+from node_operations.host_facts import parse_host_facts
+from node_operations.preflight import container_engine_notice
 
 pytestmark = pytest.mark.lab
 
@@ -210,6 +212,13 @@ def test_a_fence_stops_k3s_containers_and_leaves_another_engines(cluster: Cluste
     w2 = cluster.w2
     if not foreign_engine_runs(w2):  # started by the test before this one, unless run alone
         start_foreign_engine(w2)
+    # The host's facts, as a join's preflight reads them, name the other engine, and the join says
+    # what a fence will and will not stop there.
+    (w2.root / "root/host_facts.sh").write_text(script_path("host_facts.sh").read_text())
+    facts = parse_host_facts(w2.name, w2.run(["bash", "/root/host_facts.sh"]).stdout)
+    assert facts.container_engines == ["/usr/bin/containerd"], facts.container_engines
+    notice = container_engine_notice(w2.name, facts)
+    assert notice is not None and "does not stop that engine or its containers" in notice, notice
     w2.run(["mkdir", "-p", K3S_SHIM.rsplit("/", 1)[0]])
     w2.run(shim_with_container("k3s-container", K3S_SHIM))
     wait_until("k3s's shim runs", lambda: w2.run(["pgrep", "-f", K3S_SHIM], check=False).returncode == 0, 20)
