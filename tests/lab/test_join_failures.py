@@ -432,12 +432,16 @@ def test_a_retried_join_restarts_the_agent_its_failure_left_activating(lab: Lab,
     api-reachable, then at token, then retried to the end."""
     worker = fresh_worker(lab, "jf-retry")
     assert cluster.server.public_ip and cluster.other_server.public_ip
+    # Nodes the tests before this one left in the cluster are recorded, as the stack would have them.
+    recorded = _recorded(cluster, worker)
 
     def agent_state() -> str:
         return worker.run(["systemctl", "is-active", "k3s-agent"], check=False).stdout.strip()
 
     # ca-hash: the agent is sent to another cluster's server.
-    error = join(lab, cluster, worker, server_url=f"https://{cluster.other_server.public_ip}:6443")
+    error = join(
+        lab, cluster, worker, server_url=f"https://{cluster.other_server.public_ip}:6443", recorded_nodes=recorded
+    )
     assert error.check == "ca-hash", str(error)
     assert agent_state() == "activating"
 
@@ -447,7 +451,7 @@ def test_a_retried_join_restarts_the_agent_its_failure_left_activating(lab: Lab,
     worker.run(
         ["nft", f"add rule inet lab_block out ip daddr {cluster.server.public_ip} tcp dport 6443 reject with tcp reset"]
     )
-    error = join(lab, cluster, worker, register_deadline=10)
+    error = join(lab, cluster, worker, register_deadline=10, recorded_nodes=recorded)
     assert error.check == "api-reachable", str(error)
     assert agent_state() == "activating"
 
@@ -459,7 +463,10 @@ def test_a_retried_join_restarts_the_agent_its_failure_left_activating(lab: Lab,
     async def wait_registered() -> None:
         async with open_session(target(lab, worker)) as session, open_session(target(lab, cluster.server)) as server:
             await Joiner(
-                spec_for(cluster, worker, register_deadline=10), session, server, lambda _line: None
+                spec_for(cluster, worker, register_deadline=10, recorded_nodes=recorded),
+                session,
+                server,
+                lambda _line: None,
             ).wait_registered(since)
 
     with pytest.raises(JoinError) as caught:
@@ -471,7 +478,12 @@ def test_a_retried_join_restarts_the_agent_its_failure_left_activating(lab: Lab,
     lines: list[str] = []
     try:
         asyncio.run(
-            join_worker(target(lab, worker), target(lab, cluster.server), spec_for(cluster, worker), lines.append)
+            join_worker(
+                target(lab, worker),
+                target(lab, cluster.server),
+                spec_for(cluster, worker, recorded_nodes=recorded),
+                lines.append,
+            )
         )
     except JoinError as failure:
         pytest.fail(f"{failure}\n" + "\n".join(lines))
