@@ -48,4 +48,13 @@ for path in /etc/rancher/k3s /var/lib/rancher/k3s/agent /var/lib/rancher/k3s/ser
   if [ "$path" = /var/lib/rancher/k3s/agent ] && [ "$(ls -A "$path" 2>/dev/null)" = images ]; then continue; fi
   if [ -e "$path" ]; then fact kubernetes_state "$path"; fi
 done
+# Another container engine running beside k3s (Docker's dockerd, a containerd of the host's own,
+# CRI-O, podman's conmon): k3s's own containerd runs from k3s's data dir and is not one.
+for pid in $(pgrep -x 'dockerd|containerd|crio|conmon' 2>/dev/null || true); do
+  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || continue
+  case "$exe" in /var/lib/rancher/k3s/data/*) continue ;; esac
+  echo "$exe"
+done | sort -u | while read -r exe; do
+  fact container_engine "$exe"
+done
 fact complete yes

@@ -44,6 +44,9 @@ if [ -x /usr/local/bin/k3s-killall.sh ]; then
   /usr/local/bin/k3s-killall.sh >/dev/null 2>&1 || true
 fi
 
+K3S_SHIM_PATTERN='/var/lib/rancher/k3s/data/[^/]*/bin/containerd-shim'
+k3s_shims() { ps -e -o pid= -o args= | awk -v re="$K3S_SHIM_PATTERN" '$0 ~ re {print $1}'; }
+
 descendants() {
   local pid child
   for pid in "$@"; do
@@ -53,7 +56,11 @@ descendants() {
     done
   done
 }
-shims=$(ps -e -o pid= -o args= | awk '$2 ~ /containerd-shim/ {print $1}')
+# k3s's shims only, as k3s's own k3s-killall.sh finds them (install.sh, create_killall: getshims
+# greps `ps -e -o pid= -o args=` for "$K3S_DATA_DIR/data/[^/]*/bin/containerd-shim"): the shims
+# of another container engine on the host (Docker's, the host's own containerd) and their
+# containers are none of k3s's and keep running.
+shims=$(k3s_shims)
 if [ -n "$shims" ]; then
   # shellcheck disable=SC2046,SC2086  # one PID per word
   kill -9 $(descendants $shims) 2>/dev/null || true
@@ -72,19 +79,43 @@ done
 # --- what is left --------------------------------------------------------------
 left=""
 own_pid_ns=$(readlink /proc/1/ns/pid)
+# Another container engine's processes are not k3s's and are left alone: its shims (a
+# containerd-shim outside k3s's data dir, podman's conmon) and what runs under them.
+foreign_parents=" $(ps -e -o pid= -o comm= -o args= |
+  awk -v re="$K3S_SHIM_PATTERN" '($0 ~ /containerd-shim/ && $0 !~ re) || $2 == "conmon" {printf "%s ", $1}')"
+under_foreign_engine() {
+  local pid=$1 hops=0
+  while [ "$pid" -gt 1 ] && [ "$hops" -lt 64 ]; do
+    case "$foreign_parents" in *" $pid "*) return 0 ;; esac
+    pid=$(ps -o ppid= -p "$pid" 2>/dev/null | tr -d ' ') || return 1
+    [ -n "$pid" ] || return 1
+    hops=$((hops + 1))
+  done
+  return 1
+}
 for proc in /proc/[0-9]*; do
   pid=${proc#/proc/}
   [ "$pid" = "$$" ] && continue
   args=$(tr '\0' ' ' <"$proc/cmdline" 2>/dev/null) || continue
   [ -n "$args" ] || continue # a kernel thread
   name=$(cat "$proc/comm" 2>/dev/null) || continue
+  under_foreign_engine "$pid" && continue
   why=""
   case "$args" in
-  *containerd-shim*) why=shim ;;
+  *containerd-shim*) why=shim ;; # not another engine's (above): k3s's, wherever it runs from
   *longhorn*) why=longhorn ;;
   esac
-  [ "$name" = containerd ] || [ "$name" = kubelet ] || [ "$name" = k3s-agent ] && why=agent
-  # A container's processes: in a pod's cgroup, or in a PID namespace of their own.
+  [ "$name" = kubelet ] || [ "$name" = k3s-agent ] && why=agent
+  # k3s's containerd runs from its data dir and serves /run/k3s/containerd; a host's own
+  # containerd (Docker's) is neither and stays.
+  if [ "$name" = containerd ]; then
+    exe=$(readlink "$proc/exe" 2>/dev/null) || exe=""
+    case "$exe $args" in
+    /var/lib/rancher/k3s/data/* | */run/k3s/containerd*) why=agent ;;
+    esac
+  fi
+  # A container's processes: in a pod's cgroup, or in a PID namespace of their own (and not
+  # under another engine's shim: that engine's containers).
   grep -q kubepods "$proc/cgroup" 2>/dev/null && why=container
   pid_ns=$(readlink "$proc/ns/pid" 2>/dev/null) || continue # gone meanwhile
   [ "$pid_ns" != "$own_pid_ns" ] && why=container

@@ -129,12 +129,32 @@ fi
 
 # --- start ------------------------------------------------------------------
 # --no-block: the program watches readiness itself, with a deadline and a diagnosis.
-if ! systemctl is-active --quiet "$unit"; then
-  systemctl start --no-block "$unit"
-  result service started
-elif [ "$binary_changed$config_changed$unit_changed" != nonono ]; then
-  systemctl restart --no-block "$unit"
-  result service restarted
-else
-  result service running
-fi
+# The units are Type=notify and k3s reports READY only once its start is done (the agent once
+# its Node is configured), so a k3s stuck in its start (a refused token, an unreachable API, a
+# CA hash that does not match) stays "activating", retrying with the token and config it read
+# when it started; `systemctl start` does nothing to it. Only a started unit ("active") has
+# read what this run wrote; any other start in progress is stopped and started again. The stop
+# waits for the old process to exit, so the log from log_since on is the new process's alone.
+state=$(systemctl is-active "$unit" || true)
+case $state in
+  active)
+    if [ "$binary_changed$config_changed$unit_changed" != nonono ]; then
+      result log_since "$(date '+%Y-%m-%d %H:%M:%S.%6N')"
+      systemctl restart --no-block "$unit"
+      result service restarted
+    else
+      result service running
+    fi
+    ;;
+  inactive | failed)
+    result log_since "$(date '+%Y-%m-%d %H:%M:%S.%6N')"
+    systemctl start --no-block "$unit"
+    result service started
+    ;;
+  *)
+    systemctl stop "$unit"
+    result log_since "$(date '+%Y-%m-%d %H:%M:%S.%6N')"
+    systemctl start --no-block "$unit"
+    result service restarted
+    ;;
+esac

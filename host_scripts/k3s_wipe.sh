@@ -30,7 +30,7 @@ WIPED_PATHS=(
 K3S_LINKS=(/usr/local/bin/kubectl /usr/local/bin/crictl /usr/local/bin/ctr)
 
 if [ "${1:-}" = --by-hand ]; then
-  result by_hand "systemctl disable --now k3s k3s-agent; kill the containerd-shim processes; rm -rf ${WIPED_PATHS[*]} /usr/local/bin/k3s (and ${K3S_LINKS[*]} where they link to it)"
+  result by_hand "systemctl disable --now k3s k3s-agent; kill k3s's containerd-shim processes (those under /var/lib/rancher/k3s/data; another container engine's stay); rm -rf ${WIPED_PATHS[*]} /usr/local/bin/k3s (and ${K3S_LINKS[*]} where they link to it)"
   exit 0
 fi
 
@@ -45,7 +45,11 @@ done
 result units "${units# }"
 [ -x /usr/local/bin/k3s-killall.sh ] && /usr/local/bin/k3s-killall.sh >/dev/null 2>&1
 
-# --- every container: its shim and the processes under it --------------------
+# --- every k3s container: its shim and the processes under it ----------------
+# k3s's shims only, as k3s's own k3s-killall.sh finds them (install.sh, create_killall: getshims
+# greps `ps -e -o pid= -o args=` for "$K3S_DATA_DIR/data/[^/]*/bin/containerd-shim"): another
+# container engine on the host (Docker's, the host's own containerd) keeps its containers.
+K3S_SHIM_PATTERN='/var/lib/rancher/k3s/data/[^/]*/bin/containerd-shim'
 descendants() {
   local pid child
   for pid in "$@"; do
@@ -55,7 +59,7 @@ descendants() {
     done
   done
 }
-shims=$(ps -e -o pid= -o args= | awk '$2 ~ /containerd-shim/ {print $1}')
+shims=$(ps -e -o pid= -o args= | awk -v re="$K3S_SHIM_PATTERN" '$0 ~ re {print $1}')
 if [ -n "$shims" ]; then
   # shellcheck disable=SC2046,SC2086  # one PID per word
   kill -9 $(descendants $shims) 2>/dev/null || true
@@ -94,7 +98,7 @@ result removed "${removed# }"
 left=""
 pgrep -x k3s-server >/dev/null 2>&1 && left="$left k3s-server"
 pgrep -f '^/usr/local/bin/k3s ' >/dev/null 2>&1 && left="$left k3s"
-pgrep -f containerd-shim >/dev/null 2>&1 && left="$left containerd-shim"
+pgrep -f "$K3S_SHIM_PATTERN" >/dev/null 2>&1 && left="$left containerd-shim"
 [ -e /var/lib/rancher/k3s ] && left="$left /var/lib/rancher/k3s"
 result left "${left# }"
 if [ -n "$left" ]; then

@@ -16,9 +16,11 @@ worker is down; the program then proves it before anything moves. The order, and
    confirmation, the kubelet check) is judged before the record, so a refusal changes nothing.
 3. **Stop the worker**:
    - it answers over SSH: `host_scripts/k3s_fence.sh` writes a systemd drop-in that keeps the
-     k3s agent from starting (even after a reboot), stops the agent and every container, and
-     lists what is left (a container's process, a containerd shim, a Longhorn process, a pod
-     mount); anything left stops the fence, named, before the taint. The host's boot marker is
+     k3s agent from starting (even after a reboot), stops the agent and every container of
+     k3s's, and lists what of k3s is left (a container's process, a shim of k3s's containerd, a
+     Longhorn process, a pod mount); anything left stops the fence, named, before the taint.
+     Another container engine on the host (Docker's, a containerd of the host's own) is not
+     k3s's: it and its containers keep running, and are not counted as left. The host's boot marker is
      recorded on the Node (`FENCE_BOOT_ANNOTATION`, the first seen), so the lift can tell
      whether it has booted since.
    - it is a Hetzner server (one the program created, or an existing host naming its server in

@@ -32,6 +32,9 @@ class HostFacts:
     ipv4_addresses: list[str] = field(default_factory=list)  # "eth0 198.51.100.7/24"
     ipv4_routes: list[str] = field(default_factory=list)  # as `ip -4 route` prints them
     kubernetes_state: list[str] = field(default_factory=list)
+    # Executables of another container engine running on the host (dockerd, a containerd outside
+    # k3s's data dir, crio, conmon).
+    container_engines: list[str] = field(default_factory=list)
 
     @property
     def default_route_interface(self) -> str | None:
@@ -54,7 +57,7 @@ class ObservedHost:
 def parse_host_facts(node: str, output: str) -> HostFacts:
     """Parse the `fact <name> <value>` lines of host_facts.sh."""
     single: dict[str, str] = {}
-    multi: dict[str, list[str]] = {"ipv4_address": [], "ipv4_route": [], "kubernetes_state": []}
+    multi: dict[str, list[str]] = {"ipv4_address": [], "ipv4_route": [], "kubernetes_state": [], "container_engine": []}
     for line in output.splitlines():
         words = line.split(" ", 2)
         if len(words) < 3 or words[0] != "fact":
@@ -81,6 +84,7 @@ def parse_host_facts(node: str, output: str) -> HostFacts:
             ipv4_addresses=multi["ipv4_address"],
             ipv4_routes=multi["ipv4_route"],
             kubernetes_state=multi["kubernetes_state"],
+            container_engines=multi["container_engine"],
         )
     except (KeyError, ValueError) as error:
         raise SshError(node, f"host_facts.sh printed an unreadable fact ({error})") from None

@@ -62,7 +62,7 @@ from node_operations.k3s_install import K3sBinary, agent_config
 from node_operations.network_mode import check_connection
 from node_operations.node_access import NodeAccessError, RecordedNode, check_recorded_nodes
 from node_operations.node_metadata import MANAGED_LABEL
-from node_operations.preflight import PreflightRequirements, evaluate_preflight
+from node_operations.preflight import PreflightRequirements, container_engine_notice, evaluate_preflight
 from node_operations.refusal import tagged
 from node_operations.volume_copies import single_copies_for_join
 from remote_access.kube import API_WAIT_SECONDS, ClusterApi, JoinToken, NodeStatus, Taint
@@ -235,6 +235,9 @@ class Joiner:
         )
         if problems:
             raise JoinError(self.spec.node, "preflight", "; ".join(f"{p.check}: {p.message}" for p in problems))
+        notice = container_engine_notice(self.spec.node, facts)
+        if notice is not None:
+            self.progress(notice)
         if self.spec.operator_firewall_rules is not None:
             self._check_operator_firewall(self.spec.operator_firewall_rules)
         if interface_of(facts, self.spec.node_ip) is None:

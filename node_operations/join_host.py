@@ -33,6 +33,7 @@ from node_operations.k3s_install import (
     K3sBinary,
     gzipped_binary,
     parse_results,
+    relay_install_results,
 )
 from remote_access.host_steps import HostStep, run_steps
 from remote_access.kube import JoinToken
@@ -189,11 +190,16 @@ async def install_agent(
     steps.append(_private_file(f"{CONFIG_PATH}.hk3s-new", config_text, f"writing {CONFIG_PATH}.hk3s-new"))
     steps.append(
         HostStep.script(
-            script_path("k3s_install.sh"), ["agent", binary.version, want_sha or "-"], on_line=_relay_results(progress)
+            script_path("k3s_install.sh"),
+            ["agent", binary.version, want_sha or "-"],
+            on_line=relay_install_results(progress),
         )
     )
     results = await run_steps(worker, steps, deadline=3 * READ_DEADLINE_SECONDS + INSTALL_DEADLINE_SECONDS)
-    return AgentInstalled(since=results[0].stdout.strip(), results=parse_results(results[-1].stdout))
+    installed = parse_results(results[-1].stdout)
+    # Where the script (re)started the agent, its log begins there: an agent it stopped may have
+    # logged the failure this join retries after the clock read first.
+    return AgentInstalled(since=installed.get("log_since", results[0].stdout.strip()), results=installed)
 
 
 # The unit host_scripts/k3s_install.sh writes for a worker's agent.

@@ -236,6 +236,17 @@ def parse_results(output: str) -> dict[str, str]:
     return results
 
 
+def relay_install_results(progress: Progress) -> Callable[[str], None]:
+    """k3s_install.sh's result lines as progress, but for log_since (the host's clock when it
+    started k3s, where the log of that start begins: for the program, not for the reader)."""
+
+    def relay(line: str) -> None:
+        if line.startswith("result ") and not line.startswith("result log_since "):
+            progress(line.removeprefix("result "))
+
+    return relay
+
+
 async def remote_sha256(session: SshSession, path: str) -> str | None:
     result = await session.run(
         ["sh", "-c", f"sha256sum {shlex.quote(path)} 2>/dev/null | cut -d' ' -f1"], deadline=60, check=False
@@ -264,7 +275,7 @@ async def install_k3s(
         script_path("k3s_install.sh"),
         [role, binary.version, want_sha or "-"],
         deadline=INSTALL_DEADLINE_SECONDS,
-        on_line=lambda line: progress(line.removeprefix("result ")) if line.startswith("result ") else None,
+        on_line=relay_install_results(progress),
     )
     return parse_results(result.stdout)
 

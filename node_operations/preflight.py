@@ -164,3 +164,17 @@ def evaluate_preflight(node: str, facts: HostFacts, requirements: PreflightRequi
             )
         )
     return problems
+
+
+def container_engine_notice(node: str, facts: HostFacts) -> str | None:
+    """What a fence will and will not stop on a host that runs another container engine beside
+    k3s (None when it runs none). Not a refusal: such a host may join, but its operator should
+    know that fencing it leaves that engine's containers running."""
+    if not facts.container_engines:
+        return None
+    return (
+        f"{node} runs another container engine ({', '.join(facts.container_engines)}). A fence of {node} "
+        "stops its k3s agent and k3s's own containers (the shims under /var/lib/rancher/k3s/data) and "
+        "holds them down; it does not stop that engine or its containers, which keep running and "
+        "keep whatever they hold"
+    )

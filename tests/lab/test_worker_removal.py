@@ -6,6 +6,9 @@ hosts whose nftables firewalls the program manages; ports are probed for real be
   peer's firewall drops it (the engine's own event order shows it); afterwards the peers'
   ports are closed to it.
 - A removal SIGKILLed halfway is finished by the next `up`; removing it again changes nothing.
+- A host that also runs another container engine (a containerd of its own, a shim under
+  /usr/bin and its container) keeps it through the wipe, and through a fence, which stops k3s's
+  own shim and container beside it and then finds nothing of k3s left.
 - The removed worker's name holds no join permit any more: the removed host, let through the
   server's firewall as a firewall the operator runs might, starts an agent under that name with a
   live bootstrap token (one made for another node's join) and its Node is refused.
@@ -14,6 +17,7 @@ hosts whose nftables firewalls the program manages; ports are probed for real be
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -21,8 +25,9 @@ import pytest
 from pulumi import automation as auto
 from pulumi.automation import events as auto_events
 
+from host_scripts import script_path
 from lab import registration_attempts
-from lab.hosts import Host, Lab
+from lab.hosts import DEFAULT_CACHE_DIR, Host, Lab
 from lab.stack_harness import (
     LabStack,
     base_config,
@@ -33,6 +38,8 @@ from lab.stack_harness import (
     wait_until,
     worker_spec,
 )
+from node_operations.host_facts import parse_host_facts
+from node_operations.preflight import container_engine_notice
 
 pytestmark = pytest.mark.lab
 
@@ -47,6 +54,37 @@ def node_names(server: Host) -> set[str]:
 def ready(server: Host, name: str) -> bool:
     node = json.loads(server.run([K3S, "kubectl", "get", "node", name, "-o", "json"]).stdout)
     return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+
+
+# Another container engine on a worker, as Docker or the host's own containerd runs it: a real
+# containerd (the lab cache's) under /usr/bin, and a shim under /usr/bin whose container (a
+# process in a PID namespace of its own) runs under it. Units of their own, so a kill of either
+# shows as the unit no longer active.
+FOREIGN_UNITS = ("foreign-containerd", "foreign-container")
+FOREIGN_SHIM = "/usr/bin/containerd-shim-runc-v2"
+# k3s's own shim path (k3s extracts its binaries under <data dir>/data/<hash>/bin).
+K3S_SHIM = "/var/lib/rancher/k3s/data/lab/bin/containerd-shim-runc-v2"
+
+
+def shim_with_container(unit: str, shim_path: str) -> list[str]:
+    """A process that `ps` shows as the shim at `shim_path`, its container (sleep, in a PID
+    namespace of its own) under it, in the unit `unit`."""
+    container = f"exec -a {shim_path} unshare --pid --fork --kill-child sleep infinity"
+    return ["systemd-run", f"--unit={unit}", "bash", "-c", container]
+
+
+def start_foreign_engine(host: Host) -> None:
+    shutil.copy(DEFAULT_CACHE_DIR / "bin" / "containerd", host.root / "usr/bin/containerd")
+    state = ["--root", "/var/lib/foreign-containerd", "--state", "/run/foreign-containerd"]
+    address = ["--address", "/run/foreign-containerd/containerd.sock"]
+    host.run(["systemd-run", "--unit=foreign-containerd", "/usr/bin/containerd", *state, *address])
+    host.run(shim_with_container("foreign-container", FOREIGN_SHIM))
+    wait_until(f"the other container engine runs on {host.name}", lambda: foreign_engine_runs(host), 20)
+
+
+def foreign_engine_runs(host: Host) -> bool:
+    states = host.run(["systemctl", "is-active", *FOREIGN_UNITS], check=False).stdout.split()
+    return states == ["active"] * len(FOREIGN_UNITS)
 
 
 @dataclass
@@ -117,6 +155,7 @@ def test_dropping_a_worker_that_does_not_answer_is_refused_before_any_firewall_c
 
 def test_a_removal_killed_halfway_is_finished_by_the_next_up_before_the_peers_drop_it(cluster: Cluster) -> None:
     server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    start_foreign_engine(w2)
     cluster.stack.write_config(cluster.config([w1]))
     # SIGKILL in the middle of the removal: the host is being wiped.
     killed = cluster.stack.hk3s("up", "--yes", kill_when="wiping k3s, its data")
@@ -156,10 +195,47 @@ def test_a_removal_killed_halfway_is_finished_by_the_next_up_before_the_peers_dr
     assert not port_reachable(w2, server, 6443) and not port_reachable(w2, w1, 10250)
     assert port_reachable(w1, server, 6443) and port_reachable(server, w1, 10250)
     assert ready(server, "rm-worker-1")
+    # The wipes (the killed one and the one that finished) stopped k3s's alone: the host's other
+    # container engine, its shim and its container run on.
+    assert foreign_engine_runs(w2), w2.run(["systemctl", "status", "--no-pager", *FOREIGN_UNITS], check=False).stdout
 
     # Removing it again is a no-op: nothing to change.
     again = cluster.stack.api().up()
     assert set(again.summary) <= {"same"}, again.summary
+
+
+def test_a_fence_stops_k3s_containers_and_leaves_another_engines(cluster: Cluster) -> None:
+    """The fence's host script (k3s_fence.sh, as a fence runs it over SSH) on a host running
+    another container engine beside k3s: k3s's shim (under its data dir) and its container are
+    killed, the other engine's containerd, shim and container are not, and the fence's check of
+    what is left finds nothing of k3s (another engine's processes are not k3s's)."""
+    w2 = cluster.w2
+    if not foreign_engine_runs(w2):  # started by the test before this one, unless run alone
+        start_foreign_engine(w2)
+    # The host's facts, as a join's preflight reads them, name the other engine, and the join says
+    # what a fence will and will not stop there.
+    (w2.root / "root/host_facts.sh").write_text(script_path("host_facts.sh").read_text())
+    facts = parse_host_facts(w2.name, w2.run(["bash", "/root/host_facts.sh"]).stdout)
+    assert facts.container_engines == ["/usr/bin/containerd"], facts.container_engines
+    notice = container_engine_notice(w2.name, facts)
+    assert notice is not None and "does not stop that engine or its containers" in notice, notice
+    w2.run(["mkdir", "-p", K3S_SHIM.rsplit("/", 1)[0]])
+    w2.run(shim_with_container("k3s-container", K3S_SHIM))
+    wait_until("k3s's shim runs", lambda: w2.run(["pgrep", "-f", K3S_SHIM], check=False).returncode == 0, 20)
+    (w2.root / "root/k3s_fence.sh").write_text(script_path("k3s_fence.sh").read_text())
+    try:
+        fenced = w2.run(["bash", "/root/k3s_fence.sh"], timeout=120)
+        assert "result left \n" in fenced.stdout, fenced.stdout + fenced.stderr
+        assert w2.run(["pgrep", "-f", K3S_SHIM], check=False).returncode != 0, "k3s's shim outlived the fence"
+        assert w2.run(["systemctl", "is-active", "k3s-container"], check=False).stdout.strip() != "active"
+        assert foreign_engine_runs(w2), w2.run(["systemctl", "status", "--no-pager", *FOREIGN_UNITS], check=False)
+    finally:
+        # SIGKILL: unshare --fork ignores SIGTERM, and a PID namespace's first process has no
+        # default action for it, so a plain stop would wait out the unit's stop timeout.
+        w2.run(["systemctl", "kill", "--signal=SIGKILL", "k3s-container", *FOREIGN_UNITS], check=False)
+        w2.run(["systemctl", "reset-failed", "k3s-container", *FOREIGN_UNITS], check=False)
+        w2.run(["rm", "-rf", "/var/lib/rancher/k3s/data/lab", "/etc/systemd/system/k3s-agent.service.d"])
+        w2.run(["systemctl", "daemon-reload"])
 
 
 def test_a_removed_workers_name_takes_no_registration_with_a_live_token(cluster: Cluster) -> None:

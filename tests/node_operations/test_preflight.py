@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from node_operations.host_facts import HostFacts, read_host_facts
-from node_operations.preflight import PreflightRequirements, check_os, evaluate_preflight
+from node_operations.preflight import (
+    PreflightRequirements,
+    check_os,
+    container_engine_notice,
+    evaluate_preflight,
+)
 from remote_access.ssh import SshTarget
 from tests.loopback_sshd import LoopbackSshd
 
@@ -45,6 +50,7 @@ def _healthy(facts: HostFacts) -> HostFacts:
         wireguard="loadable",
         ipv4_addresses=["eth0 198.51.100.7/24"],
         kubernetes_state=[],
+        container_engines=[],
     )
 
 
@@ -125,3 +131,15 @@ def test_own_k3s_state_is_not_foreign_on_rejoin(real_facts: HostFacts) -> None:
     assert evaluate_preflight("w", facts, rejoin) == []
     message = str(evaluate_preflight("w", facts, VXLAN)[0])
     assert "/var/lib/rancher/k3s/agent" in message and "CA hash mismatch" in message
+
+
+def test_another_container_engine_is_named_with_what_a_fence_leaves_running(real_facts: HostFacts) -> None:
+    """A host running Docker's engine beside k3s may join (no refusal), and the join says that a
+    fence stops k3s's containers only: the other engine's keep running."""
+    facts = dataclasses.replace(_healthy(real_facts), container_engines=["/usr/bin/containerd", "/usr/bin/dockerd"])
+    assert evaluate_preflight("w", facts, VXLAN) == []
+    notice = container_engine_notice("w", facts)
+    assert notice is not None
+    assert "w runs another container engine (/usr/bin/containerd, /usr/bin/dockerd)" in notice
+    assert "/var/lib/rancher/k3s/data" in notice and "does not stop that engine or its containers" in notice
+    assert container_engine_notice("w", _healthy(real_facts)) is None
