@@ -150,6 +150,13 @@ sshd_effective_problems() {
   fi
   # SSH_CONNECTION: client address, client port, local address, local port of this login.
   read -r client_address _ local_address local_port <<<"${SSH_CONNECTION:-127.0.0.1 0 127.0.0.1 22}"
+  # The outside connection's address must not be the program's own (or the host's).
+  for address in "$sshd_outside_address" 203.0.113.1 192.0.2.1; do
+    if [ "$address" != "$client_address" ] && [ "$address" != "$local_address" ]; then
+      sshd_outside_address=$address
+      break
+    fi
+  done
   users=$({
     printf 'root\n%s\n' "${SUDO_USER:-$(id -un)}"
     awk -F: '$7 !~ /(nologin|false|sync|shutdown|halt)$/ && $7 != "" { print $1 }' /etc/passwd

@@ -71,10 +71,14 @@ def test_readme_command_reaches_preview(project_copy: Path, tmp_path: Path) -> N
         "PULUMI_HOME": str(tmp_path / ".pulumi"),
     }
     env.pop("PULUMI_BACKEND_URL", None)
+    # Typed at a terminal, as the README shows it: `script` gives the command a pseudo-terminal
+    # (a run with none is unattended and refuses the unpinned hosts' first contact).
+    command = "bash scripts/stack.sh preview --stack local --non-interactive --diff --color never"
     completed = subprocess.run(
-        ["bash", "scripts/stack.sh", "preview", "--stack", "local", "--non-interactive", "--diff"],
+        ["script", "--quiet", "--return", "--command", command, "/dev/null"],
         cwd=project_copy,
         env=env,
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=600,
