@@ -323,6 +323,15 @@ class FirewallSettings(StrictModel):
         description="Networks allowed to reach the Kubernetes API (6443/tcp) from outside the cluster.",
     )
     nodeports_open: bool = Field(False, description="Open NodePorts (30000-32767) to every source.")
+    # A node whose firewall the operator runs and that runs none at all leaves every port it
+    # listens on (the kubelet's, 8888/tcp, NodePorts) open to whoever reaches it: the join
+    # refuses it unless the stack says so, for a network another layer filters.
+    none_acknowledged: bool = Field(
+        False,
+        description="Accept nodes whose firewall you run (managed false, or a worker's firewall false) with no "
+        "active host firewall at all; every port they listen on is then open to whoever reaches them. Unset: the "
+        "join refuses such a node, naming it.",
+    )
 
 
 class StorageSettings(StrictModel):

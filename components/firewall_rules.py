@@ -165,6 +165,8 @@ class FirewallRules(pulumi.ComponentResource):
                 rules=rules_data,
                 nodeports_open=settings.firewall.nodeports_open,
                 block_metadata=node.name in on_hetzner,
+                cluster_networks=[settings.cluster.pod_cidr, settings.cluster.service_cidr],
+                node_addresses=cluster_peers.apply(lambda addresses: sorted(set(addresses.values()))),
                 teardown_allowed=settings.cluster.teardown_allowed,
             )
             opts = node.options(self, [node.probe])

@@ -244,6 +244,7 @@ class WorkerNode(pulumi.ComponentResource):
             k3s=k3s_release(settings.cluster, server.worker_version),
             # Checked against the host's own firewall when the operator runs it.
             operator_firewall_rules=None if self.endpoint.firewall_managed else firewall_rules,
+            no_firewall_acknowledged=settings.firewall.none_acknowledged,
             recorded_nodes=sorted([settings.server.name, *(w.name for w in settings.all_workers())]),
             network_mode=server.network.mode,
             node_ip=server.node_ip(worker.name),

@@ -198,7 +198,10 @@ def base_config(lab: Lab, server: Host, workers: Sequence[Host], **sections: Any
         # Lab hosts' keys are made fresh for each host; the runs (API, CLI, CI) are non-interactive.
         "ssh": {"private_key_file": str(lab.ssh_private_key_path), "trust_on_first_use": True},
         "network": {"mode": "public"},
-        "firewall": {"managed": False, "cloud_firewall": False},
+        # Lab hosts run no firewall of their own: the stacks that leave it to the operator
+        # acknowledge that (the join refuses such a node otherwise); `firewall={"managed": True}`
+        # overrides only `managed`.
+        "firewall": {"managed": False, "cloud_firewall": False, "none_acknowledged": True},
         # Longhorn's chart cannot be fetched here; the workers' disks are still probed at each join
         # (on a plain lab host that is this machine's disk under the host's overlay root).
         "storage": {"install_longhorn": False},

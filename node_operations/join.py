@@ -139,6 +139,9 @@ class JoinSpec:
     unmanaged_firewall_nodes: tuple[str, ...] = ()
     # The node's inbound rules when the operator runs its firewall (None: the program does).
     operator_firewall_rules: tuple[PortRule, ...] | None = None
+    # With operator_firewall_rules: the stack accepts a node with no active host firewall at all
+    # (hk3s:firewall.none_acknowledged); without it such a node stops the join.
+    no_firewall_acknowledged: bool = False
     register_deadline: float = REGISTER_DEADLINE_SECONDS
     ready_deadline: float = READY_DEADLINE_SECONDS
     # How long an API call waits for the API through an outage (hk3s:cluster.api_wait_seconds).
@@ -255,15 +258,18 @@ class Joiner:
     def _check_operator_firewall(self, required: tuple[PortRule, ...]) -> None:
         """A firewall the program does not manage must already allow the cluster's traffic
         (an active firewall the program does not run would silently drop the new node's
-        traffic, so it stops the join); list what to add."""
+        traffic, so it stops the join); list what to add. No active firewall at all stops it
+        too, unless the stack acknowledges it: every port the node listens on would be open."""
         assert self.host is not None, "preflight reads the host first"
-        report = evaluate_operator_firewall(self.host.firewall_inspection(), required)
+        report = evaluate_operator_firewall(
+            self.host.firewall_inspection(), required, none_acknowledged=self.spec.no_firewall_acknowledged
+        )
         if report.stops_join:
             raise JoinError(self.spec.node, "firewall", report.message())
         self.checks["operator-firewall"] = (
             f"{report.firewall}: nothing missing, nothing that must stay closed open"
             if report.active
-            else "none active: every port the node listens on is open to whoever reaches it"
+            else "none active (acknowledged): every port the node listens on is open to whoever reaches it"
         )
 
     async def _check_peers(self) -> None:

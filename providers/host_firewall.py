@@ -52,6 +52,11 @@ class HostFirewallInputs(NodeInputs):
     nodeports_open: pulumi.Input[bool] = False
     block_metadata: pulumi.Input[bool] = False
     """Drop pods' traffic to the cloud's metadata service (a server the program created at Hetzner)."""
+    cluster_networks: pulumi.Input[list[str]] = dataclasses.field(default_factory=list)
+    """The pod and Service networks, closed to non-nodes outside the cluster fabric. Absent in a
+    state written before the setting existed."""
+    node_addresses: pulumi.Input[list[str]] = dataclasses.field(default_factory=list)
+    """Every node's cluster address: who may send to the cluster networks from outside the fabric."""
     teardown_allowed: pulumi.Input[bool] = False
     """Read by delete: a teardown goes on without a host it cannot reach."""
 
@@ -87,6 +92,8 @@ def firewall_plan(props: Mapping[str, Any]) -> NodeFirewallPlan:
         props.get("rules"),
         props.get("nodeports_open"),
         props.get("block_metadata"),
+        cluster_networks=props.get("cluster_networks"),
+        node_addresses=props.get("node_addresses"),
     )
 
 
@@ -98,10 +105,21 @@ def _typed_plan(inputs: HostFirewallInputs) -> NodeFirewallPlan:
         known(inputs.rules),
         known(inputs.nodeports_open),
         known(inputs.block_metadata),
+        cluster_networks=known(inputs.cluster_networks),
+        node_addresses=known(inputs.node_addresses),
     )
 
 
-def _plan(node: str, role: Any, rules_data: Any, nodeports_open: Any, block_metadata: Any = False) -> NodeFirewallPlan:
+def _plan(
+    node: str,
+    role: Any,
+    rules_data: Any,
+    nodeports_open: Any,
+    block_metadata: Any = False,
+    *,
+    cluster_networks: Any = None,
+    node_addresses: Any = None,
+) -> NodeFirewallPlan:
     rules = tuple(
         PortRule(
             port=str(rule["port"]),
@@ -117,6 +135,8 @@ def _plan(node: str, role: Any, rules_data: Any, nodeports_open: Any, block_meta
         rules=rules,
         nodeports_open=bool(nodeports_open),
         block_metadata=block_metadata is True,
+        cluster_networks=tuple(str(network) for network in cluster_networks or ()),
+        node_addresses=tuple(sorted({str(address) for address in node_addresses or ()})),
     )
 
 
@@ -130,7 +150,8 @@ def _rule_dicts(rules: tuple[PortRule, ...] | list[PortRule]) -> list[dict[str, 
 def _plan_failures(news: Mapping[str, Any]) -> list[CheckFailure]:
     if news.get("role") not in ("server", "worker") and is_known(news.get("role")):
         return [CheckFailure("role", f"{news.get('role')!r} is not server or worker")]
-    if not all(is_known(news.get(key)) for key in HostFirewallInputs.names("node", "role", "rules", "nodeports_open")):
+    names = HostFirewallInputs.names("node", "role", "rules", "nodeports_open", "cluster_networks", "node_addresses")
+    if not all(is_known(news.get(key)) for key in names):
         return []
     try:
         plan = firewall_plan(news)

@@ -63,6 +63,9 @@ class NodeJoinInputs(NodeInputs):
     k3s: K3sRelease = dataclasses.field(metadata=flat(K3sRelease))
     operator_firewall_rules: pulumi.Input[list[dict[str, Any]]] | None = None
     """The node's rules, checked against its own firewall where the operator runs it."""
+    no_firewall_acknowledged: pulumi.Input[bool] = False
+    """hk3s:firewall.none_acknowledged: with operator_firewall_rules, a node with no active
+    firewall passes the join. Absent in a state written before the setting existed."""
     recorded_nodes: pulumi.Input[list[str]] = dataclasses.field(default_factory=list)
     network_mode: pulumi.Input[str]
     node_ip: pulumi.Input[str]
@@ -128,6 +131,7 @@ DIFF_IGNORED = (
         # Derived from the network plan, for the join's checks; never a reason to rejoin.
         "cluster_address",
         "operator_firewall_rules",
+        "no_firewall_acknowledged",
         "server_firewall_managed",
         # How long API calls wait through an outage: a setting of the run, not of this node.
         "api_wait_seconds",
@@ -208,6 +212,7 @@ class NodeJoinProvider(NodeProvider):
                 (str(known(inputs.server_node)),) if known(inputs.server_firewall_managed) is False else ()
             ),
             operator_firewall_rules=inputs.operator_rules(),
+            no_firewall_acknowledged=known(inputs.no_firewall_acknowledged) is True,
         )
         target = ssh_target(inputs.login)
         result = run_operation(join_worker(target, inputs.server(), spec, lambda line: progress(node, line)))

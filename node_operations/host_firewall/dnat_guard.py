@@ -1,5 +1,6 @@
-"""The DNAT guard: a forward chain that holds traffic Kubernetes DNATs to the plan, and keeps
-pods away from the cloud's metadata service.
+"""The DNAT guard: a forward chain that holds traffic Kubernetes DNATs to the plan, keeps
+pods away from the cloud's metadata service and keeps non-nodes away from the pod and Service
+networks; beside UFW or firewalld, an input chain that holds DNAT'd traffic to the node itself.
 
 DNAT'd traffic (kube-proxy's NodePorts and LoadBalancer addresses, the
 hostPorts ServiceLB publishes) is forwarded to a pod and never meets an input
@@ -14,6 +15,21 @@ The same chain drops every forwarded packet to the metadata service where the pl
 never its output path, so one rule here holds on every backend. Traffic the node itself sends
 (hostNetwork pods included) goes through the output path and is not held: a hostNetwork pod is
 the node, as far as the network can tell.
+
+A Service whose endpoint is the node itself (a hostNetwork pod), and the `kubernetes` Service
+(DNAT'd to the server's 6443/tcp), are DNAT'd to the node's own address: the packet meets the
+input path, not the forward path. firewalld accepts every DNAT'd packet there before its zones
+(firewalld's src/firewall/core/nftables.py, build_default_rules: "Generic accept of all DNAT'd
+packets", unless StrictForwardPorts=yes), so beside UFW or firewalld the guard table has a
+second chain, `dnat_guard_input`, on the input hook: a DNAT'd connection from outside the
+fabric passes only when the port it is delivered to is open to its source in the plan, what
+UFW's and the program's own input chains already hold it to.
+
+A host on the nodes' segment (a shared L2 network, a vSwitch) can route the pod and Service
+networks through a node: flannel accepts every forwarded packet to the pod network, and a
+Service port the plan opens (22/tcp, say) lets its DNAT through. Both chains drop traffic to
+those networks (`ct original ip daddr`: the address the client sent to, before any DNAT) that
+arrives outside the fabric from an address that is not a node's; nodes' own traffic still passes.
 """
 
 from __future__ import annotations
@@ -39,12 +55,31 @@ from remote_access.ssh import SshSession
 # Beside UFW or firewalld: the DNAT guard alone, in a table of its own.
 NFT_GUARD_TABLE = "hk3s_dnat_guard"
 NFT_GUARD_CHAIN = "dnat_guard"
+NFT_GUARD_INPUT_CHAIN = "dnat_guard_input"
 DNAT_GUARD_PURPOSE = "DNAT to a port the plan keeps closed (NodePort, hostPort, LoadBalancer)"
+DNAT_INPUT_PURPOSE = "DNAT to this node on a port the plan keeps closed to the source"
+CLUSTER_NETWORKS_PURPOSE = "pod and Service networks from a non-node outside the fabric"
 METADATA_PURPOSE = "pods to the cloud metadata service (it serves the host keys)"
 REMOTE_GUARD_FILE = f"{remote.REMOTE_DIR}/dnat-guard.nft"
 
 
-def dnat_guard_lines(planned: Sequence[PlannedRule], *, block_metadata: bool = False) -> list[str]:
+def cluster_networks_rule(cluster_networks: Sequence[str], node_addresses: Sequence[str]) -> list[str]:
+    """The drop of traffic to the pod and Service networks from a non-node (none without networks)."""
+    if not cluster_networks:
+        return []
+    rule = f"ct original ip daddr {{ {', '.join(cluster_networks)} }} "
+    if node_addresses:
+        rule += f"ip saddr != {{ {', '.join(node_addresses)} }} "
+    return [rule + f"drop comment {nft_comment(CLUSTER_NETWORKS_PURPOSE)}"]
+
+
+def dnat_guard_lines(
+    planned: Sequence[PlannedRule],
+    *,
+    block_metadata: bool = False,
+    cluster_networks: Sequence[str] = (),
+    node_addresses: Sequence[str] = (),
+) -> list[str]:
     """The chain that holds DNAT'd traffic to the plan.
 
     kube-proxy (NodePorts, LoadBalancer addresses) and the hostPorts ServiceLB
@@ -53,7 +88,8 @@ def dnat_guard_lines(planned: Sequence[PlannedRule], *, block_metadata: bool = F
     accepts every DNAT'd flow in its forward chain, flannel every flow to the
     pod network). Here a DNAT'd connection from outside the cluster fabric
     passes only when the port it was sent to (`ct original proto-dst`) is one
-    the plan opens to its source; traffic that was not DNAT'd is left alone.
+    the plan opens to its source; traffic that was not DNAT'd is left alone, but for traffic to
+    `cluster_networks` from outside the fabric and `node_addresses` (dropped).
     With `block_metadata`, first of all: nothing is forwarded to the metadata service (a
     reject, so a pod's client fails at once instead of waiting out its timeout)."""
     rules = [f"ip daddr {METADATA_ADDRESS} reject comment {nft_comment(METADATA_PURPOSE)}"] if block_metadata else []
@@ -61,6 +97,7 @@ def dnat_guard_lines(planned: Sequence[PlannedRule], *, block_metadata: bool = F
         "ct state established,related accept",
         # Pods reaching a Service's ClusterIP are DNAT'd too, on the fabric.
         f"iifname {{ {nft_fabric()} }} accept",
+        *cluster_networks_rule(cluster_networks, node_addresses),
     ]
     rules += nft_accept_rules(
         planned,
@@ -76,6 +113,30 @@ def dnat_guard_lines(planned: Sequence[PlannedRule], *, block_metadata: bool = F
     return lines
 
 
+def dnat_guard_input_lines(
+    planned: Sequence[PlannedRule], *, cluster_networks: Sequence[str] = (), node_addresses: Sequence[str] = ()
+) -> list[str]:
+    """The input chain beside UFW or firewalld (module docstring): a DNAT'd connection to the
+    node itself from outside the fabric passes only when the port it is delivered to is open to
+    its source in the plan. Runs before firewalld's own input chain (priority filter + 10) and
+    UFW's (filter): a drop in any base chain is final."""
+    rules = [
+        "ct state established,related accept",
+        f'iifname {{ "lo", {nft_fabric()} }} accept',
+        *cluster_networks_rule(cluster_networks, node_addresses),
+    ]
+    rules += nft_accept_rules(
+        planned,
+        lambda item: f"meta l4proto {item.rule.protocol} th dport {port_text(item.first_port, item.last_port)}",
+        prefix="ct status dnat ",
+    )
+    rules.append(f"ct status dnat drop comment {nft_comment(DNAT_INPUT_PURPOSE)}")
+    lines = [f"\tchain {NFT_GUARD_INPUT_CHAIN} {{", "\t\ttype filter hook input priority filter - 5; policy accept;"]
+    lines += [f"\t\t{rule}" for rule in rules]
+    lines.append("\t}")
+    return lines
+
+
 def guard_rule_count(lines: Sequence[str]) -> int:
     return sum(1 for line in lines if line.startswith("\t\t") and not line.startswith("\t\ttype "))
 
@@ -85,7 +146,11 @@ def render_dnat_guard(plan: NodeFirewallPlan) -> NftRuleset:
     firewall is UFW or firewalld (neither filters DNAT'd traffic by port)."""
     plan.check()
     planned = planned_rules(plan)
-    guard = dnat_guard_lines(planned, block_metadata=plan.block_metadata)
+    networks = {"cluster_networks": plan.cluster_networks, "node_addresses": plan.node_addresses}
+    guard = [
+        *dnat_guard_lines(planned, block_metadata=plan.block_metadata, **networks),
+        *dnat_guard_input_lines(planned, **networks),
+    ]
     lines = [
         f"# DNAT guard of {plan.node} ({plan.role}), written by hk3s beside its UFW or firewalld rules.",
         f"table inet {NFT_GUARD_TABLE} {{}}",

@@ -373,7 +373,14 @@ class NftablesBackend(Backend):
         lines += ["\tchain input {", "\t\ttype filter hook input priority filter; policy drop;"]
         lines += [f"\t\t{rule}" for rule in input_rules]
         lines.append("\t}")
-        guard = dnat_guard_lines(planned, block_metadata=plan.block_metadata)
+        # The input chain above holds DNAT'd traffic to the node itself by port and source
+        # already: only the forward chain of the guard is needed here.
+        guard = dnat_guard_lines(
+            planned,
+            block_metadata=plan.block_metadata,
+            cluster_networks=plan.cluster_networks,
+            node_addresses=plan.node_addresses,
+        )
         lines += guard
         lines.append("}")
         return NftRuleset("\n".join(lines) + "\n", len(input_rules) + guard_rule_count(guard))

@@ -8,7 +8,10 @@ join reached SSH already; NodePorts are the operator's call), but what must stay
 closed is checked: 8888/tcp, and NodePorts unless the stack opens them, open to
 every source are `exposed`. The report's `stops_join` is true when an active
 firewall (UFW active, firewalld running, or an nftables input hook with a drop
-policy or drop rules) misses rules or exposes such a port;
+policy or drop rules) misses rules or exposes such a port, and when no firewall is
+active at all unless the stack acknowledges that (`none_acknowledged`,
+hk3s:firewall.none_acknowledged): every port such a node listens on, the kubelet's and
+8888/tcp included, is open to whoever reaches it;
 `missing` lists them (all required rules when it cannot tell, `determined`
 false and `reason` saying why); `message()` is the text to show.
 """
@@ -52,17 +55,34 @@ class OperatorFirewallReport:
     reason: str = ""
     exposed: tuple[PortRule, ...] = ()
     """Ports the cluster keeps closed that this firewall opens to every source."""
+    none_acknowledged: bool = False
+    """The stack accepts nodes with no host firewall at all (hk3s:firewall.none_acknowledged)."""
 
     @property
     def stops_join(self) -> bool:
         """The join must stop: an active firewall lacks (or may lack) rules, or opens to every
-        source a port that must stay closed."""
-        return self.active and bool(self.missing or self.exposed)
+        source a port that must stay closed; or no firewall is active and the stack has not
+        acknowledged running without one."""
+        if not self.active:
+            return not self.none_acknowledged
+        return bool(self.missing or self.exposed)
 
     def message(self) -> str:
         """What to tell the operator, naming the node, the rules and the way out."""
         if not self.active:
-            return f"{self.node}: no active host firewall found"
+            head = (
+                f"{self.node}: no active host firewall found, and hk3s does not run this node's firewall "
+                "(hk3s:firewall.managed or hk3s:workers[].firewall false): every port it listens on, the "
+                "kubelet's 10250/tcp, 8888/tcp and NodePorts included, is open to whoever reaches it."
+            )
+            if self.none_acknowledged:
+                return head + " Acknowledged by hk3s:firewall.none_acknowledged."
+            return (
+                f"{head} Start a host firewall that allows the cluster's rules and keeps 8888/tcp closed, or let "
+                "hk3s run it (hk3s:workers[].firewall or hk3s:firewall.managed true), or, if another layer "
+                "filters this node's traffic, acknowledge it with hk3s:firewall.none_acknowledged true; "
+                "then run again."
+            )
         if not self.missing and not self.exposed:
             return f"{self.node}: the {self.firewall} firewall allows every port the cluster needs"
         if not self.missing:
@@ -128,13 +148,15 @@ def _operator_probes(required: Sequence[PortRule]) -> list[tuple[PortRule, list[
     return probes
 
 
-def evaluate_operator_firewall(inspection: FirewallInspection, required: Sequence[PortRule]) -> OperatorFirewallReport:
+def evaluate_operator_firewall(
+    inspection: FirewallInspection, required: Sequence[PortRule], *, none_acknowledged: bool = False
+) -> OperatorFirewallReport:
     """Check an operator-run firewall against `required` (see the module docstring)."""
     node = inspection.node
     probes = _operator_probes(required)
     kind = next((name for name in _JUDGED_IN_ORDER if BACKENDS[name].filtering(inspection)), None)
     if kind is None:
-        return OperatorFirewallReport(node, "none", False, True, ())
+        return OperatorFirewallReport(node, "none", False, True, (), none_acknowledged=none_acknowledged)
     backend = BACKENDS[kind]
     missing: list[PortRule] = []
     try:

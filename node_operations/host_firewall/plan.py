@@ -100,6 +100,13 @@ class NodeFirewallPlan:
     block_metadata: bool = False
     """Drop forwarded traffic (pods') to the cloud's metadata service (firewall_plan.METADATA_ADDRESS):
     set for a server the program created at Hetzner, whose metadata service serves its SSH host keys."""
+    cluster_networks: tuple[str, ...] = ()
+    """The pod and Service networks (hk3s:cluster.pod_cidr and service_cidr): traffic to them that
+    arrives outside the cluster fabric from an address not in `node_addresses` is dropped, so a
+    host on the nodes' segment that routes them through a node reaches no pod and no Service."""
+    node_addresses: tuple[str, ...] = ()
+    """Every node's cluster address: the sources that may send to `cluster_networks` from
+    outside the fabric."""
 
     def problems(self) -> list[str]:
         """What makes this plan unsafe or unrenderable, one line each."""
@@ -136,6 +143,21 @@ class NodeFirewallPlan:
                 and not (is_nodeport and self.nodeports_open)
             ):
                 problems.append(f"{where}: on a worker only SSH may be open to every source")
+        return problems + self.network_problems()
+
+    def network_problems(self) -> list[str]:
+        """`cluster_networks` and `node_addresses` that are not IPv4 networks, one line each."""
+        problems: list[str] = []
+        fields = (("cluster_networks", self.cluster_networks), ("node_addresses", self.node_addresses))
+        for field_name, values in fields:
+            for value in values:
+                try:
+                    network = ipaddress.ip_network(value, strict=False)
+                except ValueError:
+                    problems.append(f"{field_name}: {value!r} is not an IP network")
+                    continue
+                if network.version != 4:
+                    problems.append(f"{field_name}: {value!r} is not an IPv4 network")
         return problems
 
     def check(self) -> None:

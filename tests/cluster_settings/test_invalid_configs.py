@@ -205,6 +205,12 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "CIDR",
     ),
     (
+        "no-firewall-acknowledgement-not-a-bool",
+        {"firewall.none_acknowledged": "maybe"},
+        "hk3s:firewall.none_acknowledged",
+        "bool",
+    ),
+    (
         "label-reserved",
         {"workers.0.labels": {"node-role.kubernetes.io/worker": ""}},
         "hk3s:workers[0].labels",

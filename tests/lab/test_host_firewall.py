@@ -44,6 +44,8 @@ TCP_PORTS = (22, 6443, 8888, 9100, 10250, 30080)
 UDP_PORTS = (8472, 30080, 51820)
 LISTENER_LOG = "/run/hk3s-test-listener.log"
 PROBE_TIMEOUT = 2.0
+# k3s's default pod and Service networks (hk3s:cluster.pod_cidr and service_cidr).
+CLUSTER_NETWORKS = ("10.42.0.0/16", "10.43.0.0/16")
 UFW_PACKAGES = ("ufw",)
 # debootstrap does not resolve virtual packages: polkitd (firewalld needs it)
 # wants "logind", which libpam-systemd provides.
@@ -233,7 +235,13 @@ class Cluster:
             # The root namespace plays the operator's laptop.
             operator_access=[f"{self.lab.public_gateway}/32"],
         )
-        return NodeFirewallPlan(host.name, role, tuple(rules))
+        return NodeFirewallPlan(
+            host.name,
+            role,
+            tuple(rules),
+            cluster_networks=CLUSTER_NETWORKS,
+            node_addresses=tuple(sorted(self.peers().values())),
+        )
 
     def jobs(self) -> list[NodeFirewallJob]:
         return [NodeFirewallJob(ssh_target(self.lab, host), self.plan(host)) for host in self.members]
@@ -254,6 +262,8 @@ class Cluster:
                 for r in plan.rules
             ],
             "nodeports_open": False,
+            "cluster_networks": list(plan.cluster_networks),
+            "node_addresses": list(plan.node_addresses),
         }
 
 
@@ -588,6 +598,142 @@ def test_nodeports_stay_closed_when_kube_proxy_would_forward_them(cluster: Clust
     assert not tcp_open_from(None, str(host.public_ip), 30080)
 
 
+KUBE_PROXY_TABLE = "hk3s_test_kubeproxy"
+
+
+def kube_proxy_standin(host: Host, rules: Sequence[str]) -> None:
+    """kube-proxy's DNAT, as its nftables mode writes it (kubernetes pkg/proxy/nftables/proxier.go:
+    a nat chain on the prerouting hook at priority dstnat whose Service rules end in `dnat to`):
+    `rules` are that chain's rules."""
+    script = [
+        f"nft add table ip {KUBE_PROXY_TABLE}",
+        f"nft add chain ip {KUBE_PROXY_TABLE} prerouting '{{ type nat hook prerouting priority dstnat; }}'",
+        *(f"nft add rule ip {KUBE_PROXY_TABLE} prerouting {rule}" for rule in rules),
+    ]
+    host.run("set -e; " + "; ".join(script))
+
+
+def routes_via(sources: Sequence[Host], networks: Sequence[str], gateway: Host) -> None:
+    """Each source routes `networks` through `gateway`'s private address: a host on the nodes'
+    segment (a shared L2 network, a vSwitch) needs nothing more to send to pods and Services."""
+    for source in sources:
+        for network in networks:
+            source.run(["ip", "route", "replace", network, "via", str(gateway.private_ip)])
+
+
+def drop_routes(sources: Sequence[Host], networks: Sequence[str]) -> None:
+    for source in sources:
+        for network in networks:
+            source.run(["ip", "route", "del", network], check=False)
+
+
+def test_firewalld_holds_dnat_to_the_node_itself_to_the_plan(cluster: Cluster) -> None:
+    """firewalld accepts every DNAT'd packet on its input path (firewalld's
+    src/firewall/core/nftables.py, build_default_rules: "Generic accept of all DNAT'd packets",
+    unless StrictForwardPorts=yes), past its zone. A Service whose endpoint is the node itself (a
+    hostNetwork pod) is DNAT'd to the node's own address, so without a guard on the input path
+    it answers whoever reaches the node: a NodePort with NodePorts closed, or the Service's
+    ClusterIP routed through the node by a host on the nodes' segment. Real packets through a
+    kube-proxy stand-in: a NodePort to node-exporter's 9100/tcp (open to the server alone) and a
+    ClusterIP to the kubelet's 10250/tcp (open to the peers)."""
+    host = cluster.firewalld
+    private, public = str(host.private_ip), str(host.public_ip)
+    cluster_ip = "10.43.0.10"
+    kube_proxy_standin(
+        host,
+        [
+            f"tcp dport 30091 dnat to {private}:9100",
+            f"ip daddr {cluster_ip} tcp dport 443 dnat to {private}:10250",
+        ],
+    )
+    callers = [cluster.outsider, cluster.server, cluster.nft]
+    routes_via(callers, [f"{cluster_ip}/32"], host)
+    try:
+        # The sources the plan names still get through: the server to 9100, a peer to 10250.
+        assert tcp_open_from(cluster.server, private, 30091)
+        assert tcp_open_from(cluster.nft, cluster_ip, 443)
+        # Nobody else: not the outsider on the segment, not the outside, not a worker to 9100.
+        assert not tcp_open_from(cluster.outsider, private, 30091)
+        assert not tcp_open_from(None, public, 30091)
+        assert not tcp_open_from(cluster.nft, private, 30091)
+        assert not tcp_open_from(cluster.outsider, cluster_ip, 443)
+        # Without the guard firewalld lets them in: the stand-in's DNAT and firewalld's accept are real.
+        host.run(["nft", "delete", "table", "inet", "hk3s_dnat_guard"])
+        assert tcp_open_from(cluster.outsider, private, 30091), "firewalld's DNAT accept did not show"
+        assert tcp_open_from(cluster.outsider, cluster_ip, 443), "firewalld's DNAT accept did not show"
+    finally:
+        drop_routes(callers, [f"{cluster_ip}/32"])
+        host.run(f"nft delete table ip {KUBE_PROXY_TABLE}", check=False)
+        asyncio.run(apply_node_firewall(ssh_target(cluster.lab, host), cluster.plan(host)))
+    assert not tcp_open_from(None, public, 30091)
+
+
+def start_pod(host: Host, address: str) -> None:
+    """A pod: a network namespace behind a veth, its listener on 8080/tcp, the node forwarding."""
+    gateway = address.rsplit(".", 1)[0] + ".1"
+    host.run(
+        "set -e; ip netns add pod; ip link add veth-pod type veth peer name eth0 netns pod;"
+        f" ip addr add {gateway}/24 dev veth-pod; ip link set veth-pod up;"
+        f" ip -n pod addr add {address}/24 dev eth0; ip -n pod link set eth0 up; ip -n pod link set lo up;"
+        f" ip -n pod route add default via {gateway};"
+        " systemd-run --unit=hk3s-test-pod --collect ip netns exec pod python3 /root/listener.py 8080 '' /dev/null"
+    )
+    # /proc/sys is read-only inside the container: forward from the machine's side of its namespace.
+    host.netns_run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+    for _ in range(50):
+        if host.run(["ip", "netns", "exec", "pod", "ss", "-Htln"]).stdout.count(":8080 "):
+            return
+        time.sleep(0.1)
+    pytest.fail(f"{host.name}: the test pod's listener did not come up")
+
+
+def stop_pod(host: Host) -> None:
+    host.run("systemctl stop hk3s-test-pod; ip netns del pod", check=False)
+
+
+# flannel's forward rules (flannel-io/flannel pkg/trafficmngr/iptables, forwardRules): the FORWARD
+# chain accepts everything from and to the pod network, whatever the host firewall's policy.
+FLANNEL_FORWARD = (
+    "iptables -w 5 -N FLANNEL-FWD; iptables -w 5 -A FORWARD -j FLANNEL-FWD;"
+    " iptables -w 5 -A FLANNEL-FWD -s 10.42.0.0/16 -j ACCEPT; iptables -w 5 -A FLANNEL-FWD -d 10.42.0.0/16 -j ACCEPT"
+)
+FLANNEL_FORWARD_UNDO = (
+    "iptables -w 5 -D FORWARD -j FLANNEL-FWD; iptables -w 5 -F FLANNEL-FWD; iptables -w 5 -X FLANNEL-FWD"
+)
+
+
+def test_pod_and_service_networks_take_nothing_from_a_non_node_on_the_segment(cluster: Cluster) -> None:
+    """A host on the nodes' segment that routes the pod and Service networks through a node
+    reaches pods past every port rule (flannel accepts all forwarded pod traffic, and a Service
+    port the plan opens, such as 22/tcp, lets its DNAT through) unless traffic to those networks
+    from a non-node, arriving outside the cluster fabric, is dropped. A node sending the same
+    packets still gets through. UFW and plain nftables, real packets."""
+    for host, pod in ((cluster.ufw, "10.42.7.2"), (cluster.nft, "10.42.8.2")):
+        cluster_ip = "10.43.0.22"
+        start_pod(host, pod)
+        kube_proxy_standin(host, [f"ip daddr {cluster_ip} tcp dport 22 dnat to {pod}:8080"])
+        host.run(FLANNEL_FORWARD)
+        networks = [f"{pod}/32", f"{cluster_ip}/32"]
+        callers = [cluster.outsider, cluster.server]
+        routes_via(callers, networks, host)
+        guard = "hk3s_dnat_guard" if host is cluster.ufw else "hk3s_node"
+        try:
+            assert tcp_open_from(cluster.server, pod, 8080), host.name
+            assert tcp_open_from(cluster.server, cluster_ip, 22), host.name
+            assert not tcp_open_from(cluster.outsider, pod, 8080), host.name
+            assert not tcp_open_from(cluster.outsider, cluster_ip, 22), host.name
+            # Without the program's guard the outsider gets in: the routes and stand-ins are real.
+            host.run(["nft", "delete", "table", "inet", guard])
+            assert tcp_open_from(cluster.outsider, pod, 8080), f"{host.name}: the pod is not routed"
+            assert tcp_open_from(cluster.outsider, cluster_ip, 22), f"{host.name}: the Service is not routed"
+        finally:
+            drop_routes(callers, networks)
+            host.run(FLANNEL_FORWARD_UNDO, check=False)
+            host.run(f"nft delete table ip {KUBE_PROXY_TABLE}", check=False)
+            stop_pod(host)
+            asyncio.run(apply_node_firewall(ssh_target(cluster.lab, host), cluster.plan(host)))
+
+
 def test_delete_takes_away_only_the_programs_rules(cluster: Cluster) -> None:
     provider = HostFirewallProvider()
     # Rules and tables the program does not own.
@@ -652,11 +798,13 @@ def _operator_rules(cluster: Cluster, host: Host) -> list[PortRule]:
     )
 
 
-async def check_operator_firewall(target: SshTarget, required: Sequence[PortRule]) -> OperatorFirewallReport:
+async def check_operator_firewall(
+    target: SshTarget, required: Sequence[PortRule], *, none_acknowledged: bool = False
+) -> OperatorFirewallReport:
     """Read the node's firewall as the join does (changing nothing) and judge it against `required`."""
     async with open_session(target) as session:
         inspection = await inspect_firewall(session, operator=True)
-    return evaluate_operator_firewall(inspection, required)
+    return evaluate_operator_firewall(inspection, required, none_acknowledged=none_acknowledged)
 
 
 def _missing(report: Any) -> set[tuple[str, str, tuple[str, ...]]]:
@@ -672,8 +820,15 @@ def test_operator_ufw_stops_the_join_and_lists_the_missing_rules(
     server = f"{cluster.server.private_ip}/32"
     workers = sorted(f"{h.private_ip}/32" for h in cluster.members if h is not cluster.server)
 
+    # No active firewall at all: every port the host listens on is open to whoever reaches it
+    # (real packets say so), which stops the join unless the stack acknowledges it.
+    assert tcp_open_from(cluster.outsider, str(host.private_ip), 10250)
+    assert tcp_open_from(None, str(host.public_ip), 8888)
     inactive = asyncio.run(check_operator_firewall(target, required))
-    assert not inactive.active and not inactive.stops_join
+    assert not inactive.active and inactive.stops_join
+    assert host.name in inactive.message() and "hk3s:firewall.none_acknowledged" in inactive.message()
+    acknowledged = asyncio.run(check_operator_firewall(target, required, none_acknowledged=True))
+    assert not acknowledged.active and not acknowledged.stops_join
 
     host.run("ufw allow 22/tcp && ufw allow proto tcp from " + str(cluster.server.private_ip) + " to any port 10250")
     host.run(["ufw", "--force", "enable"])

@@ -330,6 +330,36 @@ def test_unmanaged_active_firewall_stops_the_join_listing_rules(lab: Lab, cluste
     assert worker.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
 
 
+def test_unmanaged_host_with_no_firewall_at_all_stops_the_join_before_anything_changes(
+    lab: Lab, cluster: Cluster
+) -> None:
+    # The operator runs this node's firewall (hk3s:firewall.managed false) but none is active:
+    # every port the host listens on is open to whoever reaches it. The join stops, naming the
+    # host and the fix, unless the stack acknowledges running without one.
+    from node_operations.firewall_plan import inbound_rules  # noqa: PLC0415
+
+    worker = fresh_worker(lab, "jf-nofw")
+    assert worker.public_ip and cluster.server.public_ip
+    assert worker.run(["nft", "list", "ruleset"]).stdout.strip() == "", "the lab host runs a firewall"
+    required = tuple(
+        inbound_rules(
+            role="worker",
+            node=worker.name,
+            peers={cluster.server.name: cluster.server.public_ip, worker.name: worker.public_ip},
+            server=cluster.server.name,
+            pod_network="vxlan",
+        )
+    )
+    error = join(lab, cluster, worker, operator_firewall_rules=required, recorded_nodes=_recorded(cluster, worker))
+    assert error.check == "firewall", str(error)
+    message = str(error)
+    assert worker.name in message and "no active host firewall" in message
+    assert "hk3s:firewall.managed" in message and "hk3s:firewall.none_acknowledged" in message
+    # Nothing was changed on the host: no k3s, no firewall.
+    assert worker.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
+    assert worker.run(["nft", "list", "ruleset"]).stdout.strip() == ""
+
+
 def test_unmanaged_ufw_on_a_peer_stops_the_join_even_with_ports_open(lab: Lab, cluster: Cluster) -> None:
     # A UFW the program does not manage on an existing node stops the join, even
     # with the ports open, because the new node's peer rules cannot be added there.

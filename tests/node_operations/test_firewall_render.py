@@ -165,7 +165,10 @@ def test_the_dnat_guard_follows_the_plan_on_every_backend() -> None:
     worker = plan_for("w1", cluster_peers(3))
     guard = render_dnat_guard(worker)
     assert "table inet hk3s_dnat_guard {" in guard.text and "chain input" not in guard.text
-    assert guard.text.count("ct status dnat") == guard.rule_count - 2
+    # Two chains (forward, and input beside UFW or firewalld), each with two rules that are not
+    # about DNAT (established flows, the fabric).
+    assert guard.text.count("ct status dnat") == guard.rule_count - 4
+    assert "ip saddr @peers_v4_1 meta l4proto udp th dport 51820 accept" in guard.text
     assert "ip saddr @peers_v4_1 meta l4proto udp ct original proto-dst 51820 accept" in guard.text
     assert "proto-dst 80 " not in guard.text and "proto-dst 443 " not in guard.text
     server = plan_for(SERVER, cluster_peers(3), ingress=True)
@@ -193,6 +196,54 @@ def test_a_hetzner_node_rejects_forwarded_traffic_to_the_metadata_service_first(
         assert reject not in render(plain).text and count == render(plain).rule_count + 1
         checked = nft(netns, "-c", "-f", "-", stdin=text)
         assert checked.returncode == 0, checked.stderr
+
+
+def test_the_cluster_networks_are_closed_to_non_nodes_outside_the_fabric(netns: str) -> None:
+    """Both guard chains beside UFW or firewalld, and the forward chain of the program's own
+    table, drop traffic to the pod and Service networks (by the address the client sent to,
+    before DNAT) from a non-node outside the fabric, after the fabric's accept; the real nft
+    accepts the text. Without the networks there is no such rule; a bad network is refused."""
+    plain = plan_for("w1", cluster_peers(3))
+    closed = dataclasses.replace(
+        plain, cluster_networks=("10.42.0.0/16", "10.43.0.0/16"), node_addresses=("10.0.1.2", "10.0.1.3")
+    )
+    drop = (
+        "ct original ip daddr { 10.42.0.0/16, 10.43.0.0/16 } ip saddr != { 10.0.1.2, 10.0.1.3 } drop comment "
+        '"pod and Service networks from a non-node outside the fabric"'
+    )
+    for render, chains in ((NFTABLES.render, 1), (render_dnat_guard, 2)):
+        text = render(closed).text
+        assert text.count(drop) == chains, text
+        assert render(closed).rule_count == render(plain).rule_count + chains
+        assert drop not in render(plain).text
+        for chain in ("chain dnat_guard {", "chain dnat_guard_input {")[:chains]:
+            rules = [line.strip() for line in text[text.index(chain) :].splitlines()[2:]]
+            assert rules.index(drop) == 2 and rules[1].startswith("iifname {"), rules
+        checked = nft(netns, "-c", "-f", "-", stdin=text)
+        assert checked.returncode == 0, checked.stderr
+    bad = dataclasses.replace(plain, cluster_networks=("pods",), node_addresses=("2001:db8::1",))
+    assert bad.problems() == [
+        "cluster_networks: 'pods' is not an IP network",
+        "node_addresses: '2001:db8::1' is not an IPv4 network",
+    ]
+
+
+def test_the_input_guard_holds_dnat_to_the_node_to_the_delivered_port_and_source(netns: str) -> None:
+    """Beside UFW or firewalld (firewalld accepts every DNAT'd packet on input), DNAT'd traffic to
+    the node itself passes by the port it is delivered to, to the plan's sources, and is dropped
+    otherwise; loopback and the fabric pass. The program's own nftables table needs no such chain."""
+    worker = plan_for("w1", cluster_peers(3))
+    text = render_dnat_guard(worker).text
+    chain = text[text.index("chain dnat_guard_input {") :]
+    lines = [line.strip() for line in chain.splitlines()]
+    lines = lines[: lines.index("}")]
+    assert lines[1] == "type filter hook input priority filter - 5; policy accept;"
+    assert lines[2] == "ct state established,related accept" and lines[3].startswith('iifname { "lo", "cni0"')
+    assert "ip saddr @peers_v4_1 meta l4proto tcp th dport 10250 accept" in chain
+    assert lines[-1] == 'ct status dnat drop comment "DNAT to this node on a port the plan keeps closed to the source"'
+    assert "dnat_guard_input" not in NFTABLES.render(worker).text
+    checked = nft(netns, "-c", "-f", "-", stdin=text)
+    assert checked.returncode == 0, checked.stderr
 
 
 # --------------------------------------------------------------------------- plan checks
@@ -412,11 +463,14 @@ def test_operator_nftables_report_from_a_real_ruleset(netns: str) -> None:
     assert "could not be checked" in unclear.message() and "meta mark" in unclear.reason
 
 
-def test_no_firewall_does_not_stop_the_join() -> None:
-    report = evaluate_operator_firewall(
-        parse_inspection("w1", "fact nft installed\nfact complete yes\n"), required_for_worker()
-    )
-    assert not report.active and not report.stops_join
+def test_no_firewall_stops_the_join_unless_the_stack_acknowledges_it() -> None:
+    inspection = parse_inspection("w1", "fact nft installed\nfact complete yes\n")
+    report = evaluate_operator_firewall(inspection, required_for_worker())
+    assert not report.active and report.stops_join
+    assert report.message().startswith("w1: no active host firewall")
+    assert "hk3s:firewall.none_acknowledged true" in report.message()
+    acknowledged = evaluate_operator_firewall(inspection, required_for_worker(), none_acknowledged=True)
+    assert not acknowledged.active and not acknowledged.stops_join
 
 
 def test_ufw_rules_not_of_the_programs_are_named() -> None:
