@@ -177,7 +177,11 @@ class FirewallRules(pulumi.ComponentResource):
                 # Retained: a fenced worker given up (force_remove) may be gone for good, so its
                 # rules are forgotten, not removed over SSH; a lifted fence registers it without.
                 opts = pulumi.ResourceOptions.merge(
-                    opts, pulumi.ResourceOptions(ignore_changes=["rules", "block_metadata"], retain_on_delete=True)
+                    opts,
+                    pulumi.ResourceOptions(
+                        ignore_changes=["rules", "block_metadata", "cluster_networks", "node_addresses"],
+                        retain_on_delete=True,
+                    ),
                 )
             self.host_firewalls[node.name] = HostFirewall(f"{node.name}-firewall", inputs, opts=opts)
         self._waits.extend(self.host_firewalls.values())

@@ -223,6 +223,28 @@ def test_unmanaged_firewall_has_no_host_firewall(ssh_key_file: Path) -> None:
     assert names == {"w1-firewall"}
 
 
+def test_every_host_firewall_closes_the_cluster_networks_to_non_nodes(ssh_key_file: Path) -> None:
+    """Component wiring under Pulumi's mocks: each host firewall gets the stack's pod and Service
+    networks and every node's cluster address (private mode: the private ones, the existing host's
+    public one standing in), the sources that may send to those networks from outside the fabric."""
+    config = _config(ssh_key_file)
+    config["cluster"] = {**config["cluster"], "pod_cidr": "10.60.0.0/16", "service_cidr": "10.61.0.0/16"}
+    firewalls = {r.name: r.inputs for r in _run(config).of_type("hk3s:HostFirewall")}
+    nodes = sorted([*(fake_ipv4(f"{name}-private", "10.0.1") for name in ("srv", "w1", "w2")), METAL_ADDRESS])
+    for name, inputs in firewalls.items():
+        assert inputs["cluster_networks"] == ["10.60.0.0/16", "10.61.0.0/16"], name
+        assert inputs["node_addresses"] == nodes, name
+
+
+def test_the_no_firewall_acknowledgement_reaches_the_joins(ssh_key_file: Path) -> None:
+    """Component wiring under Pulumi's mocks: hk3s:firewall.none_acknowledged reaches every join
+    (read there only where the operator runs the firewall); unset, it is false."""
+    assert _run(_config(ssh_key_file)).by_name("w1-join").inputs["no_firewall_acknowledged"] is False
+    config = _config(ssh_key_file, firewall={"managed": False, "none_acknowledged": True})
+    join = _run(config).by_name("w1-join").inputs
+    assert join["no_firewall_acknowledged"] is True and join["operator_firewall_rules"]
+
+
 def test_the_metadata_service_is_blocked_on_hetzner_servers_only(ssh_key_file: Path) -> None:
     """Component wiring under Pulumi's mocks: a server the program creates at Hetzner, and an
     existing worker named as a Hetzner server (hcloud_server), have pods' traffic to the metadata
@@ -518,7 +540,12 @@ def test_a_fenced_workers_firewall_keeps_its_rules_while_the_others_change(
 ) -> None:
     """The fenced w1's host firewall ignores rule changes (peers added or removed meanwhile), so
     those runs never log in to a worker that may be powered off; the others' firewalls follow."""
-    assert graph.by_name("w1-firewall").ignore_changes == ["rules", "block_metadata"]
+    assert graph.by_name("w1-firewall").ignore_changes == [
+        "rules",
+        "block_metadata",
+        "cluster_networks",
+        "node_addresses",
+    ]
     assert graph.by_name("w2-firewall").ignore_changes == []
     # Given up later (force_remove), it may be gone for good: its rules are forgotten, not removed over SSH.
     assert graph.by_name("w1-firewall").retain_on_delete and not graph.by_name("w2-firewall").retain_on_delete
