@@ -232,6 +232,8 @@ class ClusterServer(pulumi.ComponentResource):
                 approve_restart=settings.network.approve_server_restart,
                 registry=cluster.registry,
                 teardown_allowed=cluster.teardown_allowed,
+                firewall_managed=self.endpoint.firewall_managed,
+                no_firewall_acknowledged=settings.firewall.none_acknowledged,
             ),
             opts=self.endpoint.options(self, [self.endpoint.probe, self.network, *after]),
         )

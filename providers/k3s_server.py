@@ -15,12 +15,14 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
 from cluster_settings.values import K3S_VERSION
+from node_operations.host_firewall.operator_firewall import require_host_firewall
 from node_operations.host_preparation import prepare_host
 from node_operations.k3s_install import ServerSpec, install_server, read_server_state, stop_server
 from node_operations.teardown import wipe_node
 from providers.base import (
     NodeProvider,
     check_connection_inputs,
+    diff_inputs,
     pin_recorded_host_key,
     progress,
     resource_inputs,
@@ -48,11 +50,17 @@ class K3sServerInputs(NodeInputs):
     registry: pulumi.Input[str] | None = None
     teardown_allowed: pulumi.Input[bool] = False
     """Read by delete: a teardown wipes k3s and its data instead of only stopping it."""
+    firewall_managed: pulumi.Input[bool] = True
+    """False: the operator runs the server's firewall (hk3s:firewall.managed), so the first
+    install checks that one is active. Absent in a state written before the input existed."""
+    no_firewall_acknowledged: pulumi.Input[bool] = False
+    """hk3s:firewall.none_acknowledged: a server whose firewall the operator runs may have none."""
     secrets_encryption: pulumi.Input[bool | None] = None
     """Decided by check, never by the program: on for a server k3s starts here for the first
     time, and for one that already runs what it started with (k3s cannot switch it on later)."""
 
 
+FIRST_INSTALL_ONLY = K3sServerInputs.names("firewall_managed", "no_firewall_acknowledged")
 # Changing these on a running server restarts k3s: the API is down for 10-30 s.
 RESTARTING_INPUTS = K3sServerInputs.names("node_ip", "node_external_ip", "flannel_backend", "flannel_external_ip")
 IMMUTABLE_CLUSTER_INPUTS = {
@@ -132,7 +140,10 @@ class K3sServerProvider(NodeProvider):
 
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         """Also says, in preview, when applying the change restarts k3s (the API goes down)."""
-        result = super().diff(id_, olds, news)
+        # Who runs the server's firewall is checked at its first install only: never a reason
+        # to reinstall a running server.
+        ignored = (*FIRST_INSTALL_ONLY, "recorded_host_key")
+        result = diff_inputs(olds, news, replace_on=self.replace_on, ignore=ignored)
         node = str(news.get("node"))
         restarting = [key for key in RESTARTING_INPUTS if olds.get(key) and is_known(news.get(key))]
         restarting = [key for key in restarting if olds[key] != news.get(key)]
@@ -182,6 +193,13 @@ class K3sServerProvider(NodeProvider):
         }
 
     def create(self, props: dict[str, Any]) -> CreateResult:
+        inputs = K3sServerInputs.from_props(props)
+        if known(inputs.firewall_managed) is False:
+            # The operator runs the server's firewall: with none active every port the server
+            # listens on (the kubelet's, 8888/tcp) is open to whoever reaches it. Stop before
+            # the host changes unless the stack acknowledges it.
+            acknowledged = known(inputs.no_firewall_acknowledged) is True
+            run_operation(require_host_firewall(ssh_target(inputs.login), none_acknowledged=acknowledged))
         # Deterministic id: a create retried after a crash adopts the k3s it installed.
         return CreateResult(id_=f"{props['node']}-k3s", outs=self._install(props))
 

@@ -28,14 +28,16 @@ from typing import Literal
 from node_operations.firewall_plan import ANY_IPV4, NODEPORT_RANGE, PortRule
 from node_operations.host_firewall.backend import Backend, Probe, UndeterminedError
 from node_operations.host_firewall.backends import BACKENDS
-from node_operations.host_firewall.inspection import FirewallBackend, FirewallInspection
+from node_operations.host_firewall.inspection import FirewallBackend, FirewallInspection, inspect_firewall
 from node_operations.host_firewall.plan import (
     OPERATOR_CLOSED_PORT,
+    FirewallError,
     is_nodeport_rule,
     is_ssh_rule,
     port_range,
     source_networks,
 )
+from remote_access.ssh import SshTarget, open_session
 
 OperatorFirewallKind = Literal["none", "ufw", "firewalld", "nftables"]
 # UFW and firewalld run on nftables (or iptables) themselves: their own rules
@@ -191,3 +193,13 @@ def _exposed(backend: Backend, inspection: FirewallInspection, required: Sequenc
             if backend.allows(inspection, Probe(everyone, rule.protocol, first, last)):
                 exposed.append(rule)
     return tuple(exposed)
+
+
+async def require_host_firewall(target: SshTarget, *, none_acknowledged: bool) -> None:
+    """Where the operator runs a node's firewall and none is active, raise a FirewallError
+    naming the node and the fix, unless the stack acknowledges it. Reads only, changes nothing."""
+    async with open_session(target, shared=True) as session:
+        inspection = await inspect_firewall(session, operator=True)
+    report = evaluate_operator_firewall(inspection, (), none_acknowledged=none_acknowledged)
+    if not report.active and report.stops_join:
+        raise FirewallError(report.node, report.message())

@@ -41,7 +41,7 @@ from node_operations.k3s_install import (
     install_server,
 )
 from remote_access.kube import ClusterApi
-from remote_access.ssh import SshTarget, open_session
+from remote_access.ssh import SshError, SshTarget, open_session
 
 pytestmark = pytest.mark.lab
 TAINT = "hk3s.dev/validating=true:NoSchedule"
@@ -358,6 +358,55 @@ def test_unmanaged_host_with_no_firewall_at_all_stops_the_join_before_anything_c
     # Nothing was changed on the host: no k3s, no firewall.
     assert worker.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
     assert worker.run(["nft", "list", "ruleset"]).stdout.strip() == ""
+
+
+def _server_props(lab: Lab, host: Host, *, firewall_managed: bool) -> dict[str, Any]:
+    """A K3sServer resource's inputs for `host` in public mode, as ClusterServer builds them."""
+    from providers.inputs import K3sRelease, NodeLogin  # noqa: PLC0415
+    from providers.k3s_server import K3sServerInputs  # noqa: PLC0415
+
+    assert host.public_ip
+    path, digest = k3s_snapshot()
+    return K3sServerInputs(
+        login=NodeLogin(
+            node=host.name,
+            address=host.public_ip,
+            private_key=lab.ssh_private_key_path.read_text(),
+            recorded_host_key=host.ssh_host_public_key,
+        ),
+        k3s=K3sRelease(k3s_version=k3s_version(), k3s_binary=str(path), k3s_sha256=digest),
+        pod_cidr="10.42.0.0/16",
+        service_cidr="10.43.0.0/16",
+        flannel_backend="vxlan",
+        pod_network="vxlan",
+        node_ip=host.public_ip,
+        node_external_ip=host.public_ip,
+        network_mode="public",
+        firewall_managed=firewall_managed,
+    ).props()
+
+
+def test_a_server_with_no_firewall_at_all_is_refused_before_anything_changes(lab: Lab) -> None:
+    # The server too: the operator runs its firewall (hk3s:firewall.managed false) and none is
+    # active. The K3sServer resource's create stops before the host preparation, naming the
+    # host and the setting; with the acknowledgement it goes on (the lab harness's stacks).
+    from providers.k3s_server import K3sServerProvider  # noqa: PLC0415
+
+    host = lab.add_host(server_spec("jf-srv-nofw"))
+    lab.wait_ssh_ready([host])
+    assert host.public_ip
+    host.run(["touch", "/run/hk3s-test-before"])
+    props = _server_props(lab, host, firewall_managed=False)
+    with pytest.raises(SshError) as caught:
+        K3sServerProvider().create(props)
+    message = str(caught.value)
+    assert host.name in message and "no active host firewall" in message
+    assert "hk3s:firewall.none_acknowledged" in message and "hk3s:firewall.managed" in message
+    assert host.run(["test", "-e", "/usr/local/bin/k3s"], check=False).returncode != 0
+    # No file of the host preparation or the install: nothing under /etc, /usr/local or k3s's
+    # data is newer than the attempt.
+    changed = host.run("find /etc /usr/local /var/lib/rancher -newer /run/hk3s-test-before 2>/dev/null", check=False)
+    assert changed.stdout.strip() == ""
 
 
 def test_unmanaged_ufw_on_a_peer_stops_the_join_even_with_ports_open(lab: Lab, cluster: Cluster) -> None:
