@@ -238,11 +238,14 @@ def test_every_host_firewall_closes_the_cluster_networks_to_non_nodes(ssh_key_fi
 
 def test_the_no_firewall_acknowledgement_reaches_the_joins(ssh_key_file: Path) -> None:
     """Component wiring under Pulumi's mocks: hk3s:firewall.none_acknowledged reaches every join
-    (read there only where the operator runs the firewall); unset, it is false."""
+    and the server's k3s (read there only where the operator runs the firewall); unset, false."""
     assert _run(_config(ssh_key_file)).by_name("w1-join").inputs["no_firewall_acknowledged"] is False
     config = _config(ssh_key_file, firewall={"managed": False, "none_acknowledged": True})
-    join = _run(config).by_name("w1-join").inputs
+    graph = _run(config)
+    join = graph.by_name("w1-join").inputs
     assert join["no_firewall_acknowledged"] is True and join["operator_firewall_rules"]
+    server = graph.by_name("srv-k3s").inputs
+    assert server["firewall_managed"] is False and server["no_firewall_acknowledged"] is True
 
 
 def test_the_metadata_service_is_blocked_on_hetzner_servers_only(ssh_key_file: Path) -> None:

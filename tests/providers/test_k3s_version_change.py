@@ -33,3 +33,13 @@ def test_skipping_a_minor_release_is_refused_naming_the_next_step(version: str) 
     (failure,) = [f for f in _failures(version) if f.startswith("k3s_version")]
     assert f"{version} skips minor releases from the running v1.35.2+k3s1" in failure
     assert "Set it to the latest v1.36 release (e.g. v1.36.0+k3s1), run up" in failure
+
+
+def test_who_runs_the_servers_firewall_never_changes_a_running_server() -> None:
+    """Checked at the server's first install only: a state written before the inputs existed,
+    or a later change of them, plans no update (an update reinstalls k3s on the server)."""
+    provider = K3sServerProvider()
+    assert not provider.diff("srv-k3s", dict(RUNNING), {**RUNNING, "firewall_managed": False}).changes
+    acknowledged = {**RUNNING, "firewall_managed": False, "no_firewall_acknowledged": True}
+    assert not provider.diff("srv-k3s", {**RUNNING, "firewall_managed": True}, acknowledged).changes
+    assert provider.diff("srv-k3s", dict(RUNNING), {**RUNNING, "k3s_version": "v1.35.3+k3s1"}).changes
