@@ -87,7 +87,7 @@ def _problem_from_error(error: Mapping[str, Any]) -> SettingProblem:
         hint = f"did you mean {guess[0]!r}? " if guess else ""
         return SettingProblem(key, f"is not a setting; {hint}known settings here: {', '.join(known)}")
     if kind == "missing":
-        return SettingProblem(key, "is required; set it in the stack's Pulumi.<stack>.yaml (see README)")
+        return SettingProblem(key, "is required; set it in the stack's Pulumi.<stack>.yaml (see docs/configuration.md)")
     message = str(error["msg"])
     message = message.removeprefix("Value error, ")
     if "input" in error and kind not in ("value_error",):

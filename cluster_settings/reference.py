@@ -1,4 +1,4 @@
-"""Render the configuration reference (README) from the settings models, so the
+"""Render the configuration reference (docs/configuration.md) from the settings models, so the
 documentation and the validation can never drift apart.
 
     python -m cluster_settings.reference   # prints the Markdown tables
