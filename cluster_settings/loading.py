@@ -13,6 +13,7 @@ from pulumi.errors import RunError
 from pulumi.runtime import config as runtime_config
 from pydantic import BaseModel, ValidationError
 
+from node_operations.doc_links import settings_links
 from node_operations.refusal import tagged
 
 from .models import StackSettings
@@ -33,7 +34,11 @@ class SettingsError(ValueError, RunError):
         self.problems = problems
         lines = "\n".join(f"  - {problem}" for problem in problems)
         super().__init__(
-            tagged(f"The stack configuration has {len(problems)} problem(s); nothing was changed:\n{lines}", "settings")
+            tagged(
+                f"The stack configuration has {len(problems)} problem(s); nothing was changed:\n{lines}",
+                "settings",
+                docs=settings_links(problem.key for problem in problems),
+            )
         )
 
 
@@ -87,7 +92,7 @@ def _problem_from_error(error: Mapping[str, Any]) -> SettingProblem:
         hint = f"did you mean {guess[0]!r}? " if guess else ""
         return SettingProblem(key, f"is not a setting; {hint}known settings here: {', '.join(known)}")
     if kind == "missing":
-        return SettingProblem(key, "is required; set it in the stack's Pulumi.<stack>.yaml (see README)")
+        return SettingProblem(key, "is required; set it in the stack's Pulumi.<stack>.yaml (see docs/configuration.md)")
     message = str(error["msg"])
     message = message.removeprefix("Value error, ")
     if "input" in error and kind not in ("value_error",):

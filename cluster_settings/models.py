@@ -1,7 +1,7 @@
 """The stack configuration as pydantic models.
 
 Every field documents its default and why, because this is the configuration
-reference: the README's table is generated from these models and a test keeps
+reference: docs/configuration.md is generated from these models and a test keeps
 the two in step. Rules that need two fields at once live in
 ``cluster_settings.rules``; rules about one value live here as validators.
 """

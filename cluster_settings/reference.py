@@ -1,7 +1,8 @@
-"""Render the configuration reference (README) from the settings models, so the
+"""Render the configuration reference (docs/configuration.md) from the settings models, so the
 documentation and the validation can never drift apart.
 
-    python -m cluster_settings.reference   # prints the Markdown tables
+    python -m cluster_settings.reference           # prints the Markdown tables
+    python -m cluster_settings.reference --write   # puts them into docs/configuration.md
 """
 
 from __future__ import annotations
@@ -114,5 +115,21 @@ def render_reference() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+
+
+def write_reference(page: pathlib.Path = PAGE) -> None:
+    """Replace the generated part of `page` (between the markers) with the current reference."""
+    text = page.read_text()
+    start = text.index(BEGIN_MARKER) + len(BEGIN_MARKER)
+    end = text.index(END_MARKER)
+    page.write_text(f"{text[:start]}\n{render_reference()}{text[end:]}")
+
+
 if __name__ == "__main__":
-    print(f"{BEGIN_MARKER}\n{render_reference()}{END_MARKER}")
+    import sys
+
+    if sys.argv[1:] == ["--write"]:
+        write_reference()
+    else:
+        print(f"{BEGIN_MARKER}\n{render_reference()}{END_MARKER}")

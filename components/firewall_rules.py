@@ -145,7 +145,7 @@ class FirewallRules(pulumi.ComponentResource):
         # whatever asks from the server, pods included, unless the forward path drops them: a
         # server the program created there, or an existing worker named as a Hetzner server
         # (hcloud_server). Any other existing host's provider is unknown to the program, and its
-        # pods may rely on that provider's metadata service (README, "Which ports are open").
+        # pods may rely on that provider's metadata service (docs/network-and-firewalls.md, "Which ports are open").
         on_hetzner = {node.name for node in args.nodes if node.hcloud_server_id is not None} | {
             worker.name for worker in settings.all_workers() if worker.hcloud_server is not None
         }

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from .doc_links import REFUSAL_PAGES, with_docs_link
+
 RefusalCode = Literal["capability-missing", "preflight", "settings", "host-key", "teardown", "removal", "fence"]
 REFUSAL_CODES: tuple[RefusalCode, ...] = (
     "capability-missing",
@@ -29,10 +31,12 @@ def refusal_tag(code: RefusalCode) -> str:
     return f"[refused: {code}]"
 
 
-def tagged(message: str, code: RefusalCode) -> str:
+def tagged(message: str, code: RefusalCode, *, docs: str = "") -> str:
     """`message` marked as a refusal with `code` (on a line of its own after a message of
-    several lines, so the last line of such a message keeps its own meaning)."""
-    text = message.rstrip()
+    several lines, so the last line of such a message keeps its own meaning), after the docs
+    page that explains it: `docs`, or the page for `code` (node_operations.doc_links), so the
+    reader finds the rules behind the refusal without knowing where they are written."""
+    text = with_docs_link(message, docs or REFUSAL_PAGES[code])
     return f"{text}{chr(10) if chr(10) in text else ' '}{refusal_tag(code)}"
 
 

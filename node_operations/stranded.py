@@ -19,7 +19,7 @@ from node_operations.health import live_state
 from remote_access.kube import ClusterApi, NodeStatus
 from remote_access.ssh import SshTarget, open_session
 
-# The CLI's command that fences a worker (README, "When a worker dies").
+# The CLI's command that fences a worker (docs/fencing.md).
 FENCE_COMMAND = "scripts/hk3s node fence {worker}"
 
 

@@ -7,7 +7,7 @@
     for node in stack.nodes():
         print(node.name, node.role, node.state)
 
-See README, "Driving the cluster from other programs and the CLI".
+See docs/python-api.md and docs/cli.md.
 """
 
 from .cluster_stack import REPO, ClusterStack, Preview, Recovery, RunResult

@@ -16,7 +16,7 @@ What happens to the stack file:
   next `up()` continues towards it.
 
 Before every run that takes the stack's lock, an interrupted earlier run is cleaned up
-(README, "When a run is interrupted"): a lock file of a file backend left by a process
+(docs/recovery.md): a lock file of a file backend left by a process
 that no longer runs on this host is removed (a live one, or one from another host, makes
 the stack busy and is never touched), and pending operations are resolved with
 `refresh --clear-pending-creates`; the program's resources adopt what exists, so the run
@@ -128,7 +128,7 @@ class ClusterStack:
     def _workspace_stack(self, *, create: bool) -> auto.Stack:
         if not self.file.exists():
             raise StackError(
-                f"{self.file.path.name} does not exist: copy Pulumi.dev.yaml to it and edit it (README, Configuration)"
+                f"{self.file.path.name} does not exist: copy Pulumi.dev.yaml to it and edit it (docs/configuration.md)"
             )
         check_passphrase(self.env_vars)
         check_backend_lasts(self.env_vars)
@@ -397,7 +397,10 @@ class ClusterStack:
     def propose(self, edit: Callable[[StackDocument], None], action: str = "the change") -> StackDocument:
         """The stack file with `edit` applied and validated, not written (for a preview)."""
         if not self.file.exists():
-            raise StackError(f"{self.file.path.name} does not exist: copy Pulumi.dev.yaml to it and edit it (README)")
+            raise StackError(
+                f"{self.file.path.name} does not exist: copy Pulumi.dev.yaml to it and edit it"
+                " (docs/getting-started-hetzner.md)"
+            )
         document = self.file.document()
         edit(document)
         document.validate(action)

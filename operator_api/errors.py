@@ -16,10 +16,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cluster_settings import SettingProblem
+from node_operations.doc_links import REFUSAL_PAGES, settings_links, with_docs_link
+from node_operations.refusal import refusal_code
 
 
 class StackError(Exception):
-    """Base of every error the operator API raises."""
+    """Base of every error the operator API raises. Its message ends with the docs page that
+    explains it (`docs`, or a subclass's `docs_link()`), chosen here rather than in each message."""
+
+    docs = "docs/python-api.md#the-python-api"
+
+    def docs_link(self) -> str:
+        """The page that explains this error."""
+        return self.docs
+
+    def message(self) -> str:
+        """The message without its docs link."""
+        return super().__str__()
+
+    def __str__(self) -> str:
+        return with_docs_link(self.message(), self.docs_link())
 
 
 class SettingsRejectedError(StackError):
@@ -28,10 +44,15 @@ class SettingsRejectedError(StackError):
     `problems` lists each setting (`key`, e.g. ``hk3s:workers[3].address``) and its fix.
     """
 
+    docs = "docs/configuration.md#configuration-reference"
+
     def __init__(self, problems: Sequence[SettingProblem], *, action: str = "the change") -> None:
         self.problems = list(problems)
         lines = "\n".join(f"  - {problem}" for problem in self.problems)
         super().__init__(f"{action} was refused; the stack config is unchanged:\n{lines}")
+
+    def docs_link(self) -> str:
+        return settings_links(problem.key for problem in self.problems) or self.docs
 
     @property
     def keys(self) -> list[str]:
@@ -42,11 +63,15 @@ class SettingsRejectedError(StackError):
 class TeardownNotConfirmedError(StackError):
     """A destroy whose confirmation does not name the stack; nothing was run."""
 
+    docs = "docs/teardown.md#tearing-down"
+
 
 class MaintenanceError(StackError):
     """A reboot was refused, or stopped part-way. The message says where the worker was left
     (put back as it was, or still cordoned and recorded as rebooting, which the next call
     resumes) and what to do next."""
+
+    docs = "docs/reboots-removal-upgrades.md#rebooting-a-worker"
 
     def __init__(self, node: str, message: str, *, put_back: bool) -> None:
         self.node = node
@@ -57,6 +82,8 @@ class MaintenanceError(StackError):
 class WorkloadStartRefusedError(StackError):
     """`start_workload` refused, changing nothing: the workload was not stopped by a fence, or no
     copy elsewhere may serve it (the message names the volumes and the fix)."""
+
+    docs = "docs/fencing.md#fencing-a-worker-that-is-down"
 
 
 class UnknownWorkerError(SettingsRejectedError):
@@ -86,6 +113,8 @@ class LockHolder:
 class StackBusyError(StackError):
     """Another run holds the stack's lock. Nothing was changed; try again when it ends."""
 
+    docs = "docs/python-api.md#the-python-api"
+
     def __init__(self, stack: str, holders: Sequence[LockHolder], detail: str = "") -> None:
         self.stack = stack
         self.holders = list(holders)
@@ -113,6 +142,8 @@ class RunFailedError(StackError):
     """A Pulumi run ended in error. `problems` holds what each failing resource reported;
     `output` is the tail of the engine's output."""
 
+    docs = "docs/recovery.md#when-a-run-is-interrupted"
+
     def __init__(
         self,
         summary: str,
@@ -130,8 +161,8 @@ class RunFailedError(StackError):
         lines = "\n".join(f"  - {problem}" for problem in self.problems)
         super().__init__(summary + (f":\n{lines}" if lines else ""))
 
-    def __str__(self) -> str:
-        text = super().__str__()
+    def message(self) -> str:
+        text = super().message()
         if self.config_restored and self.restore_error is not None:
             return (
                 f"{text}\nThe stack file was put back, but returning the stack to it failed: "
@@ -152,6 +183,8 @@ class RefusedError(RunFailedError):
     """The program refused a step before changing anything on the host: a capability
     this release does not have, a failed preflight, or config only a machine can check."""
 
+    docs = "docs/python-api.md#the-python-api"
+
     def __init__(
         self,
         summary: str,
@@ -164,7 +197,13 @@ class RefusedError(RunFailedError):
         self.reason = reason
         super().__init__(summary, problems, output=output, config_restored=config_restored)
 
+    def docs_link(self) -> str:
+        code = refusal_code(f"[refused: {self.reason}]")
+        return REFUSAL_PAGES[code] if code is not None else self.docs
+
 
 class ResourceFailedError(RunFailedError):
     """A resource operation broke part-way. The stack config keeps the desired state:
     fix the cause the message names and run `up()` again; it continues where it stopped."""
+
+    docs = "docs/recovery.md#when-a-run-is-interrupted"

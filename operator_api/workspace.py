@@ -39,7 +39,8 @@ def pulumi_command(root: str | None, path: str) -> auto.PulumiCommand:
         found = shutil.which("pulumi", path=path)
         if found is None:
             raise StackError(
-                "The Pulumi CLI is not installed: see https://www.pulumi.com/docs/install/ (README, Prerequisites)"
+                "The Pulumi CLI is not installed: see https://www.pulumi.com/docs/install/"
+                " (docs/getting-started-hetzner.md#prerequisites)"
             )
         root = str(Path(found).resolve().parent.parent)
     return auto.PulumiCommand(root=root)
@@ -74,6 +75,6 @@ def check_backend_lasts(env_vars: Mapping[str, str]) -> None:
     raise StackError(
         f"this is a CI run (CI is set) and the state would be kept in {backend} on this machine: a runner's "
         "disk goes with the runner, and with it the record of every server and the pinned host keys. Set "
-        "PULUMI_BACKEND_URL to a shared backend (an s3:// bucket, or Pulumi Cloud; README, One stack per "
+        "PULUMI_BACKEND_URL to a shared backend (an s3:// bucket, or Pulumi Cloud; docs/ci.md#one-stack-per-"
         f"environment, in CI), or set {ALLOW_LOCAL_STATE}=1 on a runner that keeps its disk"
     )

@@ -152,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", parents=[common], help="bring the cluster to the stack file")
     up.add_argument("--yes", action="store_true", help="no question when the plan restarts the API or deletes")
     destroy = commands.add_parser(
-        "destroy", parents=[common], help="tear the stack down: every host wiped, its data not kept (see README)"
+        "destroy",
+        parents=[common],
+        help="tear the stack down: every host wiped, its data not kept (see docs/teardown.md)",
     )
     destroy.add_argument("--confirm", metavar="STACK", default="", help="the stack's name, to say you mean it")
     return parser

@@ -124,7 +124,7 @@ def process_parent_and_name(pid: int) -> tuple[int, str] | None:
     return int(fields[0]), Path(fields[1].strip()).name
 
 
-# The refusal where neither answers: said in README's Prerequisites too (a test checks both).
+# The refusal where neither answers: said in docs/getting-started-hetzner.md's Prerequisites too (a test checks both).
 PLATFORM_SENTENCE = (
     "hk3s runs on Linux or macOS: the forward to the Kubernetes API finds the run's Pulumi engine "
     "through /proc (Linux) or ps (macOS)."

@@ -33,7 +33,7 @@ if [ -z "${PULUMI_CONFIG_PASSPHRASE:-}" ] && [ -z "${PULUMI_CONFIG_PASSPHRASE_FI
   exit 2
 fi
 if [ ! -f "$repo/Pulumi.$stack.yaml" ]; then
-  echo "Pulumi.$stack.yaml does not exist: copy Pulumi.dev.yaml to it and edit it (see README, Configuration)." >&2
+  echo "Pulumi.$stack.yaml does not exist: copy Pulumi.dev.yaml to it and edit it (see docs/configuration.md)." >&2
   exit 2
 fi
 
@@ -43,7 +43,7 @@ if ! command -v pulumi >/dev/null && [ -x "$lab_bin/pulumi" ]; then
   PATH="$lab_bin:$PATH"
 fi
 if ! command -v pulumi >/dev/null; then
-  echo "The Pulumi CLI is not installed: see https://www.pulumi.com/docs/install/ (README, Prerequisites)." >&2
+  echo "The Pulumi CLI is not installed: see https://www.pulumi.com/docs/install/ (docs/getting-started-hetzner.md#prerequisites)." >&2
   exit 2
 fi
 

@@ -13,7 +13,7 @@ import yaml
 from pulumi.runtime import config as runtime_config
 
 from cluster_settings import SettingsError, load_settings
-from cluster_settings.reference import BEGIN_MARKER, END_MARKER, render_reference
+from cluster_settings.reference import BEGIN_MARKER, END_MARKER, render_reference, write_reference
 from tests.components.mock_engine import Recording, run_with_mocks
 from tests.components.test_example_stacks import existing_host_example
 
@@ -86,10 +86,23 @@ def test_misspelt_top_level_key_is_reported(ssh_key_file: Path) -> None:
         _run_main(config)
 
 
-def test_readme_configuration_reference_is_current() -> None:
-    readme = (REPO / "README.md").read_text()
-    start = readme.index(BEGIN_MARKER) + len(BEGIN_MARKER)
-    end = readme.index(END_MARKER)
-    assert readme[start:end].strip() == render_reference().strip(), (
-        "README's configuration reference is stale: regenerate it with python -m cluster_settings.reference"
+def test_the_reference_is_written_into_the_page_between_its_markers(tmp_path: Path) -> None:
+    page = tmp_path / "configuration.md"
+    page.write_text(f"# Configuration reference\n\nprose\n\n{BEGIN_MARKER}\nOLD TABLES\n{END_MARKER}\n\nafter\n")
+    write_reference(page)
+    text = page.read_text()
+    assert "OLD TABLES" not in text and text.startswith("# Configuration reference\n\nprose\n\n")
+    assert (
+        text[text.index(BEGIN_MARKER) + len(BEGIN_MARKER) : text.index(END_MARKER)].strip()
+        == render_reference().strip()
+    )
+    assert text.endswith(f"{END_MARKER}\n\nafter\n")
+
+
+def test_docs_configuration_reference_is_current() -> None:
+    page = (REPO / "docs" / "configuration.md").read_text()
+    start = page.index(BEGIN_MARKER) + len(BEGIN_MARKER)
+    end = page.index(END_MARKER)
+    assert page[start:end].strip() == render_reference().strip(), (
+        "docs/configuration.md's reference is stale: regenerate it with python -m cluster_settings.reference"
     )

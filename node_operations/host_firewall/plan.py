@@ -24,7 +24,7 @@ FABRIC_INTERFACES_EXACT = ("cni0", "flannel.1", "flannel-wg")
 FABRIC_PURPOSE = "cluster fabric"
 SESSION_SSH_PURPOSE = "SSH (the port hk3s logs in on)"
 # 8888/tcp stays closed to traffic from outside the node whatever the stack says:
-# the port table the README promises never opens it, and an operator running
+# the port table docs/network-and-firewalls.md promises never opens it, and an operator running
 # their own firewall is told the same.
 OPERATOR_CLOSED_PORT = 8888
 FIREWALLD_IPSET_PREFIX = "hk3s-"

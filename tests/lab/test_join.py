@@ -320,7 +320,7 @@ def test_join_resumes_after_sigkill_at_each_phase(cluster: Cluster) -> None:
         run = run_cli(cluster.stack, ["up", "--yes", "--skip-preview"], kill_when=phase)
         outputs.append(run.output)
         assert run.killed, f"the up finished before reaching {phase!r}:\n{run.output[-3000:]}"
-        # What Pulumi requires after a crash (README, "When a run is interrupted"): the killed
+        # What Pulumi requires after a crash (docs/recovery.md, "When a run is interrupted"): the killed
         # run's lock is released, then its pending operations are cleared.
         blocked = run_cli(cluster.stack, ["up", "--yes", "--skip-preview"])
         assert blocked.returncode != 0 and "pulumi cancel" in blocked.output, blocked.output[-2000:]

@@ -145,7 +145,7 @@ def test_a_rotation_killed_after_the_first_host_resumes_and_completes(cluster: C
     # Killed mid-rotation: the first host takes both keys, no host lost the previous one.
     assert logs_in(first, new) and logs_in(first, previous)
     assert all(logs_in(host, previous) for host in cluster.hosts)
-    # What Pulumi requires after a crash (README, "When a run is interrupted"); the refresh reads
+    # What Pulumi requires after a crash (docs/recovery.md, "When a run is interrupted"); the refresh reads
     # every resource with the key its state holds, which still logs in.
     assert run_cli(cluster.stack, ["cancel", "--yes"]).returncode == 0
     refresh = run_cli(cluster.stack, ["refresh", "--yes", "--skip-preview", "--clear-pending-creates"])

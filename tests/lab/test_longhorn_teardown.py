@@ -1,13 +1,13 @@
-"""The README's recovery and teardown commands on a stack that installs Longhorn, typed as the
-README shows them, through the real Pulumi CLI and engine, the real Kubernetes provider plugin
+"""The documented recovery and teardown commands on a stack that installs Longhorn, typed as the
+docs show them, through the real Pulumi CLI and engine, the real Kubernetes provider plugin
 (lab/build/k8s_provider.sh) and the lab's Longhorn chart (lab/longhorn_standin: it refuses its
 uninstall unless `deleting-confirmation-flag` is true, as Longhorn's pre-delete job does), on
 booted lab hosts with the k3s stand-in. Nothing is mocked.
 
-The commands are read from README.md's code blocks (sections "When a run is interrupted" and
-"Tearing down"), `<env>` replaced by the stack's name, so the test types exactly what the README
-shows. The Kubernetes provider reaches the API only through the forward the program opens, so a
-command that runs no program reaches no API: the README's commands run it. The tests of this
+The commands are read from the code blocks of the docs pages (docs/recovery.md's section "When
+a run is interrupted" and docs/teardown.md's "Tearing down"), `<env>` replaced by the stack's
+name, so the test types exactly what the docs show. The Kubernetes provider reaches the API only through the forward the program opens, so a
+command that runs no program reaches no API: the documented commands run it. The tests of this
 module share one stack (a server, then one worker) and run in order."""
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ FLAG = "deleting-confirmation-flag"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 
 
-def readme_commands(section: str) -> list[str]:
-    """The command lines of the ```bash blocks of README.md's section `section` (its heading's
-    text), comments dropped, in order."""
-    text = (REPO / "README.md").read_text()
-    match = re.search(rf"^##+ {re.escape(section)}\n(.*?)(?=^## )", text, re.MULTILINE | re.DOTALL)
-    assert match, f"README.md has no section {section!r}"
+def docs_commands(page: str, section: str) -> list[str]:
+    """The command lines of the ```bash blocks of docs/`page`'s section `section` (its heading's
+    text, up to the next heading of its level or above), comments dropped, in order."""
+    text = (REPO / "docs" / page).read_text()
+    match = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^#{{1,2}} |\Z)", text, re.MULTILINE | re.DOTALL)
+    assert match, f"docs/{page} has no section {section!r}"
     lines: list[str] = []
     for block in re.findall(r"```bash\n(.*?)```", match.group(1), re.DOTALL):
         for line in block.splitlines():
@@ -107,10 +107,10 @@ def longhorn_stack(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 def test_the_readme_recovery_commands_finish_a_killed_run(longhorn_stack: Stack) -> None:
     """A run killed in the middle of a join leaves the stack's lock and a pending create; the
-    README's three commands (the refresh runs the program, which opens the forward the Kubernetes
+    documented three commands (the refresh runs the program, which opens the forward the Kubernetes
     resources are read through) clear both and the `up` finishes the join."""
     stack = longhorn_stack
-    commands = readme_commands("When a run is interrupted")
+    commands = docs_commands("recovery.md", "When a run is interrupted")
     assert commands == [
         "pulumi cancel --yes --stack <env>",
         "pulumi refresh --run-program --clear-pending-creates --yes --stack <env>",
@@ -139,7 +139,7 @@ def test_the_readme_recovery_commands_finish_a_killed_run(longhorn_stack: Stack)
 
 
 def test_the_operator_cli_alone_finishes_a_killed_run(longhorn_stack: Stack) -> None:
-    """`scripts/hk3s --stack <env> up --yes`, the one command the README names for all three:
+    """`scripts/hk3s --stack <env> up --yes`, the one command the docs name for all three:
     the killed run's lock removed, its pending operations cleared with the forward open, then
     the `up` (here the one that allows the teardown, and so confirms Longhorn's uninstall)."""
     stack = longhorn_stack
@@ -155,7 +155,7 @@ def test_the_operator_cli_alone_finishes_a_killed_run(longhorn_stack: Stack) -> 
 
 def test_the_readme_teardown_with_longhorn(longhorn_stack: Stack) -> None:
     """A plain `pulumi destroy` runs no program, so no forward serves the API: the guard refuses
-    it before anything changes, naming the command that works. The README's commands then tear
+    it before anything changes, naming the command that works. The documented commands then tear
     the stack down, Longhorn's release (its uninstall confirmed by the flag) included."""
     stack = longhorn_stack
     count = len(stack.resources())
@@ -165,7 +165,7 @@ def test_the_readme_teardown_with_longhorn(longhorn_stack: Stack) -> None:
         plain.output[-4000:]
     )
     assert len(stack.resources()) == count and RELEASE in stack.resources()
-    commands = readme_commands("Tearing down")
+    commands = docs_commands("teardown.md", "Tearing down")
     assert commands == [
         "pulumi destroy --run-program --preview-only --stack <env>",
         "pulumi destroy --run-program --yes --stack <env>",

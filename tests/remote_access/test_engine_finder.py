@@ -1,6 +1,6 @@
 """The API forward outlives the program and serves until the run's Pulumi engine ends, so it must
-find that engine (the `pulumi` process above the language host) on every system the README's
-Prerequisites name: through /proc on Linux, through POSIX `ps` where there is no /proc (macOS).
+find that engine (the `pulumi` process above the language host) on every system the
+Prerequisites (docs/getting-started-hetzner.md) name: through /proc on Linux, through POSIX `ps` where there is no /proc (macOS).
 
 The process tree is real: a script named `pulumi` (its process is called `pulumi`, as the
 engine is) starts Python, which asks for the engine. "macOS" is this machine with /proc
@@ -78,5 +78,5 @@ def test_a_system_where_the_engine_cannot_be_found_is_refused_before_any_forward
         open_api_forward(target, 17999)
     assert api_forward.PLATFORM_SENTENCE in str(refused.value)
     assert "Linux or macOS" in api_forward.PLATFORM_SENTENCE
-    readme = (REPO / "README.md").read_text()
-    assert api_forward.PLATFORM_SENTENCE in " ".join(readme.split())
+    page = (REPO / "docs" / "getting-started-hetzner.md").read_text()
+    assert api_forward.PLATFORM_SENTENCE in " ".join(page.split())
