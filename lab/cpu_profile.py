@@ -253,6 +253,7 @@ class Accountant:
         self.own: dict[tuple[int, int], float] = {}
         self.children: dict[tuple[int, int], float] = {}
         self.ppid: dict[tuple[int, int], int] = {}
+        self.last_total: dict[tuple[int, int], float] = {}
         self.key: dict[tuple[int, int], tuple[str, str]] = {}
         self.counted: dict[tuple[int, int], float] = defaultdict(float)
         self.owed: dict[tuple[int, int], float] = defaultdict(float)
@@ -276,10 +277,14 @@ class Accountant:
         by_pid = {ident[0]: ident for ident in processes}
         for ident in [i for i in self.own if i not in processes]:
             # Gone: its parent's children time has grown (or will) by its whole time, of which
-            # what was counted for it already is owed back.
-            parent = by_pid.get(self.ppid.get(ident, 0))
+            # all it had at its last sample is owed back (counted here already, or spent before
+            # the profile began); only the rest, spent after its last sample, is new. An orphan
+            # is reaped by init (or by a subreaper, which this does not follow: its last-seen
+            # time is then counted twice, at most one sample's worth of a process that outlived
+            # its parent by less than a sample).
+            parent = by_pid.get(self.ppid.get(ident, 0)) or by_pid.get(1)
             if parent is not None:
-                self.owed[parent] += self.counted.get(ident, 0.0)
+                self.owed[parent] += self.last_total[ident]
             del self.own[ident]
         for ident, (own, children, ppid, _environ, group) in processes.items():
             if ident not in self.key:
@@ -297,6 +302,7 @@ class Accountant:
                 self.owed[ident] = owed - offset
             self._charge(ident, grown - offset, at)
             self.own[ident], self.children[ident] = own, children
+            self.last_total[ident] = own + children
             self.ppid[ident] = ppid
         self.started = True
 

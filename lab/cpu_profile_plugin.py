@@ -19,7 +19,9 @@ _current: dict[str, str] = {}
 
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get(EVENTS_VAR):
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        # An xdist worker by its name; with workers, the process that starts them is the controller.
+        controller = "controller" if getattr(config.option, "numprocesses", None) else "main"
+        worker = os.environ.get("PYTEST_XDIST_WORKER", controller)
         _current["account"] = f"tests:{worker}"
         # Inherited by every process the tests start from now on.
         os.environ[ACCOUNT_VAR] = _current["account"]

@@ -148,3 +148,34 @@ def test_the_ci_profile_charges_a_real_process_tree_to_the_account_in_its_enviro
     report = json.loads(out.read_text())
     assert report["lab_setup_cpu_seconds"]["busy step"] >= 1.4, report
     assert report["lab_setup_cpu_seconds"]["busy step"] <= report["machine_busy_cpu_seconds"], report
+
+
+def test_a_process_older_than_the_profile_that_ends_adds_only_what_it_spent_since() -> None:
+    accountant = Accountant(ModuleTimeline(), profiler_pid=9)
+    parent, child, orphan = (50, 1), (51, 2), (52, 3)
+    # A build step's shell and its compiler ran before the profile: 100 s and 30 s spent already;
+    # an orphan of it (re-parented to init) with 20 s.
+    accountant.sample(
+        0.0,
+        {
+            (1, 0): (0.0, 0.0, 0, None, "other"),
+            parent: (1.0, 0.0, 1, "setup:kubernetes control plane", "other"),
+            child: (100.0, 0.0, 50, None, "other"),
+            orphan: (20.0, 0.0, 1, None, "other"),
+        },
+    )
+    accountant.sample(
+        1.0,
+        {
+            (1, 0): (0.0, 0.0, 0, None, "other"),
+            parent: (1.0, 0.0, 1, None, "other"),
+            child: (101.0, 30.0, 50, None, "other"),
+            orphan: (21.0, 0.0, 1, None, "other"),
+        },
+    )
+    # Both end: the shell waits for the compiler (131.5 s in all), init for the orphan (21.5 s).
+    accountant.sample(2.0, {(1, 0): (0.0, 21.5, 0, None, "other"), parent: (1.0, 131.5, 1, None, "other")})
+    report = accountant.report()
+    # Only what they spent during the profile: the compiler 1 s, its children 30 s, its last 0.5 s.
+    assert report["lab_setup_cpu_seconds"] == {"kubernetes control plane": pytest.approx(31.5)}
+    assert report["other_accounts_cpu_seconds_by_group"]["unattributed"] == {"other": pytest.approx(1.5)}
