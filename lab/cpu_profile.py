@@ -275,16 +275,21 @@ class Accountant:
     def sample(self, at: float, processes: Mapping[tuple[int, int], tuple[float, float, int, str | None, str]]) -> None:
         """PROCESSES: (pid, start ticks) -> (own s, children s, ppid, account in its environment, group)."""
         by_pid = {ident[0]: ident for ident in processes}
-        for ident in [i for i in self.own if i not in processes]:
+        # Children before parents (a child starts after its parent), so what a child still owes
+        # passes on to its parent in the same sample.
+        gone = sorted((i for i in self.own if i not in processes), key=lambda i: -i[1])
+        parents = {**{i[0]: i for i in gone}, **by_pid}
+        for ident in gone:
             # Gone: its parent's children time has grown (or will) by its whole time, of which
             # all it had at its last sample is owed back (counted here already, or spent before
-            # the profile began); only the rest, spent after its last sample, is new. An orphan
-            # is reaped by init (or by a subreaper, which this does not follow: its last-seen
-            # time is then counted twice, at most one sample's worth of a process that outlived
-            # its parent by less than a sample).
-            parent = by_pid.get(self.ppid.get(ident, 0)) or by_pid.get(1)
+            # the profile began), and so is what it still owed for its own children that ended
+            # after its last sample (their time is in its final total, counted already); only
+            # the rest, spent after its last sample, is new. An orphan is reaped by init (or by
+            # a subreaper, which this does not follow: its last-seen time is then counted twice).
+            parent = parents.get(self.ppid.get(ident, 0)) or by_pid.get(1)
+            owed = self.last_total[ident] + self.owed.pop(ident, 0.0)
             if parent is not None:
-                self.owed[parent] += self.last_total[ident]
+                self.owed[parent] += owed
             del self.own[ident]
         for ident, (own, children, ppid, _environ, group) in processes.items():
             if ident not in self.key:

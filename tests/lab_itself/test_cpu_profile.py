@@ -179,3 +179,22 @@ def test_a_process_older_than_the_profile_that_ends_adds_only_what_it_spent_sinc
     # Only what they spent during the profile: the compiler 1 s, its children 30 s, its last 0.5 s.
     assert report["lab_setup_cpu_seconds"] == {"kubernetes control plane": pytest.approx(31.5)}
     assert report["other_accounts_cpu_seconds_by_group"]["unattributed"] == {"other": pytest.approx(1.5)}
+
+
+def test_a_grandchild_reaped_after_its_parents_last_sample_is_not_counted_again_above() -> None:
+    accountant = Accountant(ModuleTimeline(), profiler_pid=9)
+    shell, build, link = (60, 1), (61, 2), (62, 3)
+    accountant.sample(0.0, {shell: (0.0, 0.0, 1, "setup:pod runtime", "other")})
+    # A go build (1 s) and its linker (5 s so far) are seen ...
+    accountant.sample(
+        1.0,
+        {
+            shell: (0.0, 0.0, 1, "setup:pod runtime", "other"),
+            build: (1.0, 0.0, 60, None, "other"),
+            link: (5.0, 0.0, 61, None, "other"),
+        },
+    )
+    # ... then the linker ends (6 s), the build reaps it and ends too (1.5 s of its own), both
+    # between two samples: the shell's children time grows by 7.5 s.
+    accountant.sample(2.0, {shell: (0.0, 7.5, 1, "setup:pod runtime", "other")})
+    assert accountant.report()["lab_setup_cpu_seconds"] == {"pod runtime": pytest.approx(7.5)}
