@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.cpu_profile import ACCOUNT_VAR, Accountant, CpuProfile, ModuleTimeline, classify
+from lab.cpu_profile import ACCOUNT_VAR, EVENTS_VAR, Accountant, CpuProfile, ModuleTimeline, classify
 
 # 1.5 s of CPU, then alive past the next sample: a process is counted up to its last sample.
 BUSY = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass\ntime.sleep(2.5)\n"
@@ -198,3 +198,46 @@ def test_a_grandchild_reaped_after_its_parents_last_sample_is_not_counted_again_
     # between two samples: the shell's children time grows by 7.5 s.
     accountant.sample(2.0, {shell: (0.0, 7.5, 1, "setup:pod runtime", "other")})
     assert accountant.report()["lab_setup_cpu_seconds"] == {"pod runtime": pytest.approx(7.5)}
+
+
+def test_the_pytest_plugin_marks_each_module_a_worker_starts_and_what_its_tests_start(tmp_path: Path) -> None:
+    """A real pytest run with the plugin (no xdist: the one process is "main"): one event per
+    module, in order, and a process a test starts carries the account in its environment."""
+    for name in ("test_one.py", "test_two.py"):
+        (tmp_path / name).write_text(
+            "import subprocess, sys\n"
+            "def test_a():\n"
+            "    out = subprocess.run([sys.executable, '-c', 'import os; print(os.environ[\"HK3S_CPU_ACCOUNT\"])'],\n"
+            "                         capture_output=True, text=True, check=True).stdout\n"
+            "    assert out.strip() == 'tests:main'\n"
+            "def test_b():\n"
+            "    pass\n"
+        )
+    events = tmp_path / "events"
+    env = {**os.environ, EVENTS_VAR: str(events), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env.pop(ACCOUNT_VAR, None)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "lab.cpu_profile_plugin",
+            "test_one.py",
+            "test_two.py",
+        ],
+        check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = [line.split("\t") for line in events.read_text().splitlines()]
+    assert [(account, module) for _at, account, _pid, module in lines] == [
+        ("tests:main", "test_one.py"),
+        ("tests:main", "test_two.py"),
+    ]
