@@ -35,7 +35,8 @@ step() {
   echo "== lab set-up: $name"
   # Checked here, not left to set -e: a step run as `step ... || ...` would go on past a failure.
   local rc=0
-  "$@" || rc=$?
+  # What the step starts is its own in the CPU profile (scripts/test.sh, lab/cpu_profile.py).
+  HK3S_CPU_ACCOUNT="setup:$name" "$@" || rc=$?
   if [ "$rc" -ne 0 ]; then
     echo "== lab set-up: $name FAILED (exit $rc)"
     return "$rc"

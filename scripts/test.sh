@@ -10,9 +10,29 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 start=$(date +%s)
 
+# HK3S_CPU_PROFILE=FILE: CPU seconds per lab set-up step, per test module and the machine's
+# busy time, sampled from /proc through the whole run, written to FILE as JSON at its end
+# (lab/cpu_profile.py says how processes are attributed). The sampler needs only Python's
+# standard library, so it runs before the lab's environment exists.
+if [ -n "${HK3S_CPU_PROFILE:-}" ]; then
+  HK3S_CPU_PROFILE_EVENTS=$(mktemp)
+  export HK3S_CPU_PROFILE_EVENTS
+  python3 lab/cpu_profile.py ci --out "$HK3S_CPU_PROFILE" --events "$HK3S_CPU_PROFILE_EVENTS" &
+  profiler=$!
+  # shellcheck disable=SC2317  # run by the trap
+  end_profile() {
+    kill -TERM "$profiler" 2>/dev/null || true
+    wait "$profiler" || true
+    rm -f "$HK3S_CPU_PROFILE_EVENTS"
+    echo "== CPU profile in $HK3S_CPU_PROFILE"
+  }
+  trap end_profile EXIT
+fi
+
 bash lab/setup.sh
 
 echo "== static checks"
+export HK3S_CPU_ACCOUNT="static checks"
 python_paths=(__main__.py cluster_settings components providers node_operations remote_access host_scripts operator_api operator_cli lab bench tests)
 venv/bin/ruff check "${python_paths[@]}"
 venv/bin/ruff format --check "${python_paths[@]}"
@@ -22,6 +42,8 @@ shellcheck host_scripts/*.sh scripts/*.sh scripts/hk3s lab/*.sh lab/build/*.sh .
 echo "== tests"
 # Here the lab is set up, so a lab test that skips is a failure, not a pass.
 export HK3S_LAB_REQUIRED=1
+# Each pytest process marks what it starts "tests:<worker>" (lab/cpu_profile_plugin.py).
+export HK3S_CPU_ACCOUNT=tests
 # --durations: CI prints the 40 slowest tests, so the time budget can be read from every run.
 # Two test modules run side by side (HK3S_TEST_WORKERS, 0 for one at a time): lab tests
 # spend much of their time waiting on hosts and timers. A module stays on one worker, so

@@ -18,7 +18,8 @@ from operator_api import REPO
 from tests.loopback_sshd import SSHD, LoopbackSshd
 
 # One lab (bridges; the base tree is cached) per test module, always torn down.
-pytest_plugins = ["lab.pytest_fixtures"]
+# The CI profile's marks (inert unless scripts/test.sh profiles the run).
+pytest_plugins = ["lab.pytest_fixtures", "lab.cpu_profile_plugin"]
 
 
 @pytest.fixture(scope="session", autouse=True)
