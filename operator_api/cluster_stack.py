@@ -33,7 +33,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
+import json
 import os
+import re
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -88,6 +91,23 @@ from .stack_file import StackDocument, StackFile, check_stack_name
 from .workspace import check_backend_lasts, check_passphrase, pulumi_command, pulumi_environment
 
 REPO = Path(__file__).resolve().parents[1]
+# `.pulumi/history/[organization/]<project>/<stack>/<stack>-<unix nanoseconds>.checkpoint.json`
+_CHECKPOINT = re.compile(
+    r"\.pulumi/history/(?:[^/]+/)?(?P<project>[^/]+)/(?P<stack>[^/]+)/(?P=stack)-(?P<nanos>\d+)\.checkpoint\.json$"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A state the backend kept after one run: where (an object key or a path in the backend),
+    when, and the run's kind and result."""
+
+    key: str
+    taken: str
+    kind: str
+    result: str
+
+
 OutputCallback = Callable[[str], None]
 _OUTPUT_TAIL = 400
 DISK_PROBE_TYPE = "pulumi-python:dynamic/hk3s:DiskProbe"
@@ -211,12 +231,81 @@ class ClusterStack:
                     removed.append(holder)
             return UnlockReport(self.env, holders, [lock_age(holder.since) for holder in holders], removed)
 
+    def checkpoints(self) -> list[Checkpoint]:
+        """The states the backend kept after each run of this stack (a `file://` or `s3://`
+        backend keeps one per update, refresh and destroy under `.pulumi/history/`), newest first."""
+        s3 = self._s3_backend()
+        backend = backend_directory(self.backend_url)
+        if s3 is not None:
+            keys = s3.list_keys(f".pulumi/history/{self.project}/{self.env}/")
+        elif backend is not None:
+            root = backend / ".pulumi" / "history" / self.project / self.env
+            keys = [str(path.relative_to(backend)) for path in root.rglob("*.checkpoint.json")] if root.exists() else []
+        else:
+            raise StackError("checkpoints are read from a file:// or s3:// backend; Pulumi Cloud keeps its own history")
+        found = []
+        for key in keys:
+            match = _CHECKPOINT.search(key)
+            if match is None or match["project"] != self.project or match["stack"] != self.env:
+                continue
+            info: dict[str, Any] = {}
+            with contextlib.suppress(ValueError, StackError, OSError):
+                info = json.loads(self._backend_read(key.replace(".checkpoint.json", ".history.json")))
+            taken = datetime.datetime.fromtimestamp(int(match["nanos"]) / 1e9, datetime.UTC)
+            found.append(
+                Checkpoint(
+                    key, taken.isoformat(timespec="seconds"), str(info.get("kind", "")), str(info.get("result", ""))
+                )
+            )
+        return sorted(found, key=lambda checkpoint: checkpoint.key, reverse=True)
+
+    def _backend_read(self, key: str) -> bytes:
+        s3 = self._s3_backend()
+        if s3 is not None:
+            data = s3.get(key)
+            if data is None:
+                raise StackError(f"{key} is not in the bucket")
+            return data
+        backend = backend_directory(self.backend_url)
+        assert backend is not None
+        return (backend / key).read_bytes()
+
+    def export_state(self) -> dict[str, Any]:
+        """The stack's state as `pulumi stack export` writes it, every secret encrypted (never
+        `--show-secrets`: the export may be kept or handed on)."""
+        if self._existing_stack() is None:
+            raise StackError(f"stack {self.env} has no state yet")
+        assert self._workspace is not None
+        env = {**self.env_vars, **({"PULUMI_HOME": self.pulumi_home} if self.pulumi_home else {})}
+        command = pulumi_command(self._command_root, self.env_vars["PATH"])
+        result = command.run(["stack", "export", "--stack", self.env], str(self.project_dir), env)
+        exported = json.loads(result.stdout)
+        return {"version": exported["version"], "deployment": exported["deployment"]}
+
+    def restore(self, checkpoint: Checkpoint, *, confirm: str) -> None:
+        """Make `checkpoint` (one of `checkpoints()`) the stack's state again, as `pulumi stack
+        import` does: after a bad run, the state before it, with every secret in it (the pinned
+        host keys, the login key and the previous one) as it was. `confirm` must be the stack's
+        name. Changes no host: the next `preview` shows what differs from the hosts."""
+        if confirm != self.env:
+            raise StackError(
+                f"restoring stack {self.env} to the state of {checkpoint.taken} replaces its state: "
+                f"pass confirm={self.env!r} to say you mean it"
+            )
+        with self._exclusive(f"restoring the state of {checkpoint.taken}", None, clear_pending=False):
+            document = json.loads(self._backend_read(checkpoint.key))
+            deployment = document.get("checkpoint", {}).get("latest")
+            if not isinstance(deployment, dict):
+                raise StackError(f"{checkpoint.key} holds no state to restore")
+            self._stack().import_stack(auto.Deployment(version=int(document["version"]), deployment=deployment))
+
     def _operator_lock(self) -> OperatorLock | _NoLock:
         """This API's lock for one change on this machine: in a file backend's directory, or, for
         a backend elsewhere, under ~/.hk3s-operator (machines are kept apart by Pulumi's lock)."""
         backend = backend_directory(self.backend_url)
         if backend is None and self.backend_url.startswith("s3://"):
-            backend = Path.home() / ".hk3s-operator" / self.backend_url.removeprefix("s3://").partition("?")[0]
+            home = Path(self.env_vars.get("HOME") or Path.home())
+            backend = home / ".hk3s-operator" / self.backend_url.removeprefix("s3://").partition("?")[0]
         return OperatorLock(backend, self.project, self.env) if backend is not None else _NoLock()
 
     # --- reading -----------------------------------------------------------------------

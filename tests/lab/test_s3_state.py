@@ -10,6 +10,8 @@ One S3 server, one server host and one worker serve the whole module; the tests 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -97,7 +99,8 @@ def team(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
         server = lab.add_host(server_spec("s3-server"))
         worker = lab.add_host(worker_spec("s3-worker-1"))
         lab.wait_ssh_ready([server, worker])
-        config = base_config(lab, server, [worker])
+        # The module ends with the stack's teardown (destroy needs the setting, applied by an up).
+        config = base_config(lab, server, [worker], cluster={"teardown": "allowed"})
         stacks = []
         for machine in ("machine-a", "machine-b"):
             stack = LabStack(tmp_path_factory.mktemp(machine))
@@ -202,3 +205,83 @@ def test_a_live_run_on_machine_a_makes_machine_b_busy_naming_it(team: Team) -> N
         output, _ = process.communicate(timeout=900)
     assert process.returncode == 0, output[-3000:]
     assert team.lock_keys() == []
+
+
+def _secrets_and_host_keys(team: Team) -> tuple[set[str], dict[str, str]]:
+    """A digest of every secret's value in the stack's state (read with --show-secrets here,
+    compared as digests so that no secret reaches a failure message; an export encrypts each
+    secret anew, so ciphertexts cannot be compared), and each recorded host key."""
+    exported = subprocess.run(
+        ["pulumi", "stack", "export", "--show-secrets", "--stack", team.b.name],
+        cwd=team.b.project,
+        env={**os.environ, **team.b.env, "PULUMI_HOME": str(team.b.directory / "pulumi-home")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    resources = json.loads(exported.stdout)["deployment"].get("resources", [])
+    found: set[str] = set()
+
+    def walk(value: object) -> None:
+        if isinstance(value, dict):
+            if "plaintext" in value:
+                found.add(hashlib.sha256(str(value["plaintext"]).encode()).hexdigest())
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(resources)
+    keys = {
+        f"{r['urn']}.{name}": str(value)
+        for r in resources
+        for name, value in (r.get("outputs") or {}).items()
+        if "host_key" in name and isinstance(value, str) and value
+    }
+    return found, keys
+
+
+def test_a_damaged_state_is_restored_from_the_previous_checkpoint_with_its_secrets(team: Team) -> None:
+    api = team.api_b()
+    before = api.export_state()
+    assert "plaintext" not in json.dumps(before), "the API's export shows a secret"
+    secrets, host_keys = _secrets_and_host_keys(team)
+    assert secrets and host_keys, f"the state holds no secret or host key to keep: {secrets} {host_keys}"
+    checkpoints = api.checkpoints()
+    assert checkpoints and checkpoints[0].kind == "update" and checkpoints[0].result == "succeeded", checkpoints
+    # The damage: a teammate on machine A drops the worker's join from the state by hand.
+    join = next(
+        r["urn"] for r in before["deployment"]["resources"] if "NodeJoin" in r["type"] and team.worker.name in r["urn"]
+    )
+    dropped = subprocess.run(
+        team.on_machine_a(["pulumi", "state", "delete", join, "--target-dependents", "--yes", "--stack", "lab"]),
+        cwd=team.a.project,
+        env=team.env_a(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert dropped.returncode == 0, dropped.stdout + dropped.stderr
+    assert join not in {r["urn"] for r in api.export_state()["deployment"]["resources"]}
+    # A restore needs the stack's name.
+    with pytest.raises(StackError, match="confirm='lab'"):
+        api.restore(checkpoints[0], confirm="yes")
+    assert join not in {r["urn"] for r in api.export_state()["deployment"]["resources"]}
+    api.restore(checkpoints[0], confirm="lab")
+    after = api.export_state()
+    assert [r["urn"] for r in after["deployment"]["resources"]] == [r["urn"] for r in before["deployment"]["resources"]]
+    assert _secrets_and_host_keys(team) == (secrets, host_keys)
+    assert api.preview().changes == [], "the restored state differs from the hosts"
+
+
+def test_the_stack_is_torn_down_from_machine_b_and_leaves_the_bucket_clean(team: Team) -> None:
+    """The end of the stack's life on S3: destroyed from machine B (what a teardown wipes on the
+    hosts is tests/lab/test_teardown.py's), no lock and no resource left in the state in the bucket."""
+    api = team.api_b()
+    api.destroy_stack(confirm="lab")
+    assert team.lock_keys() == []
+    assert api.export_state()["deployment"].get("resources") in (None, [])
+    assert api.pending_operations() == []
