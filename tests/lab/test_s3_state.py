@@ -270,7 +270,14 @@ def test_a_damaged_state_is_restored_from_the_previous_checkpoint_with_its_secre
     with pytest.raises(StackError, match="confirm='lab'"):
         api.restore(checkpoints[0], confirm="yes")
     assert join not in {r["urn"] for r in api.export_state()["deployment"]["resources"]}
-    api.restore(checkpoints[0], confirm="lab")
+    # The CLI lists the kept states and restores one, only with the stack's name.
+    listed = team.hk3s_b("state", "list")
+    assert listed.returncode == 0 and checkpoints[0].key in listed.stdout, listed
+    unconfirmed = team.hk3s_b("state", "restore", checkpoints[0].key)
+    assert unconfirmed.returncode == 3 and "--confirm lab" in unconfirmed.stderr, unconfirmed
+    assert join not in {r["urn"] for r in api.export_state()["deployment"]["resources"]}
+    restored = team.hk3s_b("state", "restore", checkpoints[0].key, "--confirm", "lab")
+    assert restored.returncode == 0, restored
     after = api.export_state()
     assert [r["urn"] for r in after["deployment"]["resources"]] == [r["urn"] for r in before["deployment"]["resources"]]
     assert _secrets_and_host_keys(team) == (secrets, host_keys)
