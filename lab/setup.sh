@@ -12,6 +12,8 @@
 #     pause and test images, and the stand-in for Longhorn's CSI node plugin (lab/build/pod_runtime.sh;
 #     the kubelet and the plugin built in kube.sh's tools module, at its Kubernetes release)
 #   - the Debian base tree lab hosts boot from (lab.hosts.base_tree.ensure_base)
+#   - a real S3 server, versitygw, for stacks whose state is kept in a bucket (lab/build/versitygw.sh;
+#     87 CPU-seconds cold on 2 cores, 141 s wall at nice 19 beside other builds)
 # Prints each step and its time; `--timings FILE` also writes them as JSON.
 set -euo pipefail
 
@@ -83,7 +85,10 @@ base_tree_chain() {
 import os, pathlib
 from lab.hosts.base_tree import ensure_base
 print(ensure_base(pathlib.Path(os.environ["HK3S_LAB_CACHE"])))
-'
+' &&
+    # Here, not beside Pulumi: it shares no package versions with the other Go builds, and
+    # this chain otherwise waits on the mirror and the disk, leaving a core free.
+    step "s3 server (versitygw)" bash lab/build/versitygw.sh
 }
 chain=pulumi run_chain pulumi pulumi_chain &
 pulumi_pid=$!

@@ -10,7 +10,7 @@
 See docs/python-api.md and docs/cli.md.
 """
 
-from .cluster_stack import REPO, ClusterStack, Preview, Recovery, RunResult
+from .cluster_stack import REPO, Checkpoint, ClusterStack, Preview, Recovery, RunResult
 from .errors import (
     DuplicateWorkerError,
     LockHolder,
@@ -27,11 +27,15 @@ from .errors import (
     WorkloadStartRefusedError,
 )
 from .events import PlannedChange, RunRecord
+from .locks import UnlockReport
 from .nodes import ClusterStatus, DiskCheck, DownWorker, HostCheck, LastRun, Node, StrandedWorkload
+from .s3_backend import BackendError
 from .stack_file import StackDocument, StackFile
 
 __all__ = [
     "REPO",
+    "BackendError",
+    "Checkpoint",
     "ClusterStack",
     "ClusterStatus",
     "DiskCheck",
@@ -59,5 +63,6 @@ __all__ = [
     "StrandedWorkload",
     "TeardownNotConfirmedError",
     "UnknownWorkerError",
+    "UnlockReport",
     "WorkloadStartRefusedError",
 ]

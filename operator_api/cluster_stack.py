@@ -21,6 +21,11 @@ that no longer runs on this host is removed (a live one, or one from another hos
 the stack busy and is never touched), and pending operations are resolved with
 `refresh --clear-pending-creates`; the program's resources adopt what exists, so the run
 then continues where the interrupted one stopped.
+
+A stack kept in an S3 bucket (PULUMI_BACKEND_URL=s3://...) is shared by machines that cannot
+see each other's processes: its lock object is never removed without an operator's
+confirmation (`unlock`), however old; the bucket, the endpoint and the credentials are checked
+before anything runs (operator_api.s3_backend).
 """
 
 from __future__ import annotations
@@ -28,10 +33,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
+import json
 import os
+import re
 import tempfile
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -68,13 +76,38 @@ from .errors import (
 )
 from .events import EventCallback, RunRecord
 from .hetzner_power import fenced_hetzner_server, power_on_fenced
-from .locks import OperatorLock, backend_directory, keep_state_private, read_pulumi_locks
+from .locks import (
+    OperatorLock,
+    UnlockReport,
+    backend_directory,
+    keep_state_private,
+    lock_age,
+    read_pulumi_locks,
+)
 from .nodes import ClusterStatus, DiskCheck, DownWorker, HostCheck, LastRun, Node
 from .runs import Preview, Recovery, RunResult, holders_from_message, keys_recorded_on_first_use
+from .s3_backend import S3Backend, s3_backend
 from .stack_file import StackDocument, StackFile, check_stack_name
 from .workspace import check_backend_lasts, check_passphrase, pulumi_command, pulumi_environment
 
 REPO = Path(__file__).resolve().parents[1]
+# `.pulumi/history/[organization/]<project>/<stack>/<stack>-<unix nanoseconds>.checkpoint.json`
+_CHECKPOINT = re.compile(
+    r"\.pulumi/history/(?:[^/]+/)?(?P<project>[^/]+)/(?P<stack>[^/]+)/(?P=stack)-(?P<nanos>\d+)\.checkpoint\.json$"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A state the backend kept after one run: where (an object key or a path in the backend),
+    when, and the run's kind and result."""
+
+    key: str
+    taken: str
+    kind: str
+    result: str
+
+
 OutputCallback = Callable[[str], None]
 _OUTPUT_TAIL = 400
 DISK_PROBE_TYPE = "pulumi-python:dynamic/hk3s:DiskProbe"
@@ -111,6 +144,7 @@ class ClusterStack:
         self.project = str(yaml.safe_load((self.project_dir / "Pulumi.yaml").read_text())["name"])
         self._command_root = str(pulumi_command_root) if pulumi_command_root is not None else None
         self._workspace: auto.LocalWorkspace | None = None
+        self._s3: S3Backend | None = None
 
     # --- setup ---------------------------------------------------------------------------
     def _stack(self) -> auto.Stack:
@@ -132,6 +166,7 @@ class ClusterStack:
             )
         check_passphrase(self.env_vars)
         check_backend_lasts(self.env_vars)
+        self._s3_backend()
         backend = backend_directory(self.backend_url)
         if backend is not None:
             keep_state_private(backend)
@@ -146,6 +181,132 @@ class ClusterStack:
         if create:
             return auto.Stack.create_or_select(self.env, self._workspace)
         return auto.Stack.select(self.env, self._workspace)
+
+    def _s3_backend(self) -> S3Backend | None:
+        """The S3 backend, checked once (reachable, the bucket there, the key accepted and
+        allowed to write) before this object runs anything; None for another backend."""
+        if self._s3 is None:
+            backend = s3_backend(self.backend_url, self.env_vars)
+            if backend is None:
+                return None
+            backend.check()
+            self._s3 = backend
+        return self._s3
+
+    def _lock_holders(self) -> tuple[list[LockHolder], list[str]]:
+        """Every Pulumi lock of the stack and a word on each (live, stale, foreign, in the bucket)."""
+        s3 = self._s3_backend()
+        if s3 is not None:
+            holders = s3.locks(self.project, self.env)
+            return holders, ["in the bucket"] * len(holders)
+        backend = backend_directory(self.backend_url)
+        locks = read_pulumi_locks(backend, self.project, self.env) if backend else []
+        return [lock.holder for lock in locks], [lock.state for lock in locks]
+
+    def unlock(self, *, confirm: bool = False, only: Sequence[LockHolder] | None = None) -> UnlockReport:
+        """The stack's Pulumi locks, each holder and age; with `confirm`, removed. For the run
+        that died holding the stack on another machine (a CI runner): its lock is never taken
+        away silently. A lock held by a process that still runs on this machine is refused; one
+        from another machine is removed on your word that its run is dead, so check first.
+        The next change (`up()` and the rest) then clears the interrupted run's pending
+        operations and continues. With `only`, just those of the given holders still there
+        (the ones an operator was shown) are considered."""
+        with self._operator_lock().hold("unlock"):
+            holders, states = self._lock_holders()
+            if only is not None:
+                shown = {holder.path for holder in only}
+                kept = [(h, st) for h, st in zip(holders, states, strict=True) if h.path in shown]
+                holders, states = [h for h, _ in kept], [st for _, st in kept]
+            live = [holder for holder, state in zip(holders, states, strict=True) if state == "live"]
+            if confirm and live:
+                raise StackBusyError(self.env, live, "that process still runs on this machine; it is not removed")
+            removed: list[LockHolder] = []
+            if confirm:
+                s3 = self._s3_backend()
+                for holder in holders:
+                    if s3 is not None:
+                        s3.remove_lock(holder)
+                    else:
+                        Path(holder.path).unlink(missing_ok=True)
+                    removed.append(holder)
+            return UnlockReport(self.env, holders, [lock_age(holder.since) for holder in holders], removed)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """The states the backend kept after each run of this stack (a `file://` or `s3://`
+        backend keeps one per update, refresh and destroy under `.pulumi/history/`), newest first."""
+        s3 = self._s3_backend()
+        backend = backend_directory(self.backend_url)
+        if s3 is not None:
+            keys = s3.list_keys(f".pulumi/history/{self.project}/{self.env}/")
+        elif backend is not None:
+            root = backend / ".pulumi" / "history" / self.project / self.env
+            keys = [str(path.relative_to(backend)) for path in root.rglob("*.checkpoint.json")] if root.exists() else []
+        else:
+            raise StackError("checkpoints are read from a file:// or s3:// backend; Pulumi Cloud keeps its own history")
+        found = []
+        for key in keys:
+            match = _CHECKPOINT.search(key)
+            if match is None or match["project"] != self.project or match["stack"] != self.env:
+                continue
+            info: dict[str, Any] = {}
+            with contextlib.suppress(ValueError, StackError, OSError):
+                info = json.loads(self._backend_read(key.replace(".checkpoint.json", ".history.json")))
+            taken = datetime.datetime.fromtimestamp(int(match["nanos"]) / 1e9, datetime.UTC)
+            found.append(
+                Checkpoint(
+                    key, taken.isoformat(timespec="seconds"), str(info.get("kind", "")), str(info.get("result", ""))
+                )
+            )
+        return sorted(found, key=lambda checkpoint: checkpoint.key, reverse=True)
+
+    def _backend_read(self, key: str) -> bytes:
+        s3 = self._s3_backend()
+        if s3 is not None:
+            data = s3.get(key)
+            if data is None:
+                raise StackError(f"{key} is not in the bucket")
+            return data
+        backend = backend_directory(self.backend_url)
+        assert backend is not None
+        return (backend / key).read_bytes()
+
+    def export_state(self) -> dict[str, Any]:
+        """The stack's state as `pulumi stack export` writes it, every secret encrypted (never
+        `--show-secrets`: the export may be kept or handed on)."""
+        if self._existing_stack() is None:
+            raise StackError(f"stack {self.env} has no state yet")
+        assert self._workspace is not None
+        env = {**self.env_vars, **({"PULUMI_HOME": self.pulumi_home} if self.pulumi_home else {})}
+        command = pulumi_command(self._command_root, self.env_vars["PATH"])
+        result = command.run(["stack", "export", "--stack", self.env], str(self.project_dir), env)
+        exported = json.loads(result.stdout)
+        return {"version": exported["version"], "deployment": exported["deployment"]}
+
+    def restore(self, checkpoint: Checkpoint, *, confirm: str) -> None:
+        """Make `checkpoint` (one of `checkpoints()`) the stack's state again, as `pulumi stack
+        import` does: after a bad run, the state before it, with every secret in it (the pinned
+        host keys, the login key and the previous one) as it was. `confirm` must be the stack's
+        name. Changes no host: the next `preview` shows what differs from the hosts."""
+        if confirm != self.env:
+            raise StackError(
+                f"restoring stack {self.env} to the state of {checkpoint.taken} replaces its state: "
+                f"pass confirm={self.env!r} to say you mean it"
+            )
+        with self._exclusive(f"restoring the state of {checkpoint.taken}", None, clear_pending=False):
+            document = json.loads(self._backend_read(checkpoint.key))
+            deployment = document.get("checkpoint", {}).get("latest")
+            if not isinstance(deployment, dict):
+                raise StackError(f"{checkpoint.key} holds no state to restore")
+            self._stack().import_stack(auto.Deployment(version=int(document["version"]), deployment=deployment))
+
+    def _operator_lock(self) -> OperatorLock | _NoLock:
+        """This API's lock for one change on this machine: in a file backend's directory, or, for
+        a backend elsewhere, under ~/.hk3s-operator (machines are kept apart by Pulumi's lock)."""
+        backend = backend_directory(self.backend_url)
+        if backend is None and self.backend_url.startswith("s3://"):
+            home = Path(self.env_vars.get("HOME") or Path.home())
+            backend = home / ".hk3s-operator" / self.backend_url.removeprefix("s3://").partition("?")[0]
+        return OperatorLock(backend, self.project, self.env) if backend is not None else _NoLock()
 
     # --- reading -----------------------------------------------------------------------
     def settings_document(self) -> StackDocument:
@@ -203,8 +364,7 @@ class ClusterStack:
                 ended=info.end_time.isoformat() if info.end_time else None,
                 resource_changes={str(k): int(v) for k, v in (info.resource_changes or {}).items()},
             )
-        backend = backend_directory(self.backend_url)
-        locks = read_pulumi_locks(backend, self.project, self.env) if backend else []
+        holders, states = self._lock_holders()
         # One export of the state serves the pending operations and the hosts to ask or check.
         deployment = Deployment.export(stack) if stack is not None else None
         nodes = [Node.from_output(item) for item in output("nodes") or []]
@@ -228,7 +388,7 @@ class ClusterStack:
             nodes=nodes,
             last_run=last,
             pending_operations=deployment.pending_operations() if deployment is not None else [],
-            locked_by=[f"{lock.holder} ({lock.state})" for lock in locks],
+            locked_by=[f"{holder} ({state})" for holder, state in zip(holders, states, strict=True)],
             host_checks=[HostCheck.from_health(item) for item in health],
             warnings=[warning for item in health for warning in item.warnings],
             down_workers=down,
@@ -600,10 +760,20 @@ class ClusterStack:
         self, action: str, on_output: OutputCallback | None, *, clear_pending: bool = True
     ) -> Iterator[Recovery]:
         """Hold the stack for one change; clean up after an interrupted run first."""
+        s3 = self._s3_backend()  # checked before anything is touched
         backend = backend_directory(self.backend_url)
-        operator_lock = OperatorLock(backend, self.project, self.env) if backend else None
-        with operator_lock.hold(action) if operator_lock else contextlib.nullcontext():
+        with self._operator_lock().hold(action):
             stale: list[LockHolder] = []
+            if s3 is not None:
+                # Another machine's run, live or dead, cannot be told apart from here.
+                held = s3.locks(self.project, self.env)
+                if held:
+                    raise StackBusyError(
+                        self.env,
+                        held,
+                        "held by a Pulumi run in the bucket; if that run is dead (a runner that went down), "
+                        f"`scripts/hk3s --stack {self.env} unlock` shows the lock and removes it on your word",
+                    )
             if backend is not None:
                 locks = read_pulumi_locks(backend, self.project, self.env)
                 busy = [lock.holder for lock in locks if lock.state != "stale"]
@@ -656,3 +826,12 @@ class ClusterStack:
 def _say(on_output: OutputCallback | None, message: str) -> None:
     if on_output is not None:
         on_output(f"hk3s: {message}")
+
+
+class _NoLock:
+    """No operator lock (a backend such as Pulumi Cloud, which locks the stack itself)."""
+
+    @contextlib.contextmanager
+    def hold(self, action: str) -> Iterator[None]:
+        del action
+        yield

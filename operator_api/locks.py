@@ -1,5 +1,6 @@
-"""Who holds a stack: the Pulumi lock files of a local (file://) backend, and the
-operator lock this API takes around a whole change (config edit and run).
+"""Who holds a stack: the Pulumi lock files of a local (file://) backend (those of an S3
+backend: operator_api.s3_backend), and the operator lock this API takes around a whole
+change (config edit and run).
 
 The file backend writes one JSON file per running update under
 ``<backend>/.pulumi/locks/<org>/<project>/<stack>/`` with the CLI's pid and host.
@@ -12,10 +13,12 @@ busy, and this API never removes such a lock.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import getpass
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -157,3 +160,48 @@ class OperatorLock:
             pid=pid if isinstance(pid, int) else None,
             since=str(data.get("timestamp", "")) + action,
         )
+
+
+def lock_age(since: str, now: float | None = None) -> float | None:
+    """Seconds since a lock's timestamp (Go's RFC 3339, nanoseconds and all); None when unreadable."""
+    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?", since.strip())
+    if match is None:
+        return None
+    fraction = (match[2] or "")[:7]  # Python reads at most microseconds
+    zone = "+00:00" if match[3] in (None, "Z") else match[3]
+    try:
+        stamp = datetime.datetime.fromisoformat(f"{match[1]}{fraction}{zone}")
+    except ValueError:
+        return None
+    return (now if now is not None else time.time()) - stamp.timestamp()
+
+
+def describe_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "of unknown age"
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds} s old"
+    if seconds < 7200:
+        return f"{seconds // 60} min old"
+    return f"{seconds // 3600} h old"
+
+
+@dataclass(frozen=True)
+class UnlockReport:
+    """The stack's Pulumi locks as `unlock` found them: each holder, its age in seconds (None
+    when the timestamp is unreadable), and the ones removed (none without a confirmation)."""
+
+    stack: str
+    holders: list[LockHolder]
+    ages: list[float | None]
+    removed: list[LockHolder]
+
+    def lines(self) -> list[str]:
+        if not self.holders:
+            return [f"stack {self.stack} is not locked"]
+        return [
+            f"{'removed' if holder in self.removed else 'locked by'} {holder}, {describe_age(age)}"
+            + (f" ({holder.path})" if holder.path else "")
+            for holder, age in zip(self.holders, self.ages, strict=True)
+        ]

@@ -1,12 +1,12 @@
 """The operator CLI: `scripts/hk3s [--stack ENV] [--json] COMMAND`.
 
 Commands: `node add|list|check-disk|reboot|fence|unfence|remove`, `workload start`, `status`,
-`preview`, `up`. Tables for people by default, `--json` for programs (on stdout; progress and
-messages go to stderr).
+`preview`, `up`, `unlock`, `state list|restore`. Tables for people by default, `--json` for
+programs (on stdout; progress and messages go to stderr).
 
 Exit codes: 0 done; 1 failed part-way (fix the cause and run again: it continues);
-2 usage; 3 refused, nothing changed (bad input, a capability this release lacks, a failed
-preflight, or a confirmation not given); 4 the stack is busy with another run.
+2 usage; 3 refused, nothing changed (bad input, a backend that cannot be used, a capability this
+release lacks, a failed preflight, or a confirmation not given); 4 the stack is busy with another run.
 
 Actions that restart the Kubernetes API or release data (`node remove`, `node fence
 --accept-stale-data`, `workload start --accept-stale-data`, an `up` whose plan restarts the
@@ -49,6 +49,7 @@ from operator_api import (
     WorkloadStartRefusedError,
 )
 from operator_api.events import PROGRESS_LINE, UNCHANGED_OPS
+from operator_api.s3_backend import BackendError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -157,6 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="tear the stack down: every host wiped, its data not kept (see docs/teardown.md)",
     )
     destroy.add_argument("--confirm", metavar="STACK", default="", help="the stack's name, to say you mean it")
+    unlock = commands.add_parser(
+        "unlock",
+        parents=[common],
+        help="show who holds the stack's lock and how long; remove it (a run that died elsewhere) on confirmation",
+    )
+    unlock.add_argument("--yes", action="store_true", help="remove the lock(s) shown without a question")
+    state = commands.add_parser("state", help="the states the backend kept after each run; restore one")
+    state_commands = state.add_subparsers(dest="state_command", required=True, metavar="STATE_COMMAND")
+    state_commands.add_parser("list", parents=[common], help="the kept states, newest first")
+    restore = state_commands.add_parser(
+        "restore", parents=[common], help="make a kept state the stack's state again (changes no host)"
+    )
+    restore.add_argument("checkpoint", help="a CHECKPOINT from `state list`")
+    restore.add_argument("--confirm", metavar="STACK", default="", help="the stack's name, to say you mean it")
     return parser
 
 
@@ -411,6 +426,10 @@ def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack)
         data, human = status_text(stack, check_hosts=args.check)
         console.result(data, human)
         return EXIT_OK
+    if args.command == "unlock":
+        return _unlock(console, stack, yes=args.yes)
+    if args.command == "state":
+        return _state(console, stack, args)
     if args.command == "workload":
         if args.accept_stale_data:
             console.confirm(f"Start {args.workload} from copies that may be older than the lost one?", yes=args.yes)
@@ -490,6 +509,53 @@ def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack)
     return EXIT_OK
 
 
+def _unlock(console: Console, stack: ClusterStack, *, yes: bool) -> int:
+    """`unlock`: the holders and their ages; removed only when confirmed (a 'y' or --yes), and
+    only those shown (a run that locked the stack since is left alone)."""
+    report = stack.unlock()
+    if report.holders:
+        for line in report.lines():
+            console.say(line)
+        console.confirm(
+            "Remove the lock? Only when its run is dead (that machine or CI job is gone): a live run would "
+            "go on beside the next one",
+            yes=yes,
+        )
+        report = stack.unlock(confirm=True, only=report.holders)
+    data = {"stack": report.stack, "holders": [asdict(h) for h in report.holders], "ages": report.ages}
+    data["removed"] = [asdict(h) for h in report.removed]
+    human = "\n".join(report.lines())
+    if report.removed:
+        human += f"\nRun `scripts/hk3s --stack {report.stack} up` to continue: it clears the interrupted run first."
+    console.result(data, human)
+    return EXIT_OK
+
+
+def _state(console: Console, stack: ClusterStack, args: argparse.Namespace) -> int:
+    """`state list` and `state restore CHECKPOINT --confirm STACK`."""
+    checkpoints = stack.checkpoints()
+    if args.state_command == "list":
+        rows = [[c.key, c.taken, c.kind or "-", c.result or "-"] for c in checkpoints]
+        human = table(["CHECKPOINT", "TAKEN", "RUN", "RESULT"], rows) if rows else "No state kept yet."
+        console.result([asdict(c) for c in checkpoints], human)
+        return EXIT_OK
+    chosen = next((c for c in checkpoints if c.key == args.checkpoint), None)
+    if chosen is None:
+        raise ConfirmationMissingError(
+            f"{args.checkpoint} is not one of `state list`'s checkpoints; nothing was changed"
+        )
+    if args.confirm != stack.env:
+        raise ConfirmationMissingError(
+            f"restoring stack {stack.env} replaces its state: pass --confirm {stack.env}; nothing was changed"
+        )
+    stack.restore(chosen, confirm=args.confirm)
+    console.result(
+        asdict(chosen),
+        f"stack {stack.env} restored to the state of {chosen.taken}; `preview` shows what differs from the hosts",
+    )
+    return EXIT_OK
+
+
 def _removal(console: Console, stack: ClusterStack, name: str, *, force: bool, yes: bool) -> Callable[[], RunResult]:
     """`node remove NAME [--force]`: the plan shown and confirmed, then the run that removes it
     (with `force`, gives a fenced worker up)."""
@@ -534,7 +600,13 @@ def main(argv: Sequence[str] | None = None, *, stdin: TextIO | None = None) -> i
         return run_command(args, console, stack)
     except ConfirmationMissingError as error:
         return _fail(console, error, EXIT_REFUSED)
-    except (SettingsRejectedError, RefusedError, TeardownNotConfirmedError, WorkloadStartRefusedError) as error:
+    except (
+        BackendError,
+        SettingsRejectedError,
+        RefusedError,
+        TeardownNotConfirmedError,
+        WorkloadStartRefusedError,
+    ) as error:
         return _fail(console, error, EXIT_REFUSED)
     except MaintenanceError as error:
         return _fail(console, error, EXIT_REFUSED if error.put_back else EXIT_FAILED)

@@ -103,3 +103,29 @@ def test_the_operator_lock_admits_one_caller(backend: Path) -> None:
     with OperatorLock(backend, "hk3s", "dev").hold("up"):  # free again once released
         pass
     assert pulumi_lock_files(backend, "hk3s", "dev") == []  # kept apart from Pulumi's own locks
+
+
+def test_unlock_shows_the_holder_and_its_age_and_removes_only_on_confirmation(api: ClusterStack, backend: Path) -> None:
+    """A lock left by a run on another machine: shown with its age, kept without a confirmation,
+    removed with one; `only` removes just the locks an operator was shown."""
+    foreign = write_lock(backend, "dev", 4242, hostname="ci-runner-7", name="foreign")
+    report = api.unlock()
+    assert [(h.user, h.hostname, h.pid) for h in report.holders] == [("ops", "ci-runner-7", 4242)]
+    assert report.removed == [] and foreign.exists()
+    assert report.ages[0] is not None and report.ages[0] > 86400
+    assert "locked by ops@ci-runner-7 (pid 4242) since 2026-01-01T00:00:00Z" in report.lines()[0]
+    later = write_lock(backend, "dev", 4343, hostname="ci-runner-8", name="later")
+    removed = api.unlock(confirm=True, only=report.holders)
+    assert [h.hostname for h in removed.removed] == ["ci-runner-7"]
+    assert not foreign.exists() and later.exists()
+    assert api.unlock(confirm=True).removed and not later.exists()
+    assert api.unlock().lines() == ["stack dev is not locked"]
+
+
+def test_unlock_refuses_the_lock_of_a_run_alive_on_this_machine(
+    api: ClusterStack, backend: Path, running_pulumi: subprocess.Popen[bytes]
+) -> None:
+    live = write_lock(backend, "dev", running_pulumi.pid)
+    with pytest.raises(StackBusyError, match="still runs on this machine"):
+        api.unlock(confirm=True)
+    assert live.exists()

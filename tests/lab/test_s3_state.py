@@ -1,0 +1,294 @@
+"""A stack whose state is kept in an S3 bucket, run by two operators on two "machines": the real
+Pulumi CLI's DIY backend on a real S3 server (versitygw, lab/s3_server.py), real lab hosts, the
+operator API and CLI. Nothing is mocked.
+
+Machine A runs in namespaces of its own (another hostname, another pid space, another HOME and
+PULUMI_HOME): what Pulumi writes into its lock object is what another machine, a CI runner,
+would write. Machine B is this process with its own HOME, PULUMI_HOME and copy of the project.
+One S3 server, one server host and one worker serve the whole module; the tests run in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from lab.hosts import Host, Lab
+from lab.s3_server import VERSITYGW, S3Server, running_s3_server
+from lab.stack_harness import (
+    CACHE,
+    CliRun,
+    LabStack,
+    base_config,
+    run_killable,
+    server_spec,
+    skip_without_lab_binaries,
+    worker_spec,
+)
+from operator_api import ClusterStack, StackBusyError, StackError
+
+pytestmark = pytest.mark.lab
+K3S = "/usr/local/bin/k3s"
+BUCKET = "team-state"
+MACHINE_A = "machine-a"
+
+
+@dataclass
+class Team:
+    lab: Lab
+    s3: S3Server
+    server: Host
+    worker: Host
+    a: LabStack
+    b: LabStack
+
+    def env_a(self) -> dict[str, str]:
+        home = self.a.directory / "home"
+        home.mkdir(exist_ok=True)
+        return {**os.environ, **self.a.env, "HOME": str(home), "PULUMI_HOME": str(self.a.directory / "pulumi-home")}
+
+    def on_machine_a(self, argv: list[str]) -> list[str]:
+        """`argv` in a UTS and pid namespace of its own, its hostname machine-a: its processes
+        end with the namespace's first process, as a machine's do when it goes down."""
+        script = f'hostname {MACHINE_A} && exec "$@"'
+        return ["unshare", "--uts", "--pid", "--fork", "--mount-proc", "sh", "-c", script, "sh", *argv]
+
+    def hk3s_a(self, *args: str, kill_when: str | None = None) -> CliRun:
+        argv = self.on_machine_a([str(self.a.project / "scripts" / "hk3s"), "--stack", self.a.name, *args])
+        return run_killable(
+            argv, cwd=self.a.project, env=self.env_a(), kill_when=kill_when, timeout=900, split_stderr=True
+        )
+
+    def api_b(self, **env: str) -> ClusterStack:
+        home = self.b.directory / "home"
+        home.mkdir(exist_ok=True)
+        return ClusterStack(
+            self.b.name,
+            project_dir=self.b.project,
+            env_vars={**self.b.env, "HOME": str(home), **env},
+            pulumi_command_root=CACHE,
+            pulumi_home=self.b.directory / "pulumi-home",
+        )
+
+    def hk3s_b(self, *args: str) -> CliRun:
+        return self.b.hk3s(*args)
+
+    def lock_keys(self) -> list[str]:
+        return self.s3.client(BUCKET).lock_keys("hk3s", self.b.name)
+
+    def node_names(self) -> list[str]:
+        out = self.server.run([K3S, "kubectl", "get", "nodes", "-o", "name"]).stdout
+        return [line.removeprefix("node/") for line in out.split()]
+
+
+@pytest.fixture(scope="module")
+def team(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
+    skip_without_lab_binaries()
+    if not VERSITYGW.exists() or shutil.which("unshare") is None:
+        pytest.skip(f"{VERSITYGW} or unshare missing: run lab/build/versitygw.sh")
+    with running_s3_server(tmp_path_factory.mktemp("s3-server")) as s3:
+        s3.create_bucket(BUCKET)
+        server = lab.add_host(server_spec("s3-server"))
+        worker = lab.add_host(worker_spec("s3-worker-1"))
+        lab.wait_ssh_ready([server, worker])
+        # The module ends with the stack's teardown (destroy needs the setting, applied by an up).
+        config = base_config(lab, server, [worker], cluster={"teardown": "allowed"})
+        stacks = []
+        for machine in ("machine-a", "machine-b"):
+            stack = LabStack(tmp_path_factory.mktemp(machine))
+            stack.env.update({**s3.credentials(), "PULUMI_BACKEND_URL": s3.backend_url(BUCKET)})
+            stack.write_config(config)
+            stacks.append(stack)
+        yield Team(lab, s3, server, worker, *stacks)
+
+
+def test_bad_backend_input_is_one_line_naming_the_variable_and_changes_nothing(team: Team) -> None:
+    """A wrong endpoint, a missing bucket, refused credentials and a key that may only read:
+    each refused before any run, by name, with the fix; the bucket and the stack file untouched."""
+    url = team.s3.backend_url
+    reader = team.s3.reader(BUCKET)
+    cases = {
+        "endpoint": (
+            {"PULUMI_BACKEND_URL": url(BUCKET, endpoint="http://127.0.0.1:9")},
+            "endpoint= in PULUMI_BACKEND_URL",
+        ),
+        "bucket": ({"PULUMI_BACKEND_URL": url("no-such-bucket")}, "names bucket no-such-bucket, which does not exist"),
+        "credentials": ({"AWS_SECRET_ACCESS_KEY": "not-the-secret"}, "refused the credentials"),
+        "read-only": (reader, "may not write to bucket team-state"),
+        "no key": ({"AWS_ACCESS_KEY_ID": ""}, "AWS_ACCESS_KEY_ID not set"),
+    }
+    client = team.s3.client(BUCKET)
+    before = (client.list_keys(""), team.b.project.joinpath("Pulumi.lab.yaml").read_bytes())
+    for name, (env, expected) in cases.items():
+        with pytest.raises(StackError) as refused:
+            team.api_b(**env).add_worker("s3-worker-9", address="198.51.100.9", holds_copies=False)
+        message = str(refused.value)
+        assert expected in message and "\n" not in message, (name, message)
+        assert (client.list_keys(""), team.b.project.joinpath("Pulumi.lab.yaml").read_bytes()) == before, name
+    # The CLI: the same line, last on stderr, and a failing exit.
+    saved = dict(team.b.env)
+    team.b.env["AWS_SECRET_ACCESS_KEY"] = "not-the-secret"
+    try:
+        cli = team.hk3s_b("status")
+    finally:
+        team.b.env.clear()
+        team.b.env.update(saved)
+    assert cli.returncode != 0 and "refused the credentials" in cli.stderr.strip().splitlines()[-1], cli.stderr[-2000:]
+    assert client.list_keys("") == before[0]
+
+
+def test_a_run_killed_on_machine_a_is_recovered_from_machine_b_with_unlock(team: Team) -> None:
+    killed = team.hk3s_a("up", "--yes", kill_when=f"[{team.worker.name}] preparing the host")
+    assert killed.killed, f"the run finished before the join was prepared:\n{killed.stderr[-3000:]}"
+    # What a dead runner leaves in the bucket: its lock object, naming machine A.
+    assert len(team.lock_keys()) == 1, team.lock_keys()
+    api = team.api_b()
+    with pytest.raises(StackBusyError) as busy:
+        api.up()
+    holder = busy.value.holders[0]
+    assert holder.hostname == MACHINE_A and holder.user == "root" and holder.pid and holder.since, holder
+    assert MACHINE_A in str(busy.value) and "unlock" in str(busy.value)
+    assert len(team.lock_keys()) == 1, "a lock of another machine was removed without a confirmation"
+    # Shown, not removed, without a confirmation: the API and the CLI (stdin not a terminal).
+    report = api.unlock()
+    assert [h.hostname for h in report.holders] == [MACHINE_A] and report.removed == [], report
+    assert report.ages[0] is not None and 0 <= report.ages[0] < 3600, report
+    shown = team.hk3s_b("unlock")
+    assert shown.returncode != 0 and MACHINE_A in shown.stdout + shown.stderr, shown
+    assert "old" in shown.stdout + shown.stderr, shown
+    assert len(team.lock_keys()) == 1
+    removed = team.hk3s_b("unlock", "--yes")
+    assert removed.returncode == 0 and MACHINE_A in removed.stdout + removed.stderr, removed
+    assert team.lock_keys() == []
+    # The usual recovery goes on from machine B: the interrupted join's pending operations are
+    # cleared by a refresh, and the join runs once.
+    assert api.pending_operations(), "the killed run left no pending operation"
+    result = team.api_b().up()
+    assert result.recovery.cleared_pending, result.recovery
+    assert team.node_names().count(team.worker.name) == 1, team.node_names()
+    assert team.api_b().pending_operations() == [] and team.lock_keys() == []
+
+
+def test_a_live_run_on_machine_a_makes_machine_b_busy_naming_it(team: Team) -> None:
+    pulumi = ["pulumi", "up", "--yes", "--skip-preview", "--stack", team.a.name, "--non-interactive", "--refresh"]
+    process = subprocess.Popen(
+        team.on_machine_a(pulumi),
+        cwd=team.a.project,
+        env=team.env_a(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    stack_file = team.b.project / "Pulumi.lab.yaml"
+    before = stack_file.read_bytes()
+    try:
+        deadline = time.monotonic() + 120
+        while not team.lock_keys() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.05)
+        assert team.lock_keys(), "pulumi up on machine A never took the lock"
+        with pytest.raises(StackBusyError) as busy:
+            team.api_b().add_worker("s3-worker-9", address="198.51.100.9", holds_copies=False)
+        holder = busy.value.holders[0]
+        assert holder.hostname == MACHINE_A and holder.pid is not None and holder.pid != process.pid, holder
+        # Read from the bucket before the stack file was touched, not learnt from a refused run.
+        assert "in the bucket" in str(busy.value), busy.value
+        assert stack_file.read_bytes() == before
+    finally:
+        output, _ = process.communicate(timeout=900)
+    assert process.returncode == 0, output[-3000:]
+    assert team.lock_keys() == []
+
+
+def _secrets_and_host_keys(team: Team) -> tuple[set[str], dict[str, str]]:
+    """A digest of every secret's value in the stack's state (read with --show-secrets here,
+    compared as digests so that no secret reaches a failure message; an export encrypts each
+    secret anew, so ciphertexts cannot be compared), and each recorded host key."""
+    exported = subprocess.run(
+        ["pulumi", "stack", "export", "--show-secrets", "--stack", team.b.name],
+        cwd=team.b.project,
+        env={**os.environ, **team.b.env, "PULUMI_HOME": str(team.b.directory / "pulumi-home")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    resources = json.loads(exported.stdout)["deployment"].get("resources", [])
+    found: set[str] = set()
+
+    def walk(value: object) -> None:
+        if isinstance(value, dict):
+            if "plaintext" in value:
+                found.add(hashlib.sha256(str(value["plaintext"]).encode()).hexdigest())
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(resources)
+    keys = {
+        f"{r['urn']}.{name}": str(value)
+        for r in resources
+        for name, value in (r.get("outputs") or {}).items()
+        if "host_key" in name and isinstance(value, str) and value
+    }
+    return found, keys
+
+
+def test_a_damaged_state_is_restored_from_the_previous_checkpoint_with_its_secrets(team: Team) -> None:
+    api = team.api_b()
+    before = api.export_state()
+    assert "plaintext" not in json.dumps(before), "the API's export shows a secret"
+    secrets, host_keys = _secrets_and_host_keys(team)
+    assert secrets and host_keys, f"the state holds no secret or host key to keep: {secrets} {host_keys}"
+    checkpoints = api.checkpoints()
+    assert checkpoints and checkpoints[0].kind == "update" and checkpoints[0].result == "succeeded", checkpoints
+    # The damage: a teammate on machine A drops the worker's join from the state by hand.
+    join = next(
+        r["urn"] for r in before["deployment"]["resources"] if "NodeJoin" in r["type"] and team.worker.name in r["urn"]
+    )
+    dropped = subprocess.run(
+        team.on_machine_a(["pulumi", "state", "delete", join, "--target-dependents", "--yes", "--stack", "lab"]),
+        cwd=team.a.project,
+        env=team.env_a(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert dropped.returncode == 0, dropped.stdout + dropped.stderr
+    assert join not in {r["urn"] for r in api.export_state()["deployment"]["resources"]}
+    # A restore needs the stack's name.
+    with pytest.raises(StackError, match="confirm='lab'"):
+        api.restore(checkpoints[0], confirm="yes")
+    assert join not in {r["urn"] for r in api.export_state()["deployment"]["resources"]}
+    # The CLI lists the kept states and restores one, only with the stack's name.
+    listed = team.hk3s_b("state", "list")
+    assert listed.returncode == 0 and checkpoints[0].key in listed.stdout, listed
+    unconfirmed = team.hk3s_b("state", "restore", checkpoints[0].key)
+    assert unconfirmed.returncode == 3 and "--confirm lab" in unconfirmed.stderr, unconfirmed
+    assert join not in {r["urn"] for r in api.export_state()["deployment"]["resources"]}
+    restored = team.hk3s_b("state", "restore", checkpoints[0].key, "--confirm", "lab")
+    assert restored.returncode == 0, restored
+    after = api.export_state()
+    assert [r["urn"] for r in after["deployment"]["resources"]] == [r["urn"] for r in before["deployment"]["resources"]]
+    assert _secrets_and_host_keys(team) == (secrets, host_keys)
+    assert api.preview().changes == [], "the restored state differs from the hosts"
+
+
+def test_the_stack_is_torn_down_from_machine_b_and_leaves_the_bucket_clean(team: Team) -> None:
+    """The end of the stack's life on S3: destroyed from machine B (what a teardown wipes on the
+    hosts is tests/lab/test_teardown.py's), no lock and no resource left in the state in the bucket."""
+    api = team.api_b()
+    api.destroy_stack(confirm="lab")
+    assert team.lock_keys() == []
+    assert api.export_state()["deployment"].get("resources") in (None, [])
+    assert api.pending_operations() == []
