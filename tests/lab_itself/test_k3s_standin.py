@@ -262,6 +262,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "tls-san:\n  - k3s-standin.test\n"
         f"kube-controller-manager-arg:\n  - secure-port={free_port()}\n"
         "flannel-backend: wireguard-native\n"
+        "flannel-ipv6-masq: true\n"
     )
     c.state["server-notify"] = _notify_socket(tmp / "server-notify.sock")
     c.server = c.spawn(
@@ -340,7 +341,9 @@ def test_server_is_up_with_its_own_node(cluster: Cluster) -> None:
     lease = cluster.get("lease", "-n", "kube-node-lease", "srv")
     assert lease and lease["spec"]["holderIdentity"] == "srv"
     # The ignored flag from the config file was accepted and reported.
-    assert "--flannel-backend" in cluster.server.text()
+    assert "--flannel-ipv6-masq" in cluster.server.text()
+    # The flannel backend is published on the Node, as flannel's kube subnet manager does.
+    assert srv["metadata"]["annotations"].get("flannel.alpha.coreos.com/backend-type") == "wireguard-native"
 
 
 def test_token_create_prints_a_secure_token_for_the_served_ca(cluster: Cluster) -> None:
@@ -388,6 +391,9 @@ def test_agent_joins_with_the_bootstrap_token(cluster: Cluster) -> None:
     )
     assert node["metadata"]["labels"].get("a") == "b", node["metadata"]["labels"]
     assert {"key": "hk3s.dev/validating", "value": "true", "effect": "NoSchedule"} in node["spec"].get("taints", [])
+    # The agent has no flannel setting of its own: it runs the server's backend, read from the
+    # agent configuration at its start (k3s's pkg/agent/config get()), and publishes it.
+    assert node["metadata"]["annotations"].get("flannel.alpha.coreos.com/backend-type") == "wireguard-native"
     assert node["status"]["nodeInfo"]["kubeletVersion"] == cluster.state["version"]
     addresses = {(a["type"], a["address"]) for a in node["status"]["addresses"]}
     assert ("InternalIP", "127.0.0.1") in addresses, addresses  # node-ip from the config file
