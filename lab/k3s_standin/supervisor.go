@@ -329,6 +329,8 @@ func (sup *supervisor) agentAuthorized(w http.ResponseWriter, r *http.Request) (
 // stand-in's agent reads: the flannel backend, which a k3s agent learns only here, at its start.
 type agentControlConfig struct {
 	FlannelBackend string `json:"FlannelBackend"`
+	// k3s serves the cluster CIDR as ClusterIPRange (a net.IPNet); the stand-in as a string.
+	ClusterCIDR string `json:"ClusterCIDR"`
 }
 
 // serveAgentConfig: the agent configuration, the first request an agent authenticates (k3s's
@@ -338,7 +340,7 @@ func (sup *supervisor) serveAgentConfig(w http.ResponseWriter, r *http.Request) 
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(agentControlConfig{FlannelBackend: sup.s.o.str("flannel-backend")})
+	_ = json.NewEncoder(w).Encode(agentControlConfig{FlannelBackend: sup.s.o.str("flannel-backend"), ClusterCIDR: sup.s.o.str("cluster-cidr")})
 }
 
 // serveKubeletCert signs a node's kubelet client certificate, as k3s's ClientKubeletCert

@@ -82,7 +82,11 @@ def test_rebuilt_host_is_refused_while_its_node_lives_and_rejoins_once_it_is_gon
     while refused not in (
         log := worker.run(["journalctl", "-u", "k3s-agent", "--no-pager", "-o", "cat", "-n", "40"]).stdout
     ):
-        assert time.monotonic() < deadline, f"the agent was never refused its deleted Node's certificate:\n{log}"
+        node_now = server.run([K3S, "kubectl", "get", "node", "np-worker", "--ignore-not-found", "-o", "name"]).stdout
+        assert time.monotonic() < deadline, (
+            f"the agent was never refused its deleted Node's certificate (Node now: {node_now.strip() or 'none'}):\n"
+            + worker.run(["journalctl", "-u", "k3s-agent", "--no-pager", "-o", "cat", "-n", "40"]).stdout
+        )
         time.sleep(2)
     assert "Node authorization rejected, retrying without client certificate authentication" in log, log
     time.sleep(10)

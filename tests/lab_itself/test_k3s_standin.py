@@ -253,6 +253,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     env["HK3S_LAB_NODE_MONITOR_GRACE_PERIOD"] = f"{GRACE_PERIOD}s"
     # The agents' node password (k3s: /etc/rancher/node/password), kept off this machine's /etc.
     env["HK3S_LAB_NODE_PASSWORD_FILE"] = str(tmp / "node-password")
+    # Nodes run on this machine itself: no kube-proxy/flannel iptables rules in its network.
+    env["HK3S_LAB_NO_HOST_RULES"] = "1"
     c = Cluster(tmp=tmp, env=env)
     c.https_port = port_pair()
     c.kubeconfig = tmp / "k3s.yaml"
