@@ -73,19 +73,20 @@ def test_rebuilt_host_is_refused_while_its_node_lives_and_rejoins_once_it_is_gon
     # of the join. k3s's supervisor authenticates a node certificate only while its Node exists
     # (pkg/nodepassword/validate.go verifyNode: 401), the agent retries with its token alone
     # (pkg/agent/config/config.go getNodeNamedCrt), deleted after the join: the agent stays out
-    # and registers nothing. The wait first: kube-apiserver caches an accepted token for 10 s.
+    # and registers nothing. The wait first: kube-apiserver caches an accepted token for 10 s. The
+    # journal is read merged (-m): the rebuild above changed the machine-id its files are named by.
     time.sleep(15)
     server.run([K3S, "kubectl", "delete", "node", "np-worker"])
     worker.run(["systemctl", "restart", "--no-block", "k3s-agent"])
     refused = "/v1-k3s/serving-kubelet.crt: 401 Unauthorized"
     deadline = time.monotonic() + 90
     while refused not in (
-        log := worker.run(["journalctl", "-u", "k3s-agent", "--no-pager", "-o", "cat", "-n", "40"]).stdout
+        log := worker.run(["journalctl", "-m", "-u", "k3s-agent", "--no-pager", "-o", "cat", "-n", "40"]).stdout
     ):
         node_now = server.run([K3S, "kubectl", "get", "node", "np-worker", "--ignore-not-found", "-o", "name"]).stdout
         assert time.monotonic() < deadline, (
             f"the agent was never refused its deleted Node's certificate (Node now: {node_now.strip() or 'none'}):\n"
-            + worker.run(["journalctl", "-u", "k3s-agent", "--no-pager", "-o", "cat", "-n", "40"]).stdout
+            + worker.run(["journalctl", "-m", "-u", "k3s-agent", "--no-pager", "-o", "cat", "-n", "40"]).stdout
         )
         time.sleep(2)
     assert "Node authorization rejected, retrying without client certificate authentication" in log, log
