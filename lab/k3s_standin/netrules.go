@@ -22,7 +22,8 @@ package main
 // accepts cover only the pod network. Not reproduced: kube-proxy's and the kubelet's jumps
 // from INPUT (KUBE-PROXY-FIREWALL, KUBE-NODEPORTS, KUBE-EXTERNAL-SERVICES, KUBE-FIREWALL) and
 // kube-proxy's nftables mode (tables ip/ip6 kube-proxy). The stand-in's own tests, which run
-// nodes on the build machine itself, set $HK3S_LAB_NO_HOST_RULES and get none.
+// nodes on the build machine itself, get none: they set $HK3S_LAB_NO_HOST_RULES, or
+// $HK3S_LAB_KUBE_BIN (set only there: lab hosts have the binaries at /opt/lab-kube/bin).
 
 import (
 	"fmt"
@@ -75,8 +76,8 @@ func kubeRules(clusterCIDR string) (v4, v6 []ruleSpec, chains4, chains6 [][2]str
 // installNodeRules makes the chains and rules above (idempotent: a chain or rule already
 // there is left as it is, as the components' own syncs do).
 func installNodeRules(clusterCIDR, backend string) {
-	if os.Getenv("HK3S_LAB_NO_HOST_RULES") != "" {
-		return
+	if os.Getenv("HK3S_LAB_NO_HOST_RULES") != "" || os.Getenv(kubeBinEnv) != "" {
+		return // a node on the build machine itself (below)
 	}
 	if clusterCIDR == "" {
 		clusterCIDR = "10.42.0.0/16"
