@@ -659,7 +659,10 @@ def test_another_hosts_password_is_refused_until_the_node_is_deleted(cluster: Cl
         lambda: cluster.get("secret", "-n", "kube-system", "worker-1.node-password.k3s") is None,
         30,
     )
-    again = cluster.spawn("worker-1-rebuilt-again", *cluster.state["worker-1-args"], env_extra=rebuilt)
+    # The fresh host again, with its live token: the name is free. (Not worker-1's own data
+    # directory: its certificate names a Node that is gone, which k3s refuses with 401, and its
+    # join token is spent.)
+    again = cluster.spawn("worker-1-rebuilt-again", *fresh_args, env_extra=rebuilt)
     _wait_for(
         "node worker-1 Ready from the rebuilt host", lambda: _ready(cluster.node("worker-1")) == "True", 90, again
     )
