@@ -92,7 +92,7 @@ class ClusterSettings(StrictModel):
     pod_network: Literal["wireguard", "vxlan"] = Field(
         "wireguard",
         description="Pod traffic between nodes: wireguard (encrypted, 51820/udp) or vxlan (8472/udp, unencrypted: "
-        "refused in network mode public).",
+        "refused in network mode public). Fixed once the cluster runs: a change is refused at preview.",
     )
     # vxlan sends pod traffic unencrypted into flannel.1, which every firewall backend trusts, on a port
     # guarded only by the (spoofable) source address: over public addresses that is the internet. Only

@@ -216,8 +216,8 @@ def _check_networks(settings: StackSettings) -> Iterator[SettingProblem]:
         yield SettingProblem(
             _key("cluster", "pod_network"),
             "vxlan sends pod traffic unencrypted, and hk3s:network.mode is public, so it would cross the internet "
-            "in clear; set pod_network: wireguard (encrypted; a running cluster moves with "
-            "hk3s:network.approve_server_restart: true), or hk3s:network.mode: private",
+            "in clear; set pod_network: wireguard (encrypted; a running cluster keeps its pod network, so it "
+            "takes a new stack), or hk3s:network.mode: private",
         )
     if network.mode == "public" and network.private_network is not None:
         yield SettingProblem(

@@ -30,7 +30,7 @@ WIPED_PATHS=(
 K3S_LINKS=(/usr/local/bin/kubectl /usr/local/bin/crictl /usr/local/bin/ctr)
 
 if [ "${1:-}" = --by-hand ]; then
-  result by_hand "systemctl disable --now k3s k3s-agent; kill k3s's containerd-shim processes (those under /var/lib/rancher/k3s/data; another container engine's stay); rm -rf ${WIPED_PATHS[*]} /usr/local/bin/k3s (and ${K3S_LINKS[*]} where they link to it)"
+  result by_hand "systemctl disable --now k3s k3s-agent; kill k3s's containerd-shim processes (those under /var/lib/rancher/k3s/data; another container engine's stay); rm -rf ${WIPED_PATHS[*]} /usr/local/bin/k3s (and ${K3S_LINKS[*]} where they link to it); remove the iptables and ip6tables chains KUBE-*, CNI-*, FLANNEL-* and the rules that jump to them or carry a \"flanneld\" comment; nft delete table ip kube-proxy; nft delete table ip6 kube-proxy"
   exit 0
 fi
 
@@ -82,6 +82,46 @@ for netns in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ {print $1}'); do
   ip netns delete "$netns" 2>/dev/null || true
 done
 
+# --- the pod network's and kube-proxy's packet filter rules ------------------
+# As k3s-killall.sh ends (install.sh create_killall: every iptables and ip6tables rule and chain
+# of KUBE-, CNI- and flannel), and the tables kube-proxy's nftables mode makes (ip and ip6
+# kube-proxy, its documented clean-up). The rules are matched by their chains (KUBE-*, CNI-*,
+# FLANNEL-*) and flannel's own comments ("flanneld ..."), not by any mention of "flannel": the
+# program's host firewall trusts the flannel interfaces by name in its own chains, which its own
+# resource (HostFirewall) removes after this. Removed with `-D`/`-F`/`-X` through
+# `iptables-restore --noflush`, one table at a time, so every other rule stays as it is.
+KUBE_CHAIN_RE='^(KUBE-|CNI-|FLANNEL-)'
+xtables_rules_removed=0
+clean_xtables() {  # $1: iptables or ip6tables (legacy and nft variants: whichever are there)
+  local save="$1-save" restore="$1-restore" table dump chains script
+  command -v "$save" >/dev/null 2>&1 && command -v "$restore" >/dev/null 2>&1 || return 0
+  for table in filter nat mangle raw; do
+    dump=$("$save" -t "$table" 2>/dev/null) || continue
+    chains=$(printf '%s\n' "$dump" | awk -v re="$KUBE_CHAIN_RE" '/^:/ {c = substr($1, 2); if (c ~ re) print c}')
+    # Rules in the other chains that jump to those chains or carry flannel's comments.
+    script=$(printf '%s\n' "$dump" | awk -v re="$KUBE_CHAIN_RE" '
+      /^-A / { if ($2 ~ re) next; if ($0 ~ /-j (KUBE-|CNI-|FLANNEL-)|-g (KUBE-|CNI-|FLANNEL-)|"flanneld /) { sub(/^-A /, "-D "); print } }')
+    [ -n "$chains$script" ] || continue
+    script="*$table"$'\n'"$script"
+    for chain in $chains; do script="$script"$'\n'"-F $chain"; done
+    for chain in $chains; do script="$script"$'\n'"-X $chain"; done
+    script="$script"$'\n'"COMMIT"
+    if printf '%s\n' "$script" | "$restore" --noflush 2>/dev/null; then
+      xtables_rules_removed=$((xtables_rules_removed + $(printf '%s\n' "$script" | grep -c '^-[DX] ')))
+    fi
+  done
+}
+for tool in iptables ip6tables iptables-legacy ip6tables-legacy iptables-nft ip6tables-nft; do clean_xtables "$tool"; done
+nft_tables_removed=""
+if command -v nft >/dev/null 2>&1; then
+  for family in ip ip6; do
+    if nft list table "$family" kube-proxy >/dev/null 2>&1 && nft delete table "$family" kube-proxy 2>/dev/null; then
+      nft_tables_removed="$nft_tables_removed $family/kube-proxy"
+    fi
+  done
+fi
+result packet_filter "rules and chains removed: $xtables_rules_removed; nftables tables removed:${nft_tables_removed:- none}"
+
 # --- files: k3s's data and config, the binary and its links, the program's ---
 removed=""
 for path in "${WIPED_PATHS[@]}"; do
@@ -100,6 +140,14 @@ pgrep -x k3s-server >/dev/null 2>&1 && left="$left k3s-server"
 pgrep -f '^/usr/local/bin/k3s ' >/dev/null 2>&1 && left="$left k3s"
 pgrep -f "$K3S_SHIM_PATTERN" >/dev/null 2>&1 && left="$left containerd-shim"
 [ -e /var/lib/rancher/k3s ] && left="$left /var/lib/rancher/k3s"
+for tool in iptables ip6tables; do
+  if command -v "$tool-save" >/dev/null 2>&1 && "$tool-save" 2>/dev/null | grep -Eq '^:(KUBE-|CNI-|FLANNEL-)'; then
+    left="$left $tool-chains"
+  fi
+done
+if command -v nft >/dev/null 2>&1; then
+  for family in ip ip6; do nft list table "$family" kube-proxy >/dev/null 2>&1 && left="$left nft-$family-kube-proxy"; done
+fi
 result left "${left# }"
 if [ -n "$left" ]; then
   printf 'error still on the host after the wipe:%s\n' "$left" >&2

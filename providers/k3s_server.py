@@ -1,7 +1,7 @@
 """K3sServer: installs or adopts k3s on the server host.
 
 `check` guards what must never change on a running cluster (its pod and
-service networks, a k3s downgrade) and refuses a change that restarts k3s
+service networks and its pod network's backend, a k3s downgrade) and refuses a change that restarts k3s
 unless hk3s:network.approve_server_restart approves it. Create and update are
 idempotent: rerunning them after an interruption adopts what is there.
 """
@@ -62,7 +62,29 @@ class K3sServerInputs(NodeInputs):
 
 FIRST_INSTALL_ONLY = K3sServerInputs.names("firewall_managed", "no_firewall_acknowledged")
 # Changing these on a running server restarts k3s: the API is down for 10-30 s.
-RESTARTING_INPUTS = K3sServerInputs.names("node_ip", "node_external_ip", "flannel_backend", "flannel_external_ip")
+RESTARTING_INPUTS = K3sServerInputs.names("node_ip", "node_external_ip", "flannel_external_ip")
+POD_NETWORK_OF_BACKEND = {"wireguard-native": "wireguard", "vxlan": "vxlan"}
+
+
+def _pod_network_change_failure(old_backend: str, new_backend: str) -> CheckFailure:
+    """A running cluster keeps its pod network. Each k3s agent reads the flannel backend from the
+    server once, at its start (the agent configuration it fetches from the server), and a worker
+    keeps its running agent across a config-less rejoin: a switched server would run the new
+    backend, every worker the old one, and the firewalls open the new port only, so pod traffic
+    between nodes would stop. A rolling switch (each agent restarted and checked in turn) is not
+    built; the procedure is a new stack."""
+    old = POD_NETWORK_OF_BACKEND.get(old_backend, old_backend)
+    new = POD_NETWORK_OF_BACKEND.get(new_backend, new_backend)
+    return CheckFailure(
+        "pod_network",
+        f"hk3s:cluster.pod_network is {old} on the running cluster and cannot change to {new}: every k3s "
+        "agent reads the pod network's backend only when it starts, so the server would move to "
+        f"{new} while the workers stayed on {old}, and pod traffic between nodes would stop. Set "
+        f"hk3s:cluster.pod_network back to {old}. To run {new}: create a new stack with "
+        f"hk3s:cluster.pod_network: {new}, move the workloads and their data to it, then tear this one down",
+    )
+
+
 IMMUTABLE_CLUSTER_INPUTS = {
     "pod_cidr": "hk3s:cluster.pod_cidr",
     "service_cidr": "hk3s:cluster.service_cidr",
@@ -116,6 +138,9 @@ class K3sServerProvider(NodeProvider):
                         f"{news[key]} on a running cluster; set it back",
                     )
                 )
+        old_backend, new_backend = olds.get("flannel_backend"), checkable(news, "flannel_backend")
+        if isinstance(old_backend, str) and old_backend and isinstance(new_backend, str) and old_backend != new_backend:
+            failures.append(_pod_network_change_failure(old_backend, new_backend))
         old_version, new_version = olds.get("k3s_version"), checkable(news, "k3s_version")
         if isinstance(old_version, str) and isinstance(new_version, str):
             failures += _version_change_failures(old_version, new_version)

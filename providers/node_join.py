@@ -122,6 +122,15 @@ def other_node(login: NodeLogin, node: Any, address: Any, port: Any, host_key: A
 # The state's record, written by refresh, that the worker's host no longer runs the agent it
 # joined with (why, in words); the next run's diff joins it again, and the join's outputs drop it.
 HOST_CHANGED = "host_changed"
+# A joined worker whose Node was deleted (kubectl delete node) cannot register again by itself:
+# k3s's supervisor refuses a node certificate whose Node is gone (pkg/nodepassword/validate.go
+# verifyNode: 401), and the agent's fallback, its join token, was spent and deleted at the join.
+# Only a join with a fresh one-time token brings it back, so a refreshed state that found the Node
+# missing makes the next run join it again.
+NODE_GONE = (
+    "its Node is gone from the cluster, and its agent cannot register it again (k3s refuses the "
+    "certificate of a deleted Node, and its join token is spent)"
+)
 
 # Inputs whose change never rejoins a worker.
 DIFF_IGNORED = (
@@ -245,6 +254,8 @@ class NodeJoinProvider(NodeProvider):
         # password (see Joiner._settle_node_password): removed only when the old Node is gone
         # or was this very machine, else the run stops naming the conflict and its fix.
         changed = olds.get(HOST_CHANGED)
+        if not changed and olds.get("state") == "missing":
+            changed = NODE_GONE
         if not changed:
             return inputs
         progress(str(olds["node"]), f"{changed}: this run joins it again")
@@ -400,6 +411,8 @@ class NodeJoinProvider(NodeProvider):
                 progress(node, f"{changed}: the next up joins it again")
                 outs[HOST_CHANGED] = changed
         if status is None:
+            if props.get("state") not in (None, ""):
+                progress(node, f"{NODE_GONE}: the next up joins it again")
             return ReadResult(id_=id_, outs={**outs, "state": "missing"})
         return ReadResult(
             id_=id_,

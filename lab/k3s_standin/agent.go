@@ -11,6 +11,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -131,9 +132,14 @@ func runAgent(ctx context.Context, o *options) error {
 	if cert, err := tls.LoadX509KeyPair(filepath.Join(spec.dataDir, "client-kubelet.crt"), filepath.Join(spec.dataDir, "client-kubelet.key")); err == nil {
 		auth.cert = &cert
 	}
-	if !waitAgentConfig(ctx, localURL, caBundle, auth) {
+	control, ok := waitAgentConfig(ctx, localURL, caBundle, auth)
+	if !ok {
 		return nil
 	}
+	// As k3s's agent: the flannel backend is the server's, read once here; a change on the
+	// server reaches this node only when the agent starts again.
+	setFlannelBackend(&spec, control.FlannelBackend)
+	installNodeRules(control.ClusterCIDR, spec.flannelBackend)
 	pass, ok := waitNodePassword(ctx, localURL, caBundle, auth, spec.name)
 	if !ok {
 		return nil
@@ -171,29 +177,33 @@ func runAgent(ctx context.Context, o *options) error {
 // stored node certificate) until the supervisor accepts them, every 5 s at info level, as
 // k3s's agent (pkg/agent/config/config.go): a deleted or expired token is refused here,
 // worded as this version's agent words it (agentauth.go).
-func waitAgentConfig(ctx context.Context, serverURL string, caBundle []byte, auth agentAuth) bool {
+func waitAgentConfig(ctx context.Context, serverURL string, caBundle []byte, auth agentAuth) (agentControlConfig, bool) {
 	client := auth.client(caBundle)
 	for {
+		var control agentControlConfig
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, serverURL+agentConfigPath, nil)
 		if err != nil {
-			return false
+			return control, false
 		}
 		auth.apply(req)
 		resp, err := client.Do(req)
 		if ctx.Err() != nil {
-			return false
+			return control, false
 		}
 		if err == nil {
 			body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return true
+				if err = json.Unmarshal(body, &control); err == nil {
+					return control, true
+				}
+			} else {
+				err = responseError(version, resp, body)
 			}
-			err = responseError(version, resp, body)
 		}
 		infof("Waiting to retrieve agent configuration; server is not ready: failed to retrieve configuration from server: %v", err)
 		if !sleepCtx(ctx, nodePasswordRetry) {
-			return false
+			return control, false
 		}
 	}
 }
@@ -410,7 +420,7 @@ func certificateFromSupervisor(ctx context.Context, serverURL string, caBundle [
 	auth.apply(req)
 	req.Header.Set(nodeNameHeader, name)
 	req.Header.Set(nodePasswordHeader, pass)
-	resp, err := auth.client(caBundle).Do(req)
+	resp, err := doNodeNamed(auth.client(caBundle), auth, caBundle, req)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -419,6 +429,8 @@ func certificateFromSupervisor(ctx context.Context, serverURL string, caBundle [
 	switch {
 	case resp.StatusCode == http.StatusForbidden:
 		return nil, nil, fmt.Errorf(nodePasswordRejected, nodePasswordFile())
+	case resp.StatusCode == http.StatusUnauthorized:
+		return nil, nil, fmt.Errorf("%s: %s", resp.Request.URL, resp.Status)
 	case resp.StatusCode != http.StatusOK:
 		return nil, nil, responseError(version, resp, body)
 	}

@@ -485,7 +485,7 @@ func serverFlags() []*flagDef {
 		str("service-node-port-range", nil, "30000-32767", nil, "(networking) Port range to reserve for services with NodePort visibility"),
 		ignoredStr("cluster-dns"),
 		str("cluster-domain", nil, "cluster.local", nil, "(networking) Cluster Domain"),
-		ignoredStr("flannel-backend"),
+		str("flannel-backend", nil, "vxlan", nil, "(networking) Backend (valid values: 'none', 'vxlan', 'host-gw', 'wireguard-native'); served to every agent in its configuration, published as each Node's flannel.alpha.coreos.com/backend-type"),
 		ignoredBool("flannel-ipv6-masq"),
 		boolean("flannel-external-ip", nil, "(networking) Use node external IP addresses for Flannel traffic (here: the API server reaches kubelets at their external addresses)"),
 		ignoredStr("egress-selector-mode"),

@@ -5,8 +5,10 @@
 # CNI network namespaces, and deletes the pod network's interfaces.
 # LAB ONLY copy: the lab installs it on pod-capable hosts (lab/pod_hosts.py), since the
 # product installs k3s air-gapped without the install script. Same steps and order as
-# upstream's; iptables rules of the pod network are not cleaned (the lab's pod network
-# adds none).
+# upstream's, but for upstream's last two lines (iptables-save | grep -v KUBE- | grep -v CNI- |
+# grep -iv flannel | iptables-restore, and the same for ip6tables): the stand-in's nodes make
+# such chains (netrules.go), and the program's wipe, which must remove them itself on hosts
+# without this script, is what the lab tests.
 [ "$(id -u)" -eq 0 ] || exec sudo --preserve-env=K3S_DATA_DIR "$0" "$@"
 
 K3S_DATA_DIR=${K3S_DATA_DIR:-/var/lib/rancher/k3s}

@@ -77,7 +77,19 @@
 //     /etc/rancher/node/password checked against kube-system/<node>.node-password.k3s
 //     at every start, in the handlers that issue the agent's certificates and before they
 //     issue anything, another host's refused ("Node password rejected, ..." every 5 s at
-//     info level), the Secret deleted with its Node (nodepassword.go says how).
+//     info level), the Secret deleted with its Node (nodepassword.go says how). A request
+//     authenticated by a node certificate whose Node was deleted is refused with 401
+//     "unable to verify node identity" (pkg/nodepassword/validate.go verifyNode); the agent
+//     then logs "Node authorization rejected, retrying without client certificate
+//     authentication" and sends it once more with its token alone (pkg/agent/config/config.go
+//     getNodeNamedCrt), so a host whose spent token is all it has besides the certificate
+//     stays out ("<url>/v1-k3s/serving-kubelet.crt: 401 Unauthorized" every 5 s) until it is
+//     given a live token.
+//     The flannel backend is the server's --flannel-backend (default vxlan), served in the
+//     agent configuration and read by the agent once, at its start (pkg/agent/config
+//     get()); every node publishes it as flannel.alpha.coreos.com/backend-type (podnet.go).
+//     Every node (server and agents) makes kube-proxy's, the kubelet's and flannel's
+//     iptables/ip6tables chains and rules at start and leaves them at stop (netrules.go).
 //     READY=1 goes to systemd once the Node is Ready; on
 //     SIGTERM it stops heartbeating and exits, so the Node goes NotReady after the
 //     grace period.

@@ -45,14 +45,15 @@ const (
 
 // nodeSpec is what the node side registers and reports.
 type nodeSpec struct {
-	name        string
-	labels      map[string]string
-	annotations map[string]string
-	taints      []corev1.Taint
-	internalIPs []string
-	externalIPs []string
-	kubeletPort int
-	dataDir     string // the node's own directory (<data-dir>/agent)
+	name           string
+	labels         map[string]string
+	annotations    map[string]string
+	flannelBackend string // the server's, read by an agent at its start (podnet.go)
+	taints         []corev1.Taint
+	internalIPs    []string
+	externalIPs    []string
+	kubeletPort    int
+	dataDir        string // the node's own directory (<data-dir>/agent)
 }
 
 // nodeOptions turns the common node flags into a nodeSpec (name, labels, taints,

@@ -23,6 +23,7 @@ package main
 // own tests run agents on one machine), else /etc/rancher/node/password.
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -99,7 +100,7 @@ func waitNodePassword(ctx context.Context, serverURL string, caBundle []byte, au
 		auth.apply(req)
 		req.Header.Set(nodeNameHeader, node)
 		req.Header.Set(nodePasswordHeader, pass)
-		resp, err := client.Do(req)
+		resp, err := doNodeNamed(client, auth, caBundle, req)
 		switch {
 		case ctx.Err() != nil:
 			return "", false
@@ -113,6 +114,9 @@ func waitNodePassword(ctx context.Context, serverURL string, caBundle []byte, au
 				return pass, true
 			case http.StatusForbidden:
 				infof("Waiting to retrieve agent configuration; server is not ready: "+nodePasswordRejected, file)
+			case http.StatusUnauthorized:
+				// getNodeNamedCrt words every other refusal as the URL and the HTTP status.
+				infof("Waiting to retrieve agent configuration; server is not ready: %s: %s", resp.Request.URL, resp.Status)
 			default:
 				infof("Waiting to retrieve agent configuration; server is not ready: %v", responseError(version, resp, body))
 			}
@@ -121,6 +125,33 @@ func waitNodePassword(ctx context.Context, serverURL string, caBundle []byte, au
 			return "", false
 		}
 	}
+}
+
+// doNodeNamed sends a node-named certificate request as k3s's getNodeNamedCrt
+// (pkg/agent/config/config.go): a 401 to a request that carried the stored client
+// certificate (its Node was deleted: the supervisor's verifyNode) is logged "Node
+// authorization rejected, retrying without client certificate authentication" and sent
+// once more with the token's credentials alone; what that answers is the answer.
+func doNodeNamed(client *http.Client, auth agentAuth, caBundle []byte, req *http.Request) (*http.Response, error) {
+	var body []byte
+	if req.Body != nil && req.GetBody != nil {
+		if rc, err := req.GetBody(); err == nil {
+			body, _ = io.ReadAll(rc)
+			rc.Close()
+		}
+	}
+	resp, err := client.Do(req)
+	if err != nil || resp.StatusCode != http.StatusUnauthorized || auth.cert == nil {
+		return resp, err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	resp.Body.Close()
+	infof("Node authorization rejected, retrying without client certificate authentication")
+	retry := req.Clone(req.Context())
+	if body != nil {
+		retry.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	return agentAuth{token: auth.token}.client(caBundle).Do(retry)
 }
 
 func hashNodePassword(pass string, salt []byte) string {
@@ -175,7 +206,9 @@ func ensureNodePasswordSecret(ctx context.Context, secrets corev1client.SecretIn
 
 // nodeAuth verifies the node name and password a request carries, as k3s's
 // nodepassword.GetNodeAuthValidator (pkg/nodepassword/validate.go): both headers required
-// (400), a caller authenticated by a node certificate only for its own name (400), the
+// (400), a caller authenticated by a node certificate only for its own name (400) and only
+// while that Node exists (verifyNode: 401 "unable to verify node identity: nodes \"x\" not
+// found", so a certificate outlives no deleted Node), the
 // password checked against the node's record or the record created (Ensure); a password
 // that does not match is refused with 403 and the handler issues nothing. It answers the
 // request itself when it returns false.
@@ -196,6 +229,19 @@ func (sup *supervisor) nodeAuth(w http.ResponseWriter, r *http.Request, user str
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
+	if name, isNode := strings.CutPrefix(user, "system:node:"); isNode {
+		// verifyNode: a node certificate authenticates only while its Node exists.
+		if _, err := sup.nodes.Get(ctx, name, metav1.GetOptions{}); err != nil {
+			if !apierrors.IsNotFound(err) {
+				writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", err.Error())
+				return "", false
+			}
+			msg := "unable to verify node identity: " + err.Error()
+			warnf("Node identity auth failed for '%s': %s", node, msg)
+			writeStatus(w, http.StatusUnauthorized, "Unauthorized", msg)
+			return "", false
+		}
+	}
 	if err := ensureNodePasswordSecret(ctx, sup.secrets, node, pass); err != nil {
 		if strings.HasPrefix(err.Error(), "unable to verify password") {
 			warnf("Node password validation failed for '%s': %v", node, err)

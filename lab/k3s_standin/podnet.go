@@ -13,7 +13,15 @@ package main
 //   - for every other Node so annotated, with a pod CIDR: a route to its pod CIDR via its
 //     VTEP address on flannel.1 (onlink), a permanent neighbour entry for that address
 //     with its VtepMAC and a forwarding entry sending that MAC to its public-ip; entries
-//     of Nodes gone or changed are removed. Re-read every few seconds.
+//     of Nodes gone or changed are removed. Re-read every few seconds. A Node whose
+//     backend-type is not vxlan is no peer: flannel's vxlan backend programs only VTEPs
+//     (flannel's pkg/backend/vxlan/vxlan_network.go handleSubnetEvents: "ignoring non-vxlan
+//     subnet", logged here at the same level), so pods
+//     on nodes with different backends cannot reach each other;
+//   - the backend is the server's --flannel-backend, which the agent reads once, at its
+//     start, from /v1-k3s/config (k3s's pkg/agent/config/config.go get(): FlannelBackend
+//     of the served config.Control), and publishes as backend-type even when it is not
+//     vxlan (then no device is made: the lab's kernel has no WireGuard).
 
 import (
 	"context"
@@ -76,7 +84,24 @@ func podMTU(spec nodeSpec) int {
 	return 1500
 }
 
+// setFlannelBackend records the backend the node runs, published as flannel's kube subnet
+// manager does (its Node's flannel.alpha.coreos.com/backend-type); "none" runs no flannel.
+func setFlannelBackend(spec *nodeSpec, backend string) {
+	if backend == "" {
+		backend = "vxlan"
+	}
+	spec.flannelBackend = backend
+	if backend != "none" {
+		spec.annotations[annPrefix+"backend-type"] = backend
+	}
+}
+
 func startPodNetwork(ctx context.Context, pa *podAgent, podCIDR string) error {
+	if b := pa.spec.flannelBackend; b != "vxlan" {
+		// Only vxlan is made here (the lab's kernel has no WireGuard); a node on another
+		// backend keeps its annotation and reaches no other node's pods, nor they its.
+		return fmt.Errorf("flannel backend %s is not available in the lab: no pod traffic to or from other nodes", b)
+	}
 	if len(pa.spec.internalIPs) == 0 {
 		return fmt.Errorf("the node has no InternalIP for the VXLAN device")
 	}
@@ -106,7 +131,7 @@ func startPodNetwork(ctx context.Context, pa *podAgent, podCIDR string) error {
 	}
 	backend, _ := json.Marshal(map[string]any{"VNIs": []int{vxlanVNI}, "VtepMAC": dev.HardwareAddr.String()})
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-		annPrefix + "backend-type":        "vxlan",
+		annPrefix + "backend-type":        pa.spec.flannelBackend,
 		annPrefix + "backend-data":        string(backend),
 		annPrefix + "public-ip":           local,
 		annPrefix + "kube-subnet-manager": "true",
@@ -153,6 +178,7 @@ func removePeer(p vxlanPeer) {
 
 func syncPeers(ctx context.Context, pa *podAgent) {
 	installed := map[string]vxlanPeer{}
+	ignored := map[string]bool{}
 	for {
 		nodes, err := pa.nodes.List(ctx, metav1.ListOptions{})
 		if err == nil {
@@ -164,8 +190,13 @@ func syncPeers(ctx context.Context, pa *podAgent) {
 				}
 				p, ok := peerOf(n)
 				if !ok {
+					if bt := n.Annotations[annPrefix+"backend-type"]; bt != "" && bt != "vxlan" && !ignored[n.Name] {
+						ignored[n.Name] = true
+						warnf("ignoring non-vxlan subnet(%s): type=%v", n.Spec.PodCIDR, bt)
+					}
 					continue
 				}
+				delete(ignored, n.Name)
 				seen[n.Name] = true
 				if old, had := installed[n.Name]; had && old == p {
 					continue

@@ -145,12 +145,20 @@ func (s *server) run(parent context.Context) error {
 	infof("Starting k3s %s (%s)", version, gitCommit)
 	o.reportIgnored()
 
+	switch b := o.str("flannel-backend"); b {
+	case "none", "vxlan", "host-gw", "wireguard-native":
+	default:
+		// As k3s's pkg/agent/flannel setup: a backend it does not know is fatal.
+		return fmt.Errorf("invalid flannel backend: %s", b)
+	}
 	if !o.boolean("disable-agent") {
 		ns, err := nodeOptions(o, "server")
 		if err != nil {
 			return err
 		}
+		setFlannelBackend(&ns, o.str("flannel-backend"))
 		s.node = &ns
+		installNodeRules(o.str("cluster-cidr"), ns.flannelBackend)
 	}
 	s.advertise = o.str("advertise-address")
 	if s.advertise == "" {

@@ -12,6 +12,7 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -48,6 +49,7 @@ type supervisor struct {
 	passwords    []string
 	tunnels      *tunnelServer
 	secrets      corev1client.SecretInterface // kube-system: node passwords
+	nodes        corev1client.NodeInterface   // verifyNode
 }
 
 func newSupervisor(s *server, passwords []string) (*supervisor, error) {
@@ -105,6 +107,7 @@ func newSupervisor(s *server, passwords []string) (*supervisor, error) {
 		passwords:    passwords,
 		tunnels:      newTunnelServer(core.Nodes()),
 		secrets:      core.Secrets(metav1.NamespaceSystem),
+		nodes:        core.Nodes(),
 	}, nil
 }
 
@@ -322,14 +325,22 @@ func (sup *supervisor) agentAuthorized(w http.ResponseWriter, r *http.Request) (
 	return user, true
 }
 
-// serveAgentConfig: the agent configuration, the first request an agent authenticates (k3s
-// serves the control-plane settings here; the stand-in's agent needs none of them).
+// agentControlConfig is the part of k3s's config.Control (pkg/daemons/config) that the
+// stand-in's agent reads: the flannel backend, which a k3s agent learns only here, at its start.
+type agentControlConfig struct {
+	FlannelBackend string `json:"FlannelBackend"`
+	// k3s serves the cluster CIDR as ClusterIPRange (a net.IPNet); the stand-in as a string.
+	ClusterCIDR string `json:"ClusterCIDR"`
+}
+
+// serveAgentConfig: the agent configuration, the first request an agent authenticates (k3s's
+// /v1-k3s/config serves the control-plane settings; the stand-in serves the flannel backend).
 func (sup *supervisor) serveAgentConfig(w http.ResponseWriter, r *http.Request) {
 	if _, ok := sup.agentAuthorized(w, r); !ok {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = io.WriteString(w, "{}\n")
+	_ = json.NewEncoder(w).Encode(agentControlConfig{FlannelBackend: sup.s.o.str("flannel-backend"), ClusterCIDR: sup.s.o.str("cluster-cidr")})
 }
 
 // serveKubeletCert signs a node's kubelet client certificate, as k3s's ClientKubeletCert

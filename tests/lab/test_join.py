@@ -302,6 +302,42 @@ def test_a_k3s_version_past_the_next_minor_is_refused_at_preview(cluster: Cluste
     cluster.stack.write_config(cluster.config([cluster.w1, cluster.w2], labels={"jn-worker-1": {"tier": "web"}}))
 
 
+BACKEND_TYPE = "flannel.alpha.coreos.com/backend-type"
+
+
+def test_a_new_pod_network_on_the_running_cluster_is_refused_at_preview(cluster: Cluster) -> None:
+    """Each node runs the server's flannel backend and publishes it, as flannel's kube subnet
+    manager does (its Node's backend-type annotation): a k3s agent reads the backend from the
+    server's agent configuration once, at its start (pkg/agent/config/config.go get()), so a
+    server switched to another backend would leave every running worker on the old one and pod
+    traffic between them would stop. The program therefore refuses a new hk3s:cluster.pod_network on
+    the running cluster at preview, approved server restart or not, naming the setting, the way
+    back and the procedure; nothing changes on any node."""
+    workers = [cluster.w1, cluster.w2]
+    backends = {n: cluster.node(n)["metadata"]["annotations"].get(BACKEND_TYPE) for n in ("jn-server", "jn-worker-1")}
+    assert backends == {"jn-server": "vxlan", "jn-worker-1": "vxlan"}, backends
+    config = cluster.config(workers, labels={"jn-worker-1": {"tier": "web"}})
+    config["cluster"]["pod_network"] = "wireguard"
+    config["network"]["approve_server_restart"] = True
+    cluster.stack.write_config(config)
+    server_config = cluster.server.run(["cat", "/etc/rancher/k3s/config.yaml"]).stdout
+    cluster.stack.log.clear()
+    with pytest.raises(auto.CommandError):
+        cluster.stack.preview()
+    text = cluster.stack.text()
+    assert "hk3s:cluster.pod_network is vxlan on the running cluster and cannot change to wireguard" in text, text[
+        -4000:
+    ]
+    assert "Set hk3s:cluster.pod_network back to vxlan" in text and "create a new stack" in text, text[-4000:]
+    with pytest.raises(auto.CommandError):
+        cluster.stack.up()
+    assert cluster.server.run(["cat", "/etc/rancher/k3s/config.yaml"]).stdout == server_config
+    after = {n: cluster.node(n)["metadata"]["annotations"].get(BACKEND_TYPE) for n in ("jn-server", "jn-worker-1")}
+    assert after == backends
+    # Back to the running setting: the stack is whole again for the tests after this one.
+    cluster.stack.write_config(cluster.config(workers, labels={"jn-worker-1": {"tier": "web"}}))
+
+
 PHASES = [
     "[jn-worker-3] preflight",
     "[jn-worker-3] preparing the host",

@@ -2,12 +2,16 @@
 each node's /etc/rancher/node/password and refuses another host under that name
 ("Node password rejected"). With no config change, a refresh notices the rebuilt host
 (NodeJoin's read asks the host) and the next `up` joins it again: while the old Node exists
-the join stops naming the conflict; once the Node is gone the rebuilt host rejoins."""
+the join stops naming the conflict; once the Node is gone the rebuilt host rejoins. Then its
+Node is deleted once more while the host keeps its client certificate: k3s's supervisor refuses
+a node certificate whose Node is gone (401), the agent's spent token authenticates nothing, and
+only the next up's fresh token brings it back."""
 
 from __future__ import annotations
 
 import json
 import secrets
+import time
 from pathlib import Path
 
 import pytest
@@ -64,3 +68,38 @@ def test_rebuilt_host_is_refused_while_its_node_lives_and_rejoins_once_it_is_gon
     node = json.loads(server.run([K3S, "kubectl", "get", "node", "np-worker", "-o", "json"]).stdout)
     assert node["status"]["nodeInfo"]["machineID"] == new_machine_id
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+
+    # Its Node deleted again, the host keeping its valid client certificate and the spent token
+    # of the join. k3s's supervisor authenticates a node certificate only while its Node exists
+    # (pkg/nodepassword/validate.go verifyNode: 401), the agent retries with its token alone
+    # (pkg/agent/config/config.go getNodeNamedCrt), deleted after the join: the agent stays out
+    # and registers nothing. The wait first: kube-apiserver caches an accepted token for 10 s. The
+    # journal is read merged (-m): the rebuild above changed the machine-id its files are named by.
+    time.sleep(15)
+    server.run([K3S, "kubectl", "delete", "node", "np-worker"])
+    worker.run(["systemctl", "restart", "--no-block", "k3s-agent"])
+    refused = "/v1-k3s/serving-kubelet.crt: 401 Unauthorized"
+    deadline = time.monotonic() + 90
+    while refused not in (
+        log := worker.run(["journalctl", "-m", "-u", "k3s-agent", "--no-pager", "-o", "cat", "-n", "40"]).stdout
+    ):
+        node_now = server.run([K3S, "kubectl", "get", "node", "np-worker", "--ignore-not-found", "-o", "name"]).stdout
+        assert time.monotonic() < deadline, (
+            f"the agent was never refused its deleted Node's certificate (Node now: {node_now.strip() or 'none'}):\n"
+            + worker.run(["journalctl", "-m", "-u", "k3s-agent", "--no-pager", "-o", "cat", "-n", "40"]).stdout
+        )
+        time.sleep(2)
+    assert "Node authorization rejected, retrying without client certificate authentication" in log, log
+    time.sleep(10)
+    gone = server.run([K3S, "kubectl", "get", "node", "np-worker", "--ignore-not-found", "-o", "name"]).stdout
+    assert gone.strip() == "", f"a certificate whose Node was deleted registered it again: {gone}"
+
+    # The refresh finds the Node gone; the next up joins the host with a fresh token: it is back.
+    stack.log.clear()
+    stack.api().refresh(on_output=stack.log.append)
+    stack.log.clear()
+    assert up_or_fail(stack).summary.result == "succeeded"
+    node = json.loads(server.run([K3S, "kubectl", "get", "node", "np-worker", "-o", "json"]).stdout)
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"]), node["status"]
+    tokens = json.loads(server.run([K3S, "kubectl", "get", "secrets", "-n", "kube-system", "-o", "json"]).stdout)
+    assert [t for t in tokens["items"] if t.get("type") == "bootstrap.kubernetes.io/token"] == []

@@ -226,10 +226,23 @@ def test_allowing_the_teardown_changes_nothing_on_any_host(teardown_stack: Stack
     assert snapshot(teardown_stack) == before
 
 
+KUBE_CHAIN = ":KUBE-POSTROUTING"
+
+
 def test_destroy_with_the_setting_wipes_every_host_despite_a_kill_and_an_unreachable_worker(
     teardown_stack: Stack,
 ) -> None:
     stack, w2 = teardown_stack.stack, teardown_stack.w2
+    # k3s's node components leave packet filter rules behind them (kube-proxy's, the kubelet's
+    # and flannel's chains, on both address families), and kube-proxy's nftables mode its own
+    # tables: the wipe removes them as k3s-killall.sh does. The stand-in makes the chains; the
+    # nftables table is made here as kube-proxy's nftables mode names it (the stand-in runs
+    # kube-proxy's iptables mode only).
+    for host in (teardown_stack.server, teardown_stack.w1):
+        assert KUBE_CHAIN in host.run(["iptables-save", "-t", "nat"]).stdout, host.name
+        assert "FLANNEL-FWD" in host.run(["iptables-save", "-t", "filter"]).stdout, host.name
+        assert ":KUBE-KUBELET-CANARY" in host.run(["ip6tables-save", "-t", "mangle"]).stdout, host.name
+        host.run(["nft", "add table ip kube-proxy"])
     w2.power_off()  # unreachable for the whole teardown
     killed = run_cli(stack, ["destroy", "--yes", "--skip-preview"], kill_when="wiping k3s")
     assert killed.killed, killed.output[-3000:]
@@ -247,7 +260,9 @@ def test_destroy_with_the_setting_wipes_every_host_despite_a_kill_and_an_unreach
                 "-c",
                 f"ls -d {K3S} /var/lib/rancher/k3s /etc/rancher/k3s /var/lib/hk3s/journal "
                 "/etc/systemd/system/k3s.service /etc/systemd/system/k3s-agent.service 2>/dev/null; "
-                "pgrep -a k3s; nft list tables | grep hk3s",
+                "pgrep -a k3s; nft list tables | grep -E 'hk3s|kube-proxy'; "
+                "iptables-save | grep -E '^:(KUBE-|CNI-|FLANNEL-)|-j (KUBE-|CNI-|FLANNEL-)|flanneld'; "
+                "ip6tables-save | grep -E '^:(KUBE-|CNI-|FLANNEL-)|-j (KUBE-|CNI-|FLANNEL-)|flanneld'",
             ],
             check=False,
         ).stdout

@@ -253,6 +253,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     env["HK3S_LAB_NODE_MONITOR_GRACE_PERIOD"] = f"{GRACE_PERIOD}s"
     # The agents' node password (k3s: /etc/rancher/node/password), kept off this machine's /etc.
     env["HK3S_LAB_NODE_PASSWORD_FILE"] = str(tmp / "node-password")
+    # Nodes run on this machine itself: no kube-proxy/flannel iptables rules in its network.
+    env["HK3S_LAB_NO_HOST_RULES"] = "1"
     c = Cluster(tmp=tmp, env=env)
     c.https_port = port_pair()
     c.kubeconfig = tmp / "k3s.yaml"
@@ -262,6 +264,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "tls-san:\n  - k3s-standin.test\n"
         f"kube-controller-manager-arg:\n  - secure-port={free_port()}\n"
         "flannel-backend: wireguard-native\n"
+        "flannel-ipv6-masq: true\n"
     )
     c.state["server-notify"] = _notify_socket(tmp / "server-notify.sock")
     c.server = c.spawn(
@@ -340,7 +343,9 @@ def test_server_is_up_with_its_own_node(cluster: Cluster) -> None:
     lease = cluster.get("lease", "-n", "kube-node-lease", "srv")
     assert lease and lease["spec"]["holderIdentity"] == "srv"
     # The ignored flag from the config file was accepted and reported.
-    assert "--flannel-backend" in cluster.server.text()
+    assert "--flannel-ipv6-masq" in cluster.server.text()
+    # The flannel backend is published on the Node, as flannel's kube subnet manager does.
+    assert srv["metadata"]["annotations"].get("flannel.alpha.coreos.com/backend-type") == "wireguard-native"
 
 
 def test_token_create_prints_a_secure_token_for_the_served_ca(cluster: Cluster) -> None:
@@ -388,6 +393,9 @@ def test_agent_joins_with_the_bootstrap_token(cluster: Cluster) -> None:
     )
     assert node["metadata"]["labels"].get("a") == "b", node["metadata"]["labels"]
     assert {"key": "hk3s.dev/validating", "value": "true", "effect": "NoSchedule"} in node["spec"].get("taints", [])
+    # The agent has no flannel setting of its own: it runs the server's backend, read from the
+    # agent configuration at its start (k3s's pkg/agent/config get()), and publishes it.
+    assert node["metadata"]["annotations"].get("flannel.alpha.coreos.com/backend-type") == "wireguard-native"
     assert node["status"]["nodeInfo"]["kubeletVersion"] == cluster.state["version"]
     addresses = {(a["type"], a["address"]) for a in node["status"]["addresses"]}
     assert ("InternalIP", "127.0.0.1") in addresses, addresses  # node-ip from the config file
@@ -651,7 +659,10 @@ def test_another_hosts_password_is_refused_until_the_node_is_deleted(cluster: Cl
         lambda: cluster.get("secret", "-n", "kube-system", "worker-1.node-password.k3s") is None,
         30,
     )
-    again = cluster.spawn("worker-1-rebuilt-again", *cluster.state["worker-1-args"], env_extra=rebuilt)
+    # The fresh host again, with its live token: the name is free. (Not worker-1's own data
+    # directory: its certificate names a Node that is gone, which k3s refuses with 401, and its
+    # join token is spent.)
+    again = cluster.spawn("worker-1-rebuilt-again", *fresh_args, env_extra=rebuilt)
     _wait_for(
         "node worker-1 Ready from the rebuilt host", lambda: _ready(cluster.node("worker-1")) == "True", 90, again
     )

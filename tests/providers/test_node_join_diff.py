@@ -107,3 +107,23 @@ def test_a_join_that_never_finished_is_not_asked_about(monkeypatch: pytest.Monke
     assert NodeJoinProvider().diff("w1-join", olds, dict(INPUTS)).changes is False
     refreshed = NodeJoinProvider().read("w1-join", olds).outs
     assert asked == [] and refreshed is not None and HOST_CHANGED not in refreshed
+
+
+def test_a_joined_worker_whose_node_was_deleted_is_joined_again_after_a_refresh(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """k3s refuses the certificate of a deleted Node (401) and the agent's join token is spent:
+    the refresh records the Node missing and the next diff joins the worker again (with a fresh
+    token, tests/lab/test_node_password.py shows it against the stand-in)."""
+    _host_says(monkeypatch, None)
+
+    async def no_node(_server: Any, _node: str, _wait: float) -> None:
+        return None
+
+    monkeypatch.setattr(node_join, "read_node", no_node)
+    refreshed = NodeJoinProvider().read("w1-join", dict(JOINED)).outs
+    assert refreshed is not None and refreshed["state"] == "missing"
+    assert "[w1] its Node is gone from the cluster" in capsys.readouterr().err
+    result = NodeJoinProvider().diff("w1-join", dict(refreshed), dict(INPUTS))
+    assert result.changes is True and not result.replaces
+    assert "k3s refuses the certificate of a deleted Node" in capsys.readouterr().err
