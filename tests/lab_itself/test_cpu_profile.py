@@ -216,6 +216,10 @@ def test_the_pytest_plugin_marks_each_module_a_worker_starts_and_what_its_tests_
     events = tmp_path / "events"
     env = {**os.environ, EVENTS_VAR: str(events), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     env.pop(ACCOUNT_VAR, None)
+    # The inner pytest runs without xdist: this test's own worker name (when the suite runs under
+    # xdist) must not reach it, or it would take itself for that worker.
+    for name in [n for n in env if n.startswith("PYTEST_XDIST")] + ["PYTEST_CURRENT_TEST"]:
+        env.pop(name, None)
     run = subprocess.run(
         [
             sys.executable,
