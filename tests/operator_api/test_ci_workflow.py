@@ -120,3 +120,28 @@ def test_actions_are_pinned_by_commit_and_the_cli_by_version_and_checksum() -> N
     # The version the lab tests run (lab/build/pulumi.sh builds it).
     lab_version = re.search(r'PULUMI_VERSION="v([0-9.]+)"', (REPO / "lab" / "build" / "pulumi.sh").read_text())
     assert lab_version and install["env"]["PULUMI_VERSION"] == lab_version.group(1)
+
+
+def test_the_state_bucket_is_reached_with_short_lived_oidc_credentials_only() -> None:
+    """The S3 backend's credentials come from GitHub's OIDC token exchanged for a role's session
+    (aws-actions/configure-aws-credentials with role-to-assume), right before the step that runs
+    the program: no long-lived AWS key is stored as a secret, the pull request's job cannot ask for
+    a token, and the steps before (checkout, install, the deploy key) run without the session."""
+    text = WORKFLOW.read_text()
+    assert "AWS_ACCESS_KEY_ID" not in text and "AWS_SECRET_ACCESS_KEY" not in text
+    assert workflow()["permissions"] == {"contents": "read"}  # no OIDC token by default
+    assert "permissions" not in job("check")
+    for name in ("plan", "deploy"):
+        assert job(name)["permissions"] == {"contents": "read", "id-token": "write"}
+        steps = job(name)["steps"]
+        oidc = [
+            i
+            for i, step in enumerate(steps)
+            if step.get("uses", "").startswith("aws-actions/configure-aws-credentials@")
+        ]
+        program = [i for i, step in enumerate(steps) if "scripts/hk3s" in step.get("run", "")]
+        assert len(oidc) == 1 and program == [oidc[0] + 1], "the session is made right before the program's step"
+        settings = steps[oidc[0]]["with"]
+        assert settings["role-to-assume"] == "${{ vars.HK3S_STATE_ROLE_ARN }}"
+        assert "aws-access-key-id" not in settings and "aws-secret-access-key" not in settings
+        assert int(settings["role-duration-seconds"]) <= 3600
