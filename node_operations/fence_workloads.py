@@ -323,10 +323,11 @@ def copies_by_volume(
     return {volume: tuple(copies) for volume, copies in found.items()}
 
 
-def unavailable_nodes(nodes: list[dict[str, Any]]) -> dict[str, str]:
-    """The Nodes whose copies cannot be current, with why: NotReady (a copy there cannot be
-    started from, and Longhorn may not have marked it failed yet), fenced (its fence record), or
-    tainted out of service."""
+def unavailable_nodes(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]]) -> dict[str, str]:
+    """The nodes whose copies cannot be current, with why: NotReady (a copy there cannot be
+    started from, and Longhorn may not have marked it failed yet), fenced (its fence record),
+    tainted out of service, or gone from the cluster (a node the copies name that has no Node: a
+    worker given up or deleted is not Ready either)."""
     found = {}
     for node in nodes:
         meta = node.get("metadata") or {}
@@ -338,7 +339,21 @@ def unavailable_nodes(nodes: list[dict[str, Any]]) -> dict[str, str]:
             found[str(meta["name"])] = f"its node is tainted {OUT_OF_SERVICE_TAINT}"
         elif next((c.get("status") for c in conditions if c.get("type") == "Ready"), "") != "True":
             found[str(meta["name"])] = "its node is NotReady"
+    known = {str((n.get("metadata") or {}).get("name")) for n in nodes}
+    for replica in replicas:
+        node_id = str((replica.get("spec") or {}).get("nodeID") or "")
+        if node_id and node_id not in known:
+            found[node_id] = "its node is not in the cluster"
     return found
+
+
+async def copies_now(api: ClusterApi) -> dict[str, tuple[Copy, ...]]:
+    """Every volume's copies as they stand now, those on nodes that cannot serve them marked so
+    (`unavailable_nodes`). The one reading of the rule "a current copy is healthy now on a node
+    that is Ready and not fenced": the fence, `status` and `workload start` all judge through it."""
+    nodes = (await read_json(api, "nodes")).get("items") or []
+    replicas = await longhorn_items(api, "replicas.longhorn.io")
+    return copies_by_volume(replicas, unavailable_nodes(nodes, replicas))
 
 
 def controller_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -472,11 +487,6 @@ class WorkloadDecision:
         )
         return json.loads(out) if out.strip() else None
 
-    async def _copies(self) -> dict[str, tuple[Copy, ...]]:
-        """Every volume's copies, those on Nodes that cannot serve them now marked so."""
-        nodes = (await read_json(self.api, "nodes")).get("items") or []
-        return copies_by_volume(await longhorn_items(self.api, "replicas.longhorn.io"), unavailable_nodes(nodes))
-
     async def _owners_above(
         self, owner: Owner, obj: Mapping[str, Any]
     ) -> tuple[list[tuple[Owner, dict[str, Any]]], str]:
@@ -505,7 +515,7 @@ class WorkloadDecision:
         with_volumes = [(pod, used) for pod, used in with_volumes if used]
         if not with_volumes:
             return workloads
-        copies = await self._copies()
+        copies = await copies_now(self.api)
         for pod, used in with_volumes:
             owner = await self._owner(pod)
             if owner is None:
@@ -598,7 +608,7 @@ class WorkloadDecision:
         stale ones with consent; with `worker_back`, the rejoined worker's too); the rest stay
         stopped, each with its reason. The Node's summary follows."""
         stopped = await self._stopped()
-        copies = await self._copies() if stopped else {}
+        copies = await copies_now(self.api) if stopped else {}
         still: dict[str, str] = {}
         for owner, record in stopped:
             volumes = [VolumeCopies(v, c, copies.get(v, ())) for v, c in record.get("volumes") or []]
