@@ -76,6 +76,8 @@ LONGHORN_DRIVER = "driver.longhorn.io"
 # 40 s (taint eviction at once, then a 20 s collection period); a minute leaves it room first.
 RELEASE_AFTER_SECONDS = 60.0
 # The owners the fence can stop: kind -> the kubectl resource and how it is stopped.
+# The command that starts one workload a fence stopped (node_operations/workload_start.py).
+START_COMMAND = "scripts/hk3s workload start"
 SCALED = {"Deployment": "deployment", "StatefulSet": "statefulset", "ReplicaSet": "replicaset"}
 SUSPENDED = {"Job": "job", "CronJob": "cronjob"}
 # The owners above a stoppable workload the fence stops too: (kind, its controller's kind). Any
@@ -200,14 +202,24 @@ class Workload:
         return max((v.verdict(worker, worker_back=worker_back) for v in self.volumes.values()), default=Verdict.MOVES)
 
 
-def why_stopped(owner: str, verdict: Verdict, worker: str, volumes: list[VolumeCopies], *, worker_back: bool) -> str:
+def start_command(owner: Owner) -> str:
+    """The command line that starts `owner`, a workload a fence stopped, with its record."""
+    return f"{START_COMMAND} {owner.namespace}/{owner.kind}/{owner.name}"
+
+
+def why_stopped(owner: Owner, verdict: Verdict, worker: str, volumes: list[VolumeCopies], *, worker_back: bool) -> str:
     """The report's line for a workload that stays stopped."""
     if worker_back:
         lines = "; ".join(v.line() for v in volumes)
+        if verdict is Verdict.STALE:
+            # `workload start` judges it by the same rule and drops its record in the same patch
+            # that starts it, so nobody edits the record by hand.
+            how = f"Check its data, then start it from them with {start_command(owner)} --accept-stale-data"
+        else:
+            how = "No copy of its data is left anywhere: restore its data, then start it yourself"
         return (
-            f"{owner} stays stopped although {worker} rejoined: no current copy, and the worker's is not the newest: "
-            f"{lines}. Check its data, then start it yourself (its former size is in its {STOPPED_ANNOTATION} "
-            "annotation; remove the annotation)"
+            f"{owner} stays stopped although {worker} rejoined: no current copy, and the worker's is not the "
+            f"newest: {lines}. {how}"
         )
     if verdict is Verdict.ONLY_COPY:
         only = ", ".join(v.volume for v in volumes if v.verdict(worker) is Verdict.ONLY_COPY)
@@ -218,8 +230,9 @@ def why_stopped(owner: str, verdict: Verdict, worker: str, volumes: list[VolumeC
     lines = "; ".join(v.line() for v in volumes if v.verdict(worker) is Verdict.STALE)
     return (
         f"{owner} stays stopped: no other node holds a current copy, and these may be older than the one on "
-        f"{worker}: {lines}. To start it from them, set hk3s:fences.{worker}.accept_stale_data: true and run up; "
-        f"otherwise it starts when {worker} rejoins"
+        f"{worker}: {lines}. To start it from them, run {start_command(owner)} --accept-stale-data (this one), "
+        f"or set hk3s:fences.{worker}.accept_stale_data: true and run up (every one); otherwise it starts when "
+        f"{worker} rejoins"
     )
 
 
@@ -619,9 +632,7 @@ class WorkloadDecision:
                 self.report.started[str(owner)] = "; ".join(v.line() for v in volumes) + consent
                 self.progress(f"{owner} started again{consent}")
                 continue
-            self.report.stopped[str(owner)] = why_stopped(
-                str(owner), verdict, self.worker, volumes, worker_back=worker_back
-            )
+            self.report.stopped[str(owner)] = why_stopped(owner, verdict, self.worker, volumes, worker_back=worker_back)
             still[str(owner)] = REASON[verdict]
         # The Node's summary of what its fence keeps stopped (removed when nothing is).
         summary = json.dumps(still, sort_keys=True) if still else None

@@ -36,6 +36,7 @@ from node_operations.fence_workloads import (
     NODE_STOPPED_ANNOTATION,
     REASON,
     SCALED,
+    START_COMMAND,
     STOPPED_ANNOTATION,
     SUSPENDED,
     Owner,
@@ -44,6 +45,7 @@ from node_operations.fence_workloads import (
     controller_of,
     copies_now,
     read_json,
+    start_command,
     start_patch,
     stop_record,
 )
@@ -51,7 +53,7 @@ from remote_access.kube import ClusterApi, Repeat
 from remote_access.ssh import SshError, SshTarget, open_session
 
 Progress = Callable[[str], None]
-COMMAND = "scripts/hk3s workload start"
+COMMAND = START_COMMAND
 
 
 class WorkloadStartRefusedError(SshError):
@@ -85,11 +87,6 @@ class WorkloadRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.kind}/{self.name}"
-
-
-def start_command(owner: Owner) -> str:
-    """The command line that starts `owner`."""
-    return f"{COMMAND} {owner.namespace}/{owner.kind}/{owner.name}"
 
 
 def current_now(volume: VolumeCopies, worker: str) -> Verdict:

@@ -95,12 +95,15 @@ def test_at_the_rejoin_the_workers_copy_that_failed_last_is_the_newest() -> None
 
 def test_the_stale_line_lists_every_copy_with_its_times() -> None:
     copies = volume(failed(W, T3, healthy=T1), failed("srv", T2, healthy=T1))
-    line = why_stopped("Deployment default/db", Verdict.STALE, W, [copies], worker_back=False)
+    line = why_stopped(Owner("Deployment", "default", "db"), Verdict.STALE, W, [copies], worker_back=False)
     assert "Deployment default/db stays stopped: no other node holds a current copy" in line
     assert f"srv (failed; lastHealthyAt {T1}, lastFailedAt {T2})" in line
     assert f"w1 (failed; lastHealthyAt {T1}, lastFailedAt {T3})" in line
     assert "set hk3s:fences.w1.accept_stale_data: true" in line
-    only = why_stopped("Job default/backup", Verdict.ONLY_COPY, W, [volume(failed(W, T3))], worker_back=False)
+    assert "run scripts/hk3s workload start default/Deployment/db --accept-stale-data (this one)" in line
+    only = why_stopped(
+        Owner("Job", "default", "backup"), Verdict.ONLY_COPY, W, [volume(failed(W, T3))], worker_back=False
+    )
     assert only.startswith("Job default/backup stays stopped until w1 rejoins: the only copy of pvc-1 is on w1")
 
 
@@ -319,10 +322,17 @@ class ClusterReads:
 
     def __init__(self, objects: dict[str, list[dict[str, Any]]]) -> None:
         self.objects = objects
+        self.patches: list[list[str]] = []
 
     async def kubectl(self, args: list[str], **_: Any) -> str:
+        if args[0] == "patch":
+            self.patches.append(args)
+            return ""
         assert args[0] == "get", args
         return json.dumps({"items": self.objects[args[1]]})
+
+    async def patch_merge(self, *args: Any) -> None:
+        self.patches.append([str(arg) for arg in args])
 
 
 def test_a_copy_on_a_node_missing_from_the_cluster_is_current_for_neither_the_fence_nor_workload_start() -> None:
@@ -359,3 +369,34 @@ def test_a_copy_on_a_node_missing_from_the_cluster_is_current_for_neither_the_fe
     assert workloads[Owner("StatefulSet", "default", "db")].verdict(W) is Verdict.STALE
     # `workload start`'s verdict on the same copies.
     assert current_now(VolumeCopies("pvc-1", "default/data", copies), W) is Verdict.STALE
+
+
+def test_the_lift_names_the_workload_start_command_for_what_stays_stopped() -> None:
+    """At the lift (the worker back, `start_stopped(worker_back=True)`), a workload the fence
+    stopped whose copies elsewhere failed after the worker's stays stopped; the line names the
+    command that starts it with consent, `scripts/hk3s workload start NAMESPACE/KIND/NAME`."""
+    record = {"node": W, "reason": "stale", "replicas": 2, "volumes": [["pvc-1", "default/data"]]}
+    deployment = {
+        "kind": "Deployment",
+        "metadata": {"name": "db", "namespace": "default", "annotations": {STOPPED_ANNOTATION: json.dumps(record)}},
+        "spec": {"replicas": 0},
+    }
+    ready = {"metadata": {"name": W}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    replicas = [
+        {"spec": {"volumeName": "pvc-1", "nodeID": W, "healthyAt": T1, "failedAt": T2, "lastFailedAt": T2}},
+        {"spec": {"volumeName": "pvc-1", "nodeID": "srv", "healthyAt": T1, "failedAt": T3, "lastFailedAt": T3}},
+    ]
+    kinds = ",".join(sorted({"deployment", "statefulset", "replicaset", "job", "cronjob"}))
+    api = ClusterReads(
+        {
+            kinds: [deployment],
+            "nodes": [{**ready, "metadata": {"name": W}}, {**ready, "metadata": {"name": "srv"}}],
+            "replicas.longhorn.io": replicas,
+        }
+    )
+    decision = WorkloadDecision(cast(ClusterApi, api), W, lambda _line: None, accept_stale_data=False)
+    report = asyncio.run(decision.start_stopped(worker_back=True))
+    line = report.stopped["Deployment default/db"]
+    assert "stays stopped although w1 rejoined" in line, line
+    assert line.endswith("scripts/hk3s workload start default/Deployment/db --accept-stale-data"), line
+    assert not [p for p in api.patches if p[0] != "patch"], api.patches  # nothing started
