@@ -21,6 +21,14 @@ throughput or IOPS limits, queueing (concurrent syncs each wait their own delay)
 I/O errors, a full disk beyond the tmpfs size, or data surviving a crash (the backing is
 memory and goes with the lab).
 
+A test can also start one on its own (``SlowDisk(<a directory under the lab's run directory>)``),
+put it into a running host at any path (:meth:`SlowDisk.attach`: a bind of the FUSE mount made
+in the host's mount namespace, as a CSI driver's mount would be there) and freeze it
+(:meth:`SlowDisk.freeze`: the daemon stopped with SIGSTOP). A frozen FUSE filesystem answers
+no request: a stat of it, or a `umount` that resolves the path first, waits (killable, as a
+FUSE request is) until it is thawed, as a filesystem whose block device stopped answering
+does (a Longhorn volume whose iSCSI target went with its instance manager).
+
 Teardown: the lab's teardown kills the daemon (its command line names the lab's run
 directory) and unmounts ``mnt/`` and ``backing/`` with every other mount under it; its
 leftovers check lists any mount or process still there.
@@ -29,7 +37,9 @@ leftovers check lists any mount or process still there.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -141,6 +151,60 @@ class SlowDisk:
                 process.kill()
                 raise SlowDiskError(f"{BINARY_NAME} did not mount {self.mount_point}; see {self.log}")
             time.sleep(0.02)
+
+
+# Run in a child process (setns needs a single thread): clone the FUSE mount (open_tree), enter
+# the host's mount namespace (setns) and attach the clone there (move_mount). The syscall numbers
+# are the same on every architecture the lab runs on (Linux's unified numbers since 5.2).
+ATTACH_SCRIPT = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+OPEN_TREE_CLONE, AT_FDCWD, MOVE_MOUNT_F_EMPTY_PATH, CLONE_NEWNS = 1, -100, 4, 0x00020000
+source, namespace, target = sys.argv[1:4]
+tree = libc.syscall(428, AT_FDCWD, source.encode(), OPEN_TREE_CLONE | os.O_CLOEXEC)
+if tree < 0:
+    raise OSError(ctypes.get_errno(), f"open_tree {source}")
+if libc.setns(os.open(namespace, os.O_RDONLY), CLONE_NEWNS) != 0:
+    raise OSError(ctypes.get_errno(), f"setns {namespace}")
+os.makedirs(target, exist_ok=True)
+if libc.syscall(429, tree, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH) != 0:
+    raise OSError(ctypes.get_errno(), f"move_mount {target}")
+"""
+
+
+def daemon_pid(disk: SlowDisk) -> int:
+    """The pid of the daemon serving `disk`."""
+    wanted = ["--mount", os.fspath(disk.mount_point)]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(BINARY_NAME) and any(args[i : i + 2] == wanted for i in range(len(args))):
+            return int(proc.name)
+    raise SlowDiskError(f"no {BINARY_NAME} serves {disk.mount_point}")
+
+
+def attach(disk: SlowDisk, leader_pid: int, target: str) -> None:
+    """Bind `disk`'s FUSE mount at `target` inside the host whose init is `leader_pid`."""
+    subprocess.run(
+        [sys.executable, "-c", ATTACH_SCRIPT, os.fspath(disk.mount_point), f"/proc/{leader_pid}/ns/mnt", target],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def freeze(disk: SlowDisk) -> None:
+    """Stop the daemon: every request to the filesystem waits until `thaw`."""
+    os.kill(daemon_pid(disk), signal.SIGSTOP)
+
+
+def thaw(disk: SlowDisk) -> None:
+    os.kill(daemon_pid(disk), signal.SIGCONT)
 
 
 def of_host_dir(host_dir: Path) -> SlowDisk:

@@ -19,6 +19,10 @@ worker is down; the program then proves it before anything moves. The order, and
      k3s agent from starting (even after a reboot), stops the agent and every container of
      k3s's, and lists what of k3s is left (a container's process, a shim of k3s's containerd, a
      Longhorn process, a pod mount); anything left stops the fence, named, before the taint.
+     No step waits on the host for ever: each unmount is bounded, and a pod mount whose
+     filesystem does not answer in time (a Longhorn volume whose iSCSI target went with its
+     instance manager) is taken off without a flush (forced, else detached) unless a process
+     still holds it, and named in the run's output.
      Another container engine on the host (Docker's, a containerd of the host's own) is not
      k3s's: it and its containers keep running, and are not counted as left. The host's boot marker is
      recorded on the Node (`FENCE_BOOT_ANNOTATION`, the first seen), so the lift can tell
@@ -545,7 +549,16 @@ class WorkerFence:
             )
             self.recorded_boot = boot
         self.report.boot = self.recorded_boot
-        left = parse_results(result.stdout).get("left", "").split()
+        results = parse_results(result.stdout)
+        unflushed = results.get("unflushed", "").split()
+        if unflushed:
+            # Not a leftover: gone from the host's mounts. What the host had not yet written to their
+            # device is lost with them, as in a power off; the copies on other nodes are what count.
+            self.progress(
+                "unmounted without a flush, their filesystem not answering within the script's bounds (writes not "
+                f"yet on their device are lost with them, as in a power off): {', '.join(unflushed)}"
+            )
+        left = results.get("left", "").split()
         if left and not leftovers_stop:
             self.progress(f"left on the host, ended by the power off next: {', '.join(left)}")
             return

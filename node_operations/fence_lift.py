@@ -24,6 +24,11 @@ while it was fenced (in private mode a new public address: the Node's external I
 first `up` after the lift, since the engine runs the join before the fence's delete and a fenced
 worker's join changes nothing (providers/node_join.py): the last line then says to run `up` again.
 
+A worker whose agent client certificate expired (or is gone) while it was fenced cannot
+authenticate with it, and its join token was spent at the join: the lift writes a fresh one-time
+token where the agent's configuration names its token before the agent starts (as a join does for
+such a worker), waits until the agent holds a new certificate, and deletes the token.
+
 A worker fenced across an upgrade was left at its release (its agent held down): the lift restarts
 the binary it has, and the last line says to run `up` again, whose K3sUpgrade moves it to the
 server's release as an upgrade moves any worker (providers/k3s_upgrade.py, `left_behind`).
@@ -63,13 +68,16 @@ from host_scripts import script_path
 from node_operations.fence import FENCE_ANNOTATION, FENCE_BOOT_ANNOTATION, OUT_OF_SERVICE
 from node_operations.fence_workloads import NODE_STOPPED_ANNOTATION, WorkloadDecision
 from node_operations.host_facts import gather_facts, interface_of
+from node_operations.join import TOKEN_FILE, TOKEN_TTL
+from node_operations.join_host import client_certificate_dead, private_file
 from node_operations.join_validation import TaintedNodeValidation, ValidatedNode, ValidationError
 from node_operations.k3s_install import CONFIG_PATH, parse_results
 from node_operations.reboot import BOOT_MARKER_COMMAND
 from node_operations.refusal import tagged
 from node_operations.volume_copies import NODE_UNHELD_ANNOTATION
 from node_operations.worker_removal import worker_answers
-from remote_access.kube import ClusterApi, NodeStatus, Repeat, Taint
+from remote_access.host_steps import run_steps
+from remote_access.kube import ClusterApi, JoinToken, NodeStatus, Repeat, Taint
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
 READY_DEADLINE_SECONDS = 180.0
@@ -143,10 +151,21 @@ class FenceLift:
             return
         await self.cluster.add_taint(self.node, validation)
         self.progress(f"lifting the fence: {validation} on, then the drop-in removed and the agent started")
+        token = await self._fresh_token()
         result = await self.worker.run_script(script_path("k3s_unfence.sh"), deadline=UNFENCE_SCRIPT_DEADLINE_SECONDS)
         results = parse_results(result.stdout)
         self.progress(f"drop-in {results.get('drop_in', '?')}, k3s-agent {results.get('agent', '?')}")
+        if token is not None:
+            # An agent already starting (a host powered on after a fence that found it off) retries
+            # with the spent token it read at its start: it must read the fresh one.
+            await self.worker.run(["systemctl", "restart", "--no-block", "k3s-agent"], deadline=30)
         node = await self._wait_ready()
+        if token is not None:
+            await self._wait_new_certificate()
+            # Its Secret goes; the file stays on the host, dead (as after a join: k3s's agent parses
+            # its configured token at every start and only the CA hash in it still counts).
+            await self.cluster.delete_token(token.token_id)
+            self.progress(f"join token {token.token_id} deleted (the agent keeps it, dead)")
         await self.cluster.remove_taint(self.node, OUT_OF_SERVICE.key, OUT_OF_SERVICE.effect)
         self.progress(f"Ready again; {OUT_OF_SERVICE.key} removed, the join's checks run under {validation.key}")
         try:
@@ -172,6 +191,41 @@ class FenceLift:
             )
         lifted = f"fence lifted: rejoined ({', '.join(f'{k} {v}' for k, v in self.checks.items())})"
         self.progress(lifted + await self._pending_release() + await self._pending_join())
+
+    async def _fresh_token(self) -> JoinToken | None:
+        """A fresh one-time join token, written where the agent's configuration names its token, when
+        the agent's client certificate expired or is gone (it may have expired while the worker was
+        fenced). Its join token was spent at the join, so that certificate is all the agent has, and
+        k3s's agent gets a new one only through an authenticated request: without a fresh token the
+        agent would retry for ever and the lift wait for a Ready that never comes. None otherwise (a
+        rejoin with a valid certificate needs no token)."""
+        dead = await client_certificate_dead(self.worker)
+        if dead is None:
+            return None
+        self.progress(f"{dead}: a fresh join token brings it a new certificate")
+        for token_id, description in (await self.cluster.token_ids()).items():
+            if description == self.node:  # made by a lift or join of this node cut short
+                await self.cluster.delete_token(token_id)
+        token = await self.cluster.create_join_token(self.node, TOKEN_TTL)
+        await run_steps(
+            self.worker, [private_file(TOKEN_FILE, token.value + "\n", f"writing {TOKEN_FILE}")], deadline=60
+        )
+        self.progress(f"join token {token.token_id} created (valid {TOKEN_TTL}, for {self.node} only)")
+        return token
+
+    async def _wait_new_certificate(self) -> None:
+        """Wait until the agent holds a client certificate that has not expired (the server signed it
+        through the fresh token): only then may the token go."""
+        deadline = self.paused_clock(self.ready_deadline)
+        while (dead := await client_certificate_dead(self.worker)) is not None:
+            if time.monotonic() > deadline():
+                raise FenceLiftError(
+                    self.node,
+                    f"the agent got no new client certificate within {self.ready_deadline:.0f} s ({dead}); it stays "
+                    "under the validation taint. See journalctl -u k3s-agent on it, then run up again",
+                )
+            await asyncio.sleep(POLL_SECONDS)
+        self.progress("the agent holds a new client certificate")
 
     async def _pending_release(self) -> str:
         """What the operator still has to run when the rejoined worker runs another k3s release than

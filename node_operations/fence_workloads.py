@@ -76,6 +76,8 @@ LONGHORN_DRIVER = "driver.longhorn.io"
 # 40 s (taint eviction at once, then a 20 s collection period); a minute leaves it room first.
 RELEASE_AFTER_SECONDS = 60.0
 # The owners the fence can stop: kind -> the kubectl resource and how it is stopped.
+# The command that starts one workload a fence stopped (node_operations/workload_start.py).
+START_COMMAND = "scripts/hk3s workload start"
 SCALED = {"Deployment": "deployment", "StatefulSet": "statefulset", "ReplicaSet": "replicaset"}
 SUSPENDED = {"Job": "job", "CronJob": "cronjob"}
 # The owners above a stoppable workload the fence stops too: (kind, its controller's kind). Any
@@ -200,14 +202,24 @@ class Workload:
         return max((v.verdict(worker, worker_back=worker_back) for v in self.volumes.values()), default=Verdict.MOVES)
 
 
-def why_stopped(owner: str, verdict: Verdict, worker: str, volumes: list[VolumeCopies], *, worker_back: bool) -> str:
+def start_command(owner: Owner) -> str:
+    """The command line that starts `owner`, a workload a fence stopped, with its record."""
+    return f"{START_COMMAND} {owner.namespace}/{owner.kind}/{owner.name}"
+
+
+def why_stopped(owner: Owner, verdict: Verdict, worker: str, volumes: list[VolumeCopies], *, worker_back: bool) -> str:
     """The report's line for a workload that stays stopped."""
     if worker_back:
         lines = "; ".join(v.line() for v in volumes)
+        if verdict is Verdict.STALE:
+            # `workload start` judges it by the same rule and drops its record in the same patch
+            # that starts it, so nobody edits the record by hand.
+            how = f"Check its data, then start it from them with {start_command(owner)} --accept-stale-data"
+        else:
+            how = "No copy of its data is left anywhere: restore its data, then start it yourself"
         return (
-            f"{owner} stays stopped although {worker} rejoined: no current copy, and the worker's is not the newest: "
-            f"{lines}. Check its data, then start it yourself (its former size is in its {STOPPED_ANNOTATION} "
-            "annotation; remove the annotation)"
+            f"{owner} stays stopped although {worker} rejoined: no current copy, and the worker's is not the "
+            f"newest: {lines}. {how}"
         )
     if verdict is Verdict.ONLY_COPY:
         only = ", ".join(v.volume for v in volumes if v.verdict(worker) is Verdict.ONLY_COPY)
@@ -218,8 +230,9 @@ def why_stopped(owner: str, verdict: Verdict, worker: str, volumes: list[VolumeC
     lines = "; ".join(v.line() for v in volumes if v.verdict(worker) is Verdict.STALE)
     return (
         f"{owner} stays stopped: no other node holds a current copy, and these may be older than the one on "
-        f"{worker}: {lines}. To start it from them, set hk3s:fences.{worker}.accept_stale_data: true and run up; "
-        f"otherwise it starts when {worker} rejoins"
+        f"{worker}: {lines}. To start it from them, run {start_command(owner)} --accept-stale-data (this one), "
+        f"or set hk3s:fences.{worker}.accept_stale_data: true and run up (every one); otherwise it starts when "
+        f"{worker} rejoins"
     )
 
 
@@ -323,10 +336,11 @@ def copies_by_volume(
     return {volume: tuple(copies) for volume, copies in found.items()}
 
 
-def unavailable_nodes(nodes: list[dict[str, Any]]) -> dict[str, str]:
-    """The Nodes whose copies cannot be current, with why: NotReady (a copy there cannot be
-    started from, and Longhorn may not have marked it failed yet), fenced (its fence record), or
-    tainted out of service."""
+def unavailable_nodes(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]]) -> dict[str, str]:
+    """The nodes whose copies cannot be current, with why: NotReady (a copy there cannot be
+    started from, and Longhorn may not have marked it failed yet), fenced (its fence record),
+    tainted out of service, or gone from the cluster (a node the copies name that has no Node: a
+    worker given up or deleted is not Ready either)."""
     found = {}
     for node in nodes:
         meta = node.get("metadata") or {}
@@ -338,7 +352,21 @@ def unavailable_nodes(nodes: list[dict[str, Any]]) -> dict[str, str]:
             found[str(meta["name"])] = f"its node is tainted {OUT_OF_SERVICE_TAINT}"
         elif next((c.get("status") for c in conditions if c.get("type") == "Ready"), "") != "True":
             found[str(meta["name"])] = "its node is NotReady"
+    known = {str((n.get("metadata") or {}).get("name")) for n in nodes}
+    for replica in replicas:
+        node_id = str((replica.get("spec") or {}).get("nodeID") or "")
+        if node_id and node_id not in known:
+            found[node_id] = "its node is not in the cluster"
     return found
+
+
+async def copies_now(api: ClusterApi) -> dict[str, tuple[Copy, ...]]:
+    """Every volume's copies as they stand now, those on nodes that cannot serve them marked so
+    (`unavailable_nodes`). The one reading of the rule "a current copy is healthy now on a node
+    that is Ready and not fenced": the fence, `status` and `workload start` all judge through it."""
+    nodes = (await read_json(api, "nodes")).get("items") or []
+    replicas = await longhorn_items(api, "replicas.longhorn.io")
+    return copies_by_volume(replicas, unavailable_nodes(nodes, replicas))
 
 
 def controller_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -472,11 +500,6 @@ class WorkloadDecision:
         )
         return json.loads(out) if out.strip() else None
 
-    async def _copies(self) -> dict[str, tuple[Copy, ...]]:
-        """Every volume's copies, those on Nodes that cannot serve them now marked so."""
-        nodes = (await read_json(self.api, "nodes")).get("items") or []
-        return copies_by_volume(await longhorn_items(self.api, "replicas.longhorn.io"), unavailable_nodes(nodes))
-
     async def _owners_above(
         self, owner: Owner, obj: Mapping[str, Any]
     ) -> tuple[list[tuple[Owner, dict[str, Any]]], str]:
@@ -505,7 +528,7 @@ class WorkloadDecision:
         with_volumes = [(pod, used) for pod, used in with_volumes if used]
         if not with_volumes:
             return workloads
-        copies = await self._copies()
+        copies = await copies_now(self.api)
         for pod, used in with_volumes:
             owner = await self._owner(pod)
             if owner is None:
@@ -598,7 +621,7 @@ class WorkloadDecision:
         stale ones with consent; with `worker_back`, the rejoined worker's too); the rest stay
         stopped, each with its reason. The Node's summary follows."""
         stopped = await self._stopped()
-        copies = await self._copies() if stopped else {}
+        copies = await copies_now(self.api) if stopped else {}
         still: dict[str, str] = {}
         for owner, record in stopped:
             volumes = [VolumeCopies(v, c, copies.get(v, ())) for v, c in record.get("volumes") or []]
@@ -609,9 +632,7 @@ class WorkloadDecision:
                 self.report.started[str(owner)] = "; ".join(v.line() for v in volumes) + consent
                 self.progress(f"{owner} started again{consent}")
                 continue
-            self.report.stopped[str(owner)] = why_stopped(
-                str(owner), verdict, self.worker, volumes, worker_back=worker_back
-            )
+            self.report.stopped[str(owner)] = why_stopped(owner, verdict, self.worker, volumes, worker_back=worker_back)
             still[str(owner)] = REASON[verdict]
         # The Node's summary of what its fence keeps stopped (removed when nothing is).
         summary = json.dumps(still, sort_keys=True) if still else None

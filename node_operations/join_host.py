@@ -136,6 +136,11 @@ _WRITE_PRIVATE_FILE = (
 )
 
 
+def private_file(path: str, text: str, what: str) -> HostStep:
+    """A step that writes `text` to `path` on the host, readable by root only (a token, a config)."""
+    return _private_file(path, text, what)
+
+
 def _private_file(path: str, text: str, what: str) -> HostStep:
     return HostStep.command(["sh", "-c", _WRITE_PRIVATE_FILE, "-", path], what=what, env={"HK3S_FILE_TEXT": text})
 

@@ -11,8 +11,9 @@ the fence, nothing else would start it. The rules, and why:
   volumes. Anything else is refused: without a record there is nothing to restore. A ReplicaSet
   a Deployment owns carries a copy of the Deployment's record; the Deployment is the one stopped.
 - **Judged as the fence judges**: a copy is current when it is healthy since it last failed on a
-  node that is Ready and not fenced (`fence_workloads.Copy.current`); a node no longer in the
-  cluster (a worker given up) cannot serve one. The fenced worker's own copies count once it is
+  node that is Ready and not fenced (`fence_workloads.Copy.current`, read through
+  `fence_workloads.copies_now` as the fence reads it); a node no longer in the cluster (a worker
+  given up) is not Ready, so it cannot serve one. The fenced worker's own copies count once it is
   Ready and unfenced again: they are then current like any other.
 - **With a current copy of every volume** it starts: one merge patch restores its size (or
   suspension) and drops the record, so it is never started without its record going too.
@@ -35,24 +36,24 @@ from node_operations.fence_workloads import (
     NODE_STOPPED_ANNOTATION,
     REASON,
     SCALED,
+    START_COMMAND,
     STOPPED_ANNOTATION,
     SUSPENDED,
     Owner,
     Verdict,
     VolumeCopies,
     controller_of,
-    copies_by_volume,
+    copies_now,
     read_json,
+    start_command,
     start_patch,
     stop_record,
-    unavailable_nodes,
 )
-from node_operations.longhorn_objects import longhorn_items
 from remote_access.kube import ClusterApi, Repeat
 from remote_access.ssh import SshError, SshTarget, open_session
 
 Progress = Callable[[str], None]
-COMMAND = "scripts/hk3s workload start"
+COMMAND = START_COMMAND
 
 
 class WorkloadStartRefusedError(SshError):
@@ -86,11 +87,6 @@ class WorkloadRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.kind}/{self.name}"
-
-
-def start_command(owner: Owner) -> str:
-    """The command line that starts `owner`."""
-    return f"{COMMAND} {owner.namespace}/{owner.kind}/{owner.name}"
 
 
 def current_now(volume: VolumeCopies, worker: str) -> Verdict:
@@ -145,8 +141,7 @@ async def start_workload(
         )
     worker = str(record["node"])
     nodes = (await read_json(api, "nodes")).get("items") or []
-    replicas = await longhorn_items(api, "replicas.longhorn.io")
-    copies = copies_by_volume(replicas, missing_or_unavailable(nodes, replicas))
+    copies = await copies_now(api)
     volumes = [VolumeCopies(v, c, copies.get(v, ())) for v, c in record.get("volumes") or []]
     verdict = max((current_now(v, worker) for v in volumes), default=Verdict.MOVES)
     if verdict is Verdict.ONLY_COPY or (verdict is Verdict.STALE and not accept_stale_data):
@@ -162,18 +157,6 @@ async def start_workload(
     )
     how = "; ".join(v.line() for v in volumes) or "no volume recorded"
     return f"{owner} started again ({size}), stopped by the fence of {worker}: {how}{consent}"
-
-
-def missing_or_unavailable(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]]) -> dict[str, str]:
-    """`unavailable_nodes`, and the nodes copies name that the cluster no longer has (a worker
-    given up): a copy there cannot be started from."""
-    found = unavailable_nodes(nodes)
-    known = {str((n.get("metadata") or {}).get("name")) for n in nodes}
-    for replica in replicas:
-        node = str((replica.get("spec") or {}).get("nodeID") or "")
-        if node and node not in known:
-            found[node] = "its node is not in the cluster"
-    return found
 
 
 async def forget_in_summary(api: ClusterApi, worker: str, owner: str, nodes: list[dict[str, Any]]) -> None:

@@ -10,15 +10,25 @@ fenced over SSH. Its public address then moves on the host (the old one gone fro
   unchanged, so the peers still reach it): Ready, no fence record, no taint, no drop-in; the
   join still waits (it ran before the lift), and the lift's last line says to run up again;
 - that next `up` runs the join's pending change: the Node publishes the new address as its
-  ExternalIP (node-external-ip), its InternalIP still the private one; then nothing is left."""
+  ExternalIP (node-external-ip), its InternalIP still the private one; then nothing is left.
+Last, a pod volume mount whose device stopped answering (the lab's slow disk, frozen) is on
+fpr-w1 when it is fenced again: the fence takes it off within its deadline and names it. Its
+client certificate then expires while it is fenced: the lift brings it back with a fresh token."""
 
 from __future__ import annotations
 
-import pytest
+import time
+from datetime import UTC, datetime, timedelta
 
-from lab.hosts import Lab
+import pytest
+from cryptography import x509
+
+from lab import slow_disk
+from lab.hosts import DEFAULT_CACHE_DIR, Lab
 from lab.stack_harness import up_or_fail
-from tests.lab.fenced_worker import OUT_OF_SERVICE, FencedCluster, fenced_cluster
+from node_operations.fence import FENCE_SCRIPT_DEADLINE_SECONDS
+from tests.lab.agent_certificate import AGENT_DIR, expire_client_certificate
+from tests.lab.fenced_worker import K3S, OUT_OF_SERVICE, FencedCluster, fenced_cluster
 
 pytestmark = pytest.mark.lab
 
@@ -93,3 +103,74 @@ def test_the_next_up_publishes_the_new_address(cluster: FencedCluster, moved: di
     result = up_or_fail(cluster.stack)
     changes = {str(getattr(op, "value", op)): n for op, n in (result.summary.resource_changes or {}).items()}
     assert set(changes) == {"same"}, changes
+
+
+# Where Kubernetes mounts a pod's CSI volume (Longhorn's block device, bound from its staging mount).
+POD_VOLUME = "/var/lib/kubelet/pods/5d0b8c1e-0000-4000-8000-000000000001/volumes/kubernetes.io~csi/pvc-frozen/mount"
+
+
+def test_a_fence_takes_off_a_mount_whose_device_stopped_answering_within_its_deadline(cluster: FencedCluster) -> None:
+    """A pod's volume mount whose device stopped answering (a Longhorn volume whose iSCSI target
+    went with its instance manager) cannot hold the fence past its deadline: the lab's slow disk
+    (a FUSE filesystem) is bound into fpr-w1 at a pod's CSI volume path and frozen, so a stat of it,
+    or a plain `umount` (which resolves the path first), waits for an answer that never comes. The
+    fence of fpr-w1 finishes well within its deadline, takes the mount off without a flush, and says
+    which mount that was."""
+    worker = cluster.worker
+    assert cluster.ready() and not cluster.fence_record(), cluster.diagnose()
+    # Under the lab's run directory: the lab's teardown ends its daemon and its mounts.
+    disk = slow_disk.SlowDisk(cluster.lab.run_dir / f"{worker.name}-frozen-volume")
+    disk.start(DEFAULT_CACHE_DIR, 0)
+    leader = worker.leader_pid
+    assert leader is not None
+    slow_disk.attach(disk, leader, POD_VOLUME)
+    (disk.mount_point / "data").write_text("written before the device went\n")
+    assert f" {POD_VOLUME} fuse.slow-disk " in worker.run(["cat", "/proc/self/mounts"]).stdout
+    slow_disk.freeze(disk)
+    try:
+        stat = worker.run(["timeout", "3", "stat", POD_VOLUME], check=False)
+        assert stat.returncode == 124, stat  # no answer: timed out after its 3 s
+        started = time.monotonic()
+        cluster.fence()  # fails the test with the run's output when the fence does not finish
+        elapsed = time.monotonic() - started
+    finally:
+        slow_disk.thaw(disk)
+    text = cluster.stack.text()
+    print("\n".join(line for line in text.splitlines() if f"[{worker.name}]" in line))
+    assert f"[{worker.name}] unmounted without a flush, their filesystem not answering within the" in text, text[-4000:]
+    assert POD_VOLUME in next(line for line in text.splitlines() if "unmounted without a flush" in line)
+    assert "no container, shim, Longhorn process or pod mount is left on the host" in text, text[-4000:]
+    assert POD_VOLUME not in worker.run(["cat", "/proc/self/mounts"]).stdout
+    # The stop, the minute's wait and the fence's `up` together, far from the script's own deadline
+    # added to them (a hung unmount would have held the fence there, and then failed it).
+    assert elapsed < FENCE_SCRIPT_DEADLINE_SECONDS + 62, elapsed
+    print(f"timings: fence with a frozen volume mount {elapsed:.1f} s (stop, a minute's wait, up)")
+
+
+def test_a_worker_whose_certificate_expired_while_fenced_is_lifted_with_a_fresh_token(cluster: FencedCluster) -> None:
+    """fpr-w1, fenced by the test before, has its kubelet client certificate expire while it is
+    fenced (tests/lab/agent_certificate.py): its join token was spent at the join, so the agent has
+    nothing left to authenticate with. The lift writes a fresh one-time token before the agent
+    starts, waits until the agent holds a new certificate, deletes the token, and the worker is Ready
+    and unfenced; no bootstrap token is left on the server."""
+    worker = cluster.worker
+    assert cluster.fence_record() and not cluster.agent_active(), cluster.diagnose()
+    expire_client_certificate(cluster.server, worker)
+    # The API server caches a token it accepted for 10 s (kube-apiserver's token cache).
+    time.sleep(11)
+    cluster.config["fences"] = {}
+    cluster.stack.log.clear()
+    _, lift_up = cluster.timed_up()
+    text = cluster.stack.text()
+    expired = f"[{worker.name}] its agent's client certificate /{AGENT_DIR}/client-kubelet.crt expired at"
+    assert expired in text and "a fresh join token brings it a new certificate" in text, text[-4000:]
+    assert f"[{worker.name}] the agent holds a new client certificate" in text, text[-4000:]
+    assert f"[{worker.name}] fence lifted: rejoined" in text, text[-4000:]
+    assert cluster.ready() and cluster.fence_record() is None and not cluster.drop_in()
+    cert = x509.load_pem_x509_certificate(worker.run(["cat", f"/{AGENT_DIR}/client-kubelet.crt"]).stdout.encode())
+    assert cert.not_valid_after_utc > datetime.now(UTC) + timedelta(days=300), cert.not_valid_after_utc
+    types = cluster.server.run(
+        [K3S, "kubectl", "get", "secrets", "-n", "kube-system", "-o", "jsonpath={.items[*].type}"]
+    ).stdout
+    assert "bootstrap.kubernetes.io/token" not in types, types
+    print(f"timings: lift of a worker whose certificate expired while fenced {lift_up:.1f} s")

@@ -8,21 +8,27 @@ as it is (a fenced worker's join changes nothing on its host). With the fence en
 lift is refused, naming the node IP it joined with, the host's address now and the fix, and
 nothing changed: the fence record, the out-of-service taint, the agent's configuration and the
 drop-in all stay. Then the host gets its address back and the worker is fenced across an upgrade:
-after its lift, the next `up` moves it to the server's release."""
+after its lift, the next `up` moves it to the server's release. Last, the worker's host is powered
+off while an upgrade and a label wait in its join: it is fenced all the same, the change kept
+pending and said so, and applied by the first `up` after the lift."""
 
 from __future__ import annotations
 
 import json
+import time
+from datetime import datetime
 from typing import Any
 
 import pytest
 import yaml
 
 from lab.hosts import Lab
-from lab.stack_harness import k3s_release, skip_without_lab_binaries, up_or_fail
+from lab.stack_harness import k3s_release, skip_without_lab_binaries, up_or_fail, wait_until
 from tests.lab.fenced_worker import K3S, OUT_OF_SERVICE, FencedCluster, fenced_cluster
 
 pytestmark = pytest.mark.lab
+
+LABEL = "example.com/tier"
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +128,80 @@ def test_a_worker_fenced_across_an_upgrade_reaches_the_release_after_its_lift(cl
     changes = {str(getattr(op, "value", op)): n for op, n in (result.summary.resource_changes or {}).items()}
     assert set(changes) == {"same"}, changes
     print(f"timings: upgrade while fenced {upgrade_up:.1f} s, lift {lift_up:.1f} s, move {move_up:.1f} s")
+
+
+def test_a_dead_worker_with_a_pending_change_to_its_join_is_fenced_and_the_change_waits(
+    cluster: FencedCluster,
+) -> None:
+    """The fence of a worker never waits on that worker's own pending change. fpu-w1 (Ready and
+    unfenced after the test before) is powered off; the cluster moves to the next minor release and
+    fpu-w1 gets a new label: that `up` stops (the server moved, the worker cannot), leaving the
+    join's change pending. `scripts/hk3s node fence fpu-w1 --powered-off` then fences it: the fence
+    completes, the run succeeds, and it says the join's change waits for the first up after the lift
+    (the host untouched). Powered on and unfenced (`node unfence`), the lift's run still leaves the
+    change pending and says to run up again; that next `up` applies it: the release and the label."""
+    skip_without_lab_binaries("k3s-minor")
+    worker = cluster.worker
+    assert cluster.ready() and not cluster.fence_record(), cluster.diagnose()
+    old = kubelet_version(cluster.node())
+    release = k3s_release("k3s-minor")
+    new = release["k3s_version"]
+    assert old != new
+    worker.power_off()
+    wait_until(f"{worker.name} NotReady", lambda: not cluster.ready(), 90, cluster.diagnose)
+    ready = next(c for c in cluster.node()["status"]["conditions"] if c["type"] == "Ready")
+    since = datetime.fromisoformat(ready["lastTransitionTime"]).timestamp()
+
+    # The change: an upgrade and a label. The worker is down, so the run stops and it stays pending.
+    cluster.config["cluster"].update(release)
+    cluster.config["workers"][0]["labels"] = {LABEL: "edge"}
+    output, _ = cluster.timed_up(succeed=False)
+    assert worker.name in output, output[-6000:]
+    assert LABEL not in (cluster.node()["metadata"].get("labels") or {})
+    assert not cluster.fence_record()
+
+    # The user's fence command, once the worker was down for the minute a fence needs.
+    time.sleep(max(0.0, since + 62 - float(cluster.server.run(["date", "+%s"]).stdout)))
+    started = time.monotonic()
+    fenced = cluster.stack.hk3s("node", "fence", worker.name, "--powered-off")
+    fence_up = time.monotonic() - started
+    said = fenced.output + fenced.stderr
+    assert fenced.returncode == 0, said[-6000:]
+    cluster.config["fences"] = {worker.name: {"powered_off": True}}
+    recorded_at = cluster.fence_record()
+    assert recorded_at and OUT_OF_SERVICE in cluster.taints(), cluster.diagnose()
+    assert f"[{worker.name}] fenced (recorded {recorded_at}" in said and "confirmed powered off" in said, said[-6000:]
+    pending = (
+        f"[{worker.name}] fenced (recorded {recorded_at}): its join changes nothing on the host while it is fenced; "
+        f"pending until the first up after the fence is lifted: "
+    )
+    line = next((text for text in said.splitlines() if pending in text), "")
+    assert f"k3s_version {old} -> {new}" in line and "labels" in line, said[-6000:]
+    assert LABEL not in (cluster.node()["metadata"].get("labels") or {})
+    assert kubelet_version(cluster.node()) == old
+
+    # The host back (no drop-in holds it: the fence confirmed it off), then the lift.
+    worker.power_on(wait=True)
+    started = time.monotonic()
+    lifted = cluster.stack.hk3s("node", "unfence", worker.name)
+    lift_up = time.monotonic() - started
+    said = lifted.output + lifted.stderr
+    assert lifted.returncode == 0, said[-6000:]
+    cluster.config["fences"] = {}
+    assert f"[{worker.name}] fence lifted: rejoined" in said, said[-6000:]
+    assert "run up again" in said, said[-6000:]
+    assert not cluster.fence_record() and OUT_OF_SERVICE not in cluster.taints()
+    assert LABEL not in (cluster.node()["metadata"].get("labels") or {})
+
+    # The next up applies the pending change: the release and the label.
+    cluster.stack.log.clear()
+    _, change_up = cluster.timed_up()
+    text = cluster.stack.text()
+    assert f"[{worker.name}] upgrading k3s {old} -> {new}" in text, text[-4000:]
+    found = cluster.node()
+    assert kubelet_version(found) == new and found["metadata"]["labels"].get(LABEL) == "edge", found["metadata"]
+    assert cluster.ready()
+    result = up_or_fail(cluster.stack)
+    changes = {str(getattr(op, "value", op)): n for op, n in (result.summary.resource_changes or {}).items()}
+    assert set(changes) == {"same"}, changes
+    print(f"timings: fence {fence_up:.1f} s, lift {lift_up:.1f} s, pending change applied {change_up:.1f} s")

@@ -5,8 +5,9 @@ may delete a pod itself. The decision through the API runs in the lab
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any
+from typing import Any, cast
 
 from node_operations.fence_workloads import (
     STOPPED_ANNOTATION,
@@ -16,9 +17,11 @@ from node_operations.fence_workloads import (
     Verdict,
     VolumeCopies,
     Workload,
+    WorkloadDecision,
     WorkloadReport,
     attached_volumes,
     copies_by_volume,
+    copies_now,
     parent_of,
     release_refusal,
     start_patch,
@@ -29,6 +32,8 @@ from node_operations.fence_workloads import (
     unavailable_nodes,
     why_stopped,
 )
+from node_operations.workload_start import current_now
+from remote_access.kube import ClusterApi
 
 W = "w1"
 # Longhorn's timestamps (RFC 3339, UTC): string order is time order.
@@ -90,12 +95,15 @@ def test_at_the_rejoin_the_workers_copy_that_failed_last_is_the_newest() -> None
 
 def test_the_stale_line_lists_every_copy_with_its_times() -> None:
     copies = volume(failed(W, T3, healthy=T1), failed("srv", T2, healthy=T1))
-    line = why_stopped("Deployment default/db", Verdict.STALE, W, [copies], worker_back=False)
+    line = why_stopped(Owner("Deployment", "default", "db"), Verdict.STALE, W, [copies], worker_back=False)
     assert "Deployment default/db stays stopped: no other node holds a current copy" in line
     assert f"srv (failed; lastHealthyAt {T1}, lastFailedAt {T2})" in line
     assert f"w1 (failed; lastHealthyAt {T1}, lastFailedAt {T3})" in line
     assert "set hk3s:fences.w1.accept_stale_data: true" in line
-    only = why_stopped("Job default/backup", Verdict.ONLY_COPY, W, [volume(failed(W, T3))], worker_back=False)
+    assert "run scripts/hk3s workload start default/Deployment/db --accept-stale-data (this one)" in line
+    only = why_stopped(
+        Owner("Job", "default", "backup"), Verdict.ONLY_COPY, W, [volume(failed(W, T3))], worker_back=False
+    )
     assert only.startswith("Job default/backup stays stopped until w1 rejoins: the only copy of pvc-1 is on w1")
 
 
@@ -234,7 +242,7 @@ def test_nodes_that_cannot_serve_a_copy_are_the_notready_and_the_fenced() -> Non
         node("w4", tainted=True),
         {"metadata": {"name": "w5"}, "status": {}},
     ]
-    found = unavailable_nodes(nodes)
+    found = unavailable_nodes(nodes, [])
     assert set(found) == {"w2", "w3", "w4", "w5"}
     assert found["w2"] == "its node is NotReady"
     assert "hk3s.dev/fenced-at" in found["w3"] and "out-of-service" in found["w4"]
@@ -302,3 +310,93 @@ def test_a_job_of_a_cronjob_keeps_its_own_record_a_deployments_replicaset_does_n
 def test_a_workload_the_fence_cannot_hold_is_named_in_the_report() -> None:
     report = WorkloadReport(unheld={"Deployment default/op-db": "Deployment default/op-db ... App default/db ..."})
     assert "not held stopped: Deployment default/op-db ... App default/db ..." in report.lines()
+
+
+# --- One rule for a current copy, in the fence and in `workload start`.
+
+
+class ClusterReads:
+    """The server's answers to the reads the fence's decision makes (`kubectl get ... -o json`):
+    a stand-in for the API server, which cannot run without the lab here; the lab runs the decision
+    against the real one (tests/lab/test_fence_workloads.py)."""
+
+    def __init__(self, objects: dict[str, list[dict[str, Any]]]) -> None:
+        self.objects = objects
+        self.patches: list[list[str]] = []
+
+    async def kubectl(self, args: list[str], **_: Any) -> str:
+        if args[0] == "patch":
+            self.patches.append(args)
+            return ""
+        assert args[0] == "get", args
+        return json.dumps({"items": self.objects[args[1]]})
+
+    async def patch_merge(self, *args: Any) -> None:
+        self.patches.append([str(arg) for arg in args])
+
+
+def test_a_copy_on_a_node_missing_from_the_cluster_is_current_for_neither_the_fence_nor_workload_start() -> None:
+    """A current copy is one healthy now on a node that is Ready and not fenced. A node the cluster
+    no longer has (a worker given up, a Node deleted) is not Ready: a copy Longhorn still lists there
+    cannot be started from, however healthy its fields say it is. The fence's decision and `workload
+    start` read the copies through the same function, so they cannot judge it differently."""
+    ready = {"metadata": {"name": "srv"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    fenced = {
+        "metadata": {"name": W, "annotations": {"hk3s.dev/fenced-at": T3}},
+        "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]},
+    }
+    replicas = [
+        {"spec": {"volumeName": "pvc-1", "nodeID": W, "healthyAt": T1, "failedAt": T3, "lastFailedAt": T3}},
+        # Longhorn's fields: healthy, never failed; its node is gone from the cluster.
+        {"spec": {"volumeName": "pvc-1", "nodeID": "gone", "healthyAt": T1, "lastHealthyAt": T1}},
+    ]
+    claim = {"metadata": {"namespace": "default", "name": "data"}, "spec": {"volumeName": "pv-1"}}
+    pv = {"metadata": {"name": "pv-1"}, "spec": {"csi": {"driver": "driver.longhorn.io", "volumeHandle": "pvc-1"}}}
+    owner = [{"kind": "StatefulSet", "name": "db", "controller": True}]
+    pod: dict[str, Any] = {
+        "metadata": {"namespace": "default", "name": "db-0", "ownerReferences": owner},
+        "spec": {"nodeName": W, "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]},
+    }
+    api = ClusterReads({"nodes": [ready, fenced], "replicas.longhorn.io": replicas, "pvc": [claim], "pv": [pv]})
+
+    # The one rule, as both read it.
+    copies = asyncio.run(copies_now(cast(ClusterApi, api)))["pvc-1"]
+    gone = next(c for c in copies if c.node == "gone")
+    assert not gone.current and gone.unavailable == "its node is not in the cluster", gone
+    # The fence's decision on the workload using it: the copy elsewhere may be older (consent needed).
+    decision = WorkloadDecision(cast(ClusterApi, api), W, lambda _line: None, accept_stale_data=False)
+    workloads = asyncio.run(decision.workloads([pod]))
+    assert workloads[Owner("StatefulSet", "default", "db")].verdict(W) is Verdict.STALE
+    # `workload start`'s verdict on the same copies.
+    assert current_now(VolumeCopies("pvc-1", "default/data", copies), W) is Verdict.STALE
+
+
+def test_the_lift_names_the_workload_start_command_for_what_stays_stopped() -> None:
+    """At the lift (the worker back, `start_stopped(worker_back=True)`), a workload the fence
+    stopped whose copies elsewhere failed after the worker's stays stopped; the line names the
+    command that starts it with consent, `scripts/hk3s workload start NAMESPACE/KIND/NAME`."""
+    record = {"node": W, "reason": "stale", "replicas": 2, "volumes": [["pvc-1", "default/data"]]}
+    deployment = {
+        "kind": "Deployment",
+        "metadata": {"name": "db", "namespace": "default", "annotations": {STOPPED_ANNOTATION: json.dumps(record)}},
+        "spec": {"replicas": 0},
+    }
+    ready = {"metadata": {"name": W}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    replicas = [
+        {"spec": {"volumeName": "pvc-1", "nodeID": W, "healthyAt": T1, "failedAt": T2, "lastFailedAt": T2}},
+        {"spec": {"volumeName": "pvc-1", "nodeID": "srv", "healthyAt": T1, "failedAt": T3, "lastFailedAt": T3}},
+    ]
+    kinds = ",".join(sorted({"deployment", "statefulset", "replicaset", "job", "cronjob"}))
+    api = ClusterReads(
+        {
+            kinds: [deployment],
+            "nodes": [{**ready, "metadata": {"name": W}}, {**ready, "metadata": {"name": "srv"}}],
+            "replicas.longhorn.io": replicas,
+        }
+    )
+    decision = WorkloadDecision(cast(ClusterApi, api), W, lambda _line: None, accept_stale_data=False)
+    report = asyncio.run(decision.start_stopped(worker_back=True))
+    line = report.stopped["Deployment default/db"]
+    assert "stays stopped although w1 rejoined" in line, line
+    assert line.endswith("scripts/hk3s workload start default/Deployment/db --accept-stale-data"), line
+    assert not [p for p in api.patches if p[0] != "patch"], api.patches  # nothing started

@@ -10,11 +10,18 @@ from typing import Any
 
 import pytest
 
-from node_operations.fence_workloads import STOPPED_ANNOTATION, Copy, Owner, Verdict, VolumeCopies, copies_by_volume
+from node_operations.fence_workloads import (
+    STOPPED_ANNOTATION,
+    Copy,
+    Owner,
+    Verdict,
+    VolumeCopies,
+    copies_by_volume,
+    unavailable_nodes,
+)
 from node_operations.workload_start import (
     WorkloadRef,
     current_now,
-    missing_or_unavailable,
     refusal,
     start_command,
     stopped_lines,
@@ -54,7 +61,7 @@ def test_a_copy_on_a_node_the_cluster_no_longer_has_is_not_current() -> None:
         {"spec": {"volumeName": "v", "nodeID": "gone", "healthyAt": T3, "lastHealthyAt": T3}},
         {"spec": {"volumeName": "v", "nodeID": "srv", "healthyAt": T1, "failedAt": T2, "lastFailedAt": T2}},
     ]
-    unavailable = missing_or_unavailable([ready], replicas)
+    unavailable = unavailable_nodes([ready], replicas)
     assert unavailable == {"gone": "its node is not in the cluster"}
     copies = VolumeCopies("v", "default/c", copies_by_volume(replicas, unavailable)["v"])
     assert current_now(copies, "gone") is Verdict.STALE
