@@ -5,7 +5,12 @@ operator API and CLI. Nothing is mocked.
 Machine A runs in namespaces of its own (another hostname, another pid space, another HOME and
 PULUMI_HOME): what Pulumi writes into its lock object is what another machine, a CI runner,
 would write. Machine B is this process with its own HOME, PULUMI_HOME and copy of the project.
-One S3 server, one server host and one worker serve the whole module; the tests run in order.
+One S3 server, one server host and two workers serve the whole module; the tests run in order and
+make the stack's whole life: bad backend input refused; an up with both workers SIGKILLed on
+machine A and recovered from machine B with `unlock`; a run on machine A making machine B busy;
+a damaged state restored from the previous checkpoint; s3-worker-2 powered off, fenced and given up
+(`node remove --force`); the teardown. After each run the state in the bucket, read straight from
+S3, is checked: one NodeJoin per worker, the given-up worker gone from it, no lock left.
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ import os
 import shutil
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 import pytest
 
@@ -31,8 +39,10 @@ from lab.stack_harness import (
     run_killable,
     server_spec,
     skip_without_lab_binaries,
+    wait_until,
     worker_spec,
 )
+from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
 from operator_api import ClusterStack, StackBusyError, StackError
 
 pytestmark = pytest.mark.lab
@@ -47,6 +57,7 @@ class Team:
     s3: S3Server
     server: Host
     worker: Host
+    worker2: Host
     a: LabStack
     b: LabStack
 
@@ -88,6 +99,28 @@ class Team:
         out = self.server.run([K3S, "kubectl", "get", "nodes", "-o", "name"]).stdout
         return [line.removeprefix("node/") for line in out.split()]
 
+    def node(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(self.server.run([K3S, "kubectl", "get", "node", name, "-o", "json"]).stdout)
+        return found
+
+    def bucket_resources(self) -> list[dict[str, Any]]:
+        """The resources of the stack's current state as the bucket holds it: the checkpoint
+        object Pulumi's DIY backend keeps at .pulumi/stacks/<project>/<stack>.json, read straight
+        from S3 (not through the CLI, which could answer from elsewhere)."""
+        client = self.s3.client(BUCKET)
+        keys = client.list_keys(".pulumi/stacks/")
+        current = [k for k in keys if k.endswith(f"/hk3s/{self.b.name}.json")]
+        assert len(current) == 1, keys
+        raw = client.get(current[0])
+        assert raw is not None, current
+        latest = json.loads(raw)["checkpoint"].get("latest") or {}
+        resources: list[dict[str, Any]] = latest.get("resources") or []
+        return resources
+
+    def in_bucket(self, kind: str) -> Counter[str]:
+        """How many resources of each name of one kind (NodeJoin, NodeFence) the bucket's state holds."""
+        return Counter(r["urn"].rsplit("::", 1)[1] for r in self.bucket_resources() if kind in r["type"])
+
 
 @pytest.fixture(scope="module")
 def team(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
@@ -97,17 +130,17 @@ def team(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
     with running_s3_server(tmp_path_factory.mktemp("s3-server")) as s3:
         s3.create_bucket(BUCKET)
         server = lab.add_host(server_spec("s3-server"))
-        worker = lab.add_host(worker_spec("s3-worker-1"))
-        lab.wait_ssh_ready([server, worker])
+        workers = [lab.add_host(worker_spec(f"s3-worker-{i}")) for i in (1, 2)]
+        lab.wait_ssh_ready([server, *workers])
         # The module ends with the stack's teardown (destroy needs the setting, applied by an up).
-        config = base_config(lab, server, [worker], cluster={"teardown": "allowed"})
+        config = base_config(lab, server, workers, cluster={"teardown": "allowed"})
         stacks = []
         for machine in ("machine-a", "machine-b"):
             stack = LabStack(tmp_path_factory.mktemp(machine))
             stack.env.update({**s3.credentials(), "PULUMI_BACKEND_URL": s3.backend_url(BUCKET)})
             stack.write_config(config)
             stacks.append(stack)
-        yield Team(lab, s3, server, worker, *stacks)
+        yield Team(lab, s3, server, workers[0], workers[1], stacks[0], stacks[1])
 
 
 def test_bad_backend_input_is_one_line_naming_the_variable_and_changes_nothing(team: Team) -> None:
@@ -169,11 +202,14 @@ def test_a_run_killed_on_machine_a_is_recovered_from_machine_b_with_unlock(team:
     assert removed.returncode == 0 and MACHINE_A in removed.stdout + removed.stderr, removed
     assert team.lock_keys() == []
     # The usual recovery goes on from machine B: the interrupted join's pending operations are
-    # cleared by a refresh, and the join runs once.
+    # cleared by a refresh, and each worker's join runs once: one Node per worker, one NodeJoin
+    # per worker in the state in the bucket.
     assert api.pending_operations(), "the killed run left no pending operation"
     result = team.api_b().up()
     assert result.recovery.cleared_pending, result.recovery
-    assert team.node_names().count(team.worker.name) == 1, team.node_names()
+    workers = (team.worker.name, team.worker2.name)
+    assert [team.node_names().count(name) for name in workers] == [1, 1], team.node_names()
+    assert team.in_bucket("NodeJoin") == {f"{name}-join": 1 for name in workers}, team.bucket_resources()
     assert team.api_b().pending_operations() == [] and team.lock_keys() == []
 
 
@@ -284,6 +320,47 @@ def test_a_damaged_state_is_restored_from_the_previous_checkpoint_with_its_secre
     assert api.preview().changes == [], "the restored state differs from the hosts"
 
 
+def test_a_worker_that_is_down_is_fenced_and_given_up_with_the_state_in_the_bucket(team: Team) -> None:
+    """s3-worker-2 goes down: powered off, its address silent (no machine answers ARP for it, so
+    the server's dial of its kubelet gets no answer). Once NotReady for the minute a fence asks for,
+    it is fenced as powered off, then given up (`node remove --force`: the fence completed, the
+    host off). After each run, the state in the bucket: its fence recorded beside the joins, then
+    nothing of it left, s3-worker-1's join alone, and no lock."""
+    w1, w2 = team.worker, team.worker2
+    stack_file = team.b.project / "Pulumi.lab.yaml"
+    w2.power_off()
+
+    def ready() -> dict[str, Any]:
+        return next(c for c in team.node(w2.name)["status"]["conditions"] if c["type"] == "Ready")
+
+    wait_until(f"{w2.name} NotReady", lambda: ready()["status"] != "True", 90, lambda: str(team.node_names()))
+    since = datetime.fromisoformat(ready()["lastTransitionTime"]).timestamp()
+    time.sleep(max(0.0, since + 62 - float(team.server.run(["date", "+%s"]).stdout)))
+
+    fence = team.hk3s_b("node", "fence", w2.name, "--powered-off")
+    assert fence.returncode == 0, fence.stderr[-4000:]
+    assert f"[{w2.name}] fenced (recorded" in fence.stderr and "confirmed powered off" in fence.stderr, fence.stderr[
+        -4000:
+    ]
+    found = team.node(w2.name)
+    assert FENCE_ANNOTATION in found["metadata"]["annotations"], found["metadata"]
+    assert OUT_OF_SERVICE_TAINT in {t["key"] for t in found["spec"].get("taints") or []}, found["spec"]
+    assert team.in_bucket("NodeFence") == {f"{w2.name}-fence": 1}, team.bucket_resources()
+    assert team.in_bucket("NodeJoin") == {f"{w1.name}-join": 1, f"{w2.name}-join": 1}, team.bucket_resources()
+    assert team.lock_keys() == []
+
+    removed = team.hk3s_b("node", "remove", w2.name, "--force", "--yes")
+    assert removed.returncode == 0, removed.stderr[-4000:]
+    assert f"[{w2.name}] given up (fenced since" in removed.stderr, removed.stderr[-4000:]
+    assert team.node_names().count(w1.name) == 1 and w2.name not in team.node_names(), team.node_names()
+    left = [r["urn"] for r in team.bucket_resources() if w2.name in r["urn"]]
+    assert left == [], f"the given-up worker is still in the state in the bucket: {left}"
+    assert team.in_bucket("NodeJoin") == {f"{w1.name}-join": 1}, team.bucket_resources()
+    assert team.lock_keys() == [] and team.api_b().pending_operations() == []
+    config = stack_file.read_text()
+    assert f"name: {w2.name}" not in config and "force_remove: true" in config, config
+
+
 def test_the_stack_is_torn_down_from_machine_b_and_leaves_the_bucket_clean(team: Team) -> None:
     """The end of the stack's life on S3: destroyed from machine B (what a teardown wipes on the
     hosts is tests/lab/test_teardown.py's), no lock and no resource left in the state in the bucket."""
@@ -291,4 +368,5 @@ def test_the_stack_is_torn_down_from_machine_b_and_leaves_the_bucket_clean(team:
     api.destroy_stack(confirm="lab")
     assert team.lock_keys() == []
     assert api.export_state()["deployment"].get("resources") in (None, [])
+    assert team.bucket_resources() == []
     assert api.pending_operations() == []
