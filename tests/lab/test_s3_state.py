@@ -117,6 +117,9 @@ class Team:
         resources: list[dict[str, Any]] = latest.get("resources") or []
         return resources
 
+    def bucket_urns(self) -> list[str]:
+        return [r["urn"] for r in self.bucket_resources()]
+
     def in_bucket(self, kind: str) -> Counter[str]:
         """How many resources of each name of one kind (NodeJoin, NodeFence) the bucket's state holds."""
         return Counter(r["urn"].rsplit("::", 1)[1] for r in self.bucket_resources() if kind in r["type"])
@@ -209,7 +212,7 @@ def test_a_run_killed_on_machine_a_is_recovered_from_machine_b_with_unlock(team:
     assert result.recovery.cleared_pending, result.recovery
     workers = (team.worker.name, team.worker2.name)
     assert [team.node_names().count(name) for name in workers] == [1, 1], team.node_names()
-    assert team.in_bucket("NodeJoin") == {f"{name}-join": 1 for name in workers}, team.bucket_resources()
+    assert team.in_bucket("NodeJoin") == {f"{name}-join": 1 for name in workers}, team.bucket_urns()
     assert team.api_b().pending_operations() == [] and team.lock_keys() == []
 
 
@@ -339,14 +342,13 @@ def test_a_worker_that_is_down_is_fenced_and_given_up_with_the_state_in_the_buck
 
     fence = team.hk3s_b("node", "fence", w2.name, "--powered-off")
     assert fence.returncode == 0, fence.stderr[-4000:]
-    assert f"[{w2.name}] fenced (recorded" in fence.stderr and "confirmed powered off" in fence.stderr, fence.stderr[
-        -4000:
-    ]
+    assert f"[{w2.name}] fenced (recorded" in fence.stderr, fence.stderr[-4000:]
+    assert "confirmed powered off" in fence.stderr, fence.stderr[-4000:]
     found = team.node(w2.name)
     assert FENCE_ANNOTATION in found["metadata"]["annotations"], found["metadata"]
     assert OUT_OF_SERVICE_TAINT in {t["key"] for t in found["spec"].get("taints") or []}, found["spec"]
-    assert team.in_bucket("NodeFence") == {f"{w2.name}-fence": 1}, team.bucket_resources()
-    assert team.in_bucket("NodeJoin") == {f"{w1.name}-join": 1, f"{w2.name}-join": 1}, team.bucket_resources()
+    assert team.in_bucket("NodeFence") == {f"{w2.name}-fence": 1}, team.bucket_urns()
+    assert team.in_bucket("NodeJoin") == {f"{w1.name}-join": 1, f"{w2.name}-join": 1}, team.bucket_urns()
     assert team.lock_keys() == []
 
     removed = team.hk3s_b("node", "remove", w2.name, "--force", "--yes")
@@ -355,7 +357,7 @@ def test_a_worker_that_is_down_is_fenced_and_given_up_with_the_state_in_the_buck
     assert team.node_names().count(w1.name) == 1 and w2.name not in team.node_names(), team.node_names()
     left = [r["urn"] for r in team.bucket_resources() if w2.name in r["urn"]]
     assert left == [], f"the given-up worker is still in the state in the bucket: {left}"
-    assert team.in_bucket("NodeJoin") == {f"{w1.name}-join": 1}, team.bucket_resources()
+    assert team.in_bucket("NodeJoin") == {f"{w1.name}-join": 1}, team.bucket_urns()
     assert team.lock_keys() == [] and team.api_b().pending_operations() == []
     config = stack_file.read_text()
     assert f"name: {w2.name}" not in config and "force_remove: true" in config, config
