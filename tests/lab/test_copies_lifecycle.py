@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import yaml
 from pulumi import automation as auto
 
 from lab import registration_attempts
@@ -436,10 +437,40 @@ def test_a_fenced_worker_given_up_leaves_no_node_longhorn_node_or_firewall_peer(
     with registration_attempts.admitted_to_api(server, w3):
         try:
             # Powered back on (the fence confirmed it off, so no drop-in holds its agent): the agent
-            # starts with the kubelet certificate it kept, valid for a year.
+            # starts with the certificates it kept. k3s's supervisor refuses a node certificate
+            # whose Node was deleted (401, pkg/nodepassword verifyNode), and the agent's retry with
+            # its token alone fails too (its one-time token was spent at its join): the agent never
+            # gets its node certificates, so it never starts a kubelet that would register the name.
             since = server.run(["date", "+%Y-%m-%d %H:%M:%S"]).stdout.strip()  # one clock for all lab hosts
             w3.power_on(wait=True)
-            node_refused(since)
+            wait_until(
+                f"{w3.name}'s agent refused by the supervisor",
+                lambda: "Node authorization rejected" in registration_attempts.agent_log(w3, since),
+                90,
+                lambda: registration_attempts.agent_log(w3, since)[-3000:],
+            )
+            assert w3.name not in kube_nodes()
+            # The kubelet credentials the host kept are valid for the API server itself for a year:
+            # used straight to create its Node (what a kubelet still running would do), the
+            # join-permit admission refuses them.
+            agent = "/var/lib/rancher/k3s/agent"
+            kubeconfig = yaml.safe_load(w3.run(["cat", f"{agent}/kubelet.kubeconfig"]).stdout)
+            api = kubeconfig["clusters"][0]["cluster"]["server"]
+            node = json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": w3.name}})
+            created = w3.run(
+                [
+                    "curl", "-sS", "--max-time", "30",
+                    "--cacert", f"{agent}/server-ca.crt",
+                    "--cert", f"{agent}/client-kubelet.crt", "--key", f"{agent}/client-kubelet.key",
+                    "-H", "Content-Type: application/json", "-X", "POST", "--data", node,
+                    "-w", "\nHTTP %{http_code}", f"{api}/api/v1/nodes",
+                ],
+                check=False,
+            )  # fmt: skip
+            assert created.returncode == 0, created.stderr[-3000:]
+            assert "HTTP 201" not in created.stdout, created.stdout[-3000:]
+            assert registration_attempts.refusal(w3.name) in created.stdout, created.stdout[-3000:]
+            assert w3.name not in kube_nodes()
             # A live bootstrap token (a join of another node is under way) and no certificate kept.
             w3.run(["systemctl", "stop", "k3s-agent"])
             w3.run(["rm", "-rf", "/var/lib/rancher/k3s/agent"])
