@@ -27,7 +27,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,24 @@ def _read(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
+
+
+def _processes() -> Iterator[tuple[Path, int, str]]:
+    """Each live process's /proc directory, pid and stat line (one that ended while read is skipped)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _read(entry / "stat")):
+            yield entry, int(entry.name), stat
+
+
+def _group_of(entry: Path, own_namespace: str) -> str | None:
+    """The group of the process at `entry`, or None when it ended before its namespace was read."""
+    try:
+        namespace = os.readlink(entry / "ns" / "pid")
+    except OSError:
+        return None
+    comm = _read(entry / "comm").strip()
+    cmdline = _read(entry / "cmdline").replace("\0", " ")
+    return classify(comm, cmdline, namespace != own_namespace)
 
 
 def _cpu_seconds(stat: str) -> float:
@@ -84,22 +102,13 @@ class CpuProfile:
         self.busy_start = self.busy_end = 0.0
 
     def _sample(self) -> None:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            pid = int(entry.name)
-            stat = _read(entry / "stat")
-            if not stat:
-                continue
+        for entry, pid, stat in _processes():
             seconds = _cpu_seconds(stat)
             if pid not in self.group:
-                try:
-                    namespace = os.readlink(entry / "ns" / "pid")
-                except OSError:
+                group = _group_of(entry, self.own_namespace)
+                if group is None:
                     continue
-                comm = _read(entry / "comm").strip()
-                cmdline = _read(entry / "cmdline").replace("\0", " ")
-                self.group[pid] = classify(comm, cmdline, namespace != self.own_namespace)
+                self.group[pid] = group
                 # Started before the profile: only what it spends from now on counts.
                 self.first[pid] = seconds if not self.started else 0.0
             self.last[pid] = seconds
@@ -374,23 +383,13 @@ class CiProfile:
     def sample(self) -> None:
         self.offset = self.timeline.read_events(self.events, self.offset)
         snapshot: dict[tuple[int, int], tuple[float, float, int, str | None, str]] = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            pid = int(entry.name)
-            stat = _read(entry / "stat")
-            if not stat:
-                continue
+        for entry, pid, stat in _processes():
             own, children, ppid, start = _times(stat)
             ident = (pid, start)
             if ident not in self.known:
-                try:
-                    namespace = os.readlink(entry / "ns" / "pid")
-                except OSError:
+                group = _group_of(entry, self.own_namespace)
+                if group is None:
                     continue
-                comm = _read(entry / "comm").strip()
-                cmdline = _read(entry / "cmdline").replace("\0", " ")
-                group = classify(comm, cmdline, namespace != self.own_namespace)
                 self.known[ident] = (_environ_account(pid), group)
             account, group = self.known[ident]
             snapshot[ident] = (own, children, ppid, account, group)
