@@ -45,12 +45,12 @@ export HK3S_LAB_REQUIRED=1
 # Each pytest process marks what it starts "tests:<worker>" (lab/cpu_profile_plugin.py).
 export HK3S_CPU_ACCOUNT=tests
 # --durations: CI prints the 40 slowest tests, so the time budget can be read from every run.
-# Two test modules run side by side (HK3S_TEST_WORKERS, 0 for one at a time): lab tests
-# spend much of their time waiting on hosts and timers. A module stays on one worker, so
-# its tests share one lab and its fixtures as when run alone. Three are faster (on 2 cores,
-# warm: 2343 s against 2704 s, every test passing) but not yet safe: in a cold run with three
-# (2026-12-04) a k3s agent restarted by tests/lab/test_teardown.py failed to start, which
-# it never did with two; until that is understood, two.
-workers=${HK3S_TEST_WORKERS:-2}
+# Three test modules run side by side (HK3S_TEST_WORKERS, 0 for one at a time): lab tests
+# spend much of their time waiting on hosts and timers (with two, a warm run kept the 2 cores only
+# 64 % busy). A module stays on one worker, so its tests share one lab and its fixtures as when run
+# alone. Warm from a fresh clone on 2026-12-05: three 2684 s, every test passing; two 3255 s. The
+# earlier failure with three (an agent start under load) came from a blocking systemctl start,
+# since replaced by --no-block and a wait.
+workers=${HK3S_TEST_WORKERS:-3}
 venv/bin/python -m pytest -n "$workers" --dist loadfile --durations=40 "$@"
 echo "== done in $(($(date +%s) - start)) s"
