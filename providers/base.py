@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import dataclasses
 import functools
 import sys
 import threading
@@ -195,6 +196,17 @@ def ssh_target(props: NodeLogin | Mapping[str, Any], recorded_host_key: str | No
         user=str(props.get("ssh_user") or "root"),
         private_key=str(props["private_key"]),
         recorded_host_key=recorded_host_key or props.get("recorded_host_key") or None,
+    )
+
+
+def other_node(login: NodeLogin, node: Any, address: Any, port: Any, host_key: Any) -> SshTarget:
+    """Another node's SSH target: same user and key as this node's, its own address and pinned key."""
+    return dataclasses.replace(
+        ssh_target(login),
+        node=str(node),
+        address=str(address),
+        port=int(port or 22),
+        recorded_host_key=host_key or None,
     )
 
 

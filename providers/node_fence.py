@@ -30,13 +30,13 @@ from providers.base import (
     CapabilityMissingError,
     NodeProvider,
     check_connection_inputs,
+    other_node,
     progress,
     resource_inputs,
     run_operation,
     ssh_target,
 )
 from providers.inputs import NodeInputs, checkable, is_known, known
-from providers.node_join import other_node
 from remote_access.hetzner_api import DEFAULT_ENDPOINT, HetznerAccess
 from remote_access.kube import API_WAIT_SECONDS
 from remote_access.ssh import SshTarget

@@ -31,6 +31,7 @@ from providers.base import (
     asked_once_per_update,
     check_connection_inputs,
     diff_inputs,
+    other_node,
     pin_recorded_host_key,
     progress,
     resource_inputs,
@@ -106,17 +107,6 @@ def removed_taints(old: list[str], new: list[str]) -> tuple[str, ...]:
         return {f"{taint.key}:{taint.effect}" for taint in map(Taint.parse, texts)}
 
     return tuple(sorted(pairs(old) - pairs(new)))
-
-
-def other_node(login: NodeLogin, node: Any, address: Any, port: Any, host_key: Any) -> SshTarget:
-    """Another node's SSH target: same user and key as this node's, its own address and pinned key."""
-    return dataclasses.replace(
-        ssh_target(login),
-        node=str(node),
-        address=str(address),
-        port=int(port or 22),
-        recorded_host_key=host_key or None,
-    )
 
 
 # The state's record, written by refresh, that the worker's host no longer runs the agent it
