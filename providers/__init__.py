@@ -13,17 +13,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from providers.connectivity_check import ConnectivityCheck, ConnectivityCheckProvider
-    from providers.disk_probe import DiskProbe, DiskProbeProvider
-    from providers.host_firewall import HostFirewall, HostFirewallProvider
-    from providers.host_probe import HostProbe, HostProbeProvider
-    from providers.k3s_server import K3sServer, K3sServerProvider
-    from providers.k3s_upgrade import K3sUpgrade, K3sUpgradeProvider
-    from providers.login_key import NodeLoginKey, NodeLoginKeyProvider, RetiredLoginKeys, RetiredLoginKeysProvider
-    from providers.network_plan import NetworkPlan, NetworkPlanProvider
-    from providers.network_ranges import NetworkRanges, NetworkRangesProvider
-    from providers.node_fence import NodeFence, NodeFenceProvider
-    from providers.node_join import NodeJoin, NodeJoinProvider
+    from providers.connectivity_check import ConnectivityCheck
+    from providers.disk_probe import DiskProbe
+    from providers.host_firewall import HostFirewall
+    from providers.host_probe import HostProbe
+    from providers.k3s_server import K3sServer
+    from providers.k3s_upgrade import K3sUpgrade
+    from providers.login_key import NodeLoginKey, RetiredLoginKeys
+    from providers.network_plan import NetworkPlan
+    from providers.network_ranges import NetworkRanges
+    from providers.node_fence import NodeFence
+    from providers.node_join import NodeJoin
 
     ALL_PROVIDERS: tuple[type, ...]
 

@@ -14,10 +14,10 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
-from cluster_settings.values import K3S_VERSION
 from node_operations.host_firewall.operator_firewall import require_host_firewall
 from node_operations.host_preparation import prepare_host
 from node_operations.k3s_install import ServerSpec, install_server, read_server_state, stop_server
+from node_operations.k3s_release import K3S_VERSION
 from node_operations.teardown import wipe_node
 from providers.base import (
     NodeProvider,

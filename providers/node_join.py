@@ -16,12 +16,12 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
-from cluster_settings.models import ClusterSettings
-from cluster_settings.values import K3S_VERSION
+from cluster_settings.defaults import VALIDATION_IMAGE_DEFAULT
 from node_operations.firewall_plan import PortRule
 from node_operations.health import FENCE_ANNOTATION
 from node_operations.join import JoinSpec, WorkerFencedError, join_worker, read_node
 from node_operations.join_host import joined_host_changed
+from node_operations.k3s_release import K3S_VERSION
 from node_operations.network_mode import fixed_mode_refusal
 from node_operations.node_metadata import MetadataChange, update_node_metadata
 from node_operations.teardown import wipe_node
@@ -45,7 +45,7 @@ from remote_access.ssh import SshError, SshTarget
 NETWORK_MODES = ("auto", "private", "public")
 
 
-DEFAULT_VALIDATION_IMAGE = ClusterSettings.model_fields["validation_image"].default
+DEFAULT_VALIDATION_IMAGE = VALIDATION_IMAGE_DEFAULT
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
