@@ -18,8 +18,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 
 from cluster_settings.defaults import VALIDATION_IMAGE_DEFAULT
 from node_operations.firewall_plan import PortRule
-from node_operations.health import FENCE_ANNOTATION
-from node_operations.join import JoinSpec, WorkerFencedError, join_worker, read_node
+from node_operations.health import FENCE_ANNOTATION, read_node
 from node_operations.join_host import joined_host_changed
 from node_operations.k3s_release import K3S_VERSION
 from node_operations.network_mode import fixed_mode_refusal
@@ -183,6 +182,8 @@ class NodeJoinProvider(NodeProvider):
     def _join(
         self, props: dict[str, Any], old_labels: dict[str, str] | None = None, old_taints: list[str] | None = None
     ) -> dict[str, Any]:
+        from node_operations.join import JoinSpec, join_worker  # noqa: PLC0415 - loaded on first use
+
         inputs = NodeJoinInputs.from_props(props)
         node = str(known(inputs.login.node))
         labels = dict(known(inputs.labels) or {})
@@ -267,6 +268,8 @@ class NodeJoinProvider(NodeProvider):
         return CreateResult(id_=f"{props['node']}-join", outs=self._join(props))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        from node_operations.join import WorkerFencedError  # noqa: PLC0415 - loaded on first use
+
         if self._release_only(id_, olds, news):
             return UpdateResult(outs=self._record_release(olds, news))
         if self._metadata_only(id_, olds, news):
