@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from .defaults import DISK_SYNC_P99_DEFAULT_MS, DISK_SYNC_P99_MAX_MS, DISK_SYNC_P99_MIN_MS, VALIDATION_IMAGE_DEFAULT
 from .values import (
     HETZNER_SPREAD_GROUP_MAX,
     HOSTNAME,
@@ -40,10 +41,6 @@ IMAGE_REFERENCE = re.compile(r"^[a-z0-9]([a-z0-9._/:-]*[a-z0-9])?(:[\w][\w.-]{0,
 # Bounds of hk3s:cluster.api_wait_seconds (see ClusterSettings).
 API_WAIT_MIN = 5.0
 API_WAIT_MAX = 3600.0
-# hk3s:storage.disk_sync_p99_ms: etcd's guidance for its WAL's fdatasync, and the range accepted.
-DISK_SYNC_P99_DEFAULT_MS = 10.0
-DISK_SYNC_P99_MIN_MS = 0.5
-DISK_SYNC_P99_MAX_MS = 1000.0
 
 
 class StrictModel(BaseModel):
@@ -135,7 +132,7 @@ class ClusterSettings(StrictModel):
     # busybox k3s's own air-gap image tarball carries (its local-path provisioner's helper),
     # so a node that imported k3s's images runs it without a registry.
     validation_image: str = Field(
-        "docker.io/rancher/mirrored-library-busybox:1.36.1",
+        VALIDATION_IMAGE_DEFAULT,
         description="Image of the validation pod the join runs on each new worker (needs sh and echo). "
         "Pulled only when the node lacks it: on an air-gapped cluster, an image in k3s's air-gap images.",
     )

@@ -12,9 +12,9 @@ from pydantic import AfterValidator, BeforeValidator, Field
 
 from node_operations.k3s_release import K3S_VERSION
 
+from .dns_names import DNS_1123_LABEL
 from .kubelet_labels import kubelet_refuses_label
 
-DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # The oldest k3s with everything the join uses: `k3s token create --ttl` (v1.26.2) and the
 # join permit's admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (GA and on by
 # default from Kubernetes 1.30; beta and off in 1.28-1.29, absent before).

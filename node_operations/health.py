@@ -139,3 +139,10 @@ async def read_nodes(server: SshTarget, api_wait: float) -> dict[str, NodeStatus
     """Every Node the cluster has, by name, read through the server (read-only)."""
     async with open_session(server) as session:
         return {node.name: node for node in await ClusterApi(session, api_wait=api_wait).nodes()}
+
+
+async def read_node(server: SshTarget, node: str, api_wait: float = API_WAIT_SECONDS) -> NodeStatus | None:
+    """The Node's status as the server sees it (for refresh). Here, beside `read_nodes`, rather
+    than with the join, so that a provider reading one Node does not load the join's modules."""
+    async with open_session(server) as session:
+        return await ClusterApi(session, api_wait=api_wait).get_node(node)

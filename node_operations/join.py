@@ -38,7 +38,7 @@ from typing import TypeVar
 # that start an agent the way the join does.
 from node_operations.agent_log import agent_log, agent_log_diagnosis, agent_since, log_message  # noqa: F401
 from node_operations.firewall_plan import PortRule
-from node_operations.health import FENCE_ANNOTATION
+from node_operations.health import FENCE_ANNOTATION, read_node  # noqa: F401 - read_node lived here
 from node_operations.host_facts import HostFacts, interface_of
 from node_operations.host_firewall.operator_firewall import evaluate_operator_firewall
 from node_operations.join_host import (
@@ -645,9 +645,3 @@ async def join_worker(worker: SshTarget, server: SshTarget, spec: JoinSpec, prog
             checks=dict(joiner.checks),
             machine_id=node.machine_id,
         )
-
-
-async def read_node(server: SshTarget, node: str, api_wait: float = API_WAIT_SECONDS) -> NodeStatus | None:
-    """The Node's status as the server sees it (for refresh)."""
-    async with open_session(server) as session:
-        return await ClusterApi(session, api_wait=api_wait).get_node(node)

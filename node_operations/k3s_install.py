@@ -13,9 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from cryptography.exceptions import InvalidSignature
-
 from host_scripts import script_path
 from node_operations.host_facts import gather_facts, interface_of
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
@@ -127,6 +124,8 @@ def k3s_ca_hash(bundle: bytes) -> str:
 
 
 def _issued_by(cert: Any, issuer: Any) -> bool:
+    from cryptography.exceptions import InvalidSignature  # noqa: PLC0415 - only the server's set-up needs it
+
     try:
         cert.verify_directly_issued_by(issuer)
     except (ValueError, TypeError, InvalidSignature):
@@ -142,6 +141,8 @@ def _der() -> Any:
 
 def render_config(settings: Mapping[str, Any]) -> str:
     """k3s config.yaml: keys are flag names; unset values are left out."""
+    import yaml  # noqa: PLC0415 - loaded on first use: most provider processes render no config
+
     cleaned = {key: value for key, value in settings.items() if value not in (None, [], "")}
     return "# Written by hk3s; changes here are overwritten on the next pulumi up.\n" + yaml.safe_dump(
         cleaned, sort_keys=True

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-
-import asyncssh
+from typing import TYPE_CHECKING
 
 from host_scripts import script_path
 from remote_access.ssh import LineCallback, RemoteCommandError, SshError, SshTarget, fingerprint, open_session
+
+if TYPE_CHECKING:
+    pass  # loaded on first use, as in remote_access.ssh
 
 KEY_STEP_SECONDS = 30.0
 AUTHORIZED_KEYS = "~/.ssh/authorized_keys"
@@ -26,6 +28,8 @@ class LoginKeyError(SshError):
 
 def public_key_line(private_key: str, comment: str = "hk3s") -> str:
     """The OpenSSH public line of a private key, with `comment`."""
+    import asyncssh  # noqa: PLC0415 - loaded on first use, as in remote_access.ssh
+
     key = asyncssh.import_private_key(private_key)
     kind, blob = key.export_public_key("openssh").decode().split()[:2]
     return f"{kind} {blob} {comment}"
@@ -41,6 +45,8 @@ def key_refused(error: SshError) -> bool:
 
     The SSH layer raises its own message for a refused key, from the asyncssh error it caught,
     which stays the exception's context."""
+    import asyncssh  # noqa: PLC0415 - loaded on first use, as in remote_access.ssh
+
     return isinstance(error.__context__, asyncssh.PermissionDenied)
 
 

@@ -1,32 +1,91 @@
-"""Python dynamic providers: thin adapters from the Pulumi engine to node_operations."""
+"""Python dynamic providers: thin adapters from the Pulumi engine to node_operations.
 
-from providers.connectivity_check import ConnectivityCheck, ConnectivityCheckProvider
-from providers.disk_probe import DiskProbe, DiskProbeProvider
-from providers.host_firewall import HostFirewall, HostFirewallProvider
-from providers.host_probe import HostProbe, HostProbeProvider
-from providers.k3s_server import K3sServer, K3sServerProvider
-from providers.k3s_upgrade import K3sUpgrade, K3sUpgradeProvider
-from providers.login_key import NodeLoginKey, NodeLoginKeyProvider, RetiredLoginKeys, RetiredLoginKeysProvider
-from providers.network_plan import NetworkPlan, NetworkPlanProvider
-from providers.network_ranges import NetworkRanges, NetworkRangesProvider
-from providers.node_fence import NodeFence, NodeFenceProvider
-from providers.node_join import NodeJoin, NodeJoinProvider
+The engine starts one provider process per `pulumi up/preview/destroy` and provider shard; dill
+pickles each provider class by reference (`providers.<module>.<Class>`), so unpickling one
+imports this package first. Importing every provider module here would make each of those
+processes pay for all of them (asyncssh, hcloud, the node operations) to answer a Check or Diff
+of one; the names below are therefore resolved on first use (PEP 562).
+"""
 
-# Every provider class; the pickling test walks this list.
-ALL_PROVIDERS = (
-    ConnectivityCheckProvider,
-    DiskProbeProvider,
-    HostFirewallProvider,
-    HostProbeProvider,
-    K3sServerProvider,
-    K3sUpgradeProvider,
-    NetworkPlanProvider,
-    NetworkRangesProvider,
-    NodeFenceProvider,
-    NodeJoinProvider,
-    NodeLoginKeyProvider,
-    RetiredLoginKeysProvider,
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from providers.connectivity_check import ConnectivityCheck
+    from providers.disk_probe import DiskProbe
+    from providers.host_firewall import HostFirewall
+    from providers.host_probe import HostProbe
+    from providers.k3s_server import K3sServer
+    from providers.k3s_upgrade import K3sUpgrade
+    from providers.login_key import NodeLoginKey, RetiredLoginKeys
+    from providers.network_plan import NetworkPlan
+    from providers.network_ranges import NetworkRanges
+    from providers.node_fence import NodeFence
+    from providers.node_join import NodeJoin
+
+    ALL_PROVIDERS: tuple[type, ...]
+
+# Where each exported name lives.
+_HOMES = {
+    "ConnectivityCheck": "connectivity_check",
+    "ConnectivityCheckProvider": "connectivity_check",
+    "DiskProbe": "disk_probe",
+    "DiskProbeProvider": "disk_probe",
+    "HostFirewall": "host_firewall",
+    "HostFirewallProvider": "host_firewall",
+    "HostProbe": "host_probe",
+    "HostProbeProvider": "host_probe",
+    "K3sServer": "k3s_server",
+    "K3sServerProvider": "k3s_server",
+    "K3sUpgrade": "k3s_upgrade",
+    "K3sUpgradeProvider": "k3s_upgrade",
+    "NodeLoginKey": "login_key",
+    "NodeLoginKeyProvider": "login_key",
+    "RetiredLoginKeys": "login_key",
+    "RetiredLoginKeysProvider": "login_key",
+    "NetworkPlan": "network_plan",
+    "NetworkPlanProvider": "network_plan",
+    "NetworkRanges": "network_ranges",
+    "NetworkRangesProvider": "network_ranges",
+    "NodeFence": "node_fence",
+    "NodeFenceProvider": "node_fence",
+    "NodeJoin": "node_join",
+    "NodeJoinProvider": "node_join",
+}
+
+# Every provider class, by name; the pickling test walks `ALL_PROVIDERS`, built from this.
+_ALL_PROVIDER_NAMES = (
+    "ConnectivityCheckProvider",
+    "DiskProbeProvider",
+    "HostFirewallProvider",
+    "HostProbeProvider",
+    "K3sServerProvider",
+    "K3sUpgradeProvider",
+    "NetworkPlanProvider",
+    "NetworkRangesProvider",
+    "NodeFenceProvider",
+    "NodeJoinProvider",
+    "NodeLoginKeyProvider",
+    "RetiredLoginKeysProvider",
 )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ALL_PROVIDERS":
+        value: Any = tuple(__getattr__(provider) for provider in _ALL_PROVIDER_NAMES)
+    elif name in _HOMES:
+        value = getattr(importlib.import_module(f"providers.{_HOMES[name]}"), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES, "ALL_PROVIDERS"])
+
 
 __all__ = [
     "ALL_PROVIDERS",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import dataclasses
 import functools
 import sys
 import threading
@@ -23,9 +24,7 @@ from typing import Any, TypeVar
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ResourceProvider, UpdateResult
 
-from cluster_settings.loading import SettingsError
-from cluster_settings.values import DNS_1123_LABEL
-from node_operations.join import JoinError
+from cluster_settings.dns_names import DNS_1123_LABEL
 from node_operations.network_mode import NetworkRefusedError
 from node_operations.refusal import tagged
 from node_operations.teardown import WipeError
@@ -56,13 +55,16 @@ class CapabilityMissingError(RuntimeError):
 # their message is complete (host, what happened, the fix), so the person running `pulumi up`
 # sees the message alone. Any other exception is a bug and keeps its traceback.
 PROGRAM_ERRORS: list[type[BaseException]] = [
-    SettingsError,
     NetworkRefusedError,
-    JoinError,
     SshError,
     CapabilityMissingError,
     WipeError,
 ]
+
+# Program errors of modules a provider process imports only when it uses them (the settings
+# models, the join): an instance exists only once its module is imported, so these are
+# looked up in sys.modules when an error is judged, and never imported for it.
+LAZY_PROGRAM_ERRORS = (("cluster_settings.loading", "SettingsError"), ("node_operations.join", "JoinError"))
 
 E = TypeVar("E", bound=type[BaseException])
 
@@ -73,10 +75,21 @@ def program_error(cls: E) -> E:
     return cls
 
 
+def is_program_error(error: BaseException) -> bool:
+    """Whether `error` is one of the program's own errors (PROGRAM_ERRORS, LAZY_PROGRAM_ERRORS)."""
+    if isinstance(error, tuple(PROGRAM_ERRORS)):
+        return True
+    for module_name, class_name in LAZY_PROGRAM_ERRORS:
+        module = sys.modules.get(module_name)
+        if module is not None and isinstance(error, getattr(module, class_name)):
+            return True
+    return False
+
+
 def format_provider_error(error: BaseException) -> str:
     """What the engine shows for an exception a provider raised: a program error's message
     alone, anything else with its full traceback (so bugs stay diagnosable)."""
-    if isinstance(error, tuple(PROGRAM_ERRORS)):
+    if is_program_error(error):
         return str(error)
     return "".join(traceback.format_exception(error))
 
@@ -95,7 +108,7 @@ class _HostTraceback(ModuleType):
     @staticmethod
     def format_exc(limit: int | None = None, chain: bool = True) -> str:
         error = sys.exception()
-        if error is None or not isinstance(error, tuple(PROGRAM_ERRORS)):
+        if error is None or not is_program_error(error):
             return traceback.format_exc(limit, chain)
         return format_provider_error(error)
 
@@ -195,6 +208,17 @@ def ssh_target(props: NodeLogin | Mapping[str, Any], recorded_host_key: str | No
         user=str(props.get("ssh_user") or "root"),
         private_key=str(props["private_key"]),
         recorded_host_key=recorded_host_key or props.get("recorded_host_key") or None,
+    )
+
+
+def other_node(login: NodeLogin, node: Any, address: Any, port: Any, host_key: Any) -> SshTarget:
+    """Another node's SSH target: same user and key as this node's, its own address and pinned key."""
+    return dataclasses.replace(
+        ssh_target(login),
+        node=str(node),
+        address=str(address),
+        port=int(port or 22),
+        recorded_host_key=host_key or None,
     )
 
 

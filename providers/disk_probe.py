@@ -23,7 +23,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, UpdateResult
 
-from cluster_settings.models import DISK_SYNC_P99_DEFAULT_MS, DISK_SYNC_P99_MAX_MS, DISK_SYNC_P99_MIN_MS
+from cluster_settings.defaults import DISK_SYNC_P99_DEFAULT_MS, DISK_SYNC_P99_MAX_MS, DISK_SYNC_P99_MIN_MS
 from node_operations.disk_probe import LONGHORN_DISK_PATH, probe_disk
 from providers.base import (
     NodeProvider,

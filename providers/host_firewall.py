@@ -13,18 +13,12 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
 from node_operations.firewall_plan import PortRule
-from node_operations.host_firewall.apply import (
-    AppliedFirewall,
-    apply_node_firewall,
-    read_node_firewall,
-    remove_node_firewall,
-)
 from node_operations.host_firewall.plan import NodeFirewallPlan
 from providers.base import (
     NodeProvider,
@@ -38,6 +32,9 @@ from providers.base import (
 )
 from providers.inputs import NodeInputs, is_known, known
 from remote_access.ssh import RemoteCommandError, SshError
+
+if TYPE_CHECKING:
+    from node_operations.host_firewall.apply import AppliedFirewall
 
 # Outputs the provider fills in; they are not inputs to compare.
 OUTPUT_KEYS = ("backend", "rule_count")
@@ -185,6 +182,8 @@ class HostFirewallProvider(NodeProvider):
         )
 
     def _apply(self, props: dict[str, Any]) -> AppliedFirewall:
+        from node_operations.host_firewall.apply import apply_node_firewall  # noqa: PLC0415 - loaded on first use
+
         inputs = HostFirewallInputs.from_props(props)
         node = str(known(inputs.login.node))
         return run_operation(
@@ -201,6 +200,8 @@ class HostFirewallProvider(NodeProvider):
         return CreateResult(id_=f"{props['node']}-firewall", outs=_outputs(props, applied))
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        from node_operations.host_firewall.apply import read_node_firewall  # noqa: PLC0415 - loaded on first use
+
         inputs = HostFirewallInputs.from_props(props)
         observed = run_operation(read_node_firewall(ssh_target(inputs.login), _typed_plan(inputs)))
         if not observed.present:
@@ -221,6 +222,8 @@ class HostFirewallProvider(NodeProvider):
         return UpdateResult(outs=_outputs(news, self._apply(news)))
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
+        from node_operations.host_firewall.apply import remove_node_firewall  # noqa: PLC0415 - loaded on first use
+
         inputs = HostFirewallInputs.from_props(props)
         node = str(known(inputs.login.node))
         progress(node, "removing the program's host firewall rules")

@@ -14,10 +14,8 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
-from cluster_settings.values import K3S_VERSION
-from node_operations.host_firewall.operator_firewall import require_host_firewall
-from node_operations.host_preparation import prepare_host
 from node_operations.k3s_install import ServerSpec, install_server, read_server_state, stop_server
+from node_operations.k3s_release import K3S_VERSION
 from node_operations.teardown import wipe_node
 from providers.base import (
     NodeProvider,
@@ -185,6 +183,8 @@ class K3sServerProvider(NodeProvider):
         return result
 
     def _install(self, props: dict[str, Any]) -> dict[str, Any]:
+        from node_operations.host_preparation import prepare_host  # noqa: PLC0415 - loaded on first use
+
         inputs = K3sServerInputs.from_props(props)
         node = str(known(inputs.login.node))
         node_ip = str(known(inputs.node_ip))
@@ -218,6 +218,8 @@ class K3sServerProvider(NodeProvider):
         }
 
     def create(self, props: dict[str, Any]) -> CreateResult:
+        from node_operations.host_firewall.operator_firewall import require_host_firewall  # noqa: PLC0415 - loaded on first use
+
         inputs = K3sServerInputs.from_props(props)
         if known(inputs.firewall_managed) is False:
             # The operator runs the server's firewall: with none active every port the server

@@ -32,7 +32,6 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
-from node_operations.k3s_upgrade import UpgradeSettings, release_step, upgrade_workers
 from providers.base import NodeProvider, progress, resource_inputs, run_operation, ssh_target
 from providers.inputs import K3sRelease, NodeInputs, ResourceInputs, flat, is_known, known, nested
 from remote_access.kube import API_WAIT_SECONDS
@@ -85,6 +84,8 @@ def unfenced_behind(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
 
 def upgrade_plan(olds: dict[str, Any], news: dict[str, Any]) -> str | None:
     """The preview's line for a change of release: the order, and what each worker goes through."""
+    from node_operations.k3s_upgrade import release_step  # noqa: PLC0415 - loaded on first use
+
     old = str(olds.get("k3s_version") or "")
     new = str(news["k3s_version"] if is_known(news.get("k3s_version")) else news.get("target_version"))
     if not old or old == new:
@@ -129,6 +130,8 @@ class K3sUpgradeProvider(NodeProvider):
         return DiffResult(changes=bool(changed) or bool(behind) or rotated, replaces=[], delete_before_replace=False)
 
     def _upgrade(self, props: dict[str, Any]) -> dict[str, Any]:
+        from node_operations.k3s_upgrade import UpgradeSettings, upgrade_workers  # noqa: PLC0415 - loaded on first use
+
         inputs = K3sUpgradeInputs.from_props(props)
         server = ssh_target(inputs.login)
         workers = [_worker_target(server, worker) for worker in inputs.workers]

@@ -19,13 +19,13 @@ from node_operations.node_access import NodeAccessError, RecordedNode, check_clu
 from providers.base import (
     NodeProvider,
     check_connection_inputs,
+    other_node,
     progress,
     resource_inputs,
     run_operation,
     ssh_target,
 )
 from providers.inputs import NodeInputs, ResourceInputs, is_known, known, nested
-from providers.node_join import other_node
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

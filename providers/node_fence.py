@@ -17,29 +17,29 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, Resource, UpdateResult
 
-from node_operations.fence import FenceOrder, fence_worker
-from node_operations.fence_lift import lift_fence
-from node_operations.fence_workloads import start_with_consent
-from node_operations.join_validation import ValidatedNode
 from providers.base import (
     CapabilityMissingError,
     NodeProvider,
     check_connection_inputs,
+    other_node,
     progress,
     resource_inputs,
     run_operation,
     ssh_target,
 )
 from providers.inputs import NodeInputs, checkable, is_known, known
-from providers.node_join import other_node
 from remote_access.hetzner_api import DEFAULT_ENDPOINT, HetznerAccess
 from remote_access.kube import API_WAIT_SECONDS
 from remote_access.ssh import SshTarget
+
+if TYPE_CHECKING:
+    from node_operations.fence import FenceOrder
+    from node_operations.join_validation import ValidatedNode
 
 FENCE_CAPABILITY = "fencing a worker"
 OUTPUTS = ("recorded_at", "stopped_by", "pods_deleted", "stopped_services")
@@ -83,6 +83,8 @@ class NodeFenceInputs(NodeInputs):
     finds the agent configured with another says the join's pending change needs one more `up`."""
 
     def validated_node(self) -> ValidatedNode:
+        from node_operations.join_validation import ValidatedNode  # noqa: PLC0415 - loaded on first use
+
         registry = known(self.registry) if self.registry is not None else None
         return ValidatedNode(
             node=str(known(self.login.node)),
@@ -94,6 +96,8 @@ class NodeFenceInputs(NodeInputs):
         )
 
     def fence_order(self) -> FenceOrder:
+        from node_operations.fence import FenceOrder  # noqa: PLC0415 - loaded on first use
+
         hcloud_server = known(self.hcloud_server)
         token = known(self.hcloud_token)
         return FenceOrder(
@@ -109,6 +113,8 @@ class NodeFenceInputs(NodeInputs):
 
 
 def _fence(props: dict[str, Any]) -> dict[str, Any]:
+    from node_operations.fence import fence_worker  # noqa: PLC0415 - loaded on first use
+
     inputs = NodeFenceInputs.from_props(props)
     node = str(known(inputs.login.node))
     report = run_operation(
@@ -135,6 +141,8 @@ def _fence(props: dict[str, Any]) -> dict[str, Any]:
 def _start_with_consent(news: dict[str, Any]) -> list[str]:
     """accept_stale_data turned on for a fence that keeps workloads stopped: start the ones whose
     copies elsewhere may be older; the workloads still stopped after it."""
+    from node_operations.fence_workloads import start_with_consent  # noqa: PLC0415 - loaded on first use
+
     inputs = NodeFenceInputs.from_props(news)
     node = str(known(inputs.login.node))
     report = run_operation(
@@ -187,6 +195,8 @@ class NodeFenceProvider(NodeProvider):
         return UpdateResult(outs=outs)
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
+        from node_operations.fence_lift import lift_fence  # noqa: PLC0415 - loaded on first use
+
         inputs = NodeFenceInputs.from_props(props)
         node = str(known(inputs.login.node))
         if known(inputs.teardown_allowed):

@@ -16,12 +16,11 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
-from cluster_settings.models import ClusterSettings
-from cluster_settings.values import K3S_VERSION
+from cluster_settings.defaults import VALIDATION_IMAGE_DEFAULT
 from node_operations.firewall_plan import PortRule
-from node_operations.health import FENCE_ANNOTATION
-from node_operations.join import JoinSpec, WorkerFencedError, join_worker, read_node
+from node_operations.health import FENCE_ANNOTATION, read_node
 from node_operations.join_host import joined_host_changed
+from node_operations.k3s_release import K3S_VERSION
 from node_operations.network_mode import fixed_mode_refusal
 from node_operations.node_metadata import MetadataChange, update_node_metadata
 from node_operations.teardown import wipe_node
@@ -31,6 +30,7 @@ from providers.base import (
     asked_once_per_update,
     check_connection_inputs,
     diff_inputs,
+    other_node,
     pin_recorded_host_key,
     progress,
     resource_inputs,
@@ -44,7 +44,7 @@ from remote_access.ssh import SshError, SshTarget
 NETWORK_MODES = ("auto", "private", "public")
 
 
-DEFAULT_VALIDATION_IMAGE = ClusterSettings.model_fields["validation_image"].default
+DEFAULT_VALIDATION_IMAGE = VALIDATION_IMAGE_DEFAULT
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -106,17 +106,6 @@ def removed_taints(old: list[str], new: list[str]) -> tuple[str, ...]:
         return {f"{taint.key}:{taint.effect}" for taint in map(Taint.parse, texts)}
 
     return tuple(sorted(pairs(old) - pairs(new)))
-
-
-def other_node(login: NodeLogin, node: Any, address: Any, port: Any, host_key: Any) -> SshTarget:
-    """Another node's SSH target: same user and key as this node's, its own address and pinned key."""
-    return dataclasses.replace(
-        ssh_target(login),
-        node=str(node),
-        address=str(address),
-        port=int(port or 22),
-        recorded_host_key=host_key or None,
-    )
 
 
 # The state's record, written by refresh, that the worker's host no longer runs the agent it
@@ -193,6 +182,8 @@ class NodeJoinProvider(NodeProvider):
     def _join(
         self, props: dict[str, Any], old_labels: dict[str, str] | None = None, old_taints: list[str] | None = None
     ) -> dict[str, Any]:
+        from node_operations.join import JoinSpec, join_worker  # noqa: PLC0415 - loaded on first use
+
         inputs = NodeJoinInputs.from_props(props)
         node = str(known(inputs.login.node))
         labels = dict(known(inputs.labels) or {})
@@ -277,6 +268,8 @@ class NodeJoinProvider(NodeProvider):
         return CreateResult(id_=f"{props['node']}-join", outs=self._join(props))
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        from node_operations.join import WorkerFencedError  # noqa: PLC0415 - loaded on first use
+
         if self._release_only(id_, olds, news):
             return UpdateResult(outs=self._record_release(olds, news))
         if self._metadata_only(id_, olds, news):

@@ -27,12 +27,14 @@ import ipaddress
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from hcloud import APIException, Client
-from hcloud.actions import ActionFailedException, ActionTimeoutException, BoundAction
-from hcloud.firewalls import Firewall, FirewallResource
-from hcloud.servers import BoundServer, Server
-from requests import RequestException
+if TYPE_CHECKING:
+    # hcloud (with requests and urllib3) costs a fresh process about 0.05 CPU-s to import; each
+    # call imports what it uses, so a provider process that makes no API call never loads them.
+    from hcloud import APIException, Client
+    from hcloud.actions import BoundAction
+    from hcloud.servers import BoundServer
 
 DEFAULT_ENDPOINT = "https://api.hetzner.cloud/v1"
 APPLICATION = "hk3s"
@@ -63,6 +65,8 @@ class HetznerAccess:
         return f"HetznerAccess(endpoint={self.endpoint!r}, token=<secret>)"
 
     def client(self) -> Client:
+        from hcloud import Client  # noqa: PLC0415 - loaded on first use
+
         return Client(
             token=self.token,
             api_endpoint=(self.endpoint or DEFAULT_ENDPOINT).rstrip("/"),
@@ -124,6 +128,8 @@ def _fix(error: APIException) -> str:
 
 
 def _call_failed(what: str, server: str, error: Exception) -> HetznerApiError:
+    from hcloud import APIException  # noqa: PLC0415 - loaded on first use
+
     if isinstance(error, APIException):
         return HetznerApiError(f"{what} of Hetzner server {server} failed: {_answer(error)}; {_fix(error)}")
     # A network failure: requests names the URL, never the header holding the token.
@@ -135,6 +141,9 @@ def _call_failed(what: str, server: str, error: Exception) -> HetznerApiError:
 
 def _find(client: Client, server: str) -> BoundServer:
     """The server `server` names: its id (digits) or its name."""
+    from hcloud import APIException  # noqa: PLC0415 - loaded on first use
+    from requests import RequestException  # noqa: PLC0415 - loaded on first use
+
     try:
         found = client.servers.get_by_id(int(server)) if server.isdigit() else client.servers.get_by_name(server)
     except APIException as error:
@@ -167,6 +176,10 @@ def _state(server: BoundServer) -> ServerState:
 
 
 def _wait_action(action: BoundAction, server: ServerState, call: str) -> ActionResult:
+    from hcloud import APIException  # noqa: PLC0415 - loaded on first use
+    from hcloud.actions import ActionFailedException, ActionTimeoutException  # noqa: PLC0415 - loaded on first use
+    from requests import RequestException  # noqa: PLC0415 - loaded on first use
+
     where = f"Hetzner server {server.name} (id {server.id})"
     try:
         action.wait_until_finished()
@@ -190,6 +203,9 @@ def _wait_action(action: BoundAction, server: ServerState, call: str) -> ActionR
 
 
 def _power_off(access: HetznerAccess, server: str, progress: Progress) -> tuple[ServerState, ActionResult | None]:
+    from hcloud import APIException  # noqa: PLC0415 - loaded on first use
+    from requests import RequestException  # noqa: PLC0415 - loaded on first use
+
     client = access.client()
     found = _find(client, server)
     state = _state(found)
@@ -222,6 +238,9 @@ async def power_off(access: HetznerAccess, server: str, progress: Progress) -> t
 
 
 def _power_on(access: HetznerAccess, server: str, progress: Progress) -> tuple[ServerState, ActionResult | None]:
+    from hcloud import APIException  # noqa: PLC0415 - loaded on first use
+    from requests import RequestException  # noqa: PLC0415 - loaded on first use
+
     client = access.client()
     found = _find(client, server)
     state = _state(found)
@@ -249,6 +268,11 @@ async def server_state(access: HetznerAccess, server: str) -> ServerState:
 def _release_bootstrap_firewall(
     access: HetznerAccess, node: str, *, server_id: int, bootstrap_id: int, full_id: int, progress: Progress
 ) -> bool:
+    from hcloud import APIException  # noqa: PLC0415 - loaded on first use
+    from hcloud.firewalls import Firewall, FirewallResource  # noqa: PLC0415 - loaded on first use
+    from hcloud.servers import Server  # noqa: PLC0415 - loaded on first use
+    from requests import RequestException  # noqa: PLC0415 - loaded on first use
+
     client = access.client()
     where = f"{node} (id {server_id})"
     try:
@@ -322,6 +346,9 @@ def upload_or_adopt_ssh_key(
 ) -> ProjectKey:
     """Upload the key; when the project already holds its fingerprint (another stack uploaded it
     between this run's look-up and now), take that key, and only if its public key is this one."""
+    from hcloud import APIException  # noqa: PLC0415 - loaded on first use
+    from requests import RequestException  # noqa: PLC0415 - loaded on first use
+
     client = access.client()
     try:
         key = client.ssh_keys.create(name=name, public_key=public_key, labels=labels)
@@ -348,6 +375,8 @@ def upload_or_adopt_ssh_key(
 
 def update_ssh_key(access: HetznerAccess, key_id: int, name: str, labels: dict[str, str]) -> None:
     """Rename and relabel the key in place (an unknown key is an error: it was deleted by hand)."""
+    from hcloud import APIException  # noqa: PLC0415 - loaded on first use
+
     client = access.client()
     try:
         client.ssh_keys.update(client.ssh_keys.get_by_id(key_id), name=name, labels=labels)
@@ -357,6 +386,8 @@ def update_ssh_key(access: HetznerAccess, key_id: int, name: str, labels: dict[s
 
 def delete_ssh_key(access: HetznerAccess, key_id: int) -> None:
     """Delete the key; one already gone is fine."""
+    from hcloud import APIException  # noqa: PLC0415 - loaded on first use
+
     client = access.client()
     try:
         client.ssh_keys.delete(client.ssh_keys.get_by_id(key_id))

@@ -40,8 +40,11 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import asyncssh
+if TYPE_CHECKING:
+    import asyncssh  # loaded on first use, as in remote_access.ssh
+
 
 IDLE_PROBE_SECONDS = 2.0
 IDLE_CLOSE_SECONDS = 120.0
@@ -77,7 +80,7 @@ class SharedConnection:
         )
 
 
-Connect = Callable[[], Awaitable[tuple[asyncssh.SSHClientConnection, str]]]
+Connect = Callable[[], Awaitable[tuple["asyncssh.SSHClientConnection", str]]]
 
 
 class SessionPool:
@@ -141,6 +144,8 @@ class SessionPool:
     async def _answers(shared: SharedConnection, seconds: float) -> bool:
         """Whether a connection idle a while still reaches its host (a host that went away
         without closing it leaves it open on this side)."""
+        import asyncssh  # noqa: PLC0415 - loaded on first use, as in remote_access.ssh
+
         if time.monotonic() - shared.idle_since < IDLE_PROBE_SECONDS:
             return True
         try:

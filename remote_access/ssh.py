@@ -32,12 +32,16 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import asyncssh
+from typing import TYPE_CHECKING
 
 from remote_access.private_dir import UnsafeDirectoryError, private_directory, runtime_directory
 from remote_access.session_pool import LoginKey, active_pool
 from remote_access.stop_reading import StopWhen, read_stdout, stoppable
+
+if TYPE_CHECKING:
+    # asyncssh costs a fresh process about 0.13 CPU-s to import; the functions that talk SSH
+    # import it when first called, so a provider process that only answers Check and Diff never does.
+    import asyncssh
 
 LineCallback = Callable[[str], None]
 
@@ -81,6 +85,8 @@ class RemoteCommandError(SshError):
 
 def fingerprint(public_key_line: str) -> str:
     """SHA256 fingerprint of an OpenSSH public key line, as ssh-keygen -l prints it."""
+    import asyncssh  # noqa: PLC0415 - loaded on first use: most provider processes never open SSH
+
     return str(asyncssh.import_public_key(public_key_line.strip()).get_fingerprint("sha256"))
 
 
@@ -194,6 +200,8 @@ class SshSession:
 
     async def upload(self, data: bytes, remote_path: str, *, deadline: float, mode: int = 0o644) -> None:
         """Write bytes to a file on the host atomically (temp file, then rename)."""
+        import asyncssh  # noqa: PLC0415 - loaded on first use: most provider processes never open SSH
+
         temp_path = f"{remote_path}.hk3s-upload"
         self.commands += 1
         started = time.monotonic()
@@ -224,6 +232,8 @@ class SshSession:
         what: str,
         until: StopWhen | None = None,
     ) -> CommandResult:
+        import asyncssh  # noqa: PLC0415 - loaded on first use: most provider processes never open SSH
+
         stdout_lines: list[str] = []
         stderr_chunks: list[str] = []
         process: asyncssh.SSHClientProcess[str] | None = None
@@ -284,6 +294,8 @@ def _valid_env_name(name: str) -> bool:
 
 
 async def _presented_host_key(target: SshTarget) -> str:
+    import asyncssh  # noqa: PLC0415 - loaded on first use: most provider processes never open SSH
+
     async with asyncio.timeout(target.connect_timeout):
         key = await asyncssh.get_server_host_key(target.address, target.port, config=[])
     if key is None:
@@ -300,6 +312,8 @@ def is_transient_drop(error: BaseException) -> bool:
     Everything else is an answer, not load: a refused key, a changed host key, a
     closed port or an unreachable host say the same thing on every try.
     """
+    import asyncssh  # noqa: PLC0415 - loaded on first use: most provider processes never open SSH
+
     if isinstance(error, (asyncssh.PermissionDenied, asyncssh.HostKeyNotVerifiable, asyncssh.KeyExchangeFailed)):
         return False
     if isinstance(error, (asyncssh.ConnectionLost, asyncio.IncompleteReadError)):
@@ -385,6 +399,8 @@ async def _connect_once(
     """One connection attempt. A recorded key pins the connection to it; without one,
     the key the host presents is accepted and read off this same connection (one
     connection on first contact, not a key scan and then a login)."""
+    import asyncssh  # noqa: PLC0415 - loaded on first use: most provider processes never open SSH
+
     options: dict[str, object] = {}
     if recorded is not None:
         options["known_hosts"] = asyncssh.import_known_hosts(f"* {recorded}\n")
@@ -419,6 +435,8 @@ async def connect_pinned(
     authenticated. Time spent waiting for a handshake slot does not count against
     the deadline, which bounds the host's own slowness.
     """
+    import asyncssh  # noqa: PLC0415 - loaded on first use: most provider processes never open SSH
+
     budget = target.connect_timeout
     drops = 0
     attempt = 0
@@ -482,6 +500,8 @@ FIRST_CONTACT_REPORT_SECONDS = 15.0
 
 def _not_up_yet(error: BaseException, key_may_be_pending: bool) -> str | None:
     """Why a first connection failed, when the host may simply not be up yet; else None."""
+    import asyncssh  # noqa: PLC0415 - loaded on first use: most provider processes never open SSH
+
     if isinstance(error, asyncssh.PermissionDenied):
         return "the key is not installed yet" if key_may_be_pending else None
     if isinstance(error, ConnectionRefusedError):
@@ -498,6 +518,8 @@ def _not_up_yet(error: BaseException, key_may_be_pending: bool) -> str | None:
 async def _connect_patiently(
     target: SshTarget, client_key: asyncssh.SSHKey, recorded: str | None, first_contact: FirstContact | None
 ) -> tuple[asyncssh.SSHClientConnection, str]:
+    import asyncssh  # noqa: PLC0415 - loaded on first use: most provider processes never open SSH
+
     if first_contact is None:
         return await connect_pinned(target, client_key, recorded)
     started = time.monotonic()
@@ -530,6 +552,8 @@ async def _login(
     target: SshTarget, client_key: asyncssh.SSHKey, recorded: str | None, first_contact: FirstContact | None
 ) -> tuple[asyncssh.SSHClientConnection, str]:
     """A new connection, its failures said in the program's words."""
+    import asyncssh  # noqa: PLC0415 - loaded on first use: most provider processes never open SSH
+
     try:
         return await _connect_patiently(target, client_key, recorded, first_contact)
     except asyncssh.HostKeyNotVerifiable:
@@ -560,6 +584,8 @@ async def open_session(
     logins (remote_access.session_pool), reuse a connection that logs in the same way
     and verified the same host key (unless `login_anew`), and leave it open for the next
     caller."""
+    import asyncssh  # noqa: PLC0415 - loaded on first use: most provider processes never open SSH
+
     try:
         client_key = asyncssh.import_private_key(target.private_key)
     except (asyncssh.KeyImportError, ValueError) as error:

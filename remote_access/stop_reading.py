@@ -17,8 +17,11 @@ import asyncio
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import asyncssh
+if TYPE_CHECKING:
+    import asyncssh  # loaded on first use, as in remote_access.ssh
+
 
 LineCallback = Callable[[str], None]
 

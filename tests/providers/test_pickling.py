@@ -18,6 +18,10 @@ from providers.network_plan import NetworkPlanProvider
 from providers.network_ranges import NetworkRangesProvider
 
 REPO = Path(__file__).resolve().parents[2]
+# Third-party packages a provider process needs only once it reaches a host or an API.
+HEAVY_PACKAGES = ("asyncssh", "hcloud", "requests")
+# The provider modules every provider builds on.
+SHARED_PROVIDER_MODULES = ("providers.base", "providers.inputs", "providers.engine_watch")
 
 
 @pytest.mark.parametrize("provider_class", ALL_PROVIDERS, ids=lambda cls: cls.__name__)
@@ -31,7 +35,9 @@ def test_provider_unpickles_in_a_fresh_process(provider_class: type, tmp_path: P
         import base64, dill, sys
         provider = dill.loads(base64.b64decode(open({str(tmp_path / "provider.b64")!r}).read()))
         result = provider.check({{"network_range": "10.0.0.0/16"}}, {{"node": "Not_A_Name", "address": "198.51.100.7", "private_key": "k", "mode_setting": "sideways", "network_range": "10.9.0.0/16"}})
-        print(type(provider).__module__, type(provider).__name__, [f.property for f in result.failures])
+        heavy = sorted({{name.split(".")[0] for name in sys.modules}} & set({HEAVY_PACKAGES!r}))
+        providers = sorted(name for name in sys.modules if name.startswith("providers.") and name not in {SHARED_PROVIDER_MODULES!r})
+        print(type(provider).__module__, type(provider).__name__, ",".join(heavy) or "-", ",".join(providers), [f.property for f in result.failures])
         """
     )
     # A fresh interpreter started in the project directory, like the provider process.
@@ -39,8 +45,14 @@ def test_provider_unpickles_in_a_fresh_process(provider_class: type, tmp_path: P
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
     )
     assert completed.returncode == 0, completed.stderr
-    module, name, failures = completed.stdout.split(" ", 2)
+    module, name, heavy, loaded_providers, failures = completed.stdout.split(" ", 4)
     assert (module, name) == (provider_class.__module__, provider_class.__name__)
+    # Start-up cost: the engine starts a provider process per provider shard and command, most
+    # answering only Check and Diff. Unpickling one provider and checking imports neither the
+    # SSH or cloud libraries (they load when a create, update or delete uses them) nor the
+    # other provider modules.
+    assert heavy == "-", f"{name} imports {heavy} to unpickle and check"
+    assert loaded_providers == provider_class.__module__, f"{name} imports {loaded_providers}"
     # The unpickled provider works: its check still rejects a bad node name (the network
     # plan, which acts on no single node, a bad mode; the network ranges, a changed range).
     expected: dict[type, str] = {NetworkPlanProvider: "'mode_setting'", NetworkRangesProvider: "'network_range'"}
