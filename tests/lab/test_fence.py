@@ -12,9 +12,11 @@ Deployment of three web pods, one per worker.
   record, after the stop, after the taint) leave the record and what was done; after `cancel` and
   `refresh --clear-pending-creates` each next `up` resumes from that record (one record, the same
   time), and the last one finishes the fence.
-- fe-w2 does not answer over SSH: refused without powered_off, refused while something answers
-  at its kubelet's address (a kubelet, an ICMP host-unreachable, a TCP reset), fenced once it is
-  powered off (its address silent: no machine answers ARP for it).
+- fe-w2 does not answer over SSH, and the server reaches it through a router (the machine's
+  side of the lab's public bridge): refused without powered_off, refused while something answers
+  at its kubelet's address (a kubelet, an ICMP host-unreachable from fe-w2 itself, a TCP reset),
+  fenced once it is powered off (its address silent: the router's ICMP host-unreachable, sent when
+  no machine answered its ARP for the address, is not an answer from fe-w2).
 - Both Nodes show OutOfService, and the web pods run on fe-w3.
 - fe-w1's fence entry removed: it rejoins (validation taint on before the out-of-service taint
   comes off, the join's checks, the drop-in gone) and takes pods again.
@@ -130,6 +132,7 @@ class Cluster:
     config: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
     recorded_at: str = ""
+    router: str = ""  # the router between the server and fe-w2
 
     def fence(self, fences: dict[str, dict[str, bool]]) -> str:
         """`up` with these fences; the run's output (it failed) or "" (it succeeded)."""
@@ -237,8 +240,28 @@ def test_a_fence_killed_at_each_step_boundary_resumes_from_its_record(cluster: C
         assert refresh.returncode == 0, refresh.output[-3000:]
 
 
+def route_through_the_router(cluster: Cluster, worker: Host) -> str:
+    """The server reaches `worker` through a router, as a host in another network does: the
+    machine's side of the lab's public bridge (it forwards, and answers for an address no machine
+    answers ARP for with an ICMP host-unreachable of its own, Linux's arp_error_report). The server
+    takes no ICMP redirect from it: a router between two networks sends none (this one shares one
+    link with both ends). Returns the router's address."""
+    router = cluster.lab.public_gateway
+    ns = cluster.server.netns
+    subprocess.run(["ip", "-n", ns, "route", "replace", f"{worker.public_ip}/32", "via", router], check=True)
+    for setting in ("all", "eth0"):
+        subprocess.run(
+            ["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.conf.{setting}.accept_redirects=0"], check=True
+        )
+    assert f" via {router} " in subprocess.run(
+        ["ip", "-n", ns, "-o", "route", "get", str(worker.public_ip)], capture_output=True, text=True, check=True
+    ).stdout
+    return router
+
+
 def test_a_worker_that_does_not_answer_needs_powered_off_and_a_silent_kubelet(cluster: Cluster) -> None:
     w2 = cluster.w2
+    cluster.router = route_through_the_router(cluster, w2)
     # fe-w2 stops answering over SSH, and something answers at its kubelet's port.
     w2.run(FAKE_KUBELET)
     w2.run(["nft", BLOCK_SSH])
@@ -257,6 +280,8 @@ def test_a_worker_that_does_not_answer_needs_powered_off_and_a_silent_kubelet(cl
     assert f"dial of {w2.name}'s kubelet at {w2.public_ip}:10250 was answered: an ICMP host-unreachable" in output, (
         output[-4000:]
     )
+    # Through the router as well: the error came from fe-w2's own address, so fe-w2 is up.
+    assert f"from {w2.public_ip} itself" in output, output[-4000:]
     cluster.unchanged(w2)
     w2.run(["nft", "flush chain inet labblock input; add rule inet labblock input tcp dport 22 reject with tcp reset"])
     output = cluster.fence({w2.name: {"powered_off": True}})
@@ -280,6 +305,9 @@ def test_fenced_workers_are_stopped_and_their_pods_start_elsewhere(cluster: Clus
     assert f"[{w1.name}] fenced (recorded {cluster.recorded_at}, resumed" in text and "stopped over SSH" in text
     assert f"[{w2.name}] fenced (recorded" in text and "confirmed powered off" in text, text[-4000:]
     assert f"[{w2.name}] confirmed powered off; its kubelet at {w2.public_ip}:10250 is silent (" in text, text[-4000:]
+    # Behind the router: its host-unreachable for fe-w2's address is no answer from fe-w2.
+    silent = next(line for line in text.splitlines() if f"[{w2.name}] confirmed powered off;" in line)
+    assert f"only {cluster.router}, a router on the way, answered: host unreachable" in silent, silent
     for worker in (w1, w2):
         found = node(server, worker.name)
         assert FENCE_ANNOTATION in found["metadata"]["annotations"]

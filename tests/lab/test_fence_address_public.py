@@ -15,20 +15,35 @@ pending and said so, and applied by the first `up` after the lift."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from lab.hosts import Lab
+from lab.hosts import Host, Lab
 from lab.stack_harness import k3s_release, skip_without_lab_binaries, up_or_fail, wait_until
 from tests.lab.fenced_worker import K3S, OUT_OF_SERVICE, FencedCluster, fenced_cluster
 
 pytestmark = pytest.mark.lab
 
 LABEL = "example.com/tier"
+
+
+def logs_in(host: Host, key: Path) -> bool:
+    """A real `ssh` login to the host with `key` only (host key checked)."""
+    argv = host.ssh_argv("true")
+    argv[argv.index("-i") + 1] = str(key)
+    return subprocess.run(argv, capture_output=True, timeout=30, check=False).returncode == 0
+
+
+def fingerprint(key: Path) -> str:
+    """The SHA256 fingerprint of a key pair's public half, as ssh-keygen prints it."""
+    listed = subprocess.run(["ssh-keygen", "-l", "-f", f"{key}.pub"], capture_output=True, text=True, check=True)
+    return listed.stdout.split()[1]
 
 
 @pytest.fixture(scope="module")
@@ -131,15 +146,18 @@ def test_a_worker_fenced_across_an_upgrade_reaches_the_release_after_its_lift(cl
 
 
 def test_a_dead_worker_with_a_pending_change_to_its_join_is_fenced_and_the_change_waits(
-    cluster: FencedCluster,
+    cluster: FencedCluster, tmp_path: Path
 ) -> None:
     """The fence of a worker never waits on that worker's own pending change. fpu-w1 (Ready and
-    unfenced after the test before) is powered off; the cluster moves to the next minor release and
-    fpu-w1 gets a new label: that `up` stops (the server moved, the worker cannot), leaving the
-    join's change pending. `scripts/hk3s node fence fpu-w1 --powered-off` then fences it: the fence
-    completes, the run succeeds, and it says the join's change waits for the first up after the lift
-    (the host untouched). Powered on and unfenced (`node unfence`), the lift's run still leaves the
-    change pending and says to run up again; that next `up` applies it: the release and the label."""
+    unfenced after the test before) is powered off; the cluster moves to the next minor release,
+    fpu-w1 gets a new label and the login key rotates (hk3s:ssh.private_key_file): that `up` stops
+    (the server moved, the worker cannot), leaving the join's change and fpu-w1's rotation pending.
+    `scripts/hk3s node fence fpu-w1 --powered-off` then fences it: the fence completes, the run
+    succeeds, and it says the join's change waits for the first up after the lift and fpu-w1's key
+    rotation waits until its host answers again (the host untouched; the server takes the new key).
+    Powered on and unfenced (`node unfence`), the lift's run rotates fpu-w1's key first (the lift
+    then logs in with the new key, the previous one removed), still leaves the join's change pending
+    and says to run up again; that next `up` applies it: the release and the label."""
     skip_without_lab_binaries("k3s-minor")
     worker = cluster.worker
     assert cluster.ready() and not cluster.fence_record(), cluster.diagnose()
@@ -152,7 +170,12 @@ def test_a_dead_worker_with_a_pending_change_to_its_join_is_fenced_and_the_chang
     ready = next(c for c in cluster.node()["status"]["conditions"] if c["type"] == "Ready")
     since = datetime.fromisoformat(ready["lastTransitionTime"]).timestamp()
 
-    # The change: an upgrade and a label. The worker is down, so the run stops and it stays pending.
+    # The change: an upgrade, a label and a new login key. The worker is down, so the run stops and
+    # they stay pending.
+    previous_key = Path(cluster.config["ssh"]["private_key_file"])
+    new_key = tmp_path / "rotated"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rotated", "-f", str(new_key)], check=True)
+    cluster.config["ssh"] = {**cluster.config["ssh"], "private_key_file": str(new_key)}
     cluster.config["cluster"].update(release)
     cluster.config["workers"][0]["labels"] = {LABEL: "edge"}
     output, _ = cluster.timed_up(succeed=False)
@@ -179,6 +202,11 @@ def test_a_dead_worker_with_a_pending_change_to_its_join_is_fenced_and_the_chang
     assert f"k3s_version {old} -> {new}" in line and "labels" in line, said[-6000:]
     assert LABEL not in (cluster.node()["metadata"].get("labels") or {})
     assert kubelet_version(cluster.node()) == old
+    # The rotation waits for fpu-w1 (its state keeps the previous key); the server took the new key.
+    rotation = f"[{worker.name}] fenced: its login key rotation {fingerprint(previous_key)} -> {fingerprint(new_key)} "
+    line = next((text for text in said.splitlines() if rotation in text), "")
+    assert "waits until its host answers over SSH again" in line, said[-6000:]
+    assert logs_in(cluster.server, new_key) and not logs_in(cluster.server, previous_key)
 
     # The host back (no drop-in holds it: the fence confirmed it off), then the lift.
     worker.power_on(wait=True)
@@ -192,6 +220,9 @@ def test_a_dead_worker_with_a_pending_change_to_its_join_is_fenced_and_the_chang
     assert "run up again" in said, said[-6000:]
     assert not cluster.fence_record() and OUT_OF_SERVICE not in cluster.taints()
     assert LABEL not in (cluster.node()["metadata"].get("labels") or {})
+    # The rotation ran before the lift: fpu-w1 takes the new key only.
+    assert f"[{worker.name}] the new login key {fingerprint(new_key)} logs in" in said, said[-6000:]
+    assert logs_in(worker, new_key) and not logs_in(worker, previous_key)
 
     # The next up applies the pending change: the release and the label.
     cluster.stack.log.clear()
