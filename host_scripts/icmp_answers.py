@@ -32,7 +32,7 @@ QUOTING_TYPES = (3, 11, 12)
 DRAIN_SECONDS = 0.3
 
 
-def about_the_dial(packet, address, port, local_port):
+def about_the_dial(packet: bytes, address: str, port: int, local_port: int) -> "tuple[str, int, int] | None":
     """(sender, type, code) when `packet` (an IPv4 packet with its header) is an ICMP error
     quoting our dial; else None."""
     if len(packet) < 20:
@@ -51,12 +51,12 @@ def about_the_dial(packet, address, port, local_port):
     return socket.inet_ntoa(packet[12:16]), icmp[0], icmp[1]
 
 
-def main():
+def main() -> int:
     address, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     try:
         raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
     except OSError as error:
-        sys.stderr.write("cannot open a raw ICMP socket: %s\n" % error)
+        sys.stderr.write(f"cannot open a raw ICMP socket: {error}\n")
         return 2
     raw.setblocking(False)
     dial = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -66,7 +66,7 @@ def main():
     outcome = None
     if started not in (0, errno.EINPROGRESS):
         outcome = errno.errorcode.get(started, str(started))
-    answers = []
+    answers = []  # type: list
     deadline = time.monotonic() + seconds
     drain_until = None
     while True:

@@ -44,11 +44,12 @@ worker is down; the program then proves it before anything moves. The order, and
      and the fence stops there.
    - it does not answer: the operator must confirm it is powered off and stays off
      (`hk3s:fences.<worker>.powered_off`), and the server must fail to reach its kubelet at its
-     recorded address: only silence passes (no answer at all, or no machine answering ARP for
-     an address on the server's link); a kubelet that answers, a TCP reset or an ICMP error
-     for the address (something there is up), an address that is not IPv4, or a check that did
-     not run refuses the fence, saying what answered. That the host stays off is what the
-     operator confirms.
+     recorded address: only silence passes (no answer at all, no machine answering ARP for
+     an address on the server's link, or, behind a router, ICMP errors from the router only:
+     its "host unreachable" says no machine answered it for the address); a kubelet that
+     answers, a TCP reset or an ICMP error from the worker's own address (something there is
+     up), an address that is not IPv4, or a check that did not run refuses the fence, saying
+     what answered. That the host stays off is what the operator confirms.
 4. **Taint** the Node `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`: Kubernetes
    evicts its pods, and its pod garbage collector force-deletes the ones left terminating on an
    out-of-service NotReady node, so their controllers start them elsewhere. This taint is the
@@ -69,15 +70,16 @@ import asyncio
 import ipaddress
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from host_scripts import script_path
+from node_operations.disk_probe import PYTHON_LAUNCHER
 from node_operations.fence_workloads import RELEASE_AFTER_SECONDS, WorkloadDecision, WorkloadReport, release_pods
 from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
-from node_operations.join_validation import KUBELET_PORT, dial_kubelet
+from node_operations.join_validation import KUBELET_DIAL_SECONDS, KUBELET_PORT, dial_kubelet
 from node_operations.k3s_install import parse_results
 from node_operations.reboot import BOOT_MARKER_COMMAND
 from node_operations.refusal import tagged
@@ -179,12 +181,15 @@ def unreachable_refusal(node: str, silent: str, powered_off: bool) -> str | None
 class KubeletDial:
     """What the server's dial of a worker's kubelet port met, and whether that is silence.
 
-    Only silence shows a machine off: no answer at all within the dial's time, or, for an
-    address on the server's own link, no machine answering its ARP (the kernel then says "no
-    route to host" with the neighbour entry FAILED). Anything that answered means a machine
-    there may be up: a TCP reset ("connection refused": its kernel, or a firewall on it,
-    answered) or an ICMP error for the address ("no route to host" from a neighbour that
-    answered ARP, or from a router on the way, which may be the machine's own firewall)."""
+    Only silence shows a machine off: no answer at all within the dial's time; for an address on
+    the server's own link, no machine answering its ARP (the kernel then says "no route to host"
+    with the neighbour entry FAILED); for an address behind a router, ICMP errors about the dial
+    from other addresses only: a router whose ARP for the address got no answer says "host
+    unreachable" itself (Linux's arp_error_report -> dst_link_failure), the normal sign of a dead
+    host on a routed path. Anything the machine answered means it may be up: a TCP reset
+    ("connection refused": its kernel, or a firewall on it, answered) or an ICMP error sent from
+    the worker's own address (its firewall's reject), or from a neighbour on the server's link
+    that answered ARP for it."""
 
     seen: str  # what the dial met, said for a person
     silent: bool = False
@@ -193,8 +198,92 @@ class KubeletDial:
     ran: bool = True  # False: the check itself did not run as meant
 
 
-async def dial_kubelet_silence(server: SshSession, address: str) -> KubeletDial:
-    """The server's dial of the kubelet port at `address`, judged (see KubeletDial)."""
+# ICMP errors by (type, code), by the names nftables and iptables give them (RFC 792, RFC 1812).
+ICMP_ERRORS = {
+    (3, 0): "net-unreachable",
+    (3, 1): "host-unreachable",
+    (3, 3): "port-unreachable",
+    (3, 9): "net-prohibited",
+    (3, 10): "host-prohibited",
+    (3, 13): "admin-prohibited",
+}
+
+
+def icmp_error_name(kind: int, code: int) -> str:
+    if kind == 3:
+        return ICMP_ERRORS.get((kind, code), f"destination-unreachable (code {code})")
+    return {11: "time-exceeded", 12: "parameter-problem"}.get(kind, f"type {kind} code {code}")
+
+
+def routed_dial_judgement(
+    address: str, own: Collection[str], router: str, local: str, result: Mapping[str, Any]
+) -> KubeletDial:
+    """The dial through `router` as host_scripts/icmp_answers.py saw it (its JSON), judged: an
+    ICMP error from one of the worker's `own` addresses is the machine answering; errors from other
+    addresses only are a router saying nothing answered for the address; one from the server
+    itself (`local`) means the server could not reach its router, so the address was never dialled."""
+    outcome = str(result.get("outcome", ""))
+    answers = [(str(a["from"]), icmp_error_name(int(a["type"]), int(a["code"]))) for a in result.get("icmp") or []]
+    if outcome == "connected":
+        return KubeletDial("the connection opened: a kubelet answers there", connected=True)
+    if outcome == "ECONNREFUSED":
+        return KubeletDial(
+            "a TCP reset answered (connection refused): the machine at that address, or a firewall in front of it, is "
+            "up",
+            reset=True,
+        )
+    if mine := next(((sender, name) for sender, name in answers if sender in own), None):
+        return KubeletDial(
+            f"an ICMP {mine[1]} answered from {mine[0]} itself (no route to host): the machine at the address is up"
+        )
+    if local and (server_said := next((name for sender, name in answers if sender == local), None)):
+        return KubeletDial(
+            f"the server itself said {server_said} for its router {router}: the dial never left the server",
+            ran=False,
+        )
+    if answers:
+        senders = ", ".join(sorted({sender for sender, _ in answers}))
+        names = ", ".join(sorted({name for _, name in answers}))
+        return KubeletDial(
+            f"only {senders}, a router on the way, answered: {names} for {address} (no machine answered for the "
+            "address)",
+            silent=True,
+        )
+    if outcome == "no answer":
+        return KubeletDial(f"no answer within {KUBELET_DIAL_SECONDS} s: nothing answered", silent=True)
+    ended = outcome or "with no outcome"
+    return KubeletDial(f"the dial through router {router} ended {ended}, no ICMP error seen", ran=False)
+
+
+async def routed_dial(server: SshSession, address: str, own: Collection[str], route: str) -> KubeletDial:
+    """The dial of `address` again, through the router `route` (the server's `ip -o route get`
+    line) names, watching who sends the ICMP errors about it (host_scripts/icmp_answers.py)."""
+    words = route.split()
+    router = words[words.index("via") + 1] if "via" in words[:-1] else "?"
+    local = words[words.index("src") + 1] if "src" in words[:-1] else ""
+    result = await server.run(
+        ["sh", "-c", PYTHON_LAUNCHER, "icmp-answers", address, str(KUBELET_PORT), str(KUBELET_DIAL_SECONDS)],
+        stdin=script_path("icmp_answers.py").read_text(),
+        deadline=KUBELET_DIAL_SECONDS + 15,
+        check=False,
+    )
+    if result.exit_status != 0:
+        why = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.exit_status}"
+        return KubeletDial(
+            f"an ICMP host-unreachable came back through router {router}, and who sent it (the machine itself or "
+            f"the router) could not be told: {why} (the server needs python3, run as root)",
+            ran=False,
+        )
+    try:
+        seen = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        return KubeletDial(f"the dial through router {router} printed {result.stdout.strip()[:200]!r}", ran=False)
+    return routed_dial_judgement(address, {address, *own}, router, local, seen)
+
+
+async def dial_kubelet_silence(server: SshSession, address: str, own: Collection[str] = ()) -> KubeletDial:
+    """The server's dial of the kubelet port at `address`, judged (see KubeletDial); `own` are
+    the worker's other addresses (an ICMP error from any of them is the worker answering)."""
     dialled = await dial_kubelet(server, address)
     if dialled is None:
         return KubeletDial("the connection opened: a kubelet answers there", connected=True)
@@ -214,6 +303,8 @@ async def dial_kubelet_silence(server: SshSession, address: str) -> KubeletDial:
         state = lines[-1].split()[-1] if len(lines) > 1 and lines[-1].split() else ""
         if on_link and state in ("FAILED", "INCOMPLETE"):
             return KubeletDial("no machine answered ARP for the address on the server's link", silent=True)
+        if lines and not on_link:
+            return await routed_dial(server, address, own, lines[0])
         return KubeletDial(
             "an ICMP host-unreachable answered (no route to host"
             + (f"; the address's neighbour entry is {state}" if on_link and state else "")
@@ -399,7 +490,7 @@ class WorkerFence:
             self.node, self.order.kubelet_address
         )
         if refusal is None:
-            dial = await dial_kubelet_silence(self.server, self.order.kubelet_address)
+            dial = await dial_kubelet_silence(self.server, self.order.kubelet_address, self._own_addresses())
             refusal = kubelet_refusal(self.node, self.order.kubelet_address, dial)
         if refusal is not None and self.report.resumed:
             # The record is there from an earlier run: not "nothing changed", but nothing more.
@@ -411,6 +502,10 @@ class WorkerFence:
         where = f"{self.order.kubelet_address}:{KUBELET_PORT}"
         self.progress(f"confirmed powered off; its kubelet at {where} is silent ({dial.seen})")
         self.report.stopped_by = "powered-off"
+
+    def _own_addresses(self) -> set[str]:
+        """The worker's addresses: where the program logs in, its kubelet's, its Node's."""
+        return {self.worker.address, self.order.kubelet_address, *node_addresses(self.node_object)}
 
     def _refuse(self, refusal: str) -> NoReturn:
         if self.report.resumed:
@@ -509,7 +604,7 @@ class WorkerFence:
         address = self.order.kubelet_address
         # The API proved the power off and the server's addresses proved it is this worker; what the
         # dial must not meet is a machine up at the address: a kubelet, or a TCP reset from a kernel.
-        dial = await dial_kubelet_silence(self.server, address)
+        dial = await dial_kubelet_silence(self.server, address, self._own_addresses())
         if dial.connected or dial.reset or not dial.ran:
             seen = "still answers" if dial.connected else f"could not be shown silent ({dial.seen})"
             raise FenceStoppedError(

@@ -253,9 +253,12 @@ def route_through_the_router(cluster: Cluster, worker: Host) -> str:
         subprocess.run(
             ["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.conf.{setting}.accept_redirects=0"], check=True
         )
-    assert f" via {router} " in subprocess.run(
-        ["ip", "-n", ns, "-o", "route", "get", str(worker.public_ip)], capture_output=True, text=True, check=True
-    ).stdout
+    assert (
+        f" via {router} "
+        in subprocess.run(
+            ["ip", "-n", ns, "-o", "route", "get", str(worker.public_ip)], capture_output=True, text=True, check=True
+        ).stdout
+    )
     return router
 
 
@@ -307,7 +310,7 @@ def test_fenced_workers_are_stopped_and_their_pods_start_elsewhere(cluster: Clus
     assert f"[{w2.name}] confirmed powered off; its kubelet at {w2.public_ip}:10250 is silent (" in text, text[-4000:]
     # Behind the router: its host-unreachable for fe-w2's address is no answer from fe-w2.
     silent = next(line for line in text.splitlines() if f"[{w2.name}] confirmed powered off;" in line)
-    assert f"only {cluster.router}, a router on the way, answered: host unreachable" in silent, silent
+    assert f"only {cluster.router}, a router on the way, answered: host-unreachable" in silent, silent
     for worker in (w1, w2):
         found = node(server, worker.name)
         assert FENCE_ANNOTATION in found["metadata"]["annotations"]

@@ -18,6 +18,7 @@ from node_operations.fence import (
     down_refusal,
     kubelet_refusal,
     owner_of,
+    routed_dial_judgement,
     tolerates,
     unreachable_refusal,
 )
@@ -81,6 +82,43 @@ def test_an_answer_of_any_kind_refuses_naming_it(dial: KubeletDial) -> None:
     refusal = kubelet_refusal("w2", "203.0.113.7", dial)
     assert refusal is not None and f"was answered: {dial.seen}" in refusal
     assert "Only a dial that nothing answers shows the host off" in refusal and "hcloud_server" in refusal
+
+
+ROUTER, SERVER, WORKER = "10.0.0.1", "10.0.0.2", "10.0.0.3"
+
+
+def _routed(outcome: str, *senders: str, code: int = 1) -> dict[str, object]:
+    """host_scripts/icmp_answers.py's report of a dial of the worker's kubelet through ROUTER."""
+    return {"outcome": outcome, "icmp": [{"from": sender, "type": 3, "code": code} for sender in senders]}
+
+
+def test_behind_a_router_only_an_error_from_the_worker_itself_is_an_answer() -> None:
+    """A router whose ARP for the address got no answer says "host unreachable" itself (Linux's
+    arp_error_report -> dst_link_failure): nothing answered for the address. The same error from
+    one of the worker's own addresses (its firewall's reject) is the worker answering."""
+
+    def judged(report: dict[str, object]) -> KubeletDial:
+        return routed_dial_judgement(WORKER, {WORKER, "203.0.113.3"}, ROUTER, SERVER, report)
+
+    router = judged(_routed("EHOSTUNREACH", ROUTER, ROUTER))
+    assert router.silent and kubelet_refusal("w2", WORKER, router) is None
+    assert f"only {ROUTER}, a router on the way, answered: host-unreachable for {WORKER}" in router.seen
+    for own in (WORKER, "203.0.113.3"):
+        itself = judged(_routed("EHOSTUNREACH", ROUTER, own))
+        assert not itself.silent and itself.ran, itself
+        assert f"an ICMP host-unreachable answered from {own} itself" in itself.seen
+        refusal = kubelet_refusal("w2", WORKER, itself)
+        assert refusal is not None and "was answered: an ICMP host-unreachable answered from" in refusal
+    prohibited = judged(_routed("EHOSTUNREACH", WORKER, code=13))
+    assert not prohibited.silent and "admin-prohibited answered from" in prohibited.seen
+    # The server's own kernel saying its router does not answer ARP: the address was never dialled.
+    unsent = judged(_routed("EHOSTUNREACH", SERVER))
+    assert not unsent.ran and not unsent.silent and f"for its router {ROUTER}" in unsent.seen
+    assert judged(_routed("connected")).connected and judged(_routed("ECONNREFUSED")).reset
+    assert judged(_routed("no answer")).silent
+    # An error with no ICMP seen to say who sent it is no proof either way.
+    unseen = judged(_routed("EHOSTUNREACH"))
+    assert not unseen.ran and not unseen.silent
 
 
 def test_a_kubelet_that_answers_or_a_check_that_did_not_run_refuses() -> None:
