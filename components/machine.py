@@ -216,6 +216,8 @@ def provision_machine(
             login=login,
             previous_private_key=credentials.previous_private_key,
             authorized_by="program" if host.kind == "hetzner" else "operator",
+            # A fenced worker's rotation waits for its host rather than hold its fence up.
+            fenced=role == "worker" and host.name in settings.fenced_workers(),
         ),
         opts=pulumi.ResourceOptions(parent=parent, depends_on=list(machine.depends), provider=operations),
     )

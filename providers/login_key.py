@@ -18,6 +18,15 @@ Between the two, both keys log in, so a refresh after a kill reads every resourc
 whichever key its state holds. Existing hosts (whose authorized_keys the operator
 wrote, not the program) are handled the same way; preview lists them.
 
+A worker the stack fences (an `hk3s:fences` entry) is often a dead host, and its fence never
+waits on its own login key: when the rotation cannot be done there (the host does not answer
+over SSH), it waits, the run says so, and the state keeps the previous key, so every later run
+still finds it pending. The first run that reaches the host rotates it (the lift, at the
+latest: this resource comes before the fence's delete, which logs in with the new key). The
+worker's other resources store the new key meanwhile (state only), and no step removes the
+previous key from a host that never took the new one (its RetiredLoginKeys gets nothing new
+to retire).
+
 Host keys: `NodeLoginKey` runs before the node's probe, so it pins the host key the
 stack config records, or the one it saw itself at its last rotation, and otherwise
 accepts the host's key on first use. What it sends is a public key and a signature an
@@ -44,6 +53,7 @@ from providers.base import (
     ssh_target,
 )
 from providers.inputs import NodeInputs, is_known, known
+from remote_access.ssh import SshError
 
 KEY_COMMENT = "hk3s login key"
 
@@ -56,6 +66,8 @@ class NodeLoginKeyInputs(NodeInputs):
     """hk3s:ssh.previous_private_key_file, a secret."""
     authorized_by: pulumi.Input[str] = "operator"
     """Who wrote the host's authorized_keys: "program" (a server it created) or "operator"."""
+    fenced: pulumi.Input[bool] = False
+    """The stack fences this worker (hk3s:fences): a rotation it cannot take now waits."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -83,7 +95,8 @@ class NodeLoginKeyProvider(NodeProvider):
             olds,
             news,
             replace_on=self.replace_on,
-            ignore=NodeLoginKeyInputs.names("recorded_host_key", "previous_private_key"),
+            # Whether the worker is fenced only says how a rotation may end: never a change by itself.
+            ignore=NodeLoginKeyInputs.names("recorded_host_key", "previous_private_key", "fenced"),
         )
         if olds.get("private_key") and olds.get("private_key") != news.get("private_key"):
             node = str(news.get("node"))
@@ -141,7 +154,26 @@ class NodeLoginKeyProvider(NodeProvider):
         extra = news.get("previous_private_key")
         if extra and extra not in previous and extra != news["private_key"]:
             previous.append(str(extra))
-        return UpdateResult(outs=self._rotate(news, previous))
+        try:
+            return UpdateResult(outs=self._rotate(news, previous))
+        except SshError as error:
+            if not news.get("fenced"):
+                raise
+            return UpdateResult(outs=self._wait_for_the_host(olds, news, error))
+
+    def _wait_for_the_host(self, olds: dict[str, Any], news: dict[str, Any], error: SshError) -> dict[str, Any]:
+        """A fenced worker's rotation that cannot be done now waits (see the module docstring): the
+        state keeps the previous key, so the next run's diff still finds the rotation."""
+        node = str(news.get("node"))
+        reason = str(error).removeprefix(f"{error.node}: ")
+        progress(
+            node,
+            f"fenced: its login key rotation {_fingerprint(olds['private_key'])} -> "
+            f"{_fingerprint(news['private_key'])} waits until its host answers over SSH again ({reason}); the "
+            f"previous key still logs in there and stays in the state for {node}, and the first up that reaches the "
+            "host (the one that lifts the fence, at the latest) rotates it",
+        )
+        return dict(olds)
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
         # A node leaving the stack keeps whatever keys it has; the program never locks anyone out.

@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
+from node_operations.login_keys import key_fingerprint
 from providers.k3s_server import K3sServerProvider
 from providers.login_key import NodeLoginKeyProvider
 from providers.node_join import NodeJoinProvider
+from remote_access.ssh import SshError
 
 JOINED = {
     "node": "w1",
@@ -65,3 +67,36 @@ def test_every_node_provider_but_the_rotation_is_guarded(monkeypatch: pytest.Mon
     monkeypatch.setattr(NodeLoginKeyProvider, "_rotate", lambda self, props, previous: {**props, "rotated": previous})
     outs = NodeLoginKeyProvider().update("srv-login-key", olds, {**olds, "private_key": "new-key"}).outs
     assert outs is not None and outs["rotated"] == ["old-key"]
+
+
+def _key() -> str:
+    import asyncssh  # noqa: PLC0415 - as the program loads it
+
+    return str(asyncssh.generate_private_key("ssh-ed25519").export_private_key().decode())
+
+
+def _unreachable(*_args: Any, **_kwargs: Any) -> Any:
+    raise SshError("w1", "cannot connect to 198.51.100.7:22: [Errno 113] No route to host")
+
+
+def test_a_fenced_workers_rotation_waits_for_its_host_and_stays_pending(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fence never waits on its own worker's login key: a rotation a fenced worker's host
+    cannot take now keeps the previous key in the state (the next diff still finds it) and says
+    so; an unfenced worker's failure stops the run as before."""
+    monkeypatch.setattr(NodeLoginKeyProvider, "_rotate", _unreachable)
+    old, new = _key(), _key()
+    olds = {"node": "w1", "address": "198.51.100.7", "private_key": old, "host_key": "ssh-ed25519 AAAA"}
+    news = {**olds, "private_key": new, "fenced": True}
+    provider = NodeLoginKeyProvider()
+    outs = provider.update("w1-login-key", dict(olds), dict(news)).outs
+    assert outs == olds
+    said = capsys.readouterr().err
+    assert f"[w1] fenced: its login key rotation {key_fingerprint(old)} -> {key_fingerprint(new)} waits until" in said
+    assert "(cannot connect to 198.51.100.7:22: [Errno 113] No route to host)" in said
+    assert provider.diff("w1-login-key", outs, news).changes
+    # Whether the worker is fenced is no change of its own.
+    assert not provider.diff("w1-login-key", {**olds, "fenced": False}, {**olds, "fenced": True}).changes
+    with pytest.raises(SshError, match="cannot connect"):
+        provider.update("w1-login-key", dict(olds), {**news, "fenced": False})
