@@ -255,9 +255,10 @@ def routed_dial_judgement(
     return KubeletDial(f"the dial through router {router} ended {ended}, no ICMP error seen", ran=False)
 
 
-async def routed_dial(server: SshSession, address: str, own: Collection[str], route: str) -> KubeletDial:
-    """The dial of `address` again, through the router `route` (the server's `ip -o route get`
-    line) names, watching who sends the ICMP errors about it (host_scripts/icmp_answers.py)."""
+async def routed_dial(server: SshSession, address: str, own: Collection[str], route: str) -> KubeletDial | None:
+    """The dial of `address` through the router `route` (the server's `ip -o route get` line)
+    names, watching who sends the ICMP errors about it (host_scripts/icmp_answers.py); None when
+    the server cannot watch (no python3, no raw socket): the plain dial then judges alone."""
     words = route.split()
     router = words[words.index("via") + 1] if "via" in words[:-1] else "?"
     local = words[words.index("src") + 1] if "src" in words[:-1] else ""
@@ -268,12 +269,7 @@ async def routed_dial(server: SshSession, address: str, own: Collection[str], ro
         check=False,
     )
     if result.exit_status != 0:
-        why = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.exit_status}"
-        return KubeletDial(
-            f"an ICMP host-unreachable came back through router {router}, and who sent it (the machine itself or "
-            f"the router) could not be told: {why} (the server needs python3, run as root)",
-            ran=False,
-        )
+        return None
     try:
         seen = json.loads(result.stdout)
     except json.JSONDecodeError:
@@ -283,7 +279,13 @@ async def routed_dial(server: SshSession, address: str, own: Collection[str], ro
 
 async def dial_kubelet_silence(server: SshSession, address: str, own: Collection[str] = ()) -> KubeletDial:
     """The server's dial of the kubelet port at `address`, judged (see KubeletDial); `own` are
-    the worker's other addresses (an ICMP error from any of them is the worker answering)."""
+    the worker's other addresses (an ICMP error from any of them is the worker answering).
+    Through a router, the dial watches who sends its ICMP errors; where the server cannot watch,
+    an ICMP error through a router is not known to come from the router, so it is an answer."""
+    route = await server.run(["ip", "-o", "route", "get", address], deadline=20, check=False)
+    first = route.stdout.splitlines()[0] if route.stdout.strip() else ""
+    if " via " in first and (routed := await routed_dial(server, address, own, first)) is not None:
+        return routed
     dialled = await dial_kubelet(server, address)
     if dialled is None:
         return KubeletDial("the connection opened: a kubelet answers there", connected=True)
@@ -303,11 +305,10 @@ async def dial_kubelet_silence(server: SshSession, address: str, own: Collection
         state = lines[-1].split()[-1] if len(lines) > 1 and lines[-1].split() else ""
         if on_link and state in ("FAILED", "INCOMPLETE"):
             return KubeletDial("no machine answered ARP for the address on the server's link", silent=True)
-        if lines and not on_link:
-            return await routed_dial(server, address, own, lines[0])
         return KubeletDial(
             "an ICMP host-unreachable answered (no route to host"
             + (f"; the address's neighbour entry is {state}" if on_link and state else "")
+            + ("" if on_link else "; who sent it through the router could not be told: the server needs python3")
             + "): something answered for the address, so the machine may be up"
         )
     if dialled == "network is unreachable":
