@@ -293,8 +293,28 @@ def test_a_worker_that_does_not_answer_needs_powered_off_and_a_silent_kubelet(cl
     w2.power_off()
 
 
+def router_says_unreachable(cluster: Cluster, worker: Host) -> bool:
+    """Whether the router answers a dial of `worker`'s kubelet with its own ICMP error, as seen
+    from the server (host_scripts/icmp_answers.py). A router whose neighbour entry for the address
+    is still STALE from before the power-off first sends to the old link address (5 s of delay and
+    3 of probes) and only then says host-unreachable; once its entry has FAILED, each new dial is
+    told within its ARP's 3 s."""
+    script = script_path("icmp_answers.py").read_text()
+    run = subprocess.run(
+        ["ip", "netns", "exec", cluster.server.netns, "python3", "-", str(worker.public_ip), "10250", "10"],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return any(answer["from"] == cluster.router for answer in json.loads(run.stdout)["icmp"])
+
+
 def test_fenced_workers_are_stopped_and_their_pods_start_elsewhere(cluster: Cluster) -> None:
     server, w1, w2, w3 = cluster.server, cluster.w1, cluster.w2, cluster.w3
+    # The router knows fe-w2 is gone (its ARP failed), as a router does some seconds after a host died.
+    wait_until("the router's host-unreachable for fe-w2", lambda: router_says_unreachable(cluster, w2), 60)
     started = time.monotonic()
     output = cluster.fence({w1.name: {}, w2.name: {"powered_off": True}})
     cluster.timings["fence up"] = time.monotonic() - started
