@@ -293,8 +293,12 @@ def _release_bootstrap_firewall(
             [FirewallResource(type="server", server=Server(id=server_id))],
         )
     except APIException as error:
-        # Already off it (an earlier run, or by hand), or the firewall itself is gone: nothing to take off.
-        if error.code in ("firewall_already_removed", "not_found"):
+        # Nothing to take off: the server is not on it (an earlier run took it off, or someone by
+        # hand), which Hetzner answers 404 `firewall_resource_not_found` (the call's error table
+        # in its API reference; terraform-provider-hcloud's removeFromResources reads it the same
+        # way), or the firewall itself is gone (`not_found`). `firewall_already_removed` is what
+        # the API answered before its change of 2025-08-04 (hcloud-go marks it unused since).
+        if error.code in ("firewall_resource_not_found", "firewall_already_removed", "not_found"):
             return False
         raise _call_failed("taking the SSH-only firewall off", where, error) from None
     except RequestException as error:
