@@ -161,7 +161,7 @@ def _type_problems(
         )
 
     problems: list[SettingProblem] = []
-    seen: set[tuple[str, str, str]] = set()
+    seen: set[tuple[str, str, str, str, str]] = set()
     for host in hosts:
         type_name = host.server_type or settings.cluster.server_type
         location = host.location or settings.cluster.location
@@ -171,9 +171,9 @@ def _type_problems(
         # Hosts that share the type, location and image settings share their answer.
         if (type_key, type_name, location, image_key, image) in seen:
             if deprecations is not None:
-                for (key, name, _), names in deprecations.items():
+                for (key, name, _), sharing in deprecations.items():
                     if key == image_key and name == image:
-                        names.append(host.name)
+                        sharing.append(host.name)
             continue
         seen.add((type_key, type_name, location, image_key, image))
         offers = ", ".join(offered_in(location)) or "none"
@@ -200,11 +200,12 @@ def _type_problems(
             continue
         architecture = _field(server_type, "architecture")
         fitting = [image for image in images if _field(image, "architecture") == architecture]
-        names = {_field(image, "name") for image in fitting if _field(image, "name")}
-        ids = {str(_field(image, "id")) for image in fitting}
+        # The names to offer instead: the images Hetzner has not deprecated.
+        current = sorted(
+            {str(_field(i, "name")) for i in fitting if _field(i, "name") and not _image_deprecation(i, now)[0]}
+        )
         found = next((i for i in fitting if image in (_field(i, "name"), str(_field(i, "id")))), None)
         if found is None:
-            current = sorted({_field(i, "name") for i in fitting if _field(i, "name") and not _image_deprecation(i, now)[0]})
             problems.append(
                 SettingProblem(
                     image_key,
@@ -217,7 +218,6 @@ def _type_problems(
         if not deprecated:
             continue
         if unavailable_after is not None and unavailable_after <= now:
-            current = sorted({_field(i, "name") for i in fitting if _field(i, "name") and not _image_deprecation(i, now)[0]})
             problems.append(
                 SettingProblem(
                     image_key,

@@ -213,6 +213,8 @@ class ClusterMocks(pulumi.runtime.Mocks):
         # Outputs of servers as an earlier run left them (what the engine hands back for an input it ignores).
         self.server_state = dict(server_state or {})
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        # What the stack's StackIdentity holds in its state (providers.stack_identity).
+        self.stack_id = "5eed0f57ac1d0000"
         # What Hetzner's catalogue and the project hold (see HETZNER_SERVER_TYPES); tests add to them.
         self.hetzner_server_types = list(HETZNER_SERVER_TYPES)
         self.hetzner_servers: list[tuple[str, dict[str, str]]] = []
@@ -244,6 +246,9 @@ class ClusterMocks(pulumi.runtime.Mocks):
                 ),
                 api_endpoint="https://10.0.1.2:6443",
             )
+        elif args.typ.endswith("hk3s:StackIdentity"):
+            # Generated once by its provider and kept in the state; a stack rename keeps the state.
+            outputs["stack_id"] = self.stack_id
         elif args.typ.endswith("hk3s:K3sUpgrade"):
             outputs.update(version=args.inputs["k3s_version"], upgraded=[])
         elif args.typ.endswith("hk3s:NetworkPlan"):
