@@ -269,7 +269,14 @@ def test_secrets_stay_secret(graph: Recording) -> None:
     # NetworkRanges records two CIDRs, WorkerRoster the workers' names and TeardownGuard one
     # flag: they log in nowhere. BootstrapFirewallRelease and ProjectSshKey call the Hetzner API
     # only, with the token, a secret.
-    keyless = ("NetworkRanges", "WorkerRoster", "TeardownGuard", "BootstrapFirewallRelease", "ProjectSshKey")
+    keyless = (
+        "NetworkRanges",
+        "WorkerRoster",
+        "TeardownGuard",
+        "BootstrapFirewallRelease",
+        "ProjectSshKey",
+        "StackIdentity",
+    )
     dynamic = [
         r for r in graph.registrations if "pulumi-python:dynamic" in r.type and not any(k in r.type for k in keyless)
     ]

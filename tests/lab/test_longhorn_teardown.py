@@ -180,3 +180,31 @@ def test_the_readme_teardown_with_longhorn(longhorn_stack: Stack) -> None:
     for host in (stack.server, stack.worker):
         left = host.run(["sh", "-c", f"ls -d {K3S} /var/lib/rancher/k3s /etc/rancher/k3s 2>/dev/null"], check=False)
         assert left.stdout.strip() == "", f"{host.name} keeps: {left.stdout}"
+
+
+def test_the_documented_stack_rm_keeps_the_stack_file(longhorn_stack: Stack) -> None:
+    """After the teardown (the test above: `pulumi stack rm` refuses a stack that still has
+    resources), the command docs/teardown.md's "Removing the stack" shows removes the stack and
+    keeps `Pulumi.<env>.yaml` byte for byte. Pulumi's `stack rm` (pkg/cmd/pulumi/stack/stack_rm.go)
+    deletes that file unless `--preserve-config` is given; the plain command is typed on a second,
+    empty stack to show the warning the page gives is true."""
+    stack = longhorn_stack
+    assert stack.resources() == []
+    commands = docs_commands("teardown.md", "Removing the stack")
+    assert commands == ["pulumi stack rm --preserve-config --yes --stack <env>"], commands
+    stack_file = stack.stack.project / f"Pulumi.{stack.stack.name}.yaml"
+    kept = stack_file.read_bytes()
+    removed = stack.type(commands[0], timeout=120)
+    assert removed.returncode == 0, removed.output[-3000:]
+    assert stack_file.read_bytes() == kept
+    env = {**os.environ, **stack.stack.env, "PULUMI_HOME": str(stack.stack.directory / "pulumi-home")}
+    listed = run_killable(["pulumi", "stack", "ls", "--json"], cwd=stack.stack.project, env=env, split_stderr=True)
+    assert listed.returncode == 0, listed.output[-3000:] + listed.stderr[-3000:]
+    assert stack.stack.name not in {entry["name"] for entry in json.loads(listed.stdout)}
+    # Without the flag, the file goes with the stack.
+    other = stack.stack.project / "Pulumi.other.yaml"
+    other.write_text("config:\n  hk3s:cluster.name: other\n")
+    assert stack.type("pulumi stack init other", timeout=120).returncode == 0
+    plain = stack.type("pulumi stack rm --yes --stack other", timeout=120)
+    assert plain.returncode == 0, plain.output[-3000:]
+    assert not other.exists()
