@@ -772,7 +772,7 @@ def test_the_fence_deletes_no_pod_itself_and_waits_for_kubernetes(cluster: Clust
         120,
         cluster.diagnose,
     )
-    pods = {app: cluster.pods_of(app)[0]["metadata"]["name"] for app in ("release-app", "kept-app")}
+    pods = {name: cluster.pods_of(name)[0]["metadata"]["name"] for name in ("release-app", "kept-app")}
 
     cluster.down(w1)
     ready = next(c for c in get(server, "node", w1.name)["status"]["conditions"] if c["type"] == "Ready")
@@ -789,8 +789,8 @@ def test_the_fence_deletes_no_pod_itself_and_waits_for_kubernetes(cluster: Clust
             "the fence tainted fw-w1", lambda: "tainted node.kubernetes.io/out-of-service" in cluster.stack.text(), 240
         )
         time.sleep(20)  # the fence's wait goes round several times
-        for app, pod in pods.items():
-            assert [p["metadata"]["name"] for p in cluster.pods_of(app)] == [pod], cluster.diagnose()
+        for name, pod in pods.items():
+            assert [p["metadata"]["name"] for p in cluster.pods_of(name)] == [pod], cluster.diagnose()
         assert {"pv-cur", "pv-only"} <= attached_to(server, w1.name), cluster.diagnose()
         assert not outcome, outcome
     finally:

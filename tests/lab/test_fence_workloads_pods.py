@@ -9,7 +9,10 @@ each writing into its own Longhorn volume:
 - cur-app's claim is of the program's one-copy class: its copy is on the server;
 - only-app's claim is of a class whose copies follow a tag only fw-w1 carries: its only copy is on
   fw-w1.
-fw-w1's agent stops (its containers keep running, as on k3s), and a minute later it is fenced:
+fw-w1's agent stops (its containers keep running, as on k3s). The pods tolerate its unreachable
+taint for 5 s, so the real taint eviction controller deletes them well within the minute a fence
+waits; they stay Terminating, and `status` still lists both workloads stranded on fw-w1 with what a
+fence would decide. A minute after fw-w1 went NotReady it is fenced:
 cur-app runs again on fw-w2, its volume attached there by the real attach/detach controller after
 the one to fw-w1 was deleted; only-app stays stopped (scaled to zero) and says so. Lifting the fence
 brings fw-w1 back Ready and starts only-app again (its pod scheduled; the stand-in has no Longhorn
