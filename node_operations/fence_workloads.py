@@ -45,11 +45,12 @@ recorded volumes: current copies, or with consent stale ones, let it start; at t
 rejoined worker's copies count again, and the worker's copy that failed last (no other failed
 later) is the newest one, since the workload was stopped from then on.
 
-After the taint (`release_pods`): a pod with Longhorn volumes that Kubernetes has not deleted
-within `RELEASE_AFTER_SECONDS` is deleted by the fence itself, with no grace period (its kubelet
-is gone, so a graceful deletion would never finish), and only while the fence is recorded on the
-Node, the Node is NotReady and tainted out of service, and no VolumeAttachment of its volumes to
-the worker is left: a volume attached there may still be written there.
+After the taint the fence deletes no pod itself: Kubernetes deletes them (taint eviction, then the
+pod garbage collector for pods terminating on an out-of-service node) and only then releases their
+volumes. Its attach-detach controller keeps a pod's volume attached to the pod's node until the
+pod is terminated or gone (pkg/controller/volume/attachdetach/util/util.go, DetermineVolumeAction),
+so a pod Kubernetes has not deleted still holds its VolumeAttachment: a deletion by the fence
+"once the volume is detached" would wait on a state Kubernetes does not produce.
 """
 
 from __future__ import annotations
@@ -72,9 +73,6 @@ STOPPED_ANNOTATION = "hk3s.dev/fence-stopped"
 # On the fenced Node: JSON {"Kind namespace/name": reason} of what its fence keeps stopped.
 NODE_STOPPED_ANNOTATION = "hk3s.dev/fence-stopped-workloads"
 LONGHORN_DRIVER = "driver.longhorn.io"
-# Kubernetes' pod garbage collector deletes the pods of an out-of-service node within about
-# 40 s (taint eviction at once, then a 20 s collection period); a minute leaves it room first.
-RELEASE_AFTER_SECONDS = 60.0
 # The owners the fence can stop: kind -> the kubectl resource and how it is stopped.
 # The command that starts one workload a fence stopped (node_operations/workload_start.py).
 START_COMMAND = "scripts/hk3s workload start"
@@ -262,7 +260,6 @@ class WorkloadReport:
     unjudged: list[str] = field(default_factory=list)  # warnings: pods the program cannot judge
     # Workloads that may not start elsewhere but whose owner the fence cannot stop: owner -> why.
     unheld: dict[str, str] = field(default_factory=dict)
-    released: list[str] = field(default_factory=list)  # pods the fence deleted itself (step 5)
     # The controllers of the pods of workloads kept stopped ("ReplicaSet ns/name"): none runs anew.
     stopped_controllers: set[str] = field(default_factory=set)
 
@@ -272,11 +269,6 @@ class WorkloadReport:
         lines += list(self.stopped[owner] for owner in sorted(self.stopped))
         lines += [f"not held stopped: {self.unheld[owner]}" for owner in sorted(self.unheld)]
         lines += [f"warning: {line}" for line in self.unjudged]
-        if self.released:
-            lines.append(
-                f"deleted by the fence (not deleted by Kubernetes within {RELEASE_AFTER_SECONDS:.0f} s, their volumes "
-                f"detached from the worker): {', '.join(self.released)}"
-            )
         return lines
 
 
@@ -641,67 +633,6 @@ class WorkloadDecision:
             ["patch", "node", self.worker, "--type", "merge", "-p", json.dumps(patch)], repeat=Repeat.IDEMPOTENT
         )
         return self.report
-
-
-def release_refusal(node: Mapping[str, Any]) -> str | None:
-    """Why the fence may not delete pods of this Node itself (None when it may): the fence must be
-    recorded, the Node NotReady and tainted out of service."""
-    annotations = (node.get("metadata") or {}).get("annotations") or {}
-    conditions = (node.get("status") or {}).get("conditions") or []
-    ready = next((c.get("status") for c in conditions if c.get("type") == "Ready"), "")
-    taints = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
-    if FENCE_ANNOTATION not in annotations:
-        return "no fence is recorded on it"
-    if ready == "True":
-        return "it is Ready again"
-    if OUT_OF_SERVICE_TAINT not in taints:
-        return "it is not tainted out of service"
-    return None
-
-
-def attached_volumes(attachments: list[dict[str, Any]], node: str) -> set[str]:
-    """The persistent volumes with a VolumeAttachment to `node` (attached or not yet detached)."""
-    return {
-        str(((a.get("spec") or {}).get("source") or {}).get("persistentVolumeName") or "")
-        for a in attachments
-        if (a.get("spec") or {}).get("nodeName") == node
-    }
-
-
-async def release_pods(api: ClusterApi, worker: str, pods: list[dict[str, Any]], progress: Progress) -> list[str]:
-    """Delete, with no grace period, the worker's pods left with Longhorn volumes whose
-    VolumeAttachments to the worker are gone, while the fence holds (see the module docstring).
-    Returns the pods deleted."""
-    claims = await ClaimMap.read(api)
-    with_volumes = [pod for pod in pods if claims.volumes_of(pod)]
-    deleted: list[str] = []
-    for pod in with_volumes:
-        # Read again before each deletion: the fence must still hold and the volumes be detached now.
-        node = await read_json(api, "node", worker)
-        if (refusal := release_refusal(node)) is not None:
-            progress(f"pods with Longhorn volumes left on {worker}, not deleted by the fence: {refusal}")
-            return deleted
-        attached = attached_volumes((await read_json(api, "volumeattachments")).get("items") or [], worker)
-        if {claims.bound[claim] for claim in claims.volumes_of(pod)} & attached:
-            continue  # still attached to the worker: Kubernetes detaches it first
-        meta = pod["metadata"]
-        await api.kubectl(
-            [
-                "delete",
-                "pod",
-                meta["name"],
-                "-n",
-                meta["namespace"],
-                "--ignore-not-found",
-                "--wait=false",
-                "--grace-period=0",
-                "--force",
-            ],
-            repeat=Repeat.IDEMPOTENT,
-        )
-        deleted.append(pod_label(pod))
-        progress(f"deleted pod {pod_label(pod)} (its volumes detached from {worker}, the fence recorded)")
-    return deleted
 
 
 async def start_with_consent(server: SshTarget, worker: str, *, api_wait: float, progress: Progress) -> WorkloadReport:

@@ -1,6 +1,5 @@
 """The fence's rules per workload with Longhorn volumes: which copies are current, stale or the
-only one; which owner is stopped and how; which pods the program cannot judge; and when the fence
-may delete a pod itself. The decision through the API runs in the lab
+only one; which owner is stopped and how; which pods the program cannot judge. The decision through the API runs in the lab
 (tests/lab/test_fence_workloads.py)."""
 
 from __future__ import annotations
@@ -19,11 +18,9 @@ from node_operations.fence_workloads import (
     Workload,
     WorkloadDecision,
     WorkloadReport,
-    attached_volumes,
     copies_by_volume,
     copies_now,
     parent_of,
-    release_refusal,
     start_patch,
     stop_patch,
     stop_record,
@@ -186,41 +183,17 @@ def test_a_record_that_is_not_the_fences_is_ignored() -> None:
     assert stop_record({"metadata": {}}) is None
 
 
-def fenced_node(*, recorded: bool = True, ready: str = "Unknown", tainted: bool = True) -> dict[str, Any]:
-    return {
-        "metadata": {"annotations": {"hk3s.dev/fenced-at": T3} if recorded else {}},
-        "spec": {"taints": [{"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}] if tainted else []},
-        "status": {"conditions": [{"type": "Ready", "status": ready}]},
-    }
-
-
-def test_the_fence_deletes_pods_itself_only_while_it_holds_the_node() -> None:
-    assert release_refusal(fenced_node()) is None
-    assert release_refusal(fenced_node(recorded=False)) == "no fence is recorded on it"
-    assert release_refusal(fenced_node(ready="True")) == "it is Ready again"
-    assert release_refusal(fenced_node(tainted=False)) == "it is not tainted out of service"
-
-
-def test_only_volume_attachments_to_the_worker_hold_a_pod() -> None:
-    attachments = [
-        {"spec": {"nodeName": W, "source": {"persistentVolumeName": "pv-a"}}},
-        {"spec": {"nodeName": "w2", "source": {"persistentVolumeName": "pv-b"}}},
-    ]
-    assert attached_volumes(attachments, W) == {"pv-a"}
-
-
 def test_the_report_says_where_workloads_go_and_what_stays_stopped() -> None:
     report = WorkloadReport(
         moving={"Deployment default/web": "volume v (claim default/c): copies on srv (current; ...)"},
         stopped={"Deployment default/db": "Deployment default/db stays stopped until w1 rejoins: ..."},
         unjudged=["pod default/bare uses Longhorn volume(s) v ..."],
-        released=["default/web-1"],
     )
     lines = report.lines()
     assert lines[0].startswith("Deployment default/web may start elsewhere: volume v")
     assert "Deployment default/db stays stopped until w1 rejoins: ..." in lines
     assert "warning: pod default/bare uses Longhorn volume(s) v ..." in lines
-    assert lines[-1].startswith("deleted by the fence (not deleted by Kubernetes within 60 s")
+    assert lines[-1] == "warning: pod default/bare uses Longhorn volume(s) v ..."
 
 
 # --- A current copy is one healthy now on a node that is Ready and not fenced.
