@@ -21,12 +21,13 @@ The rules, and why:
   Each worker's Node is read again just before its turn, since the first reading is minutes old
   by then: one that went NotReady meanwhile stops the run there, untouched (no record, no cordon,
   its binary as it was); one fenced meanwhile is left alone and listed.
-- Right before a worker is taken down (cordoned for its drain, and again before its agent is
-  stopped for the new binary), every other node is read again, its kubelet asked itself through
-  the API server (node_operations.nodes_up): a Node reads Ready for the node monitor's grace
-  period after its agent stopped, so a worker that stopped right after its own move would pass a
-  reading of the Nodes alone. A node down stops the run there: the worker is uncordoned again (unless
-  it was cordoned before), its agent and binary untouched, and the workers after it too.
+- Right before a worker is taken down (its agent stopped for the new binary, after its drain),
+  every other node is read again, its kubelet asked itself through the API server
+  (node_operations.nodes_up): a Node reads Ready for the node monitor's grace period after its
+  agent stopped, so a worker that stopped right after its own move would pass a reading of the
+  Nodes alone. A node down stops the run there: the worker is uncordoned again (unless it was
+  cordoned before), its agent and binary untouched, and the workers after it too. A worker left
+  down half-way by an interrupted run is finished all the same: that brings a node back.
 - A fenced worker (in hk3s:fences, or its fence recorded on its Node) is left alone and listed:
   its agent is held down on purpose, it may be powered off, and the fence's record is the
   promise that nothing runs there until it rejoins. It is not "down" in the sense above either:
@@ -49,7 +50,7 @@ from node_operations.fence import FENCE_ANNOTATION
 from node_operations.join import PERMITS_CONFIGMAP, grant_join_permits
 from node_operations.k3s_install import K3sBinary, install_k3s
 from node_operations.k3s_release import K3S_VERSION
-from node_operations.nodes_up import nodes_down
+from node_operations.nodes_up import kubelet_silence, nodes_down
 from remote_access.kube import ClusterApi, NodeStatus, Repeat
 from remote_access.ssh import RemoteCommandError, SshError, SshSession, SshTarget, open_session
 
@@ -151,6 +152,10 @@ class WorkerUpgrade:
         """Every other node read again right before this worker is taken down, its kubelet asked
         itself (see the module docstring); a node down stops the run here, the worker put back."""
         nodes = json.loads(await self.api.kubectl(["get", "nodes", "-o", "json"], repeat=Repeat.READ))["items"]
+        me = next((NodeStatus.from_object(item) for item in nodes if item["metadata"]["name"] == self.node), None)
+        if resumed and (me is None or not me.ready or await kubelet_silence(self.api, self.node) is not None):
+            # Left down half-way by an interrupted run: finishing it brings a node back, it takes none down.
+            return
         others = [
             NodeStatus.from_object(item)
             for item in nodes
@@ -165,8 +170,8 @@ class WorkerUpgrade:
             await self._record(None)
         raise UpgradeStoppedError(
             self.node,
-            f"the upgrade to {self.version} stopped before this worker was taken down: {'; '.join(down)}. Never two "
-            f"nodes down at once: {self.node} was not taken down (its agent and binary as they were, at "
+            f"the upgrade to {self.version} stopped before this worker was taken down: {'; '.join(down)}; never two "
+            f"nodes down at once, so {self.node} was not taken down (its agent and binary as they were, at "
             f"{record['from']}{'; uncordoned again' if drained and not record['was_cordoned'] else ''}), nor were "
             "the workers after it. Bring the node back (or fence it), then run up again to go on",
         )
@@ -177,7 +182,6 @@ class WorkerUpgrade:
         else:
             await self._record(record)
         if record["drain"]:
-            await self._stop_if_another_down(record, resumed=resumed, drained=False)
             await self.api.cordon(self.node, True)
             await self._drain(record)
         await self._stop_if_another_down(record, resumed=resumed, drained=record["drain"])

@@ -276,7 +276,7 @@ class Reboot:
                 self.node,
                 "the reboot stopped before the host went down: "
                 + "; ".join(problems)
-                + f". Never two nodes down at once: {self.node} is uncordoned again and was not rebooted; bring "
+                + f"; never two nodes down at once: {self.node} is uncordoned again and was not rebooted. Bring "
                 f"the other node back (or fence it), then reboot {self.node} again",
                 put_back=True,
             )
