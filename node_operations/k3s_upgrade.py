@@ -402,8 +402,8 @@ async def upgrade_workers(
             raise UpgradeStoppedError(
                 down[0].name,
                 f"NotReady before the upgrade to {version}: {names}; no worker was upgraded (the server already "
-                "runs it). Only Ready workers are upgraded, never two nodes down at once: bring it back, then run "
-                "up again",
+                "runs it). A worker moves only while every node is Ready, never two nodes down at once: bring it "
+                f"back (or fence it: hk3s:fences.{down[0].name}), then run up again",
             )
         moved: list[str] = []
         for index, (worker, record, resumed) in enumerate(plans):
