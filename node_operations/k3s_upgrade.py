@@ -403,7 +403,7 @@ async def upgrade_workers(
                 down[0].name,
                 f"NotReady before the upgrade to {version}: {names}; no worker was upgraded (the server already "
                 "runs it). A worker moves only while every node is Ready, never two nodes down at once: bring it "
-                f"back (or fence it: hk3s:fences.{down[0].name}), then run up again",
+                "back (or fence a worker that is gone: hk3s:fences.NAME), then run up again",
             )
         moved: list[str] = []
         for index, (worker, record, resumed) in enumerate(plans):
