@@ -22,7 +22,8 @@ their Nodes go NotReady.
   since its fence, is not.
 - fh-w2 still fenced and off: fh-w1 is rebooted through the API (a finished fence is no node down);
   fh-w3 with a fence recorded only on its Node is refused; a `node reboot fh-w3` killed at its drain
-  is not resumed while fh-w1 is cordoned, then resumed and finished once it is not.
+  is not resumed while fh-w1 is cordoned, then resumed and finished once it is not. fh-w3's agent
+  stopped while fh-w1 drains stops fh-w1's reboot before its host goes down.
 - fh-w2, still fenced and off, is unfenced through the API: its server is powered on through the
   Hetzner API, the API waits for SSH, and the run's lift rejoins it.
 """
