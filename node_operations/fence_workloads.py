@@ -407,18 +407,21 @@ def copies_by_volume(
     return {volume: tuple(copies) for volume, copies in found.items()}
 
 
-def unheard_engines(engines: list[dict[str, Any]]) -> dict[str, str]:
-    """volume -> node of each volume whose engine reads `unknown`. Longhorn marks a started
-    engine's instance unknown when its node is down or cut off (longhorn-manager
-    controller/instance_handler.go), and then changes none of its volume's copies
-    (controller/volume_controller.go ReconcileEngineReplicaState returns at once): the engine may
-    have dropped the other copies and gone on writing without them, unseen, so their healthy
-    fields prove nothing."""
+def unheard_engines(engines: list[dict[str, Any]], unavailable: Mapping[str, str] | None = None) -> dict[str, str]:
+    """volume -> node of each volume whose engine Longhorn cannot hear: one that reads `unknown`,
+    or reads `running` on a node that cannot serve (`unavailable_nodes`: the manager that would
+    mark it unknown may have run on that node itself, and another takes it over only later).
+    Longhorn marks a started engine's instance unknown when its node is down or cut off
+    (longhorn-manager controller/instance_handler.go), and then changes none of its volume's
+    copies (controller/volume_controller.go ReconcileEngineReplicaState returns at once): the
+    engine may have dropped the other copies and gone on writing without them, unseen, so their
+    healthy fields prove nothing."""
     found = {}
     for engine in engines:
         spec, status = engine.get("spec") or {}, engine.get("status") or {}
-        if status.get("currentState") == "unknown" and spec.get("volumeName"):
-            found[str(spec["volumeName"])] = str(spec.get("nodeID") or "")
+        state, node = status.get("currentState"), str(spec.get("nodeID") or "")
+        if spec.get("volumeName") and (state == "unknown" or (state == "running" and node in (unavailable or {}))):
+            found[str(spec["volumeName"])] = node
     return found
 
 
@@ -455,7 +458,8 @@ async def copies_now(api: ClusterApi) -> dict[str, tuple[Copy, ...]]:
     nodes = (await read_json(api, "nodes")).get("items") or []
     replicas = await longhorn_items(api, "replicas.longhorn.io")
     engines = await longhorn_items(api, "engines.longhorn.io")
-    return copies_by_volume(replicas, unavailable_nodes(nodes, replicas), unheard_engines(engines))
+    unavailable = unavailable_nodes(nodes, replicas)
+    return copies_by_volume(replicas, unavailable, unheard_engines(engines, unavailable))
 
 
 def controller_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -360,7 +360,13 @@ def test_a_copy_on_a_node_missing_from_the_cluster_is_current_for_neither_the_fe
         "spec": {"nodeName": W, "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]},
     }
     api = ClusterReads(
-        {"nodes": [ready, fenced], "replicas.longhorn.io": replicas, "engines.longhorn.io": [], "pvc": [claim], "pv": [pv]}
+        {
+            "nodes": [ready, fenced],
+            "replicas.longhorn.io": replicas,
+            "engines.longhorn.io": [],
+            "pvc": [claim],
+            "pv": [pv],
+        }
     )
 
     # The one rule, as both read it.
@@ -419,16 +425,21 @@ def test_a_copy_healthy_by_its_fields_may_be_older_while_its_volumes_engine_is_u
     engines = [
         {"spec": {"volumeName": "pvc-1", "nodeID": W}, "status": {"currentState": "unknown"}},
         {"spec": {"volumeName": "pvc-2", "nodeID": "w2"}, "status": {"currentState": "running"}},
+        # Still reads running (no manager has marked it yet), but its node is fenced: not heard.
+        {"spec": {"volumeName": "pvc-3", "nodeID": W}, "status": {"currentState": "running"}},
     ]
     replicas = [
         {"spec": {"volumeName": "pvc-1", "nodeID": W, "healthyAt": T1, "lastHealthyAt": T1}},
         {"spec": {"volumeName": "pvc-1", "nodeID": "srv", "healthyAt": T1, "lastHealthyAt": T1}},
         {"spec": {"volumeName": "pvc-2", "nodeID": "srv", "healthyAt": T1, "lastHealthyAt": T1}},
+        {"spec": {"volumeName": "pvc-3", "nodeID": "srv", "healthyAt": T1, "lastHealthyAt": T1}},
     ]
-    copies = copies_by_volume(replicas, {W: "its node is fenced"}, unheard_engines(engines))
+    fenced = {W: "its node is fenced"}
+    copies = copies_by_volume(replicas, fenced, unheard_engines(engines, fenced))
     mine, srv = copies["pvc-1"]
     assert mine.engine_unheard_on is None and srv.engine_unheard_on == W and not srv.current
     assert copies["pvc-2"][0].current
+    assert copies["pvc-3"][0].engine_unheard_on == W and not copies["pvc-3"][0].current
     vol = VolumeCopies("pvc-1", "default/data", copies["pvc-1"])
     assert vol.verdict(W) is Verdict.STALE
     assert f"srv (may be older: the volume's engine on {W} reads unknown to Longhorn" in vol.line()
