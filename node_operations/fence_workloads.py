@@ -7,16 +7,26 @@ writes without a word, so before the worker is tainted out of service each such 
 judged by the copies of its volumes on the *other* nodes (Longhorn's replica fields):
 
 - **current**: a copy healthy since it last failed (`healthyAt` set, `failedAt` empty) holds every
-  write the volume took, and it is current only while its node is Ready and not fenced (no
-  `hk3s.dev/fenced-at`, no out-of-service taint). Longhorn's manager marks a copy failed only once
-  it notices its node went (the manager that owns the volume may have run on the fenced worker
-  itself), so its fields alone can call a copy on a dead node current; a workload started from it
-  would not start, or would start on whatever copy is left. A copy on such a node that held data
-  counts as one that may be older. With a current copy of every one of its volumes the workload
-  may start elsewhere: Kubernetes deletes its pods once the node is tainted, and its controller
-  starts them on another node.
-- **stale**: copies elsewhere that were healthy once but failed since (`failedAt` set) may be
-  older than the lost one. The workload stays stopped until the operator accepts that
+  write the volume took, as far as Longhorn heard, and it is current only while its node is Ready
+  and not fenced (no `hk3s.dev/fenced-at`, no out-of-service taint) and Longhorn hears the
+  volume's engine. Longhorn's manager marks a copy failed only once it notices its node went (the
+  manager that owns the volume may have run on the fenced worker itself), so its fields alone can
+  call a copy on a dead node current; a workload started from it would not start, or would start
+  on whatever copy is left. And the copies' fields change only from the engine's own report: the
+  engine runs where the volume is attached (the fenced worker, for its pods' volumes), and once
+  its node goes silent Longhorn reads it `unknown` and changes no copy (longhorn-manager
+  `controller/instance_handler.go`, `controller/volume_controller.go`
+  `ReconcileEngineReplicaState`), while that engine may have dropped the other copies and gone on
+  writing alone. So while the engine reads `unknown` (or `running` on a node that cannot serve),
+  every copy on another node may be older (`unheard_engines`); the stop record keeps that
+  (`ENGINE_UNKNOWN_KEY`), since the engine reads `stopped` once the volume is detached. A copy
+  that is not current but held data counts as one that may be older. With a current copy of every
+  one of its volumes the workload may start elsewhere: Kubernetes deletes its pods once the node
+  is tainted, and its controller starts them on another node. The copies are read again right
+  before the taint (`WorkloadDecision.recheck`): one let go whose verdict turned worse meanwhile
+  is stopped then.
+- **stale**: copies elsewhere that were healthy once but failed since (`failedAt` set), or are not
+  current for the reasons above, may be older than the lost one. The workload stays stopped until the operator accepts that
   (`hk3s:fences.<worker>.accept_stale_data`); the report lists every copy with its
   `lastHealthyAt` and `lastFailedAt`.
 - **only copy**: no other node ever held a healthy copy. The workload stays stopped until the
