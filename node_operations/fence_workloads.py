@@ -26,9 +26,9 @@ judged by the copies of its volumes on the *other* nodes (Longhorn's replica fie
   before the taint (`WorkloadDecision.recheck`): one let go whose verdict turned worse meanwhile
   is stopped then.
 - **stale**: copies elsewhere that were healthy once but failed since (`failedAt` set), or are not
-  current for the reasons above, may be older than the lost one. The workload stays stopped until the operator accepts that
-  (`hk3s:fences.<worker>.accept_stale_data`); the report lists every copy with its
-  `lastHealthyAt` and `lastFailedAt`.
+  current for the reasons above, may be older than the lost one. The workload stays stopped until
+  the operator accepts that (`hk3s:fences.<worker>.accept_stale_data`); the report lists every
+  copy with its `lastHealthyAt` and `lastFailedAt`.
 - **only copy**: no other node ever held a healthy copy. The workload stays stopped until the
   worker rejoins; no consent starts it, since there is nothing to start it from.
 A workload takes the worst verdict among its volumes. A copy never healthy holds no data and
