@@ -55,6 +55,7 @@ stopped with `workload start`, which refuses it (the only copy went with fw-w1).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -63,6 +64,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,6 +74,7 @@ from lab.stack_harness import (
     LONGHORN_STANDIN_CHART,
     CliRun,
     LabStack,
+    _descendants,
     base_config,
     run_cli,
     server_spec,
@@ -98,7 +101,9 @@ LABEL = "fence-test/place"
 # Which Longhorn node tags each volume's copies follow (its nodeSelector), and how many it keeps.
 VOLUMES = {"cur": (2, "t-cur"), "old": (2, "t-old"), "only": (1, "t-only")}
 # The volumes of the later tests: `pair` on both workers, `cronv` and `opv` only on fw-w1.
-LATER_VOLUMES = {"pair": (2, "t-pair"), "cronv": (1, "t-only"), "opv": (1, "t-only")}
+# `late`: one copy on the server, never attached (its pod's attachment to fw-w1 fails: the plain
+# workers run no CSI node plugin), so Longhorn hears every copy of it.
+LATER_VOLUMES = {"pair": (2, "t-pair"), "cronv": (1, "t-only"), "opv": (1, "t-only"), "late": (1, "t-late")}
 APP_GROUP = "example.hk3s.dev"
 
 
@@ -543,6 +548,36 @@ def controller_ref(api_version: str, kind: str, name: str, uid: str) -> list[dic
     ]
 
 
+def pulumi_processes() -> list[int]:
+    """The Pulumi CLI this test process runs (through the Automation API) and every process below
+    it (its language host, its provider processes), parents first. The lab's hosts are this
+    process's children too, and are left out."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            name, rest = stat.read_text().split("(", 1)[1].rsplit(")", 1)
+        except (OSError, ValueError):
+            continue
+        if int(rest.split()[1]) == os.getpid() and name == "pulumi":
+            children.append(int(stat.parent.name))
+    return [found for pid in children for found in (pid, *_descendants(pid))]
+
+
+@contextlib.contextmanager
+def paused(pids: list[int]) -> Iterator[None]:
+    """SIGSTOP `pids` for the block, SIGCONT them after (children last stopped, first resumed)."""
+    assert pids, "no Pulumi process to pause"
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in reversed(pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
 def pause_longhorn_manager(cluster: Cluster, sig: signal.Signals) -> None:
     """SIGSTOP or SIGCONT the Longhorn manager stand-in (its pid as lab/stack_harness.py records it)."""
     pid = int((cluster.lab.run_dir / "longhorn-manager" / "manager.pid").read_text())
@@ -570,7 +605,9 @@ def test_a_copy_on_a_node_that_is_down_is_not_current(cluster: Cluster) -> None:
     )
     tag_longhorn_node(server, w1.name, ["t-pair"])
     tag_longhorn_node(server, w2.name, ["t-pair"])
-    apply(server, "later-volumes", [obj for volume in LATER_VOLUMES for obj in longhorn_objects(volume, w1.name)])
+    tag_longhorn_node(server, server.name, ["t-late"])
+    objects = [obj for v in LATER_VOLUMES for obj in longhorn_objects(v, "" if v == "late" else w1.name)]
+    apply(server, "later-volumes", objects)
     for volume, (count, _tag) in LATER_VOLUMES.items():
         wait_until(
             f"{count} healthy copies of {volume}",
@@ -623,10 +660,11 @@ def test_a_copy_on_a_node_that_is_down_is_not_current(cluster: Cluster) -> None:
         "spec": {"backoffLimit": 6, "template": template},
     }
     operated = deployment("op-db", "opv", controller_ref(f"{APP_GROUP}/v1", "App", "db", app_uid))
-    apply(server, "later-workloads", [deployment("pair-app", "pair", []), operated, job])
+    late = deployment("late-app", "late", [])
+    apply(server, "later-workloads", [deployment("pair-app", "pair", []), operated, job, late])
     wait_until(
-        "pair-app, op-db and nightly-job scheduled to fw-w1",
-        lambda: all(cluster.scheduled(app) == [w1.name] for app in ("pair-app", "op-db", "nightly-job")),
+        "pair-app, op-db, nightly-job and late-app scheduled to fw-w1",
+        lambda: all(cluster.scheduled(app) == [w1.name] for app in ("pair-app", "op-db", "nightly-job", "late-app")),
         120,
         cluster.diagnose,
     )
@@ -640,9 +678,43 @@ def test_a_copy_on_a_node_that_is_down_is_not_current(cluster: Cluster) -> None:
         assert pair_w2.get("healthyAt") and not pair_w2.get("failedAt"), pair_w2  # current by Longhorn's fields
         time.sleep(62)  # fw-w1 down for the minute a fence asks for
         cluster.write_fences({w1.name: {}})
-        output = cluster.stack.up_output()
-        if output:
-            pytest.fail(output[-8000:])
+        # late-app is judged first (its pod's name sorts first) and let go: `late`'s copy on the
+        # server is current. The run is paused at the fence's last stop, after that judgement and
+        # before the taint, and the copy fails meanwhile (as Longhorn's manager marks one: the
+        # stand-in is paused, so the test writes what it would).
+        outcome: list[str] = []
+        fence = threading.Thread(target=lambda: outcome.append(cluster.stack.up_output()), daemon=True)
+        fence.start()
+        deadline = time.monotonic() + 300
+        while "Deployment default/pair-app scaled to 0:" not in cluster.stack.text():
+            assert fence.is_alive() and time.monotonic() < deadline, (outcome or [""])[0][-8000:]
+            time.sleep(0.02)
+        with paused(pulumi_processes()):
+            taints = get(server, "node", w1.name)["spec"].get("taints") or []
+            assert not [t for t in taints if t["key"] == "node.kubernetes.io/out-of-service"], "paused too late"
+            (late_copy,) = [
+                r
+                for r in get(server, "replicas.longhorn.io", "-n", "longhorn-system")["items"]
+                if r["spec"]["volumeName"] == "late"
+            ]
+            now = server.run(["date", "-u", "+%Y-%m-%dT%H:%M:%SZ"]).stdout.strip()
+            body = json.dumps({"spec": {"failedAt": now, "lastFailedAt": now}})
+            kubectl(
+                server,
+                "patch",
+                "replicas.longhorn.io",
+                late_copy["metadata"]["name"],
+                "-n",
+                "longhorn-system",
+                "--type",
+                "merge",
+                "-p",
+                body,
+            )
+        fence.join(timeout=300)
+        assert outcome, "the fence did not end"
+        if outcome[0]:
+            pytest.fail(outcome[0][-8000:])
         cluster.fence_text = text = cluster.stack.text()
         print("\n".join(line for line in text.splitlines() if f"[{w1.name}]" in line))
     finally:
@@ -661,6 +733,16 @@ def test_a_copy_on_a_node_that_is_down_is_not_current(cluster: Cluster) -> None:
     pair_app = get(server, "deployment", "pair-app")
     assert pair_app["spec"]["replicas"] == 0
     assert json.loads(pair_app["metadata"]["annotations"][STOPPED_ANNOTATION])["reason"] == "stale"
+    # The copies are read again right before the taint: late-app, let go on a copy that failed
+    # since, is stopped then, and says why; nothing of it was let go.
+    assert "Deployment default/late-app judged again before the taint: stale now" in text, text[-4000:]
+    assert "Deployment default/late-app may start elsewhere" not in text, text[-4000:]
+    assert "Deployment default/late-app stays stopped: no other node holds a current copy" in text, text[-4000:]
+    late_app = get(server, "deployment", "late-app")
+    assert late_app["spec"]["replicas"] == 0
+    assert json.loads(late_app["metadata"]["annotations"][STOPPED_ANNOTATION])["reason"] == "stale"
+    assert cluster.scheduled("late-app") == [], cluster.diagnose()
+    kubectl(server, "delete", "deployment", "late-app", "--wait=false")  # not part of the tests after
 
 
 def test_workload_start_asks_consent_while_the_engine_that_wrote_last_is_unheard(cluster: Cluster) -> None:
