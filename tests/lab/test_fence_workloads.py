@@ -678,10 +678,10 @@ def test_a_copy_on_a_node_that_is_down_is_not_current(cluster: Cluster) -> None:
         assert pair_w2.get("healthyAt") and not pair_w2.get("failedAt"), pair_w2  # current by Longhorn's fields
         time.sleep(62)  # fw-w1 down for the minute a fence asks for
         cluster.write_fences({w1.name: {}})
-        # late-app is judged first (its pod's name sorts first) and let go: `late`'s copy on the
-        # server is current. The run is paused at the fence's last stop, after that judgement and
-        # before the taint, and the copy fails meanwhile (as Longhorn's manager marks one: the
-        # stand-in is paused, so the test writes what it would).
+        # The fence judges every workload from one reading of the copies: late-app is let go, as
+        # `late`'s copy on the server is current then. The run is paused at pair-app's stop, after
+        # that reading and before the taint, and the copy fails meanwhile (as Longhorn's manager
+        # marks one: the stand-in is paused, so the test writes what it would).
         outcome: list[str] = []
         fence = threading.Thread(target=lambda: outcome.append(cluster.stack.up_output()), daemon=True)
         fence.start()
