@@ -37,6 +37,10 @@ Then, on the same cluster (the workloads above removed), one fence of fw-w1 show
   nor the engine on fw-w1 unknown (the stand-in is paused: the manager that owns the volume ran on
   fw-w1). Longhorn's fields still call that copy current; the fence does not, and pair-app stays
   stopped as on copies that may be older, fw-w2's named NotReady.
+- The copies are read again right before the taint: late-app uses `late`, whose one copy on the
+  server is current when the fence judges (the volume never attached to fw-w1, so Longhorn hears
+  it); the fence run is paused after its last stop and that copy fails meanwhile: late-app is
+  stopped before the taint, judged again.
 - Owners are walked to the top: a Job of the CronJob `nightly` whose pod uses `cronv` (its only
   copy on fw-w1) is suspended, and so is the CronJob, each with a record; the lift resumes both. A
   Deployment owned by a custom resource (`App default/db`, whose controller would scale it back)
