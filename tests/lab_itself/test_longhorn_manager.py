@@ -497,6 +497,8 @@ def test_an_engine_on_a_node_gone_down_is_unknown_and_no_copy_of_its_volume_fail
     ReconcileEngineReplicaState then changes no copy of its volume: the copies elsewhere keep
     reading healthy although the engine may have gone on writing without them. Once the engine's
     node is back, the engine runs again and a copy whose node is down fails (its mode ERR)."""
+    for name in ("n1", "n2", "n3"):
+        wait_for(f"the Longhorn node {name}", lambda n=name: longhorn_node(cluster, n), cluster)  # type: ignore[misc]
     set_tags(cluster, "n1", [])
     set_tags(cluster, "n2", ["eng"])
     set_tags(cluster, "n3", ["eng"])
