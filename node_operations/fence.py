@@ -583,6 +583,8 @@ class WorkerFence:
         self.report.pods_staying = [pod_name(pod) for pod in before if tolerates(pod, OUT_OF_SERVICE)]
         decision = WorkloadDecision(self.api, self.node, self.progress, accept_stale_data=self.order.accept_stale_data)
         self.report.workloads = await decision.decide(leaving)
+        # The copies judged above are read again right before the taint, which lets pods go.
+        await decision.recheck()
         await self.api.add_taint(self.node, OUT_OF_SERVICE)
         self.progress(f"tainted {OUT_OF_SERVICE}: waiting for Kubernetes to delete {len(leaving)} pod(s)")
         deadline = time.monotonic() + self.pods_timeout

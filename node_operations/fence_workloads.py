@@ -7,18 +7,28 @@ writes without a word, so before the worker is tainted out of service each such 
 judged by the copies of its volumes on the *other* nodes (Longhorn's replica fields):
 
 - **current**: a copy healthy since it last failed (`healthyAt` set, `failedAt` empty) holds every
-  write the volume took, and it is current only while its node is Ready and not fenced (no
-  `hk3s.dev/fenced-at`, no out-of-service taint). Longhorn's manager marks a copy failed only once
-  it notices its node went (the manager that owns the volume may have run on the fenced worker
-  itself), so its fields alone can call a copy on a dead node current; a workload started from it
-  would not start, or would start on whatever copy is left. A copy on such a node that held data
-  counts as one that may be older. With a current copy of every one of its volumes the workload
-  may start elsewhere: Kubernetes deletes its pods once the node is tainted, and its controller
-  starts them on another node.
-- **stale**: copies elsewhere that were healthy once but failed since (`failedAt` set) may be
-  older than the lost one. The workload stays stopped until the operator accepts that
-  (`hk3s:fences.<worker>.accept_stale_data`); the report lists every copy with its
-  `lastHealthyAt` and `lastFailedAt`.
+  write the volume took, as far as Longhorn heard, and it is current only while its node is Ready
+  and not fenced (no `hk3s.dev/fenced-at`, no out-of-service taint) and Longhorn hears the
+  volume's engine. Longhorn's manager marks a copy failed only once it notices its node went (the
+  manager that owns the volume may have run on the fenced worker itself), so its fields alone can
+  call a copy on a dead node current; a workload started from it would not start, or would start
+  on whatever copy is left. And the copies' fields change only from the engine's own report: the
+  engine runs where the volume is attached (the fenced worker, for its pods' volumes), and once
+  its node goes silent Longhorn reads it `unknown` and changes no copy (longhorn-manager
+  `controller/instance_handler.go`, `controller/volume_controller.go`
+  `ReconcileEngineReplicaState`), while that engine may have dropped the other copies and gone on
+  writing alone. So while the engine reads `unknown` (or `running` on a node that cannot serve),
+  every copy on another node may be older (`unheard_engines`); the stop record keeps that
+  (`ENGINE_UNKNOWN_KEY`), since the engine reads `stopped` once the volume is detached. A copy
+  that is not current but held data counts as one that may be older. With a current copy of every
+  one of its volumes the workload may start elsewhere: Kubernetes deletes its pods once the node
+  is tainted, and its controller starts them on another node. The copies are read again right
+  before the taint (`WorkloadDecision.recheck`): one let go whose verdict turned worse meanwhile
+  is stopped then.
+- **stale**: copies elsewhere that were healthy once but failed since (`failedAt` set), or are not
+  current for the reasons above, may be older than the lost one. The workload stays stopped until
+  the operator accepts that (`hk3s:fences.<worker>.accept_stale_data`); the report lists every
+  copy with its `lastHealthyAt` and `lastFailedAt`.
 - **only copy**: no other node ever held a healthy copy. The workload stays stopped until the
   worker rejoins; no consent starts it, since there is nothing to start it from.
 A workload takes the worst verdict among its volumes. A copy never healthy holds no data and
@@ -70,6 +80,8 @@ from remote_access.ssh import SshTarget, open_session
 
 # On an owner the fence stopped: JSON {"node", "reason", "replicas" | "suspend", "volumes"}.
 STOPPED_ANNOTATION = "hk3s.dev/fence-stopped"
+# In that record: {volume: node} of the volumes whose engine Longhorn could not hear at the stop.
+ENGINE_UNKNOWN_KEY = "engine_unknown_on"
 # On the fenced Node: JSON {"Kind namespace/name": reason} of what its fence keeps stopped.
 NODE_STOPPED_ANNOTATION = "hk3s.dev/fence-stopped-workloads"
 LONGHORN_DRIVER = "driver.longhorn.io"
@@ -106,11 +118,20 @@ class Copy:
     last_healthy_at: str = ""
     last_failed_at: str = ""
     unavailable: str = ""  # why its node cannot serve it now (NotReady, fenced); "" when it can
+    # The node of its volume's engine when Longhorn cannot hear that engine (state unknown, or so
+    # recorded by the fence) and this copy is on another node: its fields may be behind the data.
+    engine_unheard_on: str | None = None
 
     @classmethod
-    def of(cls, replica: Mapping[str, Any], unavailable: Mapping[str, str] | None = None) -> Copy:
+    def of(
+        cls,
+        replica: Mapping[str, Any],
+        unavailable: Mapping[str, str] | None = None,
+        unheard: Mapping[str, str] | None = None,
+    ) -> Copy:
         spec = replica.get("spec") or {}
         node = str(spec.get("nodeID") or "")
+        engine_node = (unheard or {}).get(str(spec.get("volumeName") or ""))
         return cls(
             node=node,
             healthy_at=str(spec.get("healthyAt") or ""),
@@ -118,13 +139,21 @@ class Copy:
             last_healthy_at=str(spec.get("lastHealthyAt") or ""),
             last_failed_at=str(spec.get("lastFailedAt") or ""),
             unavailable=(unavailable or {}).get(node, ""),
+            engine_unheard_on=engine_node if engine_node is not None and engine_node != node else None,
         )
 
     @property
     def current(self) -> bool:
-        """Healthy since it last failed, on a node that is Ready and not fenced: it holds every
-        write the volume took and can be started from now."""
-        return bool(self.node and self.healthy_at and not self.failed_at and not self.unavailable)
+        """Healthy since it last failed, on a node that is Ready and not fenced, and its fields
+        heard from the volume's engine (not one Longhorn lost: see `engine_unheard_on`): it holds
+        every write the volume took and can be started from now."""
+        return bool(
+            self.node
+            and self.healthy_at
+            and not self.failed_at
+            and not self.unavailable
+            and self.engine_unheard_on is None
+        )
 
     @property
     def held_data(self) -> bool:
@@ -132,7 +161,14 @@ class Copy:
         return bool(self.node and (self.healthy_at or self.last_healthy_at))
 
     def line(self) -> str:
-        state = "current" if self.current else "failed" if self.failed_at else f"not current: {self.unavailable}"
+        if self.current:
+            state = "current"
+        elif self.failed_at:
+            state = "failed"
+        elif self.unavailable:
+            state = f"not current: {self.unavailable}"
+        else:
+            state = f"may be older: {unheard_why(self.engine_unheard_on or '')}"
         return (
             f"{self.node} ({state}; lastHealthyAt {self.last_healthy_at or 'never'}, "
             f"lastFailedAt {self.last_failed_at or 'never'})"
@@ -152,7 +188,15 @@ class VolumeCopies:
         copies = self.copies
         if worker_back:
             # Rejoined and validated Ready: its fence record is removed only after this judgement.
-            copies = tuple(dataclasses.replace(c, unavailable="") if c.node == worker else c for c in copies)
+            # Its engine is heard again too: the worker's own copies count, as the newest.
+            copies = tuple(
+                dataclasses.replace(
+                    c,
+                    unavailable="" if c.node == worker else c.unavailable,
+                    engine_unheard_on=None if c.engine_unheard_on == worker else c.engine_unheard_on,
+                )
+                for c in copies
+            )
         held = [c for c in copies if c.held_data]
         others = [c for c in held if c.node != worker]
         if any(c.current for c in (held if worker_back else others)):
@@ -169,6 +213,40 @@ class VolumeCopies:
     def line(self) -> str:
         copies = ", ".join(c.line() for c in self.copies if c.held_data) or "none"
         return f"volume {self.volume} (claim {self.claim}): copies on {copies}"
+
+    def engine_unheard_on(self) -> str | None:
+        """The node of the volume's engine Longhorn cannot hear (None when it hears it)."""
+        return next((c.engine_unheard_on for c in self.copies if c.engine_unheard_on is not None), None)
+
+
+def unheard_why(engine_node: str) -> str:
+    """Why a copy's fields may be behind the data while its volume's engine is not heard."""
+    where = f" on {engine_node}" if engine_node else ""
+    return (
+        f"the volume's engine{where} reads unknown to Longhorn, which has heard nothing from it since its node went "
+        "silent, while it may have gone on writing without this copy"
+    )
+
+
+def recorded_volumes(record: Mapping[str, Any], copies: Mapping[str, tuple[Copy, ...]]) -> list[VolumeCopies]:
+    """The volumes of a fence's stop record with their copies now. A volume whose engine the
+    fence found unheard keeps that mark (`ENGINE_UNKNOWN_KEY`) while the record lasts: once the
+    volume is detached Longhorn reads its engine stopped, but it still never heard what that
+    engine wrote."""
+    recorded = record.get(ENGINE_UNKNOWN_KEY) or {}
+    found = []
+    for volume, claim in record.get("volumes") or []:
+        these = copies.get(volume, ())
+        if isinstance(recorded, dict) and volume in recorded:
+            node = str(recorded[volume])
+            these = tuple(
+                c
+                if c.engine_unheard_on is not None or c.node == node
+                else dataclasses.replace(c, engine_unheard_on=node)
+                for c in these
+            )
+        found.append(VolumeCopies(volume, claim, these))
+    return found
 
 
 @dataclass(frozen=True)
@@ -317,15 +395,36 @@ class ClaimMap:
 
 
 def copies_by_volume(
-    replicas: list[dict[str, Any]], unavailable: Mapping[str, str] | None = None
+    replicas: list[dict[str, Any]],
+    unavailable: Mapping[str, str] | None = None,
+    unheard: Mapping[str, str] | None = None,
 ) -> dict[str, tuple[Copy, ...]]:
     """Each volume's copies; `unavailable` (node -> why, `unavailable_nodes`) marks the copies
-    whose node cannot serve them now."""
+    whose node cannot serve them now, `unheard` (volume -> its engine's node, `unheard_engines`)
+    the copies whose fields may be behind their volume's engine."""
     found: dict[str, list[Copy]] = {}
     for replica in replicas:
         volume = str((replica.get("spec") or {}).get("volumeName") or "")
-        found.setdefault(volume, []).append(Copy.of(replica, unavailable))
+        found.setdefault(volume, []).append(Copy.of(replica, unavailable, unheard))
     return {volume: tuple(copies) for volume, copies in found.items()}
+
+
+def unheard_engines(engines: list[dict[str, Any]], unavailable: Mapping[str, str] | None = None) -> dict[str, str]:
+    """volume -> node of each volume whose engine Longhorn cannot hear: one that reads `unknown`,
+    or reads `running` on a node that cannot serve (`unavailable_nodes`: the manager that would
+    mark it unknown may have run on that node itself, and another takes it over only later).
+    Longhorn marks a started engine's instance unknown when its node is down or cut off
+    (longhorn-manager controller/instance_handler.go), and then changes none of its volume's
+    copies (controller/volume_controller.go ReconcileEngineReplicaState returns at once): the
+    engine may have dropped the other copies and gone on writing without them, unseen, so their
+    healthy fields prove nothing."""
+    found = {}
+    for engine in engines:
+        spec, status = engine.get("spec") or {}, engine.get("status") or {}
+        state, node = status.get("currentState"), str(spec.get("nodeID") or "")
+        if spec.get("volumeName") and (state == "unknown" or (state == "running" and node in (unavailable or {}))):
+            found[str(spec["volumeName"])] = node
+    return found
 
 
 def unavailable_nodes(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]]) -> dict[str, str]:
@@ -354,11 +453,15 @@ def unavailable_nodes(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]
 
 async def copies_now(api: ClusterApi) -> dict[str, tuple[Copy, ...]]:
     """Every volume's copies as they stand now, those on nodes that cannot serve them marked so
-    (`unavailable_nodes`). The one reading of the rule "a current copy is healthy now on a node
-    that is Ready and not fenced": the fence, `status` and `workload start` all judge through it."""
+    (`unavailable_nodes`), and those whose volume's engine Longhorn cannot hear (`unheard_engines`).
+    The one reading of the rule "a current copy is healthy now, as its engine last told Longhorn
+    while Longhorn could hear it, on a node that is Ready and not fenced": the fence, `status` and
+    `workload start` all judge through it."""
     nodes = (await read_json(api, "nodes")).get("items") or []
     replicas = await longhorn_items(api, "replicas.longhorn.io")
-    return copies_by_volume(replicas, unavailable_nodes(nodes, replicas))
+    engines = await longhorn_items(api, "engines.longhorn.io")
+    unavailable = unavailable_nodes(nodes, replicas)
+    return copies_by_volume(replicas, unavailable, unheard_engines(engines, unavailable))
 
 
 def controller_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -428,6 +531,9 @@ def stop_patch(
         "reason": REASON[verdict],
         "volumes": [[v.volume, v.claim] for v in volumes],
     }
+    unheard = {v.volume: node for v in volumes if (node := v.engine_unheard_on()) is not None}
+    if unheard:
+        record[ENGINE_UNKNOWN_KEY] = unheard
     if owner.kind in SUSPENDED:
         record["suspend"] = bool(spec.get("suspend"))
         change: dict[str, Any] = {"suspend": True}
@@ -473,6 +579,7 @@ class WorkloadDecision:
         self.accept_stale_data = accept_stale_data
         self.report = WorkloadReport()
         self.unjudged_pods: list[str] = []  # pods with Longhorn volumes and no owner the fence can stop
+        self.let_go: dict[Owner, Workload] = {}  # judged free to start elsewhere (judged again: `recheck`)
 
     async def _owner(self, pod: Mapping[str, Any]) -> Owner | None:
         ref = controller_of(pod)
@@ -558,27 +665,75 @@ class WorkloadDecision:
                 if record.get("node") != self.worker:
                     self.report.stopped[str(owner)] = f"{owner} stays stopped by the fence of {record.get('node')}"
                 continue
-            if verdict is Verdict.MOVES or (verdict is Verdict.STALE and self.accept_stale_data):
+            if self._may_move(verdict):
                 how = "; ".join(v.line() for v in volumes)
                 consent = " (stale copies accepted: accept_stale_data)" if verdict is Verdict.STALE else ""
                 self.report.moving[str(owner)] = how + consent
+                self.let_go[owner] = workload
                 continue
-            if unstoppable:
-                # Its controller would start it again: a stop there would not hold, so it is named.
-                self.report.unheld[str(owner)] = why_unheld(str(owner), unstoppable, verdict, self.worker, volumes)
-                self.progress(f"{owner} not stopped: owned by {unstoppable}, which the fence cannot stop")
-                continue
-            self.report.stopped_controllers |= workload.controllers
-            # Top first, each with its own record: a record on the workload says its owners hold too.
-            for parent, parent_obj in [*above, (owner, obj)]:
-                if (stop_record(parent_obj) or {}).get("node") == self.worker:
-                    continue  # stopped by an earlier run of this fence, cut before the workload's stop
-                patch = stop_patch(parent, parent_obj, self.worker, verdict, volumes)
-                await self.api.patch_merge(parent.resource, parent.name, parent.namespace, patch)
-                how = "suspended" if parent.kind in SUSPENDED else "scaled to 0"
-                self.progress(f"{parent} {how}: {REASON[verdict]} ({', '.join(workload.volumes)})")
+            await self._stop(workload, obj, above, unstoppable, verdict)
         await self._record_unheld()
         await self.start_stopped(worker_back=False)
+        return self.report
+
+    def _may_move(self, verdict: Verdict) -> bool:
+        return verdict is Verdict.MOVES or (verdict is Verdict.STALE and self.accept_stale_data)
+
+    async def _stop(
+        self,
+        workload: Workload,
+        obj: dict[str, Any],
+        above: list[tuple[Owner, dict[str, Any]]],
+        unstoppable: str,
+        verdict: Verdict,
+    ) -> None:
+        """Stop `workload` (its object `obj`) and the owners `above` it, each with its record; or,
+        with a controller above it the program cannot stop, name it instead."""
+        owner, volumes = workload.owner, list(workload.volumes.values())
+        if unstoppable:
+            # Its controller would start it again: a stop there would not hold, so it is named.
+            self.report.unheld[str(owner)] = why_unheld(str(owner), unstoppable, verdict, self.worker, volumes)
+            self.progress(f"{owner} not stopped: owned by {unstoppable}, which the fence cannot stop")
+            return
+        self.report.stopped_controllers |= workload.controllers
+        # Top first, each with its own record: a record on the workload says its owners hold too.
+        for parent, parent_obj in [*above, (owner, obj)]:
+            if (stop_record(parent_obj) or {}).get("node") == self.worker:
+                continue  # stopped by an earlier run of this fence, cut before the workload's stop
+            patch = stop_patch(parent, parent_obj, self.worker, verdict, volumes)
+            await self.api.patch_merge(parent.resource, parent.name, parent.namespace, patch)
+            how = "suspended" if parent.kind in SUSPENDED else "scaled to 0"
+            self.progress(f"{parent} {how}: {REASON[verdict]} ({', '.join(workload.volumes)})")
+
+    async def recheck(self) -> WorkloadReport:
+        """Judge again, from the copies as they stand now, every workload `decide` let go, right
+        before the taint: a copy may have failed, or its node gone, while the fence stopped the
+        others (each a patch through the API) or waited on the host. One whose verdict no longer
+        lets it start elsewhere is stopped as `decide` would have stopped it."""
+        if not self.let_go:
+            return self.report
+        copies = await copies_now(self.api)
+        changed = False
+        for owner, workload in list(self.let_go.items()):
+            workload.volumes = {
+                name: VolumeCopies(name, v.claim, copies.get(name, ())) for name, v in workload.volumes.items()
+            }
+            verdict = workload.verdict(self.worker)
+            if self._may_move(verdict):
+                continue
+            del self.let_go[owner]
+            self.report.moving.pop(str(owner), None)
+            obj = await self._object(owner)
+            if obj is None:
+                self.report.unjudged.append(f"{owner} (pods {', '.join(workload.pods)}) could not be read")
+                continue
+            self.progress(f"{owner} judged again before the taint: {REASON[verdict]} now")
+            above, unstoppable = await self._owners_above(owner, obj)
+            await self._stop(workload, obj, above, unstoppable, verdict)
+            changed = True
+        if changed:
+            await self._record_unheld()
+            await self.start_stopped(worker_back=False)  # the reasons and the Node's summary
         return self.report
 
     async def _record_unheld(self) -> None:
@@ -616,7 +771,7 @@ class WorkloadDecision:
         copies = await copies_now(self.api) if stopped else {}
         still: dict[str, str] = {}
         for owner, record in stopped:
-            volumes = [VolumeCopies(v, c, copies.get(v, ())) for v, c in record.get("volumes") or []]
+            volumes = recorded_volumes(record, copies)
             verdict = max((v.verdict(self.worker, worker_back=worker_back) for v in volumes), default=Verdict.MOVES)
             if verdict is Verdict.MOVES or (verdict is Verdict.STALE and self.accept_stale_data):
                 await self.api.patch_merge(owner.resource, owner.name, owner.namespace, start_patch(owner, record))
