@@ -47,10 +47,8 @@ RUN_BY: dict[str, RunBy] = {
     "pulumi stack rm --preserve-config --yes --stack <env>": RunBy(
         "tests/lab/test_longhorn_teardown.py", 'docs_commands("teardown.md", "Removing the stack")'
     ),
-    # README.md and docs/getting-started-hetzner.md: typed at a pseudo-terminal.
-    "scripts/stack.sh preview": RunBy(
-        "tests/lab/test_stack_preview.py", '"bash scripts/stack.sh preview --stack local'
-    ),
+    # README.md and docs/getting-started-hetzner.md: the first-run block, typed at a pseudo-terminal.
+    "scripts/stack.sh preview": RunBy("tests/lab/test_stack_preview.py", 'first_run_block(REPO / "README.md")'),
     # README.md and docs/lab.md: the demo, run as a newcomer runs it.
     "bash scripts/demo.sh up": RunBy("tests/lab/test_demo.py", '_demo("up", demo_dir)'),
     "bash scripts/demo.sh down": RunBy("tests/lab/test_demo.py", '_demo("down", demo_dir)'),

@@ -90,6 +90,20 @@ class Stack:
         deployment = self.stack.stack().export_stack().deployment or {}
         return [r["type"] for r in deployment.get("resources", []) if r["type"] != "pulumi:pulumi:Stack"]
 
+    def depends_on(self, name: str) -> set[str]:
+        """The names of the resources the engine recorded `name` as depending on, directly or
+        through others, in the stack's state."""
+        resources = (self.stack.stack().export_stack().deployment or {}).get("resources", [])
+        by_urn = {r["urn"]: r for r in resources}
+        found: set[str] = set()
+        pending = [urn for urn in by_urn if urn.endswith(f"::{name}")]
+        while pending:
+            for urn in by_urn[pending.pop()].get("dependencies") or []:
+                if urn not in found and urn in by_urn:
+                    found.add(urn)
+                    pending.append(urn)
+        return {urn.rsplit("::", 1)[-1] for urn in found}
+
     def pending(self) -> list[Any]:
         return list((self.stack.stack().export_stack().deployment or {}).get("pending_operations") or [])
 
@@ -165,6 +179,9 @@ def test_the_readme_teardown_with_longhorn(longhorn_stack: Stack) -> None:
         plain.output[-4000:]
     )
     assert len(stack.resources()) == count and RELEASE in stack.resources()
+    # The state the `up`s recorded: Longhorn's release depends on the worker's join (whose delete
+    # is the worker's wipe), so the destroy below deletes the release first.
+    assert "lt-w1-join" in stack.depends_on("storage-longhorn"), sorted(stack.depends_on("storage-longhorn"))
     commands = docs_commands("teardown.md", "Tearing down")
     assert commands == [
         "pulumi destroy --run-program --preview-only --stack <env>",
@@ -177,6 +194,13 @@ def test_the_readme_teardown_with_longhorn(longhorn_stack: Stack) -> None:
     final = stack.type(commands[1])
     assert final.returncode == 0, final.output[-5000:]
     assert stack.resources() == []
+    # The engine's own order, as its progress lines show it: Longhorn's release is deleted (its
+    # uninstall done) before any host's wipe starts (a worker's join, the server's k3s).
+    lines = final.output.splitlines()
+    released = [i for i, line in enumerate(lines) if re.search(r"\bstorage-longhorn deleted\b", line)]
+    wipes = [i for i, line in enumerate(lines) if re.search(r"\b(lt-w1-join|lt-server-k3s) deleting\b", line)]
+    assert released and wipes, final.output[-5000:]
+    assert released[0] < wipes[0], f"a wipe began before Longhorn's release was deleted: {lines[wipes[0]]!r}"
     for host in (stack.server, stack.worker):
         left = host.run(["sh", "-c", f"ls -d {K3S} /var/lib/rancher/k3s /etc/rancher/k3s 2>/dev/null"], check=False)
         assert left.stdout.strip() == "", f"{host.name} keeps: {left.stdout}"
