@@ -30,7 +30,7 @@ from urllib.parse import unquote
 from remote_access.api_forward import process_alive, process_parent_and_name
 from remote_access.private_dir import UnsafeDirectoryError, private_directory
 
-from .errors import LockHolder, StackBusyError, StackError
+from .errors import LockHolder, StackBusyError, StackError, shown
 
 LockState = Literal["live", "stale", "foreign"]
 
@@ -206,6 +206,6 @@ class UnlockReport:
             return [f"stack {self.stack} is not locked"]
         return [
             f"{'removed' if holder in self.removed else 'locked by'} {holder}, {describe_age(age)}"
-            + (f" ({holder.path})" if holder.path else "")
+            + (f" ({shown(holder.path)})" if holder.path else "")
             for holder, age in zip(self.holders, self.ages, strict=True)
         ]

@@ -18,6 +18,16 @@ name the holder, and removes one only when an operator confirms (`unlock`).
 
 The requests are signed here with AWS Signature Version 4 (the documented algorithm: a
 canonical request, the string to sign, the derived key), to keep the API free of an AWS SDK.
+Two rules keep the credentials where the operator sent them:
+- No request follows a redirect. A signed request carries `authorization` and the session token
+  (`x-amz-security-token`), and urllib's redirect handler copies every header to the new
+  address; so a 3xx is refused, naming the endpoint and the fix (the endpoint and region that
+  answer for the bucket), and nothing is sent on.
+- A plain `http://` endpoint (given so, or `host:port` with `disableSSL=true`) is used only with
+  HK3S_S3_ALLOW_HTTP=1: over it the key id, signatures valid for minutes, the session token and
+  the state itself cross the network in clear. A server on this machine or a network the
+  operator trusts (a local MinIO) is the case for it. A query parameter cannot say it: the
+  Pulumi CLI refuses any it does not know.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from xml.etree import ElementTree
 
-from .errors import LockHolder, StackError
+from .errors import LockHolder, StackError, shown
 
 # Every query parameter gocloud.dev's s3blob URL opener and Pulumi's translation of the older
 # names accept (gocloud.dev/blob/s3blob OpenBucketURL, gocloud.dev/aws V2ConfigFromURLParams,
@@ -65,6 +75,8 @@ KNOWN_PARAMETERS = frozenset(
     }
 )
 TIMEOUT = 10.0
+# The acknowledgement that lets a plain-HTTP endpoint be used (see the module's docstring).
+ALLOW_HTTP = "HK3S_S3_ALLOW_HTTP"
 S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
 
@@ -75,6 +87,16 @@ class BackendError(StackError):
 
 def _true(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes")
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: urllib then raises the 3xx as an HTTPError, which `request` refuses."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_RefuseRedirects())
 
 
 @dataclass(frozen=True)
@@ -139,6 +161,16 @@ class S3Backend:
                 "read and write its bucket; export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and "
                 "AWS_SESSION_TOKEN for short-lived keys)"
             )
+        session_token = env.get("AWS_SESSION_TOKEN", "")
+        if urllib.parse.urlsplit(endpoint).scheme == "http" and not _true(env.get(ALLOW_HTTP)):
+            carried = "the key id, request signatures" + (
+                ", the session token in AWS_SESSION_TOKEN" if session_token else ""
+            )
+            raise BackendError(
+                f"PULUMI_BACKEND_URL's endpoint {endpoint} is plain HTTP: {carried} and the stack's state "
+                "would cross the network in clear. Use an https:// endpoint, or, for a server on this machine "
+                f"or a network you trust, set {ALLOW_HTTP}=1"
+            )
         return cls(
             url=url,
             bucket=parts.hostname,
@@ -148,7 +180,7 @@ class S3Backend:
             region=region,
             access_key=access_key,
             secret_key=secret_key,
-            session_token=env.get("AWS_SESSION_TOKEN", ""),
+            session_token=session_token,
         )
 
     # ---- requests -------------------------------------------------------------------------
@@ -167,7 +199,8 @@ class S3Backend:
     def request(
         self, method: str, key: str = "", query: Mapping[str, str] | None = None, body: bytes = b""
     ) -> tuple[int, bytes]:
-        """One signed request: (HTTP status, body). Raises OSError when the endpoint does not answer."""
+        """One signed request: (HTTP status, body). Raises OSError when the endpoint does not answer,
+        BackendError when it answers with a redirect (never followed: see the module's docstring)."""
         base, host, path = self._url_and_path(key)
         now = datetime.datetime.now(datetime.UTC)
         amz_date = now.strftime("%Y%m%dT%H%M%SZ")
@@ -206,9 +239,18 @@ class S3Backend:
             if name != "host":
                 http_request.add_header(name, value)
         try:
-            with urllib.request.urlopen(http_request, timeout=TIMEOUT) as response:
+            with _OPENER.open(http_request, timeout=TIMEOUT) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as error:
+            if 300 <= error.code < 400:
+                location = error.headers.get("Location") or ""
+                target = f" to {shown(location[:200])}" if location else ""
+                raise BackendError(
+                    f"the S3 endpoint {self.endpoint} of PULUMI_BACKEND_URL answered {method} with a redirect "
+                    f"({error.code}{target}); signed requests are never sent on to another address: set "
+                    "endpoint= (and region=) in PULUMI_BACKEND_URL to the address that serves bucket "
+                    f"{self.bucket}"
+                ) from None
             return error.code, error.read()
 
     def list_keys(self, prefix: str) -> list[str]:
@@ -252,7 +294,7 @@ class S3Backend:
     def _explain(self, status: int, body: bytes, what: str) -> str:
         code = ""
         with contextlib.suppress(ElementTree.ParseError):
-            code = ElementTree.fromstring(body).findtext("Code") or ""
+            code = shown(ElementTree.fromstring(body).findtext("Code") or "")
         where = f"bucket {self.bucket} at {self.endpoint}"
         if code == "NoSuchBucket" or (status == 404 and what == "list"):
             return (

@@ -45,6 +45,7 @@ from lab.stack_harness import (
 )
 from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
 from operator_api import ClusterStack, StackBusyError, StackError
+from operator_api.s3_backend import ALLOW_HTTP
 
 pytestmark = pytest.mark.lab
 K3S = "/usr/local/bin/k3s"
@@ -148,8 +149,9 @@ def team(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
 
 
 def test_bad_backend_input_is_one_line_naming_the_variable_and_changes_nothing(team: Team) -> None:
-    """A wrong endpoint, a missing bucket, refused credentials and a key that may only read:
-    each refused before any run, by name, with the fix; the bucket and the stack file untouched."""
+    """A wrong endpoint, a missing bucket, refused credentials, a key that may only read and a
+    plain-HTTP endpoint not acknowledged: each refused before any run, by name, with the fix; the
+    bucket and the stack file untouched."""
     url = team.s3.backend_url
     reader = team.s3.reader(BUCKET)
     cases = {
@@ -161,6 +163,8 @@ def test_bad_backend_input_is_one_line_naming_the_variable_and_changes_nothing(t
         "credentials": ({"AWS_SECRET_ACCESS_KEY": "not-the-secret"}, "refused the credentials"),
         "read-only": (reader, "may not write to bucket team-state"),
         "no key": ({"AWS_ACCESS_KEY_ID": ""}, "AWS_ACCESS_KEY_ID not set"),
+        # The lab's gateway is plain HTTP: used only with the acknowledgement (the fixture's env has it).
+        "plain http": ({ALLOW_HTTP: "0"}, "is plain HTTP: the key id, request signatures and the stack's state"),
     }
     client = team.s3.client(BUCKET)
     before = (client.list_keys(""), team.b.project.joinpath("Pulumi.lab.yaml").read_bytes())

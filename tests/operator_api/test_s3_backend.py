@@ -82,9 +82,16 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    do_GET = do_PUT = do_DELETE = _answer
+    def do_GET(self) -> None:
+        self._answer()
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
+    def do_PUT(self) -> None:
+        self._answer()
+
+    def do_DELETE(self) -> None:
+        self._answer()
+
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 
@@ -106,7 +113,7 @@ def servers() -> Iterator[tuple[_Server, _Server]]:
     listing = b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><IsTruncated>false</IsTruncated></ListBucketResult>'
     elsewhere = _Server(lambda path: (200, {}, listing if "list-type" in path else b"{}"))
     endpoint = _Server(lambda path: (307, {"Location": elsewhere.url + path}, b""))
-    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (endpoint, elsewhere)]
+    threads = [threading.Thread(target=s.serve_forever, args=(0.05,), daemon=True) for s in (endpoint, elsewhere)]
     for thread in threads:
         thread.start()
     yield endpoint, elsewhere
@@ -148,7 +155,10 @@ def test_no_credentials_follow_a_redirect(servers: tuple[_Server, _Server], call
 
 @pytest.mark.parametrize(
     "url",
-    ["s3://b?endpoint=http://minio.example:9000&region=r", "s3://b?endpoint=minio.example:9000&disableSSL=true&region=r"],
+    [
+        "s3://b?endpoint=http://minio.example:9000&region=r",
+        "s3://b?endpoint=minio.example:9000&disableSSL=true&region=r",
+    ],
 )
 @pytest.mark.parametrize("token", ["", "session-token"])
 def test_a_plain_http_endpoint_is_refused_unless_acknowledged(url: str, token: str) -> None:
