@@ -122,7 +122,7 @@ class S3Backend:
         if unknown:
             raise BackendError(
                 f"PULUMI_BACKEND_URL has query parameter(s) {', '.join(unknown)} that Pulumi's S3 backend does "
-                "not know: use s3://BUCKET?endpoint=http://HOST:PORT&s3ForcePathStyle=true&region=REGION"
+                "not know: use s3://BUCKET?endpoint=https://HOST:PORT&s3ForcePathStyle=true&region=REGION"
             )
         if not parts.hostname:
             raise BackendError("PULUMI_BACKEND_URL names no bucket: use s3://BUCKET?region=REGION")
@@ -329,7 +329,8 @@ class S3Backend:
             reason = getattr(error, "reason", error)
             raise BackendError(
                 f"cannot reach the S3 endpoint {self.endpoint} of PULUMI_BACKEND_URL ({reason}): correct "
-                "endpoint= in PULUMI_BACKEND_URL (http://HOST:PORT for a server without TLS) or start the server"
+                f"endpoint= in PULUMI_BACKEND_URL (http://HOST:PORT with {ALLOW_HTTP}=1 for a server without TLS) "
+                "or start the server"
             ) from None
 
     # ---- Pulumi's lock objects --------------------------------------------------------------
