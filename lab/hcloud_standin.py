@@ -141,7 +141,12 @@ class StandinServer:
                 "firewalls": [],
             },
             "private_net": [
-                {"network": self.network, "ip": ip, "alias_ips": [], "mac_address": f"86:00:00:00:{n:02x}:{self.id % 256:02x}"}
+                {
+                    "network": self.network,
+                    "ip": ip,
+                    "alias_ips": [],
+                    "mac_address": f"86:00:00:00:{n:02x}:{self.id % 256:02x}",
+                }
                 for n, ip in enumerate(self.private_ips)
             ],
         }

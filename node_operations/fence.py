@@ -98,6 +98,10 @@ MASTER_LABEL = "node-role.kubernetes.io/master"
 # marker): lifting the fence reboots a host still in that boot, so nothing the fence stopped
 # half-way (a mount, a process a stop missed) outlives the fence.
 FENCE_BOOT_ANNOTATION = "hk3s.dev/fenced-boot"
+# The fence's record that the host was proven stopped, and how ("ssh", "hetzner", "powered-off"),
+# written right before the out-of-service taint: a give-up (node_operations.forced_removal) needs it,
+# since the taint alone may have been put on by hand.
+FENCE_STOPPED_BY_ANNOTATION = "hk3s.dev/fence-stopped-by"
 # How long a Node must have been NotReady: longer than a brief network loss or an agent restart.
 MIN_DOWN_SECONDS = 60.0
 FENCE_SCRIPT_DEADLINE_SECONDS = 180.0
@@ -527,6 +531,13 @@ class WorkerFence:
         self.report.recorded_at = recorded
         self.progress(f"fence recorded on the Node ({FENCE_ANNOTATION}={recorded})")
 
+    async def _record_stopped(self) -> None:
+        """The host is proven stopped: say so on the Node, and how, before the taint."""
+        await self.api.kubectl(
+            ["annotate", "node", self.node, "--overwrite", f"{FENCE_STOPPED_BY_ANNOTATION}={self.report.stopped_by}"],
+            repeat=Repeat.IDEMPOTENT,
+        )
+
     async def _stop_over_ssh(self, *, leftovers_stop: bool = True) -> None:
         self.progress("stopping the k3s agent and every container; a drop-in keeps the agent down")
         try:
@@ -615,6 +626,7 @@ class WorkerFence:
             await self._stop_over_ssh()
         elif self.report.stopped_by == "hetzner":
             await self._stop_through_hetzner()
+        await self._record_stopped()
         await self._let_pods_go()
         return self.report
 

@@ -434,7 +434,9 @@ def test_a_fenced_worker_is_given_up_only_while_the_fence_holds_it(cluster: Clus
     said = " ".join(masked.stderr.split())
     assert f"{w2.name}: giving the worker up is refused: {w2.name}'s Node is Ready" in said, said[-4000:]
     assert stack_file.read_bytes() == before
-    assert w2.name in {n["metadata"]["name"] for n in json.loads(kubectl(server, "get", "nodes", "-o", "json"))["items"]}
+    assert w2.name in {
+        n["metadata"]["name"] for n in json.loads(kubectl(server, "get", "nodes", "-o", "json"))["items"]
+    }
     # Without --force a fenced worker is not removed (drained and wiped), even while it answers.
     plain = cluster.stack.hk3s("node", "remove", w2.name, "--yes")
     assert plain.returncode == 3, plain.stderr[-4000:]

@@ -150,7 +150,9 @@ def test_a_server_in_another_network_with_the_workers_private_address_is_not_pow
         assert bystander.is_running and standin.power_actions(bystander_id) == [], output[-6000:]
     assert output, "the fence went on with a bystander's server"
     print("\n".join(line for line in output.splitlines() if "fencing is refused" in line)[-3000:])
-    assert f"{worker.name}: fencing is refused: Hetzner server lab-bystander (id {bystander_id}" in output, output[-6000:]
+    assert f"{worker.name}: fencing is refused: Hetzner server lab-bystander (id {bystander_id}" in output, output[
+        -6000:
+    ]
     assert f"{worker.private_ip} only in Hetzner network {BYSTANDER_NETWORK}" in output, output[-6000:]
     assert "nothing was powered off" in output, output[-6000:]
     assert cluster.fence_record() is None and OUT_OF_SERVICE not in cluster.taints()

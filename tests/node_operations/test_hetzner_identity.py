@@ -11,7 +11,9 @@ OTHER_NETWORK = 9999
 LABELS = {"hk3s-owner": "hk3s.dev", "hk3s-node": "w1"}
 
 
-def refusal(state: ServerState, *, network: int | None = CLUSTER_NETWORK, labels: dict[str, str] | None = None) -> str | None:
+def refusal(
+    state: ServerState, *, network: int | None = CLUSTER_NETWORK, labels: dict[str, str] | None = None
+) -> str | None:
     return identity_refusal(
         "w1",
         state,
