@@ -448,6 +448,9 @@ def test_a_fenced_worker_is_given_up_only_while_the_fence_holds_it(cluster: Clus
     assert stack_file.read_bytes() == before
     assert FENCE_ANNOTATION in node(server, w2.name)["metadata"]["annotations"]
     w2.power_off()
+    # Off again: a give-up needs its Node NotReady (the controller-manager's grace period) and its
+    # kubelet silent.
+    wait_until(f"{w2.name} NotReady", lambda: ready_status(server, w2.name) != "True", 90, cluster.diagnose)
     run = cluster.stack.hk3s("node", "remove", w2.name, "--force", "--yes")
     assert run.returncode == 0, run.stderr[-4000:]
     assert f"[{w2.name}] given up (fenced since" in run.stderr, run.stderr[-4000:]
