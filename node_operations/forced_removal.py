@@ -115,12 +115,16 @@ class Hold:
 
 async def fence_hold(worker: SshTarget) -> Hold:
     """Whether the host answers over SSH and, if it does, whether the fence holds it stopped."""
+    logged_in = False
     try:
         async with open_session(worker) as session:
+            logged_in = True
             result = await session.run(["sh", "-c", HELD_CHECK], deadline=ANSWER_SECONDS)
     except (SshLoginRefusedError, HostKeyChangedError) as error:
         return Hold(refusal=login_refused(worker.node, error))
     except SshError as error:
+        if logged_in:  # it answered: what it holds is unknown, which is no silence either
+            return Hold(refusal=not_held(worker.node, f"the check did not finish: {error}"))
         return Hold(silent=str(error))
     said = result.stdout.split()
     if said == ["drop-in=present", "agent=inactive"]:
