@@ -127,6 +127,8 @@ class FenceOrder:
     """The Hetzner API's token and endpoint (hcloud:token, hcloud:endpoint)."""
     accept_stale_data: bool = False
     """Workloads may start from copies of their Longhorn volumes that may be older (fence_workloads)."""
+    stack: str = ""
+    """The stack's name, in the refusal of a scale-up of a workload the fence holds (fence_holds)."""
 
 
 @dataclass(frozen=True)
@@ -582,7 +584,9 @@ class WorkerFence:
         before = await self._pods(self.node)
         leaving = [pod for pod in before if not tolerates(pod, OUT_OF_SERVICE)]
         self.report.pods_staying = [pod_name(pod) for pod in before if tolerates(pod, OUT_OF_SERVICE)]
-        decision = WorkloadDecision(self.api, self.node, self.progress, accept_stale_data=self.order.accept_stale_data)
+        decision = WorkloadDecision(
+            self.api, self.node, self.progress, accept_stale_data=self.order.accept_stale_data, stack=self.order.stack
+        )
         self.report.workloads = await decision.decide(leaving)
         await self.api.add_taint(self.node, OUT_OF_SERVICE)
         self.progress(f"tainted {OUT_OF_SERVICE}: waiting for Kubernetes to delete {len(leaving)} pod(s)")

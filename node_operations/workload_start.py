@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from node_operations.fence_holds import release
+from node_operations.fence_holds import start_command as hold_start_command
 from node_operations.fence_workloads import (
     NODE_STOPPED_ANNOTATION,
     REASON,
@@ -146,6 +148,7 @@ async def start_workload(
     verdict = max((current_now(v, worker) for v in volumes), default=Verdict.MOVES)
     if verdict is Verdict.ONLY_COPY or (verdict is Verdict.STALE and not accept_stale_data):
         raise WorkloadStartRefusedError(server, refusal(owner, worker, verdict, volumes))
+    await release(api, owner.ref)  # first: the fence's hold refuses the start patch (fence_holds)
     await api.patch_merge(owner.resource, owner.name, owner.namespace, start_patch(owner, record))
     consent = " (stale copies accepted: --accept-stale-data)" if verdict is Verdict.STALE else ""
     progress(f"{owner} started again{consent}")
@@ -214,3 +217,55 @@ async def start_workload_through(
         return await start_workload(
             api, ref, accept_stale_data=accept_stale_data, progress=progress, server=server.node
         )
+
+
+def runs(obj: Mapping[str, Any]) -> str:
+    """How a stoppable owner runs now ("" when it does not): replicas wanted or pods left, its
+    suspension lifted or Jobs active."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    if obj.get("kind") in SUSPENDED:
+        active = status.get("active")
+        count = len(active) if isinstance(active, list) else int(active or 0)
+        parts = [*([] if spec.get("suspend") else ["suspend: false"]), *([f"{count} active"] if count else [])]
+    else:
+        wanted, pods = int(spec.get("replicas") or 0), int(status.get("replicas") or 0)
+        parts = [*([f"replicas: {wanted}"] if wanted else []), *([f"{pods} pod(s)"] if pods else [])]
+    return ", ".join(parts)
+
+
+def held_running(objects: Sequence[Mapping[str, Any]], stack: str) -> list[str]:
+    """A line per workload a fence stopped (its record on it) that runs anyway: something started it
+    past the hold (node_operations/fence_holds.py), or while the hold was missing."""
+    lines = []
+    for obj in objects:
+        record = stop_record(obj)
+        above = controller_of(obj)
+        if record is None or not record.get("node"):
+            continue
+        if obj.get("kind") == "ReplicaSet" and above is not None and above[0] == "Deployment":
+            continue  # a copy of its Deployment's record: the Deployment is named
+        how = runs(obj)
+        if not how:
+            continue
+        meta = obj["metadata"]
+        owner = Owner(str(obj["kind"]), str(meta["namespace"]), str(meta["name"]))
+        worker = str(record["node"])
+        lines.append(
+            f"{owner} is held stopped by the fence of {worker} ({record.get('reason')}) but runs anyway ({how}): "
+            f"something started it past the hold, on copies that may be older than the one on {worker}. Scale it "
+            f"to 0 (or suspend it) and check its data; to start it from them, run "
+            f"{hold_start_command(stack)} {owner.ref} --accept-stale-data"
+        )
+    return sorted(lines)
+
+
+async def read_held_running(api: ClusterApi, stack: str) -> list[str]:
+    """`held_running` of every owner kind a fence stops, read through the API."""
+    kinds = ",".join(sorted({*SCALED.values(), *SUSPENDED.values()}))
+    return held_running((await read_json(api, kinds, "-A")).get("items") or [], stack)
+
+
+async def held_running_through(server: SshTarget, stack: str, api_wait: float) -> list[str]:
+    """`read_held_running` through the server's API (for `status`)."""
+    async with open_session(server) as session:
+        return await read_held_running(ClusterApi(session, api_wait=api_wait), stack)

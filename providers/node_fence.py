@@ -81,6 +81,9 @@ class NodeFenceInputs(NodeInputs):
     node_external_ip: pulumi.Input[str] = ""
     """The address the worker's join publishes as its external IP (hk3s:workers): a lift that
     finds the agent configured with another says the join's pending change needs one more `up`."""
+    stack: pulumi.Input[str] = ""
+    """The stack's name: a scale-up of a workload the fence holds is refused naming
+    `scripts/hk3s --stack <stack> workload start` (node_operations.fence_holds)."""
 
     def validated_node(self) -> ValidatedNode:
         from node_operations.join_validation import ValidatedNode  # noqa: PLC0415 - loaded on first use
@@ -106,6 +109,7 @@ class NodeFenceInputs(NodeInputs):
             hcloud_server=str(hcloud_server) if hcloud_server else None,
             hcloud=HetznerAccess(str(token), str(known(self.hcloud_endpoint) or DEFAULT_ENDPOINT)) if token else None,
             accept_stale_data=bool(known(self.accept_stale_data)),
+            stack=str(known(self.stack) or ""),
         )
 
     def server(self) -> SshTarget:
