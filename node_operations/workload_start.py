@@ -16,7 +16,10 @@ the fence, nothing else would start it. The rules, and why:
   given up) is not Ready, so it cannot serve one. The fenced worker's own copies count once it is
   Ready and unfenced again: they are then current like any other.
 - **With a current copy of every volume** it starts: one merge patch restores its size (or
-  suspension) and drops the record, so it is never started without its record going too.
+  suspension) and drops the record, so it is never started without its record going too. Its
+  hold (node_operations/fence_holds.py) goes first, in a request of its own: the admission policy
+  refuses the start patch while the hold stands. A workload held with no record (made again since
+  the fence stopped it) only loses its hold: there is nothing to restore.
 - **Copies that may be older** (healthy once, failed since): refused, naming each volume and
   its copies with their timestamps, unless the operator accepts them (`--accept-stale-data`).
 - **No copy elsewhere that ever held data**: refused even with consent, as the fence does; there
@@ -32,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from node_operations.fence_holds import release
+from node_operations.fence_holds import HOLDS_CONFIGMAP, read_holds, release
 from node_operations.fence_holds import start_command as hold_start_command
 from node_operations.fence_workloads import (
     NODE_STOPPED_ANNOTATION,
@@ -138,6 +141,14 @@ async def start_workload(
             f"carries a copy of its record): run {COMMAND} {ref.namespace}/Deployment/{above[1]}",
         )
     if record is None or not record.get("node"):
+        if any(value.split(" ")[-1] == owner.ref for value in (await read_holds(api)).values()):
+            # Held with no record to restore from: the object was made again (or its record removed by
+            # hand) since the fence stopped it. The hold alone would refuse its scale-ups for ever.
+            await release(api, owner.ref)
+            return (
+                f"{owner} carries no {STOPPED_ANNOTATION} record (made again since a fence stopped it, or the "
+                f"record removed): its hold ({HOLDS_CONFIGMAP} in kube-system) is removed, nothing else changed"
+            )
         raise WorkloadStartRefusedError(
             server, f"{owner} was not stopped by a fence (no {STOPPED_ANNOTATION} record on it): nothing to start"
         )
