@@ -123,9 +123,9 @@ spec:
         ' is held stopped by the fence of ' + variables.hold[0] + ' (' + variables.hold[1] +
         ': no node that is Ready and not fenced holds a current copy of its Longhorn volumes), so it is not ' +
         (variables.scaled ? 'scaled up' : 'resumed') + ' from outside (a GitOps sync, kubectl apply or scale,' +
-        ' an autoscaler). Start it with {command} ' + variables.hold[2] +
-        ' --accept-stale-data to start it from copies that may be older than the one on ' + variables.hold[0] +
-        ' (refused while there is none), or lift the fence once ' + variables.hold[0] + ' is back'
+        ' an autoscaler). To start it from copies that may be older than the one on ' + variables.hold[0] +
+        ', run {command} ' + variables.hold[2] + ' --accept-stale-data (without it once a copy elsewhere is' +
+        ' current); or lift the fence once ' + variables.hold[0] + ' is back, which starts it'
 ---
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicyBinding
