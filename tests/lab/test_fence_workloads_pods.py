@@ -369,9 +369,9 @@ def test_a_workload_a_fence_holds_stopped_is_not_restarted_from_outside(cluster:
     again = {"apiVersion": binding["apiVersion"], "kind": binding["kind"], "metadata": {"name": meta["name"]}}
     (server.root / "root/binding.json").write_text(json.dumps({**again, "spec": binding["spec"]}))
     cluster.kubectl("create", "-f", "/root/binding.json")
-    wait_until(
+    wait_until(  # a server-side dry run goes through admission and changes nothing
         "a scale up refused again",
-        lambda: as_user(cluster, "scale", "deployment", "held-app", "--replicas=2").returncode != 0,
+        lambda: as_user(cluster, "scale", "deployment", "held-app", "--replicas=2", "--dry-run=server").returncode != 0,
         30,
     )
     assert as_user(cluster, "scale", "deployment", "held-app", "--replicas=0").returncode == 0
