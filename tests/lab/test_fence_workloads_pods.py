@@ -297,6 +297,7 @@ def as_user(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_a_workload_a_fence_holds_stopped_is_not_restarted_from_outside(cluster: Cluster) -> None:
     server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    began = time.monotonic()
     for name in (w1.name, w2.name):
         node = cluster.get("nodes.longhorn.io", name, "-n", "longhorn-system")
         tags = sorted({*(node["spec"].get("tags") or []), "t-pair"})
@@ -322,12 +323,15 @@ def test_a_workload_a_fence_holds_stopped_is_not_restarted_from_outside(cluster:
     for worker in (w2, w1):
         worker.run(["systemctl", "stop", "k3s-agent"])
     wait_until("fp-w1 and fp-w2 NotReady", lambda: "True" not in {cluster.ready(w1), cluster.ready(w2)}, 90)
+    print(f"held-app running, both workers NotReady: {time.monotonic() - began:.1f} s")
     time.sleep(62)  # the minute a fence asks for
     cluster.config["fences"] = {w1.name: {}}
     cluster.stack.write_config(cluster.config)
+    fenced = time.monotonic()
     output = cluster.stack.up_output()
     if output:
         pytest.fail(output[-8000:])
+    print(f"fence up {time.monotonic() - fenced:.1f} s")
     text = cluster.stack.text()
     assert "Deployment default/held-app stays stopped: no other node holds a current copy" in text, text[-4000:]
     held = cluster.get("deployment", "held-app")
@@ -358,7 +362,9 @@ def test_a_workload_a_fence_holds_stopped_is_not_restarted_from_outside(cluster:
         30,
     )
     for args in (("status",), ("status", "--check")):
+        asked = time.monotonic()
         status = cluster.stack.hk3s(*args)
+        print(f"{' '.join(args)} {time.monotonic() - asked:.1f} s")
         assert status.returncode == 0, status.output + status.stderr
         said = status.output
         assert "Deployment default/held-app" in said and f"held stopped by the fence of {w1.name}" in said, said
