@@ -35,7 +35,9 @@ hold, and is named instead (`WorkloadReport.unheld`, the Node's `NODE_UNHELD_ANN
 `status(check_hosts=True)` reads): the operator stops it or accepts what starts. The stop and its record
 are one merge patch of the owner (`STOPPED_ANNOTATION`: the worker, why, the former replica count
 or suspension, the volumes), so an interrupted run finds either both or neither; a resumed fence
-keeps the record's verdict and does not judge that owner again. The Node carries a summary
+keeps the record's verdict and does not judge that owner again. Before its stop each owner is held
+(node_operations/fence_holds.py: the API server then refuses a scale-up or un-suspend of it from
+outside), and every start removes the hold before its patch. The Node carries a summary
 (`NODE_STOPPED_ANNOTATION`) for the operator. A pod with Longhorn volumes and no owner the
 program can stop (a bare pod, a DaemonSet's, another controller's) is named in a warning: the
 taint deletes it and the program cannot say whether something starts it on an older copy.
