@@ -58,8 +58,7 @@ worker is down; the program then proves it before anything moves. The order, and
 
 Before the taint, each workload whose pods on the worker use Longhorn volumes is judged by the
 copies of its volumes elsewhere, and one that may not start elsewhere is stopped first
-(node_operations/fence_workloads.py, which also deletes, after a minute, pods with Longhorn
-volumes that Kubernetes left, only once their volumes are detached from the worker). Lifting a
+(node_operations/fence_workloads.py). The fence deletes no pod itself (see there why). Lifting a
 fence is node_operations/fence_lift.py.
 """
 
@@ -75,7 +74,7 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from host_scripts import script_path
-from node_operations.fence_workloads import RELEASE_AFTER_SECONDS, WorkloadDecision, WorkloadReport, release_pods
+from node_operations.fence_workloads import WorkloadDecision, WorkloadReport
 from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
 from node_operations.join_validation import KUBELET_PORT, dial_kubelet
 from node_operations.k3s_install import parse_results
@@ -588,14 +587,16 @@ class WorkerFence:
             self.api, self.node, self.progress, accept_stale_data=self.order.accept_stale_data, stack=self.order.stack
         )
         self.report.workloads = await decision.decide(leaving)
+        # The copies judged above are read again right before the taint, which lets pods go.
+        await decision.recheck()
         await self.api.add_taint(self.node, OUT_OF_SERVICE)
         self.progress(f"tainted {OUT_OF_SERVICE}: waiting for Kubernetes to delete {len(leaving)} pod(s)")
-        tainted = time.monotonic()
-        deadline = tainted + self.pods_timeout
+        deadline = time.monotonic() + self.pods_timeout
         uids = {pod["metadata"]["uid"] for pod in leaving}
+        # The fence deletes none of them itself: a pod Kubernetes has not deleted keeps its volumes
+        # attached to the worker (the attach-detach controller releases them only once the pod is
+        # terminated or gone), so nothing the fence could read would prove them released.
         while left := [p for p in await self._pods(self.node) if p["metadata"]["uid"] in uids]:
-            if time.monotonic() > tainted + RELEASE_AFTER_SECONDS:
-                self.report.workloads.released += await release_pods(self.api, self.node, left, self.progress)
             if time.monotonic() > deadline:
                 raise FenceStoppedError(
                     self.node,

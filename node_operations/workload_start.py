@@ -50,6 +50,7 @@ from node_operations.fence_workloads import (
     controller_of,
     copies_now,
     read_json,
+    recorded_volumes,
     start_command,
     start_patch,
     stop_record,
@@ -155,7 +156,7 @@ async def start_workload(
     worker = str(record["node"])
     nodes = (await read_json(api, "nodes")).get("items") or []
     copies = await copies_now(api)
-    volumes = [VolumeCopies(v, c, copies.get(v, ())) for v, c in record.get("volumes") or []]
+    volumes = recorded_volumes(record, copies)
     verdict = max((current_now(v, worker) for v in volumes), default=Verdict.MOVES)
     if verdict is Verdict.ONLY_COPY or (verdict is Verdict.STALE and not accept_stale_data):
         raise WorkloadStartRefusedError(server, refusal(owner, worker, verdict, volumes))

@@ -56,6 +56,7 @@ from node_operations.reboot import (
 from node_operations.workload_start import WorkloadRef
 from remote_access.ssh import SshTarget
 
+from .backend_lock import hold_file_lock, hold_s3_lock
 from .cluster_access import (
     api_forward_during,
     check_probed_disk,
@@ -299,6 +300,19 @@ class ClusterStack:
             if not isinstance(deployment, dict):
                 raise StackError(f"{checkpoint.key} holds no state to restore")
             self._stack().import_stack(auto.Deployment(version=int(document["version"]), deployment=deployment))
+
+    def _backend_lock(self, action: str) -> contextlib.AbstractContextManager[None]:
+        """The stack's lock in its backend (a file:// or s3:// one), the one `pulumi up` takes, for an
+        operation that makes no Pulumi run itself: held while it runs, so no run or operation on any
+        machine sharing the state goes on meanwhile (operator_api.backend_lock). Taken inside
+        `_exclusive`, which has removed a stale lock of this machine and refused a live one already."""
+        s3 = self._s3_backend()
+        if s3 is not None:
+            return hold_s3_lock(s3, self.project, self.env, action)
+        backend = backend_directory(self.backend_url)
+        if backend is not None:
+            return hold_file_lock(backend, self.project, self.env, action)
+        return contextlib.nullcontext()
 
     def _operator_lock(self) -> OperatorLock | _NoLock:
         """This API's lock for one change on this machine: in a file backend's directory, or, for
@@ -544,7 +558,8 @@ class ClusterStack:
         """Lift `hk3s:fences.<name>` and run `up`; a Hetzner worker is powered on first (hetzner_power)."""
         settings = self.settings_document().validate(f"unfencing {name}")
         if fenced_hetzner_server(settings, self.env, name) is not None:
-            with self._exclusive(f"powering on {name}", on_output, clear_pending=False):
+            powering = f"powering on {name}"
+            with self._exclusive(powering, on_output, clear_pending=False), self._backend_lock(powering):
                 config = (stack := self._stack()).get_all_config()
                 power_on_fenced(
                     settings,
@@ -620,7 +635,7 @@ class ClusterStack:
         action = f"rebooting {name}"
         settings = self.settings_document().validate(action)
         check_rebootable(settings, name, action)
-        with self._exclusive(action, on_output, clear_pending=False):
+        with self._exclusive(action, on_output, clear_pending=False), self._backend_lock(action):
             targets = self._host_targets(Deployment.export(self._stack()))
             return reboot(
                 settings,
@@ -645,7 +660,7 @@ class ClusterStack:
         except ValueError as error:
             raise SettingsRejectedError([SettingProblem("workload", str(error))], action=action) from None
         settings = self.settings_document().validate(action)
-        with self._exclusive(action, on_output, clear_pending=False):
+        with self._exclusive(action, on_output, clear_pending=False), self._backend_lock(action):
             targets = self._host_targets(Deployment.export(self._stack()))
             return start_workload(
                 settings, targets, ref, accept_stale_data=accept_stale_data, say=lambda line: _say(on_output, line)

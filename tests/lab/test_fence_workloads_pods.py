@@ -9,9 +9,17 @@ each writing into its own Longhorn volume:
 - cur-app's claim is of the program's one-copy class: its copy is on the server;
 - only-app's claim is of a class whose copies follow a tag only fw-w1 carries: its only copy is on
   fw-w1.
-fw-w1's agent stops (its containers keep running, as on k3s), and a minute later it is fenced:
-cur-app runs again on fw-w2, its volume attached there by the real attach/detach controller after
-the one to fw-w1 was deleted; only-app stays stopped (scaled to zero) and says so. Lifting the fence
+fw-w1's agent stops (its containers keep running, as on k3s). The pods tolerate its unreachable
+taint for 5 s, so the real taint eviction controller deletes them well within the minute a fence
+waits; they stay Terminating, and `status` still lists both workloads stranded on fw-w1 with what a
+fence would decide. A minute after fw-w1 went NotReady it is fenced.
+cur's engine ran on fw-w1, and Longhorn reads it `unknown` from then on (the stand-in does as
+Longhorn's instance handler does): the server's copy still reads healthy, but Longhorn has heard
+nothing from that engine since, so the copy may be older than what fw-w1 wrote. cur-app stays
+stopped as on a stale copy; `workload start` refuses it without consent even after the volume
+detached (the fence's record keeps why), and starts it with `--accept-stale-data`: it runs again on
+fw-w2, its volume attached there by the real attach/detach controller after the one to fw-w1 was
+deleted. only-app stays stopped (scaled to zero, its only copy on fw-w1) and says so. Lifting the fence
 brings fw-w1 back Ready and starts only-app again (its pod scheduled; the stand-in has no Longhorn
 auto-salvage, so a volume whose every copy failed does not attach again in the lab: stricter than
 Longhorn, which salvages the copies that failed last).
@@ -32,6 +40,7 @@ import json
 import subprocess
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -73,6 +82,16 @@ ONLY_CLASS = {
 }
 
 
+# Kubernetes evicts a pod from a NotReady node once its toleration of the node's condition taint
+# runs out (300 s, added by the API server's DefaultTolerationSeconds admission plugin, when the pod
+# names none); the kubelet there never confirms the deletion, so the pod stays Terminating. These
+# pods name 5 s, as any pod may, so their eviction comes within the minute the fence waits anyway.
+EVICTED_SOON = [
+    {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 5}
+    for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+]
+
+
 def claim(name: str, storage_class: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -101,6 +120,7 @@ def deployment(name: str, claim_name: str, image: str) -> dict[str, Any]:
                 "spec": {
                     "nodeSelector": {LABEL: "yes"},
                     "terminationGracePeriodSeconds": 1,
+                    "tolerations": EVICTED_SOON,
                     "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim_name}}],
                     "containers": [
                         {
@@ -216,15 +236,57 @@ def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
     return cluster
 
 
-def test_a_workload_with_a_current_copy_runs_again_elsewhere_and_one_with_its_only_copy_stays_stopped(
+def test_status_lists_the_workloads_stranded_on_a_worker_after_kubernetes_evicted_their_pods(
     cluster: Cluster,
 ) -> None:
-    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    """fp-w1's agent stops; once the pods' toleration of the unreachable taint runs out, the real
+    taint eviction controller deletes them, and they stay Terminating (no kubelet confirms). Their
+    containers still run on fp-w1 and their volumes stay attached there: `status` still names fp-w1
+    and both workloads stranded on it, each with what a fence would decide."""
+    w1 = cluster.w1
     assert cluster.attached("cur") == {w1.name: True} and cluster.attached("only") == {w1.name: True}
     w1.run(["systemctl", "stop", "k3s-agent"])  # its containers keep running, as on k3s
     wait_until("fp-w1 NotReady", lambda: cluster.ready(w1) != "True", 90, cluster.diagnose)
+
+    def evicted() -> dict[str, str]:
+        """app -> its pod on fp-w1 that Kubernetes is deleting."""
+        pods = cluster.get("pods", "--field-selector", f"spec.nodeName={w1.name}")["items"]
+        return {
+            p["metadata"]["labels"]["app"]: p["metadata"]["name"]
+            for p in pods
+            if p["metadata"].get("deletionTimestamp")
+        }
+
+    wait_until("both pods on fp-w1 evicted", lambda: set(evicted()) == {"cur-app", "only-app"}, 90, cluster.diagnose)
+    pods = evicted()
+    assert cluster.attached("cur") == {w1.name: True} and cluster.attached("only") == {w1.name: True}
+    run = cluster.stack.hk3s("status", "--json")
+    assert run.returncode == 0, run.stderr[-4000:]
+    down = {w["name"]: w for w in json.loads(run.stdout)["down_workers"]}
+    assert list(down) == [w1.name], down
+    stranded = {s["workload"]: s for s in down[w1.name]["stranded"]}
+    assert sorted(stranded) == ["Deployment default/cur-app", "Deployment default/only-app"], stranded
+    cur, only = stranded["Deployment default/cur-app"], stranded["Deployment default/only-app"]
+    # cur's engine ran on fp-w1 and is unheard since: the server's copy may be older.
+    assert (cur["verdict"], cur["pods"]) == ("stale", [f"default/{pods['cur-app']}"]), cur
+    assert list(cur["current_copies"].values()) == [[]], cur
+    assert (only["verdict"], only["pods"]) == ("only-copy", [f"default/{pods['only-app']}"]), only
+    assert list(only["current_copies"].values()) == [[]], only
+    text = cluster.stack.hk3s("status").stdout
+    assert f"{w1.name} is NotReady and not fenced" in text and f"  stranded: {cur['line']}" in text, text
+
+
+def test_a_copy_whose_engine_went_silent_with_the_worker_is_not_current_and_its_workload_starts_only_with_consent(
+    cluster: Cluster,
+) -> None:
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    w1.run(["systemctl", "stop", "k3s-agent"])  # its containers keep running, as on k3s
+    wait_until("fp-w1 NotReady", lambda: cluster.ready(w1) != "True", 90, cluster.diagnose)
     cluster.kubectl("label", "node", w2.name, f"{LABEL}=yes")
-    time.sleep(62)  # the minute a fence asks for
+    # The minute a fence asks for, from the Ready condition's change by the server's clock.
+    ready = next(c for c in cluster.get("node", w1.name)["status"]["conditions"] if c["type"] == "Ready")
+    since = datetime.fromisoformat(ready["lastTransitionTime"]).timestamp()
+    time.sleep(max(0.0, since + 62 - float(server.run(["date", "+%s"]).stdout)))
     cluster.config["fences"] = {w1.name: {}}
     cluster.stack.write_config(cluster.config)
     started = time.monotonic()
@@ -235,9 +297,23 @@ def test_a_workload_with_a_current_copy_runs_again_elsewhere_and_one_with_its_on
     text = cluster.stack.text()
     print("\n".join(line for line in text.splitlines() if f"[{w1.name}]" in line))
 
-    assert "Deployment default/cur-app may start elsewhere: volume pvc-" in text, text[-4000:]
-    assert f"{server.name} (current; lastHealthyAt" in text, text[-4000:]
-    # cur-app runs on fp-w2: its volume detached from fp-w1, attached to fp-w2, the pod writing in it.
+    # cur's engine ran on fp-w1: the server's copy, healthy by Longhorn's fields, may be older.
+    assert "Deployment default/cur-app stays stopped: no other node holds a current copy" in text, text[-4000:]
+    assert f"{server.name} (may be older: the volume's engine on {w1.name} reads unknown to Longhorn" in text
+    cur_app = cluster.get("deployment", "cur-app")
+    assert cur_app["spec"]["replicas"] == 0
+    record = json.loads(cur_app["metadata"]["annotations"][STOPPED_ANNOTATION])
+    assert record["reason"] == "stale" and list(record["engine_unknown_on"].values()) == [w1.name], record
+    # Once the volume is detached its engine reads stopped, not unknown; the record still refuses.
+    wait_until("cur's volume detached from fp-w1", lambda: not cluster.attached("cur"), 120, cluster.diagnose)
+    refused = cluster.stack.hk3s("workload", "start", "default/Deployment/cur-app")
+    assert refused.returncode == 3, (refused.stdout[-2000:], refused.stderr[-3000:])
+    said = " ".join(refused.stderr.split())
+    assert f"may be older: the volume's engine on {w1.name} reads unknown to Longhorn" in said, said
+    assert cluster.get("deployment", "cur-app")["spec"]["replicas"] == 0
+    consented = cluster.stack.hk3s("workload", "start", "default/Deployment/cur-app", "--accept-stale-data", "--yes")
+    assert consented.returncode == 0, (consented.stdout[-2000:], consented.stderr[-3000:])
+    # cur-app runs on fp-w2: its volume attached to fp-w2, the pod writing in it.
     wait_until("cur-app Running on fp-w2", lambda: cluster.running("cur-app") == [w2.name], 240, cluster.diagnose)
     print(
         f"fence up {fence_seconds:.1f} s; cur-app Running on fp-w2 {time.monotonic() - started:.1f} s after its start"
