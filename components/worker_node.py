@@ -155,6 +155,7 @@ class WorkerNode(pulumi.ComponentResource):
                     validation_image=settings.cluster.validation_image,
                     teardown_allowed=settings.cluster.teardown_allowed,
                     node_external_ip=self.endpoint.public_address,
+                    stack=pulumi.get_stack(),
                 ),
                 opts=self.endpoint.options(self, [self.endpoint.probe, server.network, server.k3s, *after]),
             )

@@ -36,8 +36,14 @@ What it serves, each as Hetzner's API reference (docs.hetzner.cloud) describes i
   {"id"}}` per server `add_firewall` or `apply_firewall` put in it).
 - POST /firewalls/{id}/actions/remove_from_resources ("Firewall Actions: Remove from Resources"),
   body `{"remove_from": [{"type": "server", "server": {"id"}}]}`: 201 `{"actions": [...]}`, one
-  `remove_firewall` action per server, finished `success` at once; a server the firewall is not
-  applied to is answered 422 `firewall_already_removed`.
+  `remove_firewall` action per server, finished `success` at once. A server the firewall is not
+  applied to (or no server at all) is answered 404 `firewall_resource_not_found` ("The resource
+  the Firewall should be removed from was not found", the call's error table in Hetzner's API
+  reference), and nothing is removed. `firewall_already_removed` is never answered: hcloud-go
+  (hcloud/error.go) marks it "not used by the API anymore" since Hetzner's changelog of
+  2025-08-04 ("multiple API behavior changes for firewalls"), and terraform-provider-hcloud
+  (internal/firewall/resource.go, removeFromResources) takes `firewall_resource_not_found` as
+  "nothing left to remove".
 - SSH keys ("SSH Keys": List, Get, Create, Update, Delete): GET /ssh_keys (filters `fingerprint`
   and `name`, exact match), GET /ssh_keys/{id}, POST /ssh_keys `{name, public_key, labels}`
   answered 201 `{"ssh_key": {id, name, fingerprint, public_key, labels, created}}` with the
@@ -329,7 +335,11 @@ class HcloudStandin:
         with self._lock:
             missing = [server for server in servers if server not in firewall.applied]
             if missing:
-                raise ApiError(422, "firewall_already_removed", f"firewall {firewall.id} is not applied to {missing}")
+                raise ApiError(
+                    404,
+                    "firewall_resource_not_found",
+                    f"the resource the Firewall should be removed from was not found (servers {missing})",
+                )
             actions = []
             for server in servers:
                 firewall.applied.discard(server)

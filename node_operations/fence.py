@@ -61,8 +61,7 @@ worker is down; the program then proves it before anything moves. The order, and
 
 Before the taint, each workload whose pods on the worker use Longhorn volumes is judged by the
 copies of its volumes elsewhere, and one that may not start elsewhere is stopped first
-(node_operations/fence_workloads.py, which also deletes, after a minute, pods with Longhorn
-volumes that Kubernetes left, only once their volumes are detached from the worker). Lifting a
+(node_operations/fence_workloads.py). The fence deletes no pod itself (see there why). Lifting a
 fence is node_operations/fence_lift.py.
 """
 
@@ -78,7 +77,7 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from host_scripts import script_path
-from node_operations.fence_workloads import RELEASE_AFTER_SECONDS, WorkloadDecision, WorkloadReport, release_pods
+from node_operations.fence_workloads import WorkloadDecision, WorkloadReport
 from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
 from node_operations.hetzner_identity import identity_refusal
 from node_operations.join_validation import KUBELET_PORT, dial_kubelet
@@ -139,6 +138,8 @@ class FenceOrder:
     """The labels the program gave the worker's server, when it created it (its owner and node)."""
     accept_stale_data: bool = False
     """Workloads may start from copies of their Longhorn volumes that may be older (fence_workloads)."""
+    stack: str = ""
+    """The stack's name, in the refusal of a scale-up of a workload the fence holds (fence_holds)."""
 
 
 @dataclass(frozen=True)
@@ -589,16 +590,20 @@ class WorkerFence:
         before = await self._pods(self.node)
         leaving = [pod for pod in before if not tolerates(pod, OUT_OF_SERVICE)]
         self.report.pods_staying = [pod_name(pod) for pod in before if tolerates(pod, OUT_OF_SERVICE)]
-        decision = WorkloadDecision(self.api, self.node, self.progress, accept_stale_data=self.order.accept_stale_data)
+        decision = WorkloadDecision(
+            self.api, self.node, self.progress, accept_stale_data=self.order.accept_stale_data, stack=self.order.stack
+        )
         self.report.workloads = await decision.decide(leaving)
+        # The copies judged above are read again right before the taint, which lets pods go.
+        await decision.recheck()
         await self.api.add_taint(self.node, OUT_OF_SERVICE)
         self.progress(f"tainted {OUT_OF_SERVICE}: waiting for Kubernetes to delete {len(leaving)} pod(s)")
-        tainted = time.monotonic()
-        deadline = tainted + self.pods_timeout
+        deadline = time.monotonic() + self.pods_timeout
         uids = {pod["metadata"]["uid"] for pod in leaving}
+        # The fence deletes none of them itself: a pod Kubernetes has not deleted keeps its volumes
+        # attached to the worker (the attach-detach controller releases them only once the pod is
+        # terminated or gone), so nothing the fence could read would prove them released.
         while left := [p for p in await self._pods(self.node) if p["metadata"]["uid"] in uids]:
-            if time.monotonic() > tainted + RELEASE_AFTER_SECONDS:
-                self.report.workloads.released += await release_pods(self.api, self.node, left, self.progress)
             if time.monotonic() > deadline:
                 raise FenceStoppedError(
                     self.node,

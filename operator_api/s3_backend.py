@@ -12,8 +12,9 @@ Pulumi's lock: each run writes `.pulumi/locks/<org>/<project>/<stack>/<uuid>.jso
 pid, user, host and start time, then lists the directory again and backs off when another
 lock is there (pkg/backend/diy/lock.go, Lock). On a store that reads its own writes (S3 since
 2020, the posix backend of a single gateway), two runs may both back off but never both go
-on: that is the lock across machines, and this API adds none of its own there. It reads the
-objects to name the holder, and removes one only when an operator confirms (`unlock`).
+on: that is the lock across machines. An operation of this API that makes no Pulumi run (a
+reboot) takes the same lock the same way (operator_api.backend_lock). It reads the objects to
+name the holder, and removes one only when an operator confirms (`unlock`).
 
 The requests are signed here with AWS Signature Version 4 (the documented algorithm: a
 canonical request, the string to sign, the derived key), to keep the API free of an AWS SDK.
@@ -237,6 +238,11 @@ class S3Backend:
             raise BackendError(self._explain(status, body, "read"))
         return body
 
+    def put(self, key: str, body: bytes) -> None:
+        status, answer = self.request("PUT", self.prefix + key, body=body)
+        if status != 200:
+            raise BackendError(self._explain(status, answer, "write"))
+
     def delete(self, key: str) -> None:
         status, body = self.request("DELETE", self.prefix + key)
         if status not in (200, 204, 404):
@@ -308,7 +314,8 @@ class S3Backend:
                     user=str(data.get("username", "?")),
                     hostname=str(data.get("hostname", "?")),
                     pid=pid if isinstance(pid, int) else None,
-                    since=str(data.get("timestamp", "")),
+                    # The action of an operation of this API (operator_api.backend_lock); Pulumi writes none.
+                    since=str(data.get("timestamp", "")) + (f", {data['action']}" if data.get("action") else ""),
                     path=f"s3://{self.bucket}/{self.prefix}{key}",
                 )
             )

@@ -86,6 +86,9 @@ class NodeFenceInputs(NodeInputs):
     node_external_ip: pulumi.Input[str] = ""
     """The address the worker's join publishes as its external IP (hk3s:workers): a lift that
     finds the agent configured with another says the join's pending change needs one more `up`."""
+    stack: pulumi.Input[str] = ""
+    """The stack's name: a scale-up of a workload the fence holds is refused naming
+    `scripts/hk3s --stack <stack> workload start` (node_operations.fence_holds)."""
 
     def validated_node(self) -> ValidatedNode:
         from node_operations.join_validation import ValidatedNode  # noqa: PLC0415 - loaded on first use
@@ -114,6 +117,7 @@ class NodeFenceInputs(NodeInputs):
             hcloud_network=int(network) if network else None,
             hcloud_labels={str(k): str(v) for k, v in (known(self.hcloud_labels) or {}).items()},
             accept_stale_data=bool(known(self.accept_stale_data)),
+            stack=str(known(self.stack) or ""),
         )
 
     def server(self) -> SshTarget:

@@ -321,8 +321,12 @@ def _release_bootstrap_firewall(
             [FirewallResource(type="server", server=Server(id=server_id))],
         )
     except APIException as error:
-        # Already off it (an earlier run, or by hand), or the firewall itself is gone: nothing to take off.
-        if error.code in ("firewall_already_removed", "not_found"):
+        # Nothing to take off: the server is not on it (an earlier run took it off, or someone by
+        # hand), which Hetzner answers 404 `firewall_resource_not_found` (the call's error table
+        # in its API reference; terraform-provider-hcloud's removeFromResources reads it the same
+        # way), or the firewall itself is gone (`not_found`). `firewall_already_removed` is what
+        # the API answered before its change of 2025-08-04 (hcloud-go marks it unused since).
+        if error.code in ("firewall_resource_not_found", "firewall_already_removed", "not_found"):
             return False
         raise _call_failed("taking the SSH-only firewall off", where, error) from None
     except RequestException as error:
@@ -354,6 +358,10 @@ async def release_bootstrap_firewall(
 # 409 `uniqueness_error` ("SSH key with the same fingerprint already exists", "SSH key name is
 # already used"); GET /ssh_keys?fingerprint= lists the one key with that MD5 fingerprint.
 
+# The label that says which stack uploaded a key: its StackIdentity (providers.stack_identity),
+# made once and kept in the stack's state, so a stack rename does not change it.
+STACK_ID_LABEL = "hk3s-stack-id"
+
 
 @dataclass(frozen=True)
 class ProjectKey:
@@ -372,8 +380,11 @@ def _same_public_key(held: str | None, wanted: str) -> bool:
 def upload_or_adopt_ssh_key(
     access: HetznerAccess, name: str, public_key: str, fingerprint: str, labels: dict[str, str]
 ) -> ProjectKey:
-    """Upload the key; when the project already holds its fingerprint (another stack uploaded it
-    between this run's look-up and now), take that key, and only if its public key is this one."""
+    """Upload the key; when the project already holds its fingerprint, take that key, and only if
+    its public key is this one. The key taken is this stack's own (`owned`) when its stack-id label
+    is the one in `labels`: this stack's earlier upload, whose run ended before Pulumi wrote it to
+    the state. Otherwise another stack uploaded it (between this run's look-up and now, or it is
+    another stack's key this stack shares): not owned."""
     from hcloud import APIException  # noqa: PLC0415 - loaded on first use
     from requests import RequestException  # noqa: PLC0415 - loaded on first use
 
@@ -398,7 +409,16 @@ def upload_or_adopt_ssh_key(
             f"uploading the SSH key {name!r}: the project's key {held.name!r} has its fingerprint {fingerprint} but "
             "another public key; use another key pair, or name a key with hk3s:ssh.hetzner_key"
         )
-    return ProjectKey(int(held.id or 0), str(held.name), owned=False)
+    ours = labels.get(STACK_ID_LABEL)
+    if not ours or (held.labels or {}).get(STACK_ID_LABEL) != ours:
+        return ProjectKey(int(held.id or 0), str(held.name), owned=False)
+    if held.name != name or (held.labels or {}) != labels:
+        # This stack's own upload, under an earlier cluster name or labels: brought up to date.
+        try:
+            client.ssh_keys.update(held, name=name, labels=labels)
+        except APIException as error:
+            raise HetznerApiError(f"updating the SSH key {held.id} this stack uploaded: {_answer(error)}") from None
+    return ProjectKey(int(held.id or 0), name, owned=True)
 
 
 def update_ssh_key(access: HetznerAccess, key_id: int, name: str, labels: dict[str, str]) -> None:

@@ -33,9 +33,11 @@ PRODUCT = (
     "operator_cli",
     "scripts",
 )
-# The fence, and its decision per workload: it deletes pods with Longhorn volumes left on a fenced
-# node only after reading again that the fence is recorded there and their volumes are detached.
-ALLOWED = {"node_operations/fence.py", "node_operations/fence_workloads.py"}
+# None: the fence taints the node out of service and Kubernetes' pod garbage collector deletes the
+# pods left terminating there. The fence deletes no pod itself: a pod Kubernetes has not deleted
+# keeps its volume's VolumeAttachment to the worker (the attach-detach controller releases a volume
+# only once its pod is terminated or gone), so the fence could never prove that volume released.
+ALLOWED: set[str] = set()
 # kubectl's ways to skip a pod's graceful termination (`--now` is a grace period of 1 s: graceful).
 FORCE_WORDS = re.compile(r"(?<![\w-])(--force|--grace-period[= ]+0+)(?![\w-])")
 GRACE_ZERO_KEYS = {"grace_period_seconds", "gracePeriodSeconds", "grace_period"}
