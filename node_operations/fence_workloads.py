@@ -45,7 +45,9 @@ hold, and is named instead (`WorkloadReport.unheld`, the Node's `NODE_UNHELD_ANN
 `status(check_hosts=True)` reads): the operator stops it or accepts what starts. The stop and its record
 are one merge patch of the owner (`STOPPED_ANNOTATION`: the worker, why, the former replica count
 or suspension, the volumes), so an interrupted run finds either both or neither; a resumed fence
-keeps the record's verdict and does not judge that owner again. The Node carries a summary
+keeps the record's verdict and does not judge that owner again. Before its stop each owner is held
+(node_operations/fence_holds.py: the API server then refuses a scale-up or un-suspend of it from
+outside), and every start removes the hold before its patch. The Node carries a summary
 (`NODE_STOPPED_ANNOTATION`) for the operator. A pod with Longhorn volumes and no owner the
 program can stop (a bare pod, a DaemonSet's, another controller's) is named in a warning: the
 taint deletes it and the program cannot say whether something starts it on an older copy.
@@ -72,6 +74,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from node_operations.fence_holds import Held, hold, hold_entries, read_holds, release
 from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
 from node_operations.longhorn_objects import longhorn_items
 from node_operations.volume_copies import NODE_UNHELD_ANNOTATION
@@ -263,6 +266,11 @@ class Owner:
     @property
     def resource(self) -> str:
         return {**SCALED, **SUSPENDED}[self.kind]
+
+    @property
+    def ref(self) -> str:
+        """NAMESPACE/KIND/NAME, as `workload start` takes it."""
+        return f"{self.namespace}/{self.kind}/{self.name}"
 
 
 @dataclass
@@ -574,9 +582,12 @@ async def read_json(api: ClusterApi, *args: str) -> dict[str, Any]:
 class WorkloadDecision:
     """The decision for one fenced worker, through the server's API."""
 
-    def __init__(self, api: ClusterApi, worker: str, progress: Progress, *, accept_stale_data: bool) -> None:
+    def __init__(
+        self, api: ClusterApi, worker: str, progress: Progress, *, accept_stale_data: bool, stack: str = ""
+    ) -> None:
         self.api, self.worker, self.progress = api, worker, progress
         self.accept_stale_data = accept_stale_data
+        self.stack = stack  # named in the hold's refusal (node_operations/fence_holds.py)
         self.report = WorkloadReport()
         self.unjudged_pods: list[str] = []  # pods with Longhorn volumes and no owner the fence can stop
         self.let_go: dict[Owner, Workload] = {}  # judged free to start elsewhere (judged again: `recheck`)
@@ -649,8 +660,11 @@ class WorkloadDecision:
         return workloads
 
     async def decide(self, pods: list[dict[str, Any]]) -> WorkloadReport:
-        """Judge the worker's leaving pods (before the taint); stop what may not start elsewhere."""
-        for owner, workload in (await self.workloads(pods)).items():
+        """Judge the worker's leaving pods (before the taint); stop what may not start elsewhere,
+        held stopped (fence_holds) before its stop."""
+        workloads = await self.workloads(pods)
+        holds = await read_holds(self.api) if workloads else {}
+        for owner, workload in workloads.items():
             obj = await self._object(owner)
             if obj is None:
                 self.report.unjudged.append(f"{owner} (pods {', '.join(workload.pods)}) could not be read")
@@ -669,6 +683,9 @@ class WorkloadDecision:
                 how = "; ".join(v.line() for v in volumes)
                 consent = " (stale copies accepted: accept_stale_data)" if verdict is Verdict.STALE else ""
                 self.report.moving[str(owner)] = how + consent
+                if any(value.split(" ")[-1] == owner.ref for value in holds.values()):
+                    # Held by a run of this fence cut before its stop: free to move now.
+                    await release(self.api, owner.ref)
                 self.let_go[owner] = workload
                 continue
             await self._stop(workload, obj, above, unstoppable, verdict)
@@ -696,6 +713,15 @@ class WorkloadDecision:
             self.progress(f"{owner} not stopped: owned by {unstoppable}, which the fence cannot stop")
             return
         self.report.stopped_controllers |= workload.controllers
+        # Held before it is stopped, so no moment leaves it stopped and free to be scaled up.
+        held = [Held(o.kind, o.namespace, o.name, o.ref) for o, _obj in [*above, (owner, obj)]]
+        if owner.kind == "Deployment":
+            for controller in sorted(workload.controllers):
+                kind, _, at = controller.partition(" ")
+                namespace, _, name = at.partition("/")
+                if kind == "ReplicaSet":
+                    held.append(Held(kind, namespace, name, owner.ref))
+        await hold(self.api, self.stack, hold_entries(held, self.worker, REASON[verdict]))
         # Top first, each with its own record: a record on the workload says its owners hold too.
         for parent, parent_obj in [*above, (owner, obj)]:
             if (stop_record(parent_obj) or {}).get("node") == self.worker:
@@ -774,6 +800,7 @@ class WorkloadDecision:
             volumes = recorded_volumes(record, copies)
             verdict = max((v.verdict(self.worker, worker_back=worker_back) for v in volumes), default=Verdict.MOVES)
             if verdict is Verdict.MOVES or (verdict is Verdict.STALE and self.accept_stale_data):
+                await release(self.api, owner.ref)  # first: the hold refuses the start patch
                 await self.api.patch_merge(owner.resource, owner.name, owner.namespace, start_patch(owner, record))
                 consent = " (stale copies accepted: accept_stale_data)" if verdict is Verdict.STALE else ""
                 self.report.started[str(owner)] = "; ".join(v.line() for v in volumes) + consent

@@ -61,6 +61,7 @@ from .cluster_access import (
     api_forward_during,
     check_probed_disk,
     check_rebootable,
+    held_running_now,
     live_status,
     reboot,
     start_workload,
@@ -384,10 +385,13 @@ class ClusterStack:
         nodes = [Node.from_output(item) for item in output("nodes") or []]
         down: list[DownWorker] = []
         live_error = None
+        held_running: list[str] = []
         if nodes and deployment is not None:
             try:
                 settings = self.settings_document().validate("reading the cluster's state")
                 nodes, down, live_error = live_status(nodes, settings, self._host_targets(deployment))
+                if live_error is None:
+                    held_running = held_running_now(settings, self._host_targets(deployment), self.env)
             except (StackError, OSError) as error:
                 # Status still says what the stack records when the file or key cannot be read.
                 live_error = str(error)
@@ -407,6 +411,7 @@ class ClusterStack:
             warnings=[warning for item in health for warning in item.warnings],
             down_workers=down,
             live_error=live_error,
+            held_running=held_running,
         )
 
     def _host_targets(self, deployment: Deployment) -> list[SshTarget]:

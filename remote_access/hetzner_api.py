@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -78,6 +78,20 @@ class HetznerAccess:
 
 
 @dataclass(frozen=True)
+class PrivateAddress:
+    """A server's address in one Hetzner network (`private_net[].ip`, or one of its `alias_ips`),
+    with that network's id (`private_net[].network`). A private address is unique only within its
+    network: every project's networks may use the same range (10.0.0.0/16 is the Console's
+    default), so the same address may belong to servers in two networks."""
+
+    network: int
+    ip: str
+
+    def __str__(self) -> str:
+        return f"{self.ip} in Hetzner network {self.network}"
+
+
+@dataclass(frozen=True)
 class ServerState:
     """A Hetzner server as the API reports it."""
 
@@ -86,11 +100,19 @@ class ServerState:
     status: str  # running, initializing, starting, stopping, off, deleting, migrating, rebuilding, unknown
     public_ipv4: str | None = None
     public_ipv6: str | None = None  # the server's /64 (public_net.ipv6.ip), e.g. 2001:db8:1::/64
-    private_ips: tuple[str, ...] = ()  # its address in each private network, alias IPs included
+    private_net: tuple[PrivateAddress, ...] = ()  # its address in each private network, alias IPs included
+    labels: Mapping[str, str] = field(default_factory=dict)
 
-    def owns(self, address: str) -> bool:
-        """Whether `address` is one of the server's own (public IPv4, in its IPv6 /64, or private)."""
-        if address in (self.public_ipv4, *self.private_ips):
+    @property
+    def private_ips(self) -> tuple[str, ...]:
+        return tuple(address.ip for address in self.private_net)
+
+    def owns(self, address: str, networks: Collection[int] | None = None) -> bool:
+        """Whether `address` is one of the server's own: its public IPv4, in its IPv6 /64, or a
+        private address in one of `networks` (None: in any network)."""
+        if address == self.public_ipv4:
+            return True
+        if any(p.ip == address and (networks is None or p.network in networks) for p in self.private_net):
             return True
         if self.public_ipv6 and ":" in address:
             try:
@@ -100,7 +122,7 @@ class ServerState:
         return False
 
     def addresses(self) -> list[str]:
-        return [a for a in (self.public_ipv4, self.public_ipv6, *self.private_ips) if a]
+        return [a for a in (self.public_ipv4, self.public_ipv6) if a] + [str(p) for p in self.private_net]
 
 
 @dataclass(frozen=True)
@@ -171,7 +193,13 @@ def _state(server: BoundServer) -> ServerState:
         status=str(server.status),
         public_ipv4=public.ipv4.ip if public is not None and public.ipv4 is not None else None,
         public_ipv6=public.ipv6.ip if public is not None and public.ipv6 is not None else None,
-        private_ips=tuple(ip for net in private for ip in (net.ip, *(net.alias_ips or [])) if ip),
+        private_net=tuple(
+            PrivateAddress(int(net.network.id or 0), ip)
+            for net in private
+            for ip in (net.ip, *(net.alias_ips or []))
+            if ip and net.network is not None
+        ),
+        labels=dict(server.labels or {}),
     )
 
 

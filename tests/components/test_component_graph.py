@@ -298,12 +298,20 @@ def test_the_fence_of_a_hetzner_worker_gets_its_server_and_the_token(graph: Reco
     assert fence["hcloud_server"] == fake_id("w1")
     assert fence["hcloud_token"]["value"] == "test-hetzner-token"  # a secret (test_secrets_stay_secret)
     assert fence.get("hcloud_endpoint") is None
+    # What proves the server is w1's: a private address only in the cluster's network; the labels
+    # the program gave the server it created for w1.
+    assert fence["hcloud_network"] == fake_id("private-network-network")
+    labels = next(r for r in graph.of_type("server:Server") if r.name == "w1").inputs["labels"]
+    assert fence["hcloud_labels"] == {"hk3s-owner": labels["hk3s-owner"], "hk3s-node": "w1"}
+    assert labels["hk3s-node"] == "w1"
 
 
 def test_an_existing_host_names_its_hetzner_server_for_the_fence(ssh_key_file: Path) -> None:
     workers = [{"name": "metal", "kind": "existing", "address": METAL_ADDRESS, "hcloud_server": "metal-1"}]
     graph = _run(_config(ssh_key_file, workers=workers, fences={"metal": {}}))
     assert graph.by_name("metal-fence").inputs["hcloud_server"] == "metal-1"
+    # Not a server the program created: no labels of the program's to match.
+    assert graph.by_name("metal-fence").inputs.get("hcloud_labels") is None
     plain = _run(_config(ssh_key_file, workers=[{**workers[0], "hcloud_server": None}], fences={"metal": {}}))
     fence = plain.by_name("metal-fence").inputs
     assert fence.get("hcloud_server") is None and fence["hcloud_token"]["value"] is None

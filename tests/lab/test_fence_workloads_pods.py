@@ -23,11 +23,21 @@ deleted. only-app stays stopped (scaled to zero, its only copy on fw-w1) and say
 brings fw-w1 back Ready and starts only-app again (its pod scheduled; the stand-in has no Longhorn
 auto-salvage, so a volume whose every copy failed does not attach again in the lab: stricter than
 Longhorn, which salvages the copies that failed last).
+
+Last, a held workload is not restarted from outside: held-app (on fp-w1, its volume's copies on
+fp-w1 and fp-w2) is held at zero replicas as stale by a fence of fp-w1 taken while fp-w2 is down
+too. A user's `kubectl scale --replicas=1` (the scale subresource, as KEDA and HPA use it) and a
+`kubectl apply` of replicas: 1 (as Argo CD, Flux or a CI job does) are refused by the real API
+server's admission, naming the fence, `workload start` and `--accept-stale-data`. With the policy's
+binding deleted by hand the scale goes through, and `status` and `status --check` name the held
+workload that runs anyway. `workload start --accept-stale-data` still starts it (fp-w1 stays
+fenced: the module ends there).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -343,3 +353,114 @@ def test_lifting_the_fence_starts_the_workload_it_stopped(cluster: Cluster) -> N
         cluster.diagnose,
     )
     assert cluster.running("cur-app") == [cluster.w2.name]
+
+
+# A class whose volumes keep a copy on each node tagged t-pair (fp-w1 and fp-w2).
+PAIR_CLASS = {
+    "apiVersion": "storage.k8s.io/v1",
+    "kind": "StorageClass",
+    "metadata": {"name": "fence-test-pair"},
+    "provisioner": DRIVER,
+    "parameters": {"numberOfReplicas": "2", "nodeSelector": "t-pair"},
+}
+HELD_LABEL = "fence-test/held"
+
+
+def as_user(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """kubectl as a user runs it against the real API server (not raising on a refusal)."""
+    return cluster.server.run([K3S, "kubectl", *args], check=False, timeout=60)
+
+
+def test_a_workload_a_fence_holds_stopped_is_not_restarted_from_outside(cluster: Cluster) -> None:
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    began = time.monotonic()
+    for name in (w1.name, w2.name):
+        node = cluster.get("nodes.longhorn.io", name, "-n", "longhorn-system")
+        tags = sorted({*(node["spec"].get("tags") or []), "t-pair"})
+        body = json.dumps({"spec": {"tags": tags}})
+        cluster.kubectl("patch", "nodes.longhorn.io", name, "-n", "longhorn-system", "--type", "merge", "-p", body)
+    cluster.kubectl("label", "node", w1.name, f"{HELD_LABEL}=yes")
+    app = deployment("held-app", "pair", pod_hosts.busybox_image())
+    app["spec"]["template"]["spec"]["nodeSelector"] = {HELD_LABEL: "yes"}
+    cluster.apply("held", [PAIR_CLASS, claim("pair", "fence-test-pair"), app])
+    wait_until("held-app Running on fp-w1", lambda: cluster.running("held-app") == [w1.name], 240, cluster.diagnose)
+    volume = cluster.get("pvc", "pair")["spec"]["volumeName"]
+
+    def healthy_on() -> set[str]:
+        replicas = cluster.get("replicas.longhorn.io", "-n", "longhorn-system")["items"]
+        return {
+            r["spec"].get("nodeID")
+            for r in replicas
+            if r["spec"].get("volumeName") == volume and r["spec"].get("healthyAt") and not r["spec"].get("failedAt")
+        }
+
+    wait_until("pair's copies healthy on fp-w1 and fp-w2", lambda: healthy_on() == {w1.name, w2.name}, 120)
+    # Both workers go down: the copy on fp-w2 may be older than fp-w1's, so the fence holds held-app.
+    for worker in (w2, w1):
+        worker.run(["systemctl", "stop", "k3s-agent"])
+    wait_until("fp-w1 and fp-w2 NotReady", lambda: "True" not in {cluster.ready(w1), cluster.ready(w2)}, 90)
+    print(f"held-app running, both workers NotReady: {time.monotonic() - began:.1f} s")
+    time.sleep(62)  # the minute a fence asks for
+    cluster.config["fences"] = {w1.name: {}}
+    cluster.stack.write_config(cluster.config)
+    fenced = time.monotonic()
+    output = cluster.stack.up_output()
+    if output:
+        pytest.fail(output[-8000:])
+    print(f"fence up {time.monotonic() - fenced:.1f} s")
+    text = cluster.stack.text()
+    assert "Deployment default/held-app stays stopped: no other node holds a current copy" in text, text[-4000:]
+    held = cluster.get("deployment", "held-app")
+    assert held["spec"]["replicas"] == 0
+    assert json.loads(held["metadata"]["annotations"][STOPPED_ANNOTATION])["reason"] == "stale"
+
+    # A user scales it up (the scale subresource), as KEDA or a script would: refused, naming the fence.
+    start = f"scripts/hk3s --stack {cluster.stack.name} workload start default/Deployment/held-app"
+    scaled = as_user(cluster, "scale", "deployment", "held-app", "--replicas=1")
+    print(f"kubectl scale: exit {scaled.returncode}: {scaled.stdout}{scaled.stderr}")
+    assert scaled.returncode != 0, scaled.stdout
+    for part in (f"held stopped by the fence of {w1.name}", start, "--accept-stale-data"):
+        assert part in scaled.stderr, scaled.stderr
+    # An apply of the manifest with replicas: 1, as Argo CD's or Flux's self-heal or a CI job does.
+    (server.root / "root/held-app.json").write_text(json.dumps(app))
+    applied = as_user(cluster, "apply", "-f", "/root/held-app.json")
+    assert applied.returncode != 0, applied.stdout
+    assert f"held stopped by the fence of {w1.name}" in applied.stderr and start in applied.stderr, applied.stderr
+    assert cluster.get("deployment", "held-app")["spec"]["replicas"] == 0
+
+    # The hold's binding deleted by hand: the scale goes through, and status names the workload.
+    bindings = "validatingadmissionpolicybindings"
+    binding = cluster.get(bindings, "hk3s-fence-holds")
+    cluster.kubectl("delete", bindings, binding["metadata"]["name"])
+    wait_until(
+        "the scale accepted without the binding",
+        lambda: as_user(cluster, "scale", "deployment", "held-app", "--replicas=1").returncode == 0,
+        30,
+    )
+    for args in (("status",), ("status", "--check")):
+        asked = time.monotonic()
+        status = cluster.stack.hk3s(*args)
+        print(f"{' '.join(args)} {time.monotonic() - asked:.1f} s")
+        assert status.returncode == 0, status.output + status.stderr
+        said = status.output
+        assert "Deployment default/held-app" in said and f"held stopped by the fence of {w1.name}" in said, said
+        assert "runs anyway" in said and start in said, said
+
+    # The binding back; a scale down is never refused; `workload start` still starts it.
+    meta = binding["metadata"]
+    again = {"apiVersion": binding["apiVersion"], "kind": binding["kind"], "metadata": {"name": meta["name"]}}
+    (server.root / "root/binding.json").write_text(json.dumps({**again, "spec": binding["spec"]}))
+    cluster.kubectl("create", "-f", "/root/binding.json")
+    wait_until(  # a server-side dry run goes through admission and changes nothing
+        "a scale up refused again",
+        lambda: as_user(cluster, "scale", "deployment", "held-app", "--replicas=2", "--dry-run=server").returncode != 0,
+        30,
+    )
+    assert as_user(cluster, "scale", "deployment", "held-app", "--replicas=0").returncode == 0
+    started = cluster.stack.hk3s("workload", "start", "default/Deployment/held-app", "--accept-stale-data", "--yes")
+    assert started.returncode == 0, started.output + started.stderr
+    held = cluster.get("deployment", "held-app")
+    assert held["spec"]["replicas"] == 1 and STOPPED_ANNOTATION not in held["metadata"].get("annotations", {})
+    # No hold is left on it: a scale is a scale again.
+    assert as_user(cluster, "scale", "deployment", "held-app", "--replicas=2").returncode == 0
+    w2.run(["systemctl", "start", "k3s-agent"])

@@ -298,13 +298,19 @@ class ClusterReads:
     def __init__(self, objects: dict[str, list[dict[str, Any]]]) -> None:
         self.objects = objects
         self.patches: list[list[str]] = []
+        self.applied: list[str] = []
 
     async def kubectl(self, args: list[str], **_: Any) -> str:
         if args[0] == "patch":
             self.patches.append(args)
             return ""
         assert args[0] == "get", args
+        if args[1] == "configmap":  # the fence's holds (node_operations/fence_holds.py): none yet
+            return ""
         return json.dumps({"items": self.objects[args[1]]})
+
+    async def apply(self, manifest: str) -> None:
+        self.applied.append(manifest)
 
     async def patch_merge(self, *args: Any) -> None:
         self.patches.append([str(arg) for arg in args])
@@ -474,3 +480,7 @@ def test_a_workload_let_go_is_stopped_when_its_copy_failed_before_the_taint() ->
     assert "StatefulSet default/db judged again before the taint: stale now" in lines, lines
     stop = next(p for p in api.patches if p[0] == "statefulset")
     assert "'spec': {'replicas': 0}" in stop[3] and STOPPED_ANNOTATION in stop[3], stop
+    # Held before its stop, as `decide` holds what it stops: the policy applied, its entry written.
+    hold_at = next(i for i, p in enumerate(api.patches) if p[0] == "configmap")
+    assert api.applied and hold_at < api.patches.index(stop), api.patches
+    assert "statefulsets.default.db" in api.patches[hold_at][3], api.patches[hold_at]
