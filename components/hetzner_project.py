@@ -6,7 +6,9 @@ run naming the setting, and nothing changes:
 
 - every machine the run will create has a server type that exists and is offered
   in its location (types are offered per location, CX and CAX only in the EU;
-  deprecated ones go away), and an image that exists for the type's architecture.
+  deprecated ones go away), and an image that exists for the type's architecture. A
+  deprecated image is used with a warning until its `unavailable_after` date (Hetzner still
+  creates servers from it until then) and refused after it.
   A server the stack already made (the project lists it under the stack's name and
   labels) is not refused: type, location and image are creation-only (ignored
   after creation), so Hetzner withdrawing them later changes nothing about it, and
@@ -117,9 +119,34 @@ def _offered(location_entry: Any, now: datetime) -> bool:
     return True
 
 
+def _moment(value: Any) -> datetime | None:
+    """An RFC 3339 time from Hetzner's API ("" or unreadable: None)."""
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")) if value else None
+    except ValueError:
+        return None
+
+
+def _image_deprecation(image: Any, now: datetime) -> tuple[bool, datetime | None]:
+    """(whether Hetzner has deprecated the image, the date it stops creating servers from it).
+    Hetzner creates servers from a deprecated image until its `unavailable_after`; after that
+    date it refuses them (Hetzner's API reference, an image's `deprecation`; hcloud-go's
+    deprecationutil.ImageMessage: "deprecated and will no longer be available for order as of
+    <date>", then "unavailable and can no longer be ordered")."""
+    deprecated = bool(_field(image, "is_deprecated") or _field(image, "deprecated"))
+    return deprecated, _moment(_field(image, "unavailable_after")) if deprecated else None
+
+
 def _type_problems(
-    settings: StackSettings, hosts: Sequence[HostSettings], server_types: Sequence[Any], images: Sequence[Any]
+    settings: StackSettings,
+    hosts: Sequence[HostSettings],
+    server_types: Sequence[Any],
+    images: Sequence[Any],
+    deprecations: dict[tuple[str, str, str], list[str]] | None = None,
 ) -> list[SettingProblem]:
+    """What Hetzner would refuse about creating `hosts` now. A deprecated image it still creates
+    servers from is no problem: `deprecations` collects its hosts, keyed by (setting, image,
+    the date it goes), for one warning."""
     now = datetime.now(UTC)
     by_name = {_field(server_type, "name"): server_type for server_type in server_types}
 
@@ -134,16 +161,21 @@ def _type_problems(
         )
 
     problems: list[SettingProblem] = []
-    seen: set[tuple[str, str, str]] = set()
+    seen: set[tuple[str, str, str, str, str]] = set()
     for host in hosts:
         type_name = host.server_type or settings.cluster.server_type
         location = host.location or settings.cluster.location
         image = host.image or settings.cluster.image
         type_key = host_setting_key(settings, host, "server_type") if host.server_type else "hk3s:cluster.server_type"
         image_key = host_setting_key(settings, host, "image") if host.image else "hk3s:cluster.image"
-        if (type_key, type_name, location) in seen:
+        # Hosts that share the type, location and image settings share their answer.
+        if (type_key, type_name, location, image_key, image) in seen:
+            if deprecations is not None:
+                for (key, name, _), sharing in deprecations.items():
+                    if key == image_key and name == image:
+                        sharing.append(host.name)
             continue
-        seen.add((type_key, type_name, location))
+        seen.add((type_key, type_name, location, image_key, image))
         offers = ", ".join(offered_in(location)) or "none"
         server_type = by_name.get(type_name)
         if server_type is None:
@@ -168,16 +200,35 @@ def _type_problems(
             continue
         architecture = _field(server_type, "architecture")
         fitting = [image for image in images if _field(image, "architecture") == architecture]
-        names = {_field(image, "name") for image in fitting if _field(image, "name")}
-        ids = {str(_field(image, "id")) for image in fitting}
-        if image not in names and image not in ids:
+        # The names to offer instead: the images Hetzner has not deprecated.
+        current = sorted(
+            {str(_field(i, "name")) for i in fitting if _field(i, "name") and not _image_deprecation(i, now)[0]}
+        )
+        found = next((i for i in fitting if image in (_field(i, "name"), str(_field(i, "id")))), None)
+        if found is None:
             problems.append(
                 SettingProblem(
                     image_key,
                     f"Hetzner has no {architecture} image {image!r} for {host.name}'s server type "
-                    f"{type_name}; it has: {', '.join(sorted(names)[:12]) or 'none'}",
+                    f"{type_name}; it has: {', '.join(current[:12]) or 'none'}",
                 )
             )
+            continue
+        deprecated, unavailable_after = _image_deprecation(found, now)
+        if not deprecated:
+            continue
+        if unavailable_after is not None and unavailable_after <= now:
+            problems.append(
+                SettingProblem(
+                    image_key,
+                    f"image {image!r} (for {host.name}) is deprecated and Hetzner creates no server from it since "
+                    f"{unavailable_after.date().isoformat()}; choose another {architecture} image: "
+                    f"{', '.join(current[:12]) or 'none'}",
+                )
+            )
+        elif deprecations is not None:
+            until = unavailable_after.date().isoformat() if unavailable_after else "a date Hetzner has not given"
+            deprecations.setdefault((image_key, image, until), []).append(host.name)
     return problems
 
 
@@ -265,7 +316,8 @@ def read_hetzner_project() -> tuple[Sequence[Any], Sequence[Any], Mapping[str, S
     """Server types, images, and the servers, networks, firewalls and placement groups the project holds."""
     return (
         hcloud.get_server_types().server_types,
-        hcloud.get_images(include_deprecated=False).images,
+        # Deprecated images too: Hetzner still creates servers from them until `unavailable_after`.
+        hcloud.get_images(include_deprecated=True).images,
         {
             "server": hcloud.get_servers().servers,
             "network": hcloud.get_networks().networks,
@@ -318,10 +370,17 @@ def check_hetzner_project(
     server_types, images, held = read()
     to_create, made = existing_servers(settings, stack, held.get("server", []), owner)
     problems = control_plane_problems(settings, stack, owner, held.get("server", []))
-    problems += _type_problems(settings, to_create, server_types, images) if to_create else []
+    deprecations: dict[tuple[str, str, str], list[str]] = {}
+    problems += _type_problems(settings, to_create, server_types, images, deprecations) if to_create else []
     problems += _name_problems(settings.cluster.name, stack, planned, held)
     if problems:
         raise SettingsError(problems)
+    for (key, image, until), names in deprecations.items():
+        pulumi.log.warn(
+            f"{key}: image {image!r} is deprecated; Hetzner still creates servers from it until {until}, so "
+            f"{', '.join(names)} will be created from it, but after that date a new server from it is refused: "
+            "set a current image before then"
+        )
     outdated = [host for host in made if _type_problems(settings, [host], server_types, images)]
     if outdated:
         reasons = "; ".join(str(p) for p in _type_problems(settings, outdated, server_types, images))

@@ -6,10 +6,18 @@ project with the same deploy key would hit the same wall. So the program looks t
 fingerprint first (and takes it only when its public key is this one, blob for blob) and uploads it
 only when the project does not hold it.
 
-Whose a key is, is read from one thing only: the owner label (`hk3s-owner: <project>.<stack>`)
-the program puts on a key it uploads. A key without it is the operator's (whatever its name, even
-`<cluster>-admin`, the name the first releases gave theirs): used, never updated or deleted. A key
-with another stack's label is that stack's: used, never touched.
+Whose a key is: a key without the owner label (`hk3s-owner: <project>.<stack>`) the program puts
+on a key it uploads is the operator's (whatever its name, even `<cluster>-admin`, the name the
+first releases gave theirs): used, never updated or deleted. A key uploaded through ProjectSshKey
+(the `hk3s-upload: api` label) is declared as a ProjectSshKey by every stack that uses it, and its
+provider decides ownership from what no stack name shapes: the state (`owned`, recorded at
+upload) and the key's stack-id label (`hk3s-stack-id`, the stack's StackIdentity, made once and
+kept in its state). So `pulumi stack rename`, which changes the owner label the program computes,
+keeps the key declared and owned (the rename's run relabels it in place), where reading ownership
+from the owner label would stop declaring it and Pulumi would delete it; and an upload whose run
+ended before Pulumi recorded it is taken back by the next run as this stack's own (its stack-id
+label is this stack's), so the teardown deletes it. Another stack's key is taken as not owned:
+never renamed, relabelled or deleted.
 
 The key's Pulumi resource has a logical name that no setting shapes (`cluster-ssh-key`), with
 aliases for the name earlier releases gave it (`<cluster>-ssh-key`, for the cluster name now and the
@@ -22,7 +30,9 @@ A key the stack uploads now is a `ProjectSshKey` (providers.project_ssh_key), ma
 `hk3s-upload: api` label: two stacks' first runs that both found no key at preview may upload it
 at once, and the one Hetzner refuses takes the other's key (by fingerprint, only with the same
 public key) instead of failing. A key this stack uploaded before that marker is an
-`hcloud.SshKey` in its state and stays one (a new resource type would delete and re-upload it).
+`hcloud.SshKey` in its state and stays one (a new resource type would delete and re-upload it);
+it is recognised by its owner label alone, which names the stack, so a `pulumi stack rename` of
+such a stack still loses it (known limit of keys uploaded by those releases).
 
 Servers ignore later changes of their key (components.machine), so replacing
 this key after a rotation touches no server.
@@ -42,6 +52,8 @@ from cluster_settings.loading import SettingsError
 from cluster_settings.models import StackSettings
 from cluster_settings.rules import SettingProblem
 from providers.project_ssh_key import ProjectSshKey, ProjectSshKeyInputs
+from providers.stack_identity import StackIdentity
+from remote_access.hetzner_api import STACK_ID_LABEL
 
 OWNER_LABEL = "hk3s-owner"
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -70,6 +82,7 @@ def stack_owner() -> str:
 
 
 KEY_RESOURCE = "cluster-ssh-key"
+STACK_IDENTITY_RESOURCE = "stack-identity"
 CLUSTER_LABEL = "hk3s-cluster"
 # On a key uploaded through ProjectSshKey: the resource type that manages it.
 UPLOAD_LABEL = "hk3s-upload"
@@ -129,7 +142,8 @@ def cluster_ssh_key(parent: pulumi.Resource, settings: StackSettings, public_key
                 )
             ]
         )
-    if same is not None and not _uploaded_by_this_stack(same, owner):
+    uploaded_by_api = same is not None and (same.labels or {}).get(UPLOAD_LABEL) == UPLOAD_VALUE
+    if same is not None and not uploaded_by_api and not _uploaded_by_this_stack(same, owner):
         whose = (same.labels or {}).get(OWNER_LABEL)
         pulumi.log.info(
             f"using the SSH key {same.name!r} already in the Hetzner project (fingerprint {fingerprint}, "
@@ -143,11 +157,15 @@ def cluster_ssh_key(parent: pulumi.Resource, settings: StackSettings, public_key
     name = f"{settings.cluster.name}-{fingerprint.replace(':', '')[:12]}"
     labels = {CLUSTER_LABEL: settings.cluster.name, OWNER_LABEL: owner}
     opts = pulumi.ResourceOptions(parent=parent, aliases=_earlier_names(settings.cluster.name, same))
-    if same is not None and (same.labels or {}).get(UPLOAD_LABEL) != UPLOAD_VALUE:
+    if same is not None and not uploaded_by_api:
         # Uploaded by this stack before ProjectSshKey: its state holds an hcloud.SshKey.
         return hcloud.SshKey(KEY_RESOURCE, name=name, public_key=public_key, labels=labels, opts=opts).id
     from components.hetzner_project import hetzner_api_token  # noqa: PLC0415 - it imports this module
 
+    # No key with this fingerprint yet, or one uploaded through ProjectSshKey (this stack's, or
+    # another's it shares): declared either way, its provider decides whose it is (see above).
+    identity = StackIdentity(STACK_IDENTITY_RESOURCE, opts=pulumi.ResourceOptions(parent=parent))
+    uploaded = {**labels, UPLOAD_LABEL: UPLOAD_VALUE}
     token, endpoint = hetzner_api_token()
     return ProjectSshKey(
         KEY_RESOURCE,
@@ -155,7 +173,7 @@ def cluster_ssh_key(parent: pulumi.Resource, settings: StackSettings, public_key
             name=name,
             public_key=public_key,
             fingerprint=fingerprint,
-            labels={**labels, UPLOAD_LABEL: UPLOAD_VALUE},
+            labels=identity.stack_id.apply(lambda stack_id: {**uploaded, STACK_ID_LABEL: stack_id}),
             hcloud_token=token,
             hcloud_endpoint=endpoint,
         ),

@@ -140,8 +140,12 @@ def _api_forward_port(settings: StackSettings) -> int:
     return settings.cluster.api_forward_port or forward_port(pulumi.get_project(), pulumi.get_stack())
 
 
-def _storage(settings: StackSettings, credentials: SshCredentials, server: ClusterServer) -> StorageCopies:
-    """Longhorn and the storage classes, applied through a forward of the server's SSH session."""
+def _storage(
+    settings: StackSettings, credentials: SshCredentials, server: ClusterServer, workers: Sequence[WorkerNode]
+) -> StorageCopies:
+    """Longhorn and the storage classes, applied through a forward of the server's SSH session;
+    uninstalled by a teardown before any worker is wiped (the server's k3s, which the Kubernetes
+    provider depends on, is wiped after it too)."""
     return StorageCopies(
         "storage",
         StorageCopiesArgs(
@@ -154,6 +158,7 @@ def _storage(settings: StackSettings, credentials: SshCredentials, server: Clust
             cluster_identity=cluster_identity(
                 settings.server.name, server.endpoint.hcloud_server_id or server.endpoint.ssh_address
             ),
+            wiped_after=[worker.join_resource for worker in workers if worker.join_resource is not None],
         ),
     )
 
@@ -272,7 +277,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
             after=[*firewall.in_place(), node_access],
             firewall_rules=firewall.node_rules[worker.endpoint.name],
         )
-    storage = _storage(settings, credentials, server)
+    storage = _storage(settings, credentials, server, workers)
     roles = _longhorn_roles(settings, credentials, server, workers, storage)
     # Last: a rotated login key leaves the nodes only once every resource holds the new one.
     retire_previous_login_keys(

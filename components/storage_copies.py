@@ -77,6 +77,10 @@ class StorageCopiesArgs:
     cluster_identity: pulumi.Input[str] | None = None
     """What names the cluster the Kubernetes provider talks to (`cluster_identity`); None: the
     provider's own rule (a changed or unknown kubeconfig replaces it)."""
+    wiped_after: Sequence[pulumi.Resource] = ()
+    """What wipes a worker when a teardown deletes it (each worker's join): Longhorn's namespace,
+    and with it its release, depend on them, so a destroy uninstalls Longhorn before any worker
+    is wiped."""
 
 
 def cluster_identity(server_name: str, machine: pulumi.Input[str]) -> pulumi.Output[str]:
@@ -157,10 +161,15 @@ class StorageCopies(pulumi.ComponentResource):
                 else []
             )
             self.logins = list(offer)
+            # A destroy deletes a resource only after everything that depends on it. Longhorn's
+            # uninstall (the release's pre-delete job) reaches every node's Longhorn, and the
+            # namespace's delete waits for the pods on every node to end: both must be done before
+            # a worker is wiped (its join's delete in a teardown), so the namespace depends on the
+            # joins and the release on the namespace.
             namespace = k8s.core.v1.Namespace(
                 f"{name}-namespace",
                 metadata=k8s.meta.v1.ObjectMetaArgs(name=LONGHORN_NAMESPACE),
-                opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=offer),
+                opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[*offer, *args.wiped_after]),
             )
             release = k8s.helm.v3.Release(
                 f"{name}-longhorn",

@@ -13,7 +13,8 @@ from cluster_settings.loading import SettingsError
 from cluster_settings.models import StackSettings, WorkerSettings
 from cluster_settings.rules import SettingProblem
 from components.cluster_server import ClusterServer, k3s_release
-from components.hetzner_project import hetzner_api_token
+from components.hetzner_project import NODE_LABEL, hetzner_api_token
+from components.hetzner_ssh_key import OWNER_LABEL, stack_owner
 from components.machine import provision_machine
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork
@@ -120,6 +121,7 @@ class WorkerNode(pulumi.ComponentResource):
         if fence is not None:
             hcloud_server = self.endpoint.hcloud_server_id if worker.kind == "hetzner" else worker.hcloud_server
             token, endpoint = hetzner_api_access(worker.name) if hcloud_server is not None else (None, None)
+            network = self._args.private_network
             fence_resource = NodeFence(
                 f"{worker.name}-fence",
                 NodeFenceInputs(
@@ -129,6 +131,12 @@ class WorkerNode(pulumi.ComponentResource):
                     hcloud_server=hcloud_server,
                     hcloud_token=token,
                     hcloud_endpoint=endpoint,
+                    # What proves the server is this worker (node_operations.hetzner_identity): a private
+                    # address only in this cluster's network; the labels of a server the program created.
+                    hcloud_network=network.network_id if network is not None and hcloud_server is not None else None,
+                    hcloud_labels={OWNER_LABEL: stack_owner(), NODE_LABEL: worker.name}
+                    if worker.kind == "hetzner"
+                    else None,
                     kubeconfig=server.kubeconfig,
                     # The fence goes through the server's API, logged in as the join logs in there.
                     server_node=server.endpoint.name,
@@ -147,6 +155,7 @@ class WorkerNode(pulumi.ComponentResource):
                     validation_image=settings.cluster.validation_image,
                     teardown_allowed=settings.cluster.teardown_allowed,
                     node_external_ip=self.endpoint.public_address,
+                    stack=pulumi.get_stack(),
                 ),
                 opts=self.endpoint.options(self, [self.endpoint.probe, server.network, server.k3s, *after]),
             )

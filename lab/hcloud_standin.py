@@ -11,10 +11,15 @@ What it serves, each as Hetzner's API reference (docs.hetzner.cloud) describes i
   code: `not_found` 404 (an unknown server, action or path), `locked` 423 (an action while the
   server's previous one still runs), `unauthorized` 401.
 - GET /servers/{id} ("Servers: Get a Server"): `{"server": {...}}` with id, name, status,
-  created, labels, locked, `public_net` (`ipv4`: id, ip, blocked, dns_ptr; `ipv6` null;
-  `floating_ips` and `firewalls` empty) and `private_net` (per network: network, ip, alias_ips,
-  mac_address), the addresses the lab host really has (its public address, or none behind a
-  NAT, and its private one), or those `add_server` is given. The status is the host's power,
+  created, labels (those `add_server` is given), locked, `public_net` (`ipv4`: id, ip, blocked,
+  dns_ptr; `ipv6` null; `floating_ips` and `firewalls` empty) and `private_net` (per network:
+  `network`, the network's id, `ip`, `alias_ips`, `mac_address`), the addresses the lab host
+  really has (its public address, or none behind a NAT, and its private one), or those
+  `add_server` is given. A private address is unique only within its network: the reference says
+  `private_net[].network` is "The Network ID the server is attached to" and `ip` "The server IP
+  address on the network"; every project's networks may use the same range (10.0.0.0/16 is the
+  Console's default), so servers in two networks may report the same `ip`. The stand-in reports
+  each server's own network id (`add_server`'s `network`; default `DEFAULT_NETWORK`). The status is the host's power,
   read when asked: `running` while the lab host runs, `off` once it is powered off (never `off`
   before it really is).
 - GET /servers?name=NAME ("Servers: List Servers", `name` filter, exact match): `{"servers":
@@ -31,8 +36,14 @@ What it serves, each as Hetzner's API reference (docs.hetzner.cloud) describes i
   {"id"}}` per server `add_firewall` or `apply_firewall` put in it).
 - POST /firewalls/{id}/actions/remove_from_resources ("Firewall Actions: Remove from Resources"),
   body `{"remove_from": [{"type": "server", "server": {"id"}}]}`: 201 `{"actions": [...]}`, one
-  `remove_firewall` action per server, finished `success` at once; a server the firewall is not
-  applied to is answered 422 `firewall_already_removed`.
+  `remove_firewall` action per server, finished `success` at once. A server the firewall is not
+  applied to (or no server at all) is answered 404 `firewall_resource_not_found` ("The resource
+  the Firewall should be removed from was not found", the call's error table in Hetzner's API
+  reference), and nothing is removed. `firewall_already_removed` is never answered: hcloud-go
+  (hcloud/error.go) marks it "not used by the API anymore" since Hetzner's changelog of
+  2025-08-04 ("multiple API behavior changes for firewalls"), and terraform-provider-hcloud
+  (internal/firewall/resource.go, removeFromResources) takes `firewall_resource_not_found` as
+  "nothing left to remove".
 - SSH keys ("SSH Keys": List, Get, Create, Update, Delete): GET /ssh_keys (filters `fingerprint`
   and `name`, exact match), GET /ssh_keys/{id}, POST /ssh_keys `{name, public_key, labels}`
   answered 201 `{"ssh_key": {id, name, fingerprint, public_key, labels, created}}` with the
@@ -48,7 +59,7 @@ What it serves, each as Hetzner's API reference (docs.hetzner.cloud) describes i
 
 What it does not model: every other endpoint (404), SSH keys' label selectors, `shutdown`, `reset` and `reboot`, the
 rate limit (no RateLimit-* headers, never a 429), pagination beyond one page, a server's
-other fields (type, image, datacenter), IPv6, labels and label selectors,
+other fields (type, image, datacenter), IPv6, label selectors, the networks themselves (GET /networks),
 `protection`, the `deprecation` of API calls, and TLS (it serves plain HTTP on 127.0.0.1).
 """
 
@@ -71,6 +82,8 @@ from urllib.parse import parse_qs, urlsplit
 
 # How long an action stays `running` before it acts (Hetzner's power actions take seconds).
 ACTION_SECONDS = 1.0
+# The id of the network a server's private addresses are in, unless `add_server` names another.
+DEFAULT_NETWORK = 1
 
 
 class Machine(Protocol):
@@ -111,6 +124,8 @@ class StandinServer:
     machine: Machine
     public_ipv4: str | None = None
     private_ips: tuple[str, ...] = ()
+    network: int = DEFAULT_NETWORK  # the Hetzner network its private addresses are in
+    labels: dict[str, str] = field(default_factory=dict)
     created: str = field(default_factory=_now)
     busy: bool = False  # an action of it runs
     failure: tuple[str, str] | None = None
@@ -121,7 +136,7 @@ class StandinServer:
             "name": self.name,
             "status": "running" if self.machine.is_running else "off",
             "created": self.created,
-            "labels": {},
+            "labels": dict(self.labels),
             "locked": False,
             "public_net": {
                 "ipv4": {"id": self.id * 10, "ip": self.public_ipv4, "blocked": False, "dns_ptr": self.name}
@@ -132,7 +147,12 @@ class StandinServer:
                 "firewalls": [],
             },
             "private_net": [
-                {"network": 1, "ip": ip, "alias_ips": [], "mac_address": f"86:00:00:00:{n:02x}:{self.id % 256:02x}"}
+                {
+                    "network": self.network,
+                    "ip": ip,
+                    "alias_ips": [],
+                    "mac_address": f"86:00:00:00:{n:02x}:{self.id % 256:02x}",
+                }
                 for n, ip in enumerate(self.private_ips)
             ],
         }
@@ -251,16 +271,21 @@ class HcloudStandin:
         *,
         public_ipv4: str | None = None,
         private_ips: tuple[str, ...] | None = None,
+        network: int = DEFAULT_NETWORK,
+        labels: dict[str, str] | None = None,
     ) -> int:
         """Register `machine` as the Hetzner server `name`; its id. Its addresses are the lab
-        host's own (`public_ip`, `private_ip`) unless given."""
+        host's own (`public_ip`, `private_ip`) unless given; its private ones are in the Hetzner
+        network `network`."""
         if public_ipv4 is None:
             public_ipv4 = getattr(machine, "public_ip", None)
         if private_ips is None:
             private = getattr(machine, "private_ip", None)
             private_ips = (private,) if private else ()
         with self._lock:
-            server = StandinServer(next(self._ids), name, machine, public_ipv4, private_ips)
+            server = StandinServer(
+                next(self._ids), name, machine, public_ipv4, private_ips, network, dict(labels or {})
+            )
             self.servers[server.id] = server
             return server.id
 
@@ -310,7 +335,11 @@ class HcloudStandin:
         with self._lock:
             missing = [server for server in servers if server not in firewall.applied]
             if missing:
-                raise ApiError(422, "firewall_already_removed", f"firewall {firewall.id} is not applied to {missing}")
+                raise ApiError(
+                    404,
+                    "firewall_resource_not_found",
+                    f"the resource the Firewall should be removed from was not found (servers {missing})",
+                )
             actions = []
             for server in servers:
                 firewall.applied.discard(server)

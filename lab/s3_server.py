@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from operator_api.s3_backend import S3Backend
+from operator_api.s3_backend import ALLOW_HTTP, S3Backend
 
 CACHE = Path(os.environ.get("HK3S_LAB_CACHE", "/var/cache/hk3s-lab"))
 VERSITYGW = CACHE / "bin" / "versitygw"
@@ -62,6 +62,9 @@ class S3Server:
             "AWS_ACCESS_KEY_ID": access_key or self.access_key,
             "AWS_SECRET_ACCESS_KEY": secret_key or self.secret_key,
             "AWS_REGION": self.region,
+            # The gateway listens on plain HTTP on loopback: used as any local MinIO's user would,
+            # with the acknowledgement the program asks for (docs/ci.md, keeping state for a team).
+            ALLOW_HTTP: "1",
         }
 
     def backend_url(self, bucket: str, *, endpoint: str | None = None) -> str:

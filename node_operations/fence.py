@@ -31,11 +31,14 @@ worker is down; the program then proves it before anything moves. The order, and
      `hcloud_server`): the program proves it off itself, so no confirmation is asked. Before the
      record, the server is looked up through the Hetzner API (a wrong token or server refuses the
      fence unchanged) and must be proven to be this worker: it holds one of the worker's own
-     addresses and none of the control plane's or another Node's, so a typo in `hcloud_server`
-     powers nothing off. The power-off then goes to that server's id. After the record: if the
-     host still answers over SSH, `k3s_fence.sh` first writes the drop-in and stops the agent and
-     every container (so the agent stays down even if someone powers the server on again; what is
-     left is reported, not fatal, as the power goes next); then the server is powered off through
+     addresses (a private one only in this cluster's Hetzner network, by its id: private addresses
+     repeat across networks), carries the owner and node labels the program gave it when the
+     program created it, and holds none of the control plane's or another Node's addresses, so a
+     typo in `hcloud_server` powers nothing off (node_operations/hetzner_identity.py). The
+     power-off then goes to that server's id. After the record: if the host still answers over
+     SSH, `k3s_fence.sh` first writes the drop-in and stops the agent and every container (so
+     the agent stays down even if someone powers the server on again; what is left is reported,
+     not fatal, as the power goes next); then the server is powered off through
      the API (`poweroff`, which cuts the power; never the ACPI `shutdown`, whose action finishing
      says only that the signal was sent), the fence waits for the action and confirms the
      server's status reads `off`. A failed action stops the fence (recorded, not tainted), naming
@@ -59,8 +62,7 @@ worker is down; the program then proves it before anything moves. The order, and
 
 Before the taint, each workload whose pods on the worker use Longhorn volumes is judged by the
 copies of its volumes elsewhere, and one that may not start elsewhere is stopped first
-(node_operations/fence_workloads.py, which also deletes, after a minute, pods with Longhorn
-volumes that Kubernetes left, only once their volumes are detached from the worker). Lifting a
+(node_operations/fence_workloads.py). The fence deletes no pod itself (see there why). Lifting a
 fence is node_operations/fence_lift.py.
 """
 
@@ -77,8 +79,9 @@ from typing import Any, NoReturn
 
 from host_scripts import script_path
 from node_operations.disk_probe import PYTHON_LAUNCHER
-from node_operations.fence_workloads import RELEASE_AFTER_SECONDS, WorkloadDecision, WorkloadReport, release_pods
+from node_operations.fence_workloads import WorkloadDecision, WorkloadReport
 from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
+from node_operations.hetzner_identity import identity_refusal
 from node_operations.join_validation import KUBELET_DIAL_SECONDS, KUBELET_PORT, dial_kubelet
 from node_operations.k3s_install import parse_results
 from node_operations.reboot import BOOT_MARKER_COMMAND
@@ -96,6 +99,10 @@ MASTER_LABEL = "node-role.kubernetes.io/master"
 # marker): lifting the fence reboots a host still in that boot, so nothing the fence stopped
 # half-way (a mount, a process a stop missed) outlives the fence.
 FENCE_BOOT_ANNOTATION = "hk3s.dev/fenced-boot"
+# The fence's record that the host was proven stopped, and how ("ssh", "hetzner", "powered-off"),
+# written right before the out-of-service taint: a give-up (node_operations.forced_removal) needs it,
+# since the taint alone may have been put on by hand.
+FENCE_STOPPED_BY_ANNOTATION = "hk3s.dev/fence-stopped-by"
 # How long a Node must have been NotReady: longer than a brief network loss or an agent restart.
 MIN_DOWN_SECONDS = 60.0
 FENCE_SCRIPT_DEADLINE_SECONDS = 180.0
@@ -127,8 +134,14 @@ class FenceOrder:
     """The worker's Hetzner server (its id, or its name), when it is one: the fence powers it off."""
     hcloud: HetznerAccess | None = None
     """The Hetzner API's token and endpoint (hcloud:token, hcloud:endpoint)."""
+    hcloud_network: int | None = None
+    """The id of this cluster's Hetzner network, when the program created one."""
+    hcloud_labels: Mapping[str, str] = field(default_factory=dict)
+    """The labels the program gave the worker's server, when it created it (its owner and node)."""
     accept_stale_data: bool = False
     """Workloads may start from copies of their Longhorn volumes that may be older (fence_workloads)."""
+    stack: str = ""
+    """The stack's name, in the refusal of a scale-up of a workload the fence holds (fence_holds)."""
 
 
 @dataclass(frozen=True)
@@ -543,15 +556,10 @@ class WorkerFence:
     async def _identity_refusal(self, state: ServerState) -> str | None:
         """Why the Hetzner server `state` is not proven to be this worker (None when it is): the
         power goes to whatever hcloud_server names, so a typo would cut the control plane or a
-        bystander while this worker runs on. It must hold one of the worker's own addresses (where
-        the program logs in, its kubelet's, its Node's) and none of another node's (the control
-        plane's login and every other Node's addresses)."""
+        bystander while this worker runs on (node_operations.hetzner_identity: an address of the
+        worker's, a private one only in this cluster's network; the labels of a server the program
+        created; none of another node's addresses)."""
         nodes = json.loads(await self.api.kubectl(["get", "nodes", "-o", "json"], repeat=Repeat.READ)).get("items", [])
-        named = f"Hetzner server {state.name} (id {state.id}; {', '.join(state.addresses()) or 'no address'})"
-        fix = (
-            f"set {self.node}'s hcloud_server in hk3s:workers to its own Hetzner server (its id or name) and run up "
-            "again; nothing was powered off"
-        )
         control_plane = [self.server.target.address]
         others: list[tuple[str, str]] = []
         for other in nodes:
@@ -564,23 +572,16 @@ class WorkerFence:
                 control_plane += addresses
             else:
                 others += [(name, address) for address in addresses]
-        if hit := next((a for a in control_plane if state.owns(a)), None):
-            return (
-                f"{named}, which {self.node}'s hcloud_server names, is the control plane's server (it holds {hit}): "
-                f"the control plane is never fenced; {fix}"
-            )
-        if hit_by := next(((name, a) for name, a in others if state.owns(a)), None):
-            return (
-                f"{named}, which {self.node}'s hcloud_server names, is {hit_by[0]}'s server (it holds {hit_by[1]}), "
-                f"not {self.node}'s; {fix}"
-            )
         mine = sorted({self.worker.address, self.order.kubelet_address, *node_addresses(self.node_object)})
-        if not any(state.owns(address) for address in mine):
-            return (
-                f"{named}, which {self.node}'s hcloud_server names, holds none of {self.node}'s addresses "
-                f"({', '.join(mine)}), so it is not proven to be this worker; {fix}"
-            )
-        return None
+        return identity_refusal(
+            self.node,
+            state,
+            mine=mine,
+            control_plane=control_plane,
+            others=others,
+            network=self.order.hcloud_network,
+            labels=self.order.hcloud_labels,
+        )
 
     async def _stop_through_hetzner(self) -> None:
         """Drop-in first when the host answers (the agent stays down should the server be powered
@@ -626,6 +627,13 @@ class WorkerFence:
         )
         self.report.recorded_at = recorded
         self.progress(f"fence recorded on the Node ({FENCE_ANNOTATION}={recorded})")
+
+    async def _record_stopped(self) -> None:
+        """The host is proven stopped: say so on the Node, and how, before the taint."""
+        await self.api.kubectl(
+            ["annotate", "node", self.node, "--overwrite", f"{FENCE_STOPPED_BY_ANNOTATION}={self.report.stopped_by}"],
+            repeat=Repeat.IDEMPOTENT,
+        )
 
     async def _stop_over_ssh(self, *, leftovers_stop: bool = True) -> None:
         self.progress("stopping the k3s agent and every container; a drop-in keeps the agent down")
@@ -678,16 +686,20 @@ class WorkerFence:
         before = await self._pods(self.node)
         leaving = [pod for pod in before if not tolerates(pod, OUT_OF_SERVICE)]
         self.report.pods_staying = [pod_name(pod) for pod in before if tolerates(pod, OUT_OF_SERVICE)]
-        decision = WorkloadDecision(self.api, self.node, self.progress, accept_stale_data=self.order.accept_stale_data)
+        decision = WorkloadDecision(
+            self.api, self.node, self.progress, accept_stale_data=self.order.accept_stale_data, stack=self.order.stack
+        )
         self.report.workloads = await decision.decide(leaving)
+        # The copies judged above are read again right before the taint, which lets pods go.
+        await decision.recheck()
         await self.api.add_taint(self.node, OUT_OF_SERVICE)
         self.progress(f"tainted {OUT_OF_SERVICE}: waiting for Kubernetes to delete {len(leaving)} pod(s)")
-        tainted = time.monotonic()
-        deadline = tainted + self.pods_timeout
+        deadline = time.monotonic() + self.pods_timeout
         uids = {pod["metadata"]["uid"] for pod in leaving}
+        # The fence deletes none of them itself: a pod Kubernetes has not deleted keeps its volumes
+        # attached to the worker (the attach-detach controller releases them only once the pod is
+        # terminated or gone), so nothing the fence could read would prove them released.
         while left := [p for p in await self._pods(self.node) if p["metadata"]["uid"] in uids]:
-            if time.monotonic() > tainted + RELEASE_AFTER_SECONDS:
-                self.report.workloads.released += await release_pods(self.api, self.node, left, self.progress)
             if time.monotonic() > deadline:
                 raise FenceStoppedError(
                     self.node,
@@ -715,6 +727,7 @@ class WorkerFence:
             await self._stop_over_ssh()
         elif self.report.stopped_by == "hetzner":
             await self._stop_through_hetzner()
+        await self._record_stopped()
         await self._let_pods_go()
         return self.report
 

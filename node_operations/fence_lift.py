@@ -65,7 +65,7 @@ from collections.abc import Callable
 import yaml
 
 from host_scripts import script_path
-from node_operations.fence import FENCE_ANNOTATION, FENCE_BOOT_ANNOTATION, OUT_OF_SERVICE
+from node_operations.fence import FENCE_ANNOTATION, FENCE_BOOT_ANNOTATION, FENCE_STOPPED_BY_ANNOTATION, OUT_OF_SERVICE
 from node_operations.fence_workloads import NODE_STOPPED_ANNOTATION, WorkloadDecision
 from node_operations.host_facts import gather_facts, interface_of
 from node_operations.join import TOKEN_FILE, TOKEN_TTL
@@ -184,7 +184,13 @@ class FenceLift:
         out = await self.cluster.kubectl(["get", "node", self.node, "-o", "json"], repeat=Repeat.READ)
         if FENCE_ANNOTATION in (json.loads(out)["metadata"].get("annotations") or {}):
             # A merge patch to null: repeated after an outage it finds the annotation gone and changes nothing.
-            records = (FENCE_ANNOTATION, FENCE_BOOT_ANNOTATION, NODE_STOPPED_ANNOTATION, NODE_UNHELD_ANNOTATION)
+            records = (
+                FENCE_ANNOTATION,
+                FENCE_BOOT_ANNOTATION,
+                FENCE_STOPPED_BY_ANNOTATION,
+                NODE_STOPPED_ANNOTATION,
+                NODE_UNHELD_ANNOTATION,
+            )
             unset = json.dumps({"metadata": {"annotations": dict.fromkeys(records)}})
             await self.cluster.kubectl(
                 ["patch", "node", self.node, "--type", "merge", "-p", unset], repeat=Repeat.IDEMPOTENT

@@ -7,18 +7,28 @@ writes without a word, so before the worker is tainted out of service each such 
 judged by the copies of its volumes on the *other* nodes (Longhorn's replica fields):
 
 - **current**: a copy healthy since it last failed (`healthyAt` set, `failedAt` empty) holds every
-  write the volume took, and it is current only while its node is Ready and not fenced (no
-  `hk3s.dev/fenced-at`, no out-of-service taint). Longhorn's manager marks a copy failed only once
-  it notices its node went (the manager that owns the volume may have run on the fenced worker
-  itself), so its fields alone can call a copy on a dead node current; a workload started from it
-  would not start, or would start on whatever copy is left. A copy on such a node that held data
-  counts as one that may be older. With a current copy of every one of its volumes the workload
-  may start elsewhere: Kubernetes deletes its pods once the node is tainted, and its controller
-  starts them on another node.
-- **stale**: copies elsewhere that were healthy once but failed since (`failedAt` set) may be
-  older than the lost one. The workload stays stopped until the operator accepts that
-  (`hk3s:fences.<worker>.accept_stale_data`); the report lists every copy with its
-  `lastHealthyAt` and `lastFailedAt`.
+  write the volume took, as far as Longhorn heard, and it is current only while its node is Ready
+  and not fenced (no `hk3s.dev/fenced-at`, no out-of-service taint) and Longhorn hears the
+  volume's engine. Longhorn's manager marks a copy failed only once it notices its node went (the
+  manager that owns the volume may have run on the fenced worker itself), so its fields alone can
+  call a copy on a dead node current; a workload started from it would not start, or would start
+  on whatever copy is left. And the copies' fields change only from the engine's own report: the
+  engine runs where the volume is attached (the fenced worker, for its pods' volumes), and once
+  its node goes silent Longhorn reads it `unknown` and changes no copy (longhorn-manager
+  `controller/instance_handler.go`, `controller/volume_controller.go`
+  `ReconcileEngineReplicaState`), while that engine may have dropped the other copies and gone on
+  writing alone. So while the engine reads `unknown` (or `running` on a node that cannot serve),
+  every copy on another node may be older (`unheard_engines`); the stop record keeps that
+  (`ENGINE_UNKNOWN_KEY`), since the engine reads `stopped` once the volume is detached. A copy
+  that is not current but held data counts as one that may be older. With a current copy of every
+  one of its volumes the workload may start elsewhere: Kubernetes deletes its pods once the node
+  is tainted, and its controller starts them on another node. The copies are read again right
+  before the taint (`WorkloadDecision.recheck`): one let go whose verdict turned worse meanwhile
+  is stopped then.
+- **stale**: copies elsewhere that were healthy once but failed since (`failedAt` set), or are not
+  current for the reasons above, may be older than the lost one. The workload stays stopped until
+  the operator accepts that (`hk3s:fences.<worker>.accept_stale_data`); the report lists every
+  copy with its `lastHealthyAt` and `lastFailedAt`.
 - **only copy**: no other node ever held a healthy copy. The workload stays stopped until the
   worker rejoins; no consent starts it, since there is nothing to start it from.
 A workload takes the worst verdict among its volumes. A copy never healthy holds no data and
@@ -35,7 +45,9 @@ hold, and is named instead (`WorkloadReport.unheld`, the Node's `NODE_UNHELD_ANN
 `status(check_hosts=True)` reads): the operator stops it or accepts what starts. The stop and its record
 are one merge patch of the owner (`STOPPED_ANNOTATION`: the worker, why, the former replica count
 or suspension, the volumes), so an interrupted run finds either both or neither; a resumed fence
-keeps the record's verdict and does not judge that owner again. The Node carries a summary
+keeps the record's verdict and does not judge that owner again. Before its stop each owner is held
+(node_operations/fence_holds.py: the API server then refuses a scale-up or un-suspend of it from
+outside), and every start removes the hold before its patch. The Node carries a summary
 (`NODE_STOPPED_ANNOTATION`) for the operator. A pod with Longhorn volumes and no owner the
 program can stop (a bare pod, a DaemonSet's, another controller's) is named in a warning: the
 taint deletes it and the program cannot say whether something starts it on an older copy.
@@ -45,11 +57,12 @@ recorded volumes: current copies, or with consent stale ones, let it start; at t
 rejoined worker's copies count again, and the worker's copy that failed last (no other failed
 later) is the newest one, since the workload was stopped from then on.
 
-After the taint (`release_pods`): a pod with Longhorn volumes that Kubernetes has not deleted
-within `RELEASE_AFTER_SECONDS` is deleted by the fence itself, with no grace period (its kubelet
-is gone, so a graceful deletion would never finish), and only while the fence is recorded on the
-Node, the Node is NotReady and tainted out of service, and no VolumeAttachment of its volumes to
-the worker is left: a volume attached there may still be written there.
+After the taint the fence deletes no pod itself: Kubernetes deletes them (taint eviction, then the
+pod garbage collector for pods terminating on an out-of-service node) and only then releases their
+volumes. Its attach-detach controller keeps a pod's volume attached to the pod's node until the
+pod is terminated or gone (pkg/controller/volume/attachdetach/util/util.go, DetermineVolumeAction),
+so a pod Kubernetes has not deleted still holds its VolumeAttachment: a deletion by the fence
+"once the volume is detached" would wait on a state Kubernetes does not produce.
 """
 
 from __future__ import annotations
@@ -61,6 +74,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from node_operations.fence_holds import Held, hold, hold_entries, read_holds, release
 from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
 from node_operations.longhorn_objects import longhorn_items
 from node_operations.volume_copies import NODE_UNHELD_ANNOTATION
@@ -69,12 +83,11 @@ from remote_access.ssh import SshTarget, open_session
 
 # On an owner the fence stopped: JSON {"node", "reason", "replicas" | "suspend", "volumes"}.
 STOPPED_ANNOTATION = "hk3s.dev/fence-stopped"
+# In that record: {volume: node} of the volumes whose engine Longhorn could not hear at the stop.
+ENGINE_UNKNOWN_KEY = "engine_unknown_on"
 # On the fenced Node: JSON {"Kind namespace/name": reason} of what its fence keeps stopped.
 NODE_STOPPED_ANNOTATION = "hk3s.dev/fence-stopped-workloads"
 LONGHORN_DRIVER = "driver.longhorn.io"
-# Kubernetes' pod garbage collector deletes the pods of an out-of-service node within about
-# 40 s (taint eviction at once, then a 20 s collection period); a minute leaves it room first.
-RELEASE_AFTER_SECONDS = 60.0
 # The owners the fence can stop: kind -> the kubectl resource and how it is stopped.
 # The command that starts one workload a fence stopped (node_operations/workload_start.py).
 START_COMMAND = "scripts/hk3s workload start"
@@ -108,11 +121,20 @@ class Copy:
     last_healthy_at: str = ""
     last_failed_at: str = ""
     unavailable: str = ""  # why its node cannot serve it now (NotReady, fenced); "" when it can
+    # The node of its volume's engine when Longhorn cannot hear that engine (state unknown, or so
+    # recorded by the fence) and this copy is on another node: its fields may be behind the data.
+    engine_unheard_on: str | None = None
 
     @classmethod
-    def of(cls, replica: Mapping[str, Any], unavailable: Mapping[str, str] | None = None) -> Copy:
+    def of(
+        cls,
+        replica: Mapping[str, Any],
+        unavailable: Mapping[str, str] | None = None,
+        unheard: Mapping[str, str] | None = None,
+    ) -> Copy:
         spec = replica.get("spec") or {}
         node = str(spec.get("nodeID") or "")
+        engine_node = (unheard or {}).get(str(spec.get("volumeName") or ""))
         return cls(
             node=node,
             healthy_at=str(spec.get("healthyAt") or ""),
@@ -120,13 +142,21 @@ class Copy:
             last_healthy_at=str(spec.get("lastHealthyAt") or ""),
             last_failed_at=str(spec.get("lastFailedAt") or ""),
             unavailable=(unavailable or {}).get(node, ""),
+            engine_unheard_on=engine_node if engine_node is not None and engine_node != node else None,
         )
 
     @property
     def current(self) -> bool:
-        """Healthy since it last failed, on a node that is Ready and not fenced: it holds every
-        write the volume took and can be started from now."""
-        return bool(self.node and self.healthy_at and not self.failed_at and not self.unavailable)
+        """Healthy since it last failed, on a node that is Ready and not fenced, and its fields
+        heard from the volume's engine (not one Longhorn lost: see `engine_unheard_on`): it holds
+        every write the volume took and can be started from now."""
+        return bool(
+            self.node
+            and self.healthy_at
+            and not self.failed_at
+            and not self.unavailable
+            and self.engine_unheard_on is None
+        )
 
     @property
     def held_data(self) -> bool:
@@ -134,7 +164,14 @@ class Copy:
         return bool(self.node and (self.healthy_at or self.last_healthy_at))
 
     def line(self) -> str:
-        state = "current" if self.current else "failed" if self.failed_at else f"not current: {self.unavailable}"
+        if self.current:
+            state = "current"
+        elif self.failed_at:
+            state = "failed"
+        elif self.unavailable:
+            state = f"not current: {self.unavailable}"
+        else:
+            state = f"may be older: {unheard_why(self.engine_unheard_on or '')}"
         return (
             f"{self.node} ({state}; lastHealthyAt {self.last_healthy_at or 'never'}, "
             f"lastFailedAt {self.last_failed_at or 'never'})"
@@ -154,7 +191,15 @@ class VolumeCopies:
         copies = self.copies
         if worker_back:
             # Rejoined and validated Ready: its fence record is removed only after this judgement.
-            copies = tuple(dataclasses.replace(c, unavailable="") if c.node == worker else c for c in copies)
+            # Its engine is heard again too: the worker's own copies count, as the newest.
+            copies = tuple(
+                dataclasses.replace(
+                    c,
+                    unavailable="" if c.node == worker else c.unavailable,
+                    engine_unheard_on=None if c.engine_unheard_on == worker else c.engine_unheard_on,
+                )
+                for c in copies
+            )
         held = [c for c in copies if c.held_data]
         others = [c for c in held if c.node != worker]
         if any(c.current for c in (held if worker_back else others)):
@@ -172,6 +217,40 @@ class VolumeCopies:
         copies = ", ".join(c.line() for c in self.copies if c.held_data) or "none"
         return f"volume {self.volume} (claim {self.claim}): copies on {copies}"
 
+    def engine_unheard_on(self) -> str | None:
+        """The node of the volume's engine Longhorn cannot hear (None when it hears it)."""
+        return next((c.engine_unheard_on for c in self.copies if c.engine_unheard_on is not None), None)
+
+
+def unheard_why(engine_node: str) -> str:
+    """Why a copy's fields may be behind the data while its volume's engine is not heard."""
+    where = f" on {engine_node}" if engine_node else ""
+    return (
+        f"the volume's engine{where} reads unknown to Longhorn, which has heard nothing from it since its node went "
+        "silent, while it may have gone on writing without this copy"
+    )
+
+
+def recorded_volumes(record: Mapping[str, Any], copies: Mapping[str, tuple[Copy, ...]]) -> list[VolumeCopies]:
+    """The volumes of a fence's stop record with their copies now. A volume whose engine the
+    fence found unheard keeps that mark (`ENGINE_UNKNOWN_KEY`) while the record lasts: once the
+    volume is detached Longhorn reads its engine stopped, but it still never heard what that
+    engine wrote."""
+    recorded = record.get(ENGINE_UNKNOWN_KEY) or {}
+    found = []
+    for volume, claim in record.get("volumes") or []:
+        these = copies.get(volume, ())
+        if isinstance(recorded, dict) and volume in recorded:
+            node = str(recorded[volume])
+            these = tuple(
+                c
+                if c.engine_unheard_on is not None or c.node == node
+                else dataclasses.replace(c, engine_unheard_on=node)
+                for c in these
+            )
+        found.append(VolumeCopies(volume, claim, these))
+    return found
+
 
 @dataclass(frozen=True)
 class Owner:
@@ -187,6 +266,11 @@ class Owner:
     @property
     def resource(self) -> str:
         return {**SCALED, **SUSPENDED}[self.kind]
+
+    @property
+    def ref(self) -> str:
+        """NAMESPACE/KIND/NAME, as `workload start` takes it."""
+        return f"{self.namespace}/{self.kind}/{self.name}"
 
 
 @dataclass
@@ -262,7 +346,6 @@ class WorkloadReport:
     unjudged: list[str] = field(default_factory=list)  # warnings: pods the program cannot judge
     # Workloads that may not start elsewhere but whose owner the fence cannot stop: owner -> why.
     unheld: dict[str, str] = field(default_factory=dict)
-    released: list[str] = field(default_factory=list)  # pods the fence deleted itself (step 5)
     # The controllers of the pods of workloads kept stopped ("ReplicaSet ns/name"): none runs anew.
     stopped_controllers: set[str] = field(default_factory=set)
 
@@ -272,11 +355,6 @@ class WorkloadReport:
         lines += list(self.stopped[owner] for owner in sorted(self.stopped))
         lines += [f"not held stopped: {self.unheld[owner]}" for owner in sorted(self.unheld)]
         lines += [f"warning: {line}" for line in self.unjudged]
-        if self.released:
-            lines.append(
-                f"deleted by the fence (not deleted by Kubernetes within {RELEASE_AFTER_SECONDS:.0f} s, their volumes "
-                f"detached from the worker): {', '.join(self.released)}"
-            )
         return lines
 
 
@@ -325,15 +403,36 @@ class ClaimMap:
 
 
 def copies_by_volume(
-    replicas: list[dict[str, Any]], unavailable: Mapping[str, str] | None = None
+    replicas: list[dict[str, Any]],
+    unavailable: Mapping[str, str] | None = None,
+    unheard: Mapping[str, str] | None = None,
 ) -> dict[str, tuple[Copy, ...]]:
     """Each volume's copies; `unavailable` (node -> why, `unavailable_nodes`) marks the copies
-    whose node cannot serve them now."""
+    whose node cannot serve them now, `unheard` (volume -> its engine's node, `unheard_engines`)
+    the copies whose fields may be behind their volume's engine."""
     found: dict[str, list[Copy]] = {}
     for replica in replicas:
         volume = str((replica.get("spec") or {}).get("volumeName") or "")
-        found.setdefault(volume, []).append(Copy.of(replica, unavailable))
+        found.setdefault(volume, []).append(Copy.of(replica, unavailable, unheard))
     return {volume: tuple(copies) for volume, copies in found.items()}
+
+
+def unheard_engines(engines: list[dict[str, Any]], unavailable: Mapping[str, str] | None = None) -> dict[str, str]:
+    """volume -> node of each volume whose engine Longhorn cannot hear: one that reads `unknown`,
+    or reads `running` on a node that cannot serve (`unavailable_nodes`: the manager that would
+    mark it unknown may have run on that node itself, and another takes it over only later).
+    Longhorn marks a started engine's instance unknown when its node is down or cut off
+    (longhorn-manager controller/instance_handler.go), and then changes none of its volume's
+    copies (controller/volume_controller.go ReconcileEngineReplicaState returns at once): the
+    engine may have dropped the other copies and gone on writing without them, unseen, so their
+    healthy fields prove nothing."""
+    found = {}
+    for engine in engines:
+        spec, status = engine.get("spec") or {}, engine.get("status") or {}
+        state, node = status.get("currentState"), str(spec.get("nodeID") or "")
+        if spec.get("volumeName") and (state == "unknown" or (state == "running" and node in (unavailable or {}))):
+            found[str(spec["volumeName"])] = node
+    return found
 
 
 def unavailable_nodes(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]]) -> dict[str, str]:
@@ -362,11 +461,15 @@ def unavailable_nodes(nodes: list[dict[str, Any]], replicas: list[dict[str, Any]
 
 async def copies_now(api: ClusterApi) -> dict[str, tuple[Copy, ...]]:
     """Every volume's copies as they stand now, those on nodes that cannot serve them marked so
-    (`unavailable_nodes`). The one reading of the rule "a current copy is healthy now on a node
-    that is Ready and not fenced": the fence, `status` and `workload start` all judge through it."""
+    (`unavailable_nodes`), and those whose volume's engine Longhorn cannot hear (`unheard_engines`).
+    The one reading of the rule "a current copy is healthy now, as its engine last told Longhorn
+    while Longhorn could hear it, on a node that is Ready and not fenced": the fence, `status` and
+    `workload start` all judge through it."""
     nodes = (await read_json(api, "nodes")).get("items") or []
     replicas = await longhorn_items(api, "replicas.longhorn.io")
-    return copies_by_volume(replicas, unavailable_nodes(nodes, replicas))
+    engines = await longhorn_items(api, "engines.longhorn.io")
+    unavailable = unavailable_nodes(nodes, replicas)
+    return copies_by_volume(replicas, unavailable, unheard_engines(engines, unavailable))
 
 
 def controller_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -436,6 +539,9 @@ def stop_patch(
         "reason": REASON[verdict],
         "volumes": [[v.volume, v.claim] for v in volumes],
     }
+    unheard = {v.volume: node for v in volumes if (node := v.engine_unheard_on()) is not None}
+    if unheard:
+        record[ENGINE_UNKNOWN_KEY] = unheard
     if owner.kind in SUSPENDED:
         record["suspend"] = bool(spec.get("suspend"))
         change: dict[str, Any] = {"suspend": True}
@@ -476,11 +582,15 @@ async def read_json(api: ClusterApi, *args: str) -> dict[str, Any]:
 class WorkloadDecision:
     """The decision for one fenced worker, through the server's API."""
 
-    def __init__(self, api: ClusterApi, worker: str, progress: Progress, *, accept_stale_data: bool) -> None:
+    def __init__(
+        self, api: ClusterApi, worker: str, progress: Progress, *, accept_stale_data: bool, stack: str = ""
+    ) -> None:
         self.api, self.worker, self.progress = api, worker, progress
         self.accept_stale_data = accept_stale_data
+        self.stack = stack  # named in the hold's refusal (node_operations/fence_holds.py)
         self.report = WorkloadReport()
         self.unjudged_pods: list[str] = []  # pods with Longhorn volumes and no owner the fence can stop
+        self.let_go: dict[Owner, Workload] = {}  # judged free to start elsewhere (judged again: `recheck`)
 
     async def _owner(self, pod: Mapping[str, Any]) -> Owner | None:
         ref = controller_of(pod)
@@ -550,8 +660,11 @@ class WorkloadDecision:
         return workloads
 
     async def decide(self, pods: list[dict[str, Any]]) -> WorkloadReport:
-        """Judge the worker's leaving pods (before the taint); stop what may not start elsewhere."""
-        for owner, workload in (await self.workloads(pods)).items():
+        """Judge the worker's leaving pods (before the taint); stop what may not start elsewhere,
+        held stopped (fence_holds) before its stop."""
+        workloads = await self.workloads(pods)
+        holds = await read_holds(self.api) if workloads else {}
+        for owner, workload in workloads.items():
             obj = await self._object(owner)
             if obj is None:
                 self.report.unjudged.append(f"{owner} (pods {', '.join(workload.pods)}) could not be read")
@@ -566,27 +679,87 @@ class WorkloadDecision:
                 if record.get("node") != self.worker:
                     self.report.stopped[str(owner)] = f"{owner} stays stopped by the fence of {record.get('node')}"
                 continue
-            if verdict is Verdict.MOVES or (verdict is Verdict.STALE and self.accept_stale_data):
+            if self._may_move(verdict):
                 how = "; ".join(v.line() for v in volumes)
                 consent = " (stale copies accepted: accept_stale_data)" if verdict is Verdict.STALE else ""
                 self.report.moving[str(owner)] = how + consent
+                if any(value.split(" ")[-1] == owner.ref for value in holds.values()):
+                    # Held by a run of this fence cut before its stop: free to move now.
+                    await release(self.api, owner.ref)
+                self.let_go[owner] = workload
                 continue
-            if unstoppable:
-                # Its controller would start it again: a stop there would not hold, so it is named.
-                self.report.unheld[str(owner)] = why_unheld(str(owner), unstoppable, verdict, self.worker, volumes)
-                self.progress(f"{owner} not stopped: owned by {unstoppable}, which the fence cannot stop")
-                continue
-            self.report.stopped_controllers |= workload.controllers
-            # Top first, each with its own record: a record on the workload says its owners hold too.
-            for parent, parent_obj in [*above, (owner, obj)]:
-                if (stop_record(parent_obj) or {}).get("node") == self.worker:
-                    continue  # stopped by an earlier run of this fence, cut before the workload's stop
-                patch = stop_patch(parent, parent_obj, self.worker, verdict, volumes)
-                await self.api.patch_merge(parent.resource, parent.name, parent.namespace, patch)
-                how = "suspended" if parent.kind in SUSPENDED else "scaled to 0"
-                self.progress(f"{parent} {how}: {REASON[verdict]} ({', '.join(workload.volumes)})")
+            await self._stop(workload, obj, above, unstoppable, verdict)
         await self._record_unheld()
         await self.start_stopped(worker_back=False)
+        return self.report
+
+    def _may_move(self, verdict: Verdict) -> bool:
+        return verdict is Verdict.MOVES or (verdict is Verdict.STALE and self.accept_stale_data)
+
+    async def _stop(
+        self,
+        workload: Workload,
+        obj: dict[str, Any],
+        above: list[tuple[Owner, dict[str, Any]]],
+        unstoppable: str,
+        verdict: Verdict,
+    ) -> None:
+        """Stop `workload` (its object `obj`) and the owners `above` it, each with its record; or,
+        with a controller above it the program cannot stop, name it instead."""
+        owner, volumes = workload.owner, list(workload.volumes.values())
+        if unstoppable:
+            # Its controller would start it again: a stop there would not hold, so it is named.
+            self.report.unheld[str(owner)] = why_unheld(str(owner), unstoppable, verdict, self.worker, volumes)
+            self.progress(f"{owner} not stopped: owned by {unstoppable}, which the fence cannot stop")
+            return
+        self.report.stopped_controllers |= workload.controllers
+        # Held before it is stopped, so no moment leaves it stopped and free to be scaled up.
+        held = [Held(o.kind, o.namespace, o.name, o.ref) for o, _obj in [*above, (owner, obj)]]
+        if owner.kind == "Deployment":
+            for controller in sorted(workload.controllers):
+                kind, _, at = controller.partition(" ")
+                namespace, _, name = at.partition("/")
+                if kind == "ReplicaSet":
+                    held.append(Held(kind, namespace, name, owner.ref))
+        await hold(self.api, self.stack, hold_entries(held, self.worker, REASON[verdict]))
+        # Top first, each with its own record: a record on the workload says its owners hold too.
+        for parent, parent_obj in [*above, (owner, obj)]:
+            if (stop_record(parent_obj) or {}).get("node") == self.worker:
+                continue  # stopped by an earlier run of this fence, cut before the workload's stop
+            patch = stop_patch(parent, parent_obj, self.worker, verdict, volumes)
+            await self.api.patch_merge(parent.resource, parent.name, parent.namespace, patch)
+            how = "suspended" if parent.kind in SUSPENDED else "scaled to 0"
+            self.progress(f"{parent} {how}: {REASON[verdict]} ({', '.join(workload.volumes)})")
+
+    async def recheck(self) -> WorkloadReport:
+        """Judge again, from the copies as they stand now, every workload `decide` let go, right
+        before the taint: a copy may have failed, or its node gone, while the fence stopped the
+        others (each a patch through the API) or waited on the host. One whose verdict no longer
+        lets it start elsewhere is stopped as `decide` would have stopped it."""
+        if not self.let_go:
+            return self.report
+        copies = await copies_now(self.api)
+        changed = False
+        for owner, workload in list(self.let_go.items()):
+            workload.volumes = {
+                name: VolumeCopies(name, v.claim, copies.get(name, ())) for name, v in workload.volumes.items()
+            }
+            verdict = workload.verdict(self.worker)
+            if self._may_move(verdict):
+                continue
+            del self.let_go[owner]
+            self.report.moving.pop(str(owner), None)
+            obj = await self._object(owner)
+            if obj is None:
+                self.report.unjudged.append(f"{owner} (pods {', '.join(workload.pods)}) could not be read")
+                continue
+            self.progress(f"{owner} judged again before the taint: {REASON[verdict]} now")
+            above, unstoppable = await self._owners_above(owner, obj)
+            await self._stop(workload, obj, above, unstoppable, verdict)
+            changed = True
+        if changed:
+            await self._record_unheld()
+            await self.start_stopped(worker_back=False)  # the reasons and the Node's summary
         return self.report
 
     async def _record_unheld(self) -> None:
@@ -624,9 +797,10 @@ class WorkloadDecision:
         copies = await copies_now(self.api) if stopped else {}
         still: dict[str, str] = {}
         for owner, record in stopped:
-            volumes = [VolumeCopies(v, c, copies.get(v, ())) for v, c in record.get("volumes") or []]
+            volumes = recorded_volumes(record, copies)
             verdict = max((v.verdict(self.worker, worker_back=worker_back) for v in volumes), default=Verdict.MOVES)
             if verdict is Verdict.MOVES or (verdict is Verdict.STALE and self.accept_stale_data):
+                await release(self.api, owner.ref)  # first: the hold refuses the start patch
                 await self.api.patch_merge(owner.resource, owner.name, owner.namespace, start_patch(owner, record))
                 consent = " (stale copies accepted: accept_stale_data)" if verdict is Verdict.STALE else ""
                 self.report.started[str(owner)] = "; ".join(v.line() for v in volumes) + consent
@@ -641,67 +815,6 @@ class WorkloadDecision:
             ["patch", "node", self.worker, "--type", "merge", "-p", json.dumps(patch)], repeat=Repeat.IDEMPOTENT
         )
         return self.report
-
-
-def release_refusal(node: Mapping[str, Any]) -> str | None:
-    """Why the fence may not delete pods of this Node itself (None when it may): the fence must be
-    recorded, the Node NotReady and tainted out of service."""
-    annotations = (node.get("metadata") or {}).get("annotations") or {}
-    conditions = (node.get("status") or {}).get("conditions") or []
-    ready = next((c.get("status") for c in conditions if c.get("type") == "Ready"), "")
-    taints = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
-    if FENCE_ANNOTATION not in annotations:
-        return "no fence is recorded on it"
-    if ready == "True":
-        return "it is Ready again"
-    if OUT_OF_SERVICE_TAINT not in taints:
-        return "it is not tainted out of service"
-    return None
-
-
-def attached_volumes(attachments: list[dict[str, Any]], node: str) -> set[str]:
-    """The persistent volumes with a VolumeAttachment to `node` (attached or not yet detached)."""
-    return {
-        str(((a.get("spec") or {}).get("source") or {}).get("persistentVolumeName") or "")
-        for a in attachments
-        if (a.get("spec") or {}).get("nodeName") == node
-    }
-
-
-async def release_pods(api: ClusterApi, worker: str, pods: list[dict[str, Any]], progress: Progress) -> list[str]:
-    """Delete, with no grace period, the worker's pods left with Longhorn volumes whose
-    VolumeAttachments to the worker are gone, while the fence holds (see the module docstring).
-    Returns the pods deleted."""
-    claims = await ClaimMap.read(api)
-    with_volumes = [pod for pod in pods if claims.volumes_of(pod)]
-    deleted: list[str] = []
-    for pod in with_volumes:
-        # Read again before each deletion: the fence must still hold and the volumes be detached now.
-        node = await read_json(api, "node", worker)
-        if (refusal := release_refusal(node)) is not None:
-            progress(f"pods with Longhorn volumes left on {worker}, not deleted by the fence: {refusal}")
-            return deleted
-        attached = attached_volumes((await read_json(api, "volumeattachments")).get("items") or [], worker)
-        if {claims.bound[claim] for claim in claims.volumes_of(pod)} & attached:
-            continue  # still attached to the worker: Kubernetes detaches it first
-        meta = pod["metadata"]
-        await api.kubectl(
-            [
-                "delete",
-                "pod",
-                meta["name"],
-                "-n",
-                meta["namespace"],
-                "--ignore-not-found",
-                "--wait=false",
-                "--grace-period=0",
-                "--force",
-            ],
-            repeat=Repeat.IDEMPOTENT,
-        )
-        deleted.append(pod_label(pod))
-        progress(f"deleted pod {pod_label(pod)} (its volumes detached from {worker}, the fence recorded)")
-    return deleted
 
 
 async def start_with_consent(server: SshTarget, worker: str, *, api_wait: float, progress: Progress) -> WorkloadReport:

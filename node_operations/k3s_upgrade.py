@@ -16,11 +16,18 @@ The rules, and why:
   worker first (Kubernetes' documented procedure for a kubelet's minor upgrade), unless
   hk3s:cluster.drain_on_minor_upgrade is false; the worker is uncordoned once Ready at the
   new version (unless it was cordoned before the upgrade began).
-- Before any worker moves, every worker still to move must be Ready: an upgrade never adds
-  a second node down to one that is down already. Each worker's Node is read again just before
-  its turn, since the first reading is minutes old by then: one that went NotReady meanwhile
-  stops the run there, untouched (no record, no cordon, its binary as it was); one fenced
-  meanwhile is left alone and listed.
+- Before any worker moves, every node must be Ready (the server, the workers still to move and
+  those already moved): an upgrade never adds a second node down to one that is down already.
+  Each worker's Node is read again just before its turn, since the first reading is minutes old
+  by then: one that went NotReady meanwhile stops the run there, untouched (no record, no cordon,
+  its binary as it was); one fenced meanwhile is left alone and listed.
+- Right before a worker is taken down (its agent stopped for the new binary, after its drain),
+  every other node is read again, its kubelet asked itself through the API server
+  (node_operations.nodes_up): a Node reads Ready for the node monitor's grace period after its
+  agent stopped, so a worker that stopped right after its own move would pass a reading of the
+  Nodes alone. A node down stops the run there: the worker is uncordoned again (unless it was
+  cordoned before), its agent and binary untouched, and the workers after it too. A worker left
+  down half-way by an interrupted run is finished all the same: that brings a node back.
 - A fenced worker (in hk3s:fences, or its fence recorded on its Node) is left alone and listed:
   its agent is held down on purpose, it may be powered off, and the fence's record is the
   promise that nothing runs there until it rejoins. It is not "down" in the sense above either:
@@ -43,6 +50,7 @@ from node_operations.fence import FENCE_ANNOTATION
 from node_operations.join import PERMITS_CONFIGMAP, grant_join_permits
 from node_operations.k3s_install import K3sBinary, install_k3s
 from node_operations.k3s_release import K3S_VERSION
+from node_operations.nodes_up import kubelet_silence, nodes_down
 from remote_access.kube import ClusterApi, NodeStatus, Repeat
 from remote_access.ssh import RemoteCommandError, SshError, SshSession, SshTarget, open_session
 
@@ -140,6 +148,34 @@ class WorkerUpgrade:
             ["patch", "node", self.node, "--type", "merge", "-p", json.dumps(patch)], repeat=Repeat.IDEMPOTENT
         )
 
+    async def _stop_if_another_down(self, record: dict[str, Any], *, resumed: bool, drained: bool) -> None:
+        """Every other node read again right before this worker is taken down, its kubelet asked
+        itself (see the module docstring); a node down stops the run here, the worker put back."""
+        nodes = json.loads(await self.api.kubectl(["get", "nodes", "-o", "json"], repeat=Repeat.READ))["items"]
+        me = next((NodeStatus.from_object(item) for item in nodes if item["metadata"]["name"] == self.node), None)
+        if resumed and (me is None or not me.ready or await kubelet_silence(self.api, self.node) is not None):
+            # Left down half-way by an interrupted run: finishing it brings a node back, it takes none down.
+            return
+        others = [
+            NodeStatus.from_object(item)
+            for item in nodes
+            if item["metadata"]["name"] != self.node and not left_alone(item["metadata"]["name"], item, self.settings)
+        ]
+        down = await nodes_down(self.api, others)
+        if not down:
+            return
+        if drained and not record["was_cordoned"]:
+            await self.api.cordon(self.node, False)
+        if not resumed:
+            await self._record(None)
+        raise UpgradeStoppedError(
+            self.node,
+            f"the upgrade to {self.version} stopped before this worker was taken down: {'; '.join(down)}; never two "
+            f"nodes down at once, so {self.node} was not taken down (its agent and binary as they were, at "
+            f"{record['from']}{'; uncordoned again' if drained and not record['was_cordoned'] else ''}), nor were "
+            "the workers after it. Bring the node back (or fence it), then run up again to go on",
+        )
+
     async def run(self, record: dict[str, Any], *, resumed: bool) -> None:
         if resumed:
             self.progress(f"[{self.node}] resuming the upgrade recorded on its Node")
@@ -148,6 +184,7 @@ class WorkerUpgrade:
         if record["drain"]:
             await self.api.cordon(self.node, True)
             await self._drain(record)
+        await self._stop_if_another_down(record, resumed=resumed, drained=record["drain"])
         async with open_session(self.worker) as session:
             restarts = await _restarts(session)
             self.progress(f"[{self.node}] upgrading k3s {record['from']} -> {self.version}")
@@ -306,17 +343,18 @@ def not_ready_stop(status: NodeStatus, version: str, *, moved: Sequence[str], af
     )
 
 
+def left_alone(name: str, obj: dict[str, Any], settings: UpgradeSettings) -> bool:
+    """Whether a node is fenced (in hk3s:fences, or its fence recorded on its Node): held down on
+    purpose, so not "down" for the rule that no second node goes down (see the module docstring)."""
+    return name in settings.fenced or FENCE_ANNOTATION in (obj.get("metadata", {}).get("annotations") or {})
+
+
 def fenced_workers(
     nodes: dict[str, dict[str, Any]], workers: Sequence[SshTarget], settings: UpgradeSettings
 ) -> list[str]:
     """The workers an upgrade leaves alone: fenced in the stack's settings, or by the fence's
     record on their Node (a fence under way whose entry the settings no longer hold)."""
-    return [
-        worker.node
-        for worker in workers
-        if worker.node in settings.fenced
-        or FENCE_ANNOTATION in ((nodes.get(worker.node) or {}).get("metadata", {}).get("annotations") or {})
-    ]
+    return [worker.node for worker in workers if left_alone(worker.node, nodes.get(worker.node) or {}, settings)]
 
 
 async def _nodes(api: ClusterApi) -> dict[str, dict[str, Any]]:
@@ -349,19 +387,23 @@ async def upgrade_workers(
         # Read again: the workers' Nodes as they are once the server runs the release.
         nodes = await _nodes(api)
         plans, already, not_joined = plan_moves(nodes, workers, settings)
-        # A worker left half-way by an interrupted run may be NotReady: it is the one to finish.
+        # Every node, the server and the workers already moved included (fenced ones are left alone);
+        # a worker left half-way by an interrupted run may be NotReady: it is the one to finish.
+        finishing = {w.node for w, _, resumed in plans if resumed}
         down = [
             status
-            for w, _, resumed in plans
-            if not (status := NodeStatus.from_object(nodes[w.node])).ready and not resumed
+            for name, obj in nodes.items()
+            if not left_alone(name, obj, settings)
+            and name not in finishing
+            and not (status := NodeStatus.from_object(obj)).ready
         ]
         if down:
             names = ", ".join(f"{n.name} ({n.ready_reason or 'no heartbeat'})" for n in down)
             raise UpgradeStoppedError(
                 down[0].name,
                 f"NotReady before the upgrade to {version}: {names}; no worker was upgraded (the server already "
-                "runs it). Only Ready workers are upgraded, never two nodes down at once: bring it back, then run "
-                "up again",
+                "runs it). A worker moves only while every node is Ready, never two nodes down at once: bring it "
+                "back (or fence a worker that is gone: hk3s:fences.NAME), then run up again",
             )
         moved: list[str] = []
         for index, (worker, record, resumed) in enumerate(plans):

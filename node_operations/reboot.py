@@ -14,6 +14,11 @@ The rules, and why:
   when it starts). A fence recorded but not finished is down: its host may still run.
 - The rule about the other nodes is checked again on every resume: a reboot cut short still has
   its drain and its reboot ahead, and a node that went down meanwhile makes it two.
+- It is checked once more right before the host is rebooted, the pinned-copy move and the drain
+  (minutes) being behind: every other node is read again, and its kubelet asked itself through
+  the API server (node_operations.nodes_up), since a Node reads Ready for the node monitor's
+  grace period after its agent stopped. A node down then stops the reboot: the worker is
+  uncordoned again, its record removed, its host not rebooted.
 - Where Longhorn runs, a copy pinned to the server that sits on this worker moves to the
   server first (node_operations.pinned_copies), or the reboot is refused naming the volume and
   the space it needs: a worker that does not come back must not take a volume's only copy.
@@ -41,6 +46,7 @@ from typing import Any
 
 from node_operations.drain import blocking_budgets, names_to_evict
 from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
+from node_operations.nodes_up import nodes_down
 from node_operations.pinned_copies import PinnedCopyRefusedError, move_pinned_copies
 from remote_access.kube import ClusterApi, NodeStatus, Repeat
 from remote_access.ssh import RemoteCommandError, SshError, SshSession, SshTarget, open_session
@@ -249,7 +255,31 @@ class Reboot:
             ) from None
         return evicted
 
+    async def _others_down(self) -> list[str]:
+        """The rule about the other nodes, read again now, each other node's kubelet asked itself
+        (see the module docstring); empty when the host may go down."""
+        nodes = await self.api.nodes()
+        me = next((node for node in nodes if node.name == self.node), None)
+        if me is None:
+            return [f"there is no Node named {self.node} in the cluster any more"]
+        others = [other for other in nodes if other.name != self.node]
+        problems = reboot_refusals(me, others, resuming=True)
+        return problems or await nodes_down(self.api, [other for other in others if not fence_finished(other)])
+
     async def _reboot_host(self, record: dict[str, Any]) -> None:
+        # Right before the host goes down: a node that went down since the first check makes it two.
+        problems = await self._others_down()
+        if problems:
+            await self.api.cordon(self.node, False)
+            await self._record(None)
+            raise RebootRefusedError(
+                self.node,
+                "the reboot stopped before the host went down: "
+                + "; ".join(problems)
+                + f"; never two nodes down at once: {self.node} is uncordoned again and was not rebooted. Bring "
+                f"the other node back (or fence it), then reboot {self.node} again",
+                put_back=True,
+            )
         record["issued_at"] = await self._server_now()
         await self._record(record)
         self.progress(f"[{self.node}] rebooting the host")

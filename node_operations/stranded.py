@@ -5,7 +5,8 @@ When a worker goes NotReady, Kubernetes keeps its pods and volumes where they we
 a dead host from one cut off that may still write to its volumes, so the program moves nothing
 on its own. The operator decides, and needs to know what waits on the worker and where its data
 could start from: each workload whose pods on the worker use Longhorn volumes (the ones the fence
-judges, node_operations/fence_workloads.py), each volume's current copies elsewhere (healthy since
+judges, node_operations/fence_workloads.py; a pod Kubernetes evicted, Terminating until the
+worker's kubelet confirms, still counts), each volume's current copies elsewhere (healthy since
 it last failed, on a node that is Ready and not fenced: `Copy.current`), and the command that
 fences the worker. Read-only: nothing here changes the cluster.
 """
@@ -82,8 +83,13 @@ def down_and_unfenced(nodes: dict[str, NodeStatus], workers: list[str]) -> list[
 async def stranded_on(api: ClusterApi, worker: str) -> list[StrandedWorkload]:
     """The workloads whose pods on `worker` use Longhorn volumes, judged as the fence would judge
     them now (WorkloadDecision's reading, without its stops)."""
+    # Pods being deleted count too: Kubernetes evicts the pods of a NotReady node once their
+    # toleration of its unreachable or not-ready taint runs out (300 s unless the pod says
+    # otherwise), and each stays Terminating until the worker's kubelet confirms, which it cannot
+    # while down. Its containers may still run there and its volumes stay attached there (the
+    # attach-detach controller releases them only once the pod is gone or reported terminated),
+    # so the workload is as stranded as before.
     pods = (await read_json(api, "pods", "-A", "--field-selector", f"spec.nodeName={worker}")).get("items") or []
-    pods = [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]
     decision = WorkloadDecision(api, worker, lambda _line: None, accept_stale_data=False)
     found = []
     for owner, workload in (await decision.workloads(pods)).items():

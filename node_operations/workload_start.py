@@ -16,7 +16,10 @@ the fence, nothing else would start it. The rules, and why:
   given up) is not Ready, so it cannot serve one. The fenced worker's own copies count once it is
   Ready and unfenced again: they are then current like any other.
 - **With a current copy of every volume** it starts: one merge patch restores its size (or
-  suspension) and drops the record, so it is never started without its record going too.
+  suspension) and drops the record, so it is never started without its record going too. Its
+  hold (node_operations/fence_holds.py) goes first, in a request of its own: the admission policy
+  refuses the start patch while the hold stands. A workload held with no record (made again since
+  the fence stopped it) only loses its hold: there is nothing to restore.
 - **Copies that may be older** (healthy once, failed since): refused, naming each volume and
   its copies with their timestamps, unless the operator accepts them (`--accept-stale-data`).
 - **No copy elsewhere that ever held data**: refused even with consent, as the fence does; there
@@ -32,6 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from node_operations.fence_holds import HOLDS_CONFIGMAP, read_holds, release
+from node_operations.fence_holds import start_command as hold_start_command
 from node_operations.fence_workloads import (
     NODE_STOPPED_ANNOTATION,
     REASON,
@@ -45,6 +50,7 @@ from node_operations.fence_workloads import (
     controller_of,
     copies_now,
     read_json,
+    recorded_volumes,
     start_command,
     start_patch,
     stop_record,
@@ -136,16 +142,25 @@ async def start_workload(
             f"carries a copy of its record): run {COMMAND} {ref.namespace}/Deployment/{above[1]}",
         )
     if record is None or not record.get("node"):
+        if any(value.split(" ")[-1] == owner.ref for value in (await read_holds(api)).values()):
+            # Held with no record to restore from: the object was made again (or its record removed by
+            # hand) since the fence stopped it. The hold alone would refuse its scale-ups for ever.
+            await release(api, owner.ref)
+            return (
+                f"{owner} carries no {STOPPED_ANNOTATION} record (made again since a fence stopped it, or the "
+                f"record removed): its hold ({HOLDS_CONFIGMAP} in kube-system) is removed, nothing else changed"
+            )
         raise WorkloadStartRefusedError(
             server, f"{owner} was not stopped by a fence (no {STOPPED_ANNOTATION} record on it): nothing to start"
         )
     worker = str(record["node"])
     nodes = (await read_json(api, "nodes")).get("items") or []
     copies = await copies_now(api)
-    volumes = [VolumeCopies(v, c, copies.get(v, ())) for v, c in record.get("volumes") or []]
+    volumes = recorded_volumes(record, copies)
     verdict = max((current_now(v, worker) for v in volumes), default=Verdict.MOVES)
     if verdict is Verdict.ONLY_COPY or (verdict is Verdict.STALE and not accept_stale_data):
         raise WorkloadStartRefusedError(server, refusal(owner, worker, verdict, volumes))
+    await release(api, owner.ref)  # first: the fence's hold refuses the start patch (fence_holds)
     await api.patch_merge(owner.resource, owner.name, owner.namespace, start_patch(owner, record))
     consent = " (stale copies accepted: --accept-stale-data)" if verdict is Verdict.STALE else ""
     progress(f"{owner} started again{consent}")
@@ -214,3 +229,55 @@ async def start_workload_through(
         return await start_workload(
             api, ref, accept_stale_data=accept_stale_data, progress=progress, server=server.node
         )
+
+
+def runs(obj: Mapping[str, Any]) -> str:
+    """How a stoppable owner runs now ("" when it does not): replicas wanted or pods left, its
+    suspension lifted or Jobs active."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    if obj.get("kind") in SUSPENDED:
+        active = status.get("active")
+        count = len(active) if isinstance(active, list) else int(active or 0)
+        parts = [*([] if spec.get("suspend") else ["suspend: false"]), *([f"{count} active"] if count else [])]
+    else:
+        wanted, pods = int(spec.get("replicas") or 0), int(status.get("replicas") or 0)
+        parts = [*([f"replicas: {wanted}"] if wanted else []), *([f"{pods} pod(s)"] if pods else [])]
+    return ", ".join(parts)
+
+
+def held_running(objects: Sequence[Mapping[str, Any]], stack: str) -> list[str]:
+    """A line per workload a fence stopped (its record on it) that runs anyway: something started it
+    past the hold (node_operations/fence_holds.py), or while the hold was missing."""
+    lines = []
+    for obj in objects:
+        record = stop_record(obj)
+        above = controller_of(obj)
+        if record is None or not record.get("node"):
+            continue
+        if obj.get("kind") == "ReplicaSet" and above is not None and above[0] == "Deployment":
+            continue  # a copy of its Deployment's record: the Deployment is named
+        how = runs(obj)
+        if not how:
+            continue
+        meta = obj["metadata"]
+        owner = Owner(str(obj["kind"]), str(meta["namespace"]), str(meta["name"]))
+        worker = str(record["node"])
+        lines.append(
+            f"{owner} is held stopped by the fence of {worker} ({record.get('reason')}) but runs anyway ({how}): "
+            f"something started it past the hold, on copies that may be older than the one on {worker}. Scale it "
+            f"to 0 (or suspend it) and check its data; to start it from them, run "
+            f"{hold_start_command(stack)} {owner.ref} --accept-stale-data"
+        )
+    return sorted(lines)
+
+
+async def read_held_running(api: ClusterApi, stack: str) -> list[str]:
+    """`held_running` of every owner kind a fence stops, read through the API."""
+    kinds = ",".join(sorted({*SCALED.values(), *SUSPENDED.values()}))
+    return held_running((await read_json(api, kinds, "-A")).get("items") or [], stack)
+
+
+async def held_running_through(server: SshTarget, stack: str, api_wait: float) -> list[str]:
+    """`read_held_running` through the server's API (for `status`)."""
+    async with open_session(server) as session:
+        return await read_held_running(ClusterApi(session, api_wait=api_wait), stack)

@@ -16,7 +16,7 @@ from node_operations import stranded
 from node_operations.health import live_state, read_nodes
 from node_operations.reboot import RebootRefusedError, RebootReport, reboot_worker
 from node_operations.stranded import read_cluster
-from node_operations.workload_start import WorkloadRef, start_workload_through
+from node_operations.workload_start import WorkloadRef, held_running_through, start_workload_through
 from node_operations.workload_start import WorkloadStartRefusedError as StartRefused
 from remote_access.api_forward import forward_port, open_api_forward
 from remote_access.kube import NodeStatus
@@ -78,6 +78,18 @@ def live_status(
     except SshError as error:
         return [dataclasses.replace(node, live_error=str(error)) for node in nodes], [], str(error)
     return _live(nodes, cluster), [_down_worker(worker) for worker in down], None
+
+
+def held_running_now(settings: StackSettings, targets: Sequence[SshTarget], stack: str) -> list[str]:
+    """For `status`: each workload a fence holds stopped that runs anyway (node_operations/
+    fence_holds.py); when the server cannot be asked, a line saying so."""
+    server = server_target(settings, targets)
+    if server is None:
+        return []
+    try:
+        return asyncio.run(held_running_through(server, stack, settings.cluster.api_wait_seconds))
+    except SshError as error:
+        return [f"whether a workload a fence holds stopped runs anyway could not be read: {error}"]
 
 
 def _down_worker(worker: stranded.DownWorker) -> DownWorker:

@@ -56,10 +56,12 @@ from node_operations.reboot import (
 from node_operations.workload_start import WorkloadRef
 from remote_access.ssh import SshTarget
 
+from .backend_lock import hold_file_lock, hold_s3_lock
 from .cluster_access import (
     api_forward_during,
     check_probed_disk,
     check_rebootable,
+    held_running_now,
     live_status,
     reboot,
     start_workload,
@@ -299,6 +301,19 @@ class ClusterStack:
                 raise StackError(f"{checkpoint.key} holds no state to restore")
             self._stack().import_stack(auto.Deployment(version=int(document["version"]), deployment=deployment))
 
+    def _backend_lock(self, action: str) -> contextlib.AbstractContextManager[None]:
+        """The stack's lock in its backend (a file:// or s3:// one), the one `pulumi up` takes, for an
+        operation that makes no Pulumi run itself: held while it runs, so no run or operation on any
+        machine sharing the state goes on meanwhile (operator_api.backend_lock). Taken inside
+        `_exclusive`, which has removed a stale lock of this machine and refused a live one already."""
+        s3 = self._s3_backend()
+        if s3 is not None:
+            return hold_s3_lock(s3, self.project, self.env, action)
+        backend = backend_directory(self.backend_url)
+        if backend is not None:
+            return hold_file_lock(backend, self.project, self.env, action)
+        return contextlib.nullcontext()
+
     def _operator_lock(self) -> OperatorLock | _NoLock:
         """This API's lock for one change on this machine: in a file backend's directory, or, for
         a backend elsewhere, under ~/.hk3s-operator (machines are kept apart by Pulumi's lock)."""
@@ -370,10 +385,13 @@ class ClusterStack:
         nodes = [Node.from_output(item) for item in output("nodes") or []]
         down: list[DownWorker] = []
         live_error = None
+        held_running: list[str] = []
         if nodes and deployment is not None:
             try:
                 settings = self.settings_document().validate("reading the cluster's state")
                 nodes, down, live_error = live_status(nodes, settings, self._host_targets(deployment))
+                if live_error is None:
+                    held_running = held_running_now(settings, self._host_targets(deployment), self.env)
             except (StackError, OSError) as error:
                 # Status still says what the stack records when the file or key cannot be read.
                 live_error = str(error)
@@ -393,6 +411,7 @@ class ClusterStack:
             warnings=[warning for item in health for warning in item.warnings],
             down_workers=down,
             live_error=live_error,
+            held_running=held_running,
         )
 
     def _host_targets(self, deployment: Deployment) -> list[SshTarget]:
@@ -539,7 +558,8 @@ class ClusterStack:
         """Lift `hk3s:fences.<name>` and run `up`; a Hetzner worker is powered on first (hetzner_power)."""
         settings = self.settings_document().validate(f"unfencing {name}")
         if fenced_hetzner_server(settings, self.env, name) is not None:
-            with self._exclusive(f"powering on {name}", on_output, clear_pending=False):
+            powering = f"powering on {name}"
+            with self._exclusive(powering, on_output, clear_pending=False), self._backend_lock(powering):
                 config = (stack := self._stack()).get_all_config()
                 power_on_fenced(
                     settings,
@@ -615,7 +635,7 @@ class ClusterStack:
         action = f"rebooting {name}"
         settings = self.settings_document().validate(action)
         check_rebootable(settings, name, action)
-        with self._exclusive(action, on_output, clear_pending=False):
+        with self._exclusive(action, on_output, clear_pending=False), self._backend_lock(action):
             targets = self._host_targets(Deployment.export(self._stack()))
             return reboot(
                 settings,
@@ -640,7 +660,7 @@ class ClusterStack:
         except ValueError as error:
             raise SettingsRejectedError([SettingProblem("workload", str(error))], action=action) from None
         settings = self.settings_document().validate(action)
-        with self._exclusive(action, on_output, clear_pending=False):
+        with self._exclusive(action, on_output, clear_pending=False), self._backend_lock(action):
             targets = self._host_targets(Deployment.export(self._stack()))
             return start_workload(
                 settings, targets, ref, accept_stale_data=accept_stale_data, say=lambda line: _say(on_output, line)

@@ -94,9 +94,20 @@ class DuplicateWorkerError(SettingsRejectedError):
     """A worker (or the server) of that name already exists."""
 
 
+def shown(text: str) -> str:
+    """`text` as it may reach a terminal: every character that is not printable (an escape
+    sequence's ESC or CSI, a carriage return, a bidirectional override) written as its Python
+    escape. What a lock object says comes from whoever may write the bucket, and a terminal obeys
+    the control sequences it is sent (clear the screen, rewrite a line, retitle the window)."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
 @dataclass(frozen=True)
 class LockHolder:
-    """Who holds a stack's lock, as the backend recorded it."""
+    """Who holds a stack's lock, as the backend recorded it (the fields as written; `str` shows
+    them with their control characters escaped)."""
 
     user: str
     hostname: str
@@ -106,8 +117,8 @@ class LockHolder:
 
     def __str__(self) -> str:
         pid = f" (pid {self.pid})" if self.pid is not None else ""
-        since = f" since {self.since}" if self.since else ""
-        return f"{self.user}@{self.hostname}{pid}{since}"
+        since = f" since {shown(self.since)}" if self.since else ""
+        return f"{shown(self.user)}@{shown(self.hostname)}{pid}{since}"
 
 
 class StackBusyError(StackError):

@@ -30,7 +30,7 @@ from urllib.parse import unquote
 from remote_access.api_forward import process_alive, process_parent_and_name
 from remote_access.private_dir import UnsafeDirectoryError, private_directory
 
-from .errors import LockHolder, StackBusyError, StackError
+from .errors import LockHolder, StackBusyError, StackError, shown
 
 LockState = Literal["live", "stale", "foreign"]
 
@@ -63,13 +63,16 @@ def pulumi_lock_files(backend: Path, project: str, stack: str) -> list[Path]:
     return sorted(path for path in found if path.is_file())
 
 
-def _process_alive(pid: int) -> bool:
+def _process_alive(pid: int, *, operation: bool = False) -> bool:
+    """Whether the process that wrote a lock still runs: a Pulumi CLI, or, for the lock of an
+    operation of this API (operator_api.backend_lock), whatever program embeds the API (its pid
+    alive is enough: such a lock is judged only under the operator lock its holder keeps)."""
     if not process_alive(pid):
         return False
     # A recycled pid that now belongs to something else is not the run that locked. Its name
     # comes from /proc on Linux, from ps on macOS; a system that tells neither keeps the lock live.
     found = process_parent_and_name(pid)
-    return found is None or "pulumi" in found[1]
+    return found is None or operation or "pulumi" in found[1]
 
 
 @dataclass(frozen=True)
@@ -78,12 +81,13 @@ class PulumiLock:
 
     path: Path
     holder: LockHolder
+    operation: str = ""  # the action of an operation of this API that wrote it; "" for a Pulumi run
 
     @property
     def state(self) -> LockState:
         if self.holder.hostname != socket.gethostname():
             return "foreign"
-        if self.holder.pid is not None and _process_alive(self.holder.pid):
+        if self.holder.pid is not None and _process_alive(self.holder.pid, operation=bool(self.operation)):
             return "live"
         return "stale"
 
@@ -100,10 +104,10 @@ def read_pulumi_locks(backend: Path, project: str, stack: str) -> list[PulumiLoc
             user=str(data.get("username", "?")),
             hostname=str(data.get("hostname", "?")),
             pid=int(data["pid"]) if isinstance(data.get("pid"), int) else None,
-            since=str(data.get("timestamp", "")),
+            since=str(data.get("timestamp", "")) + (f", {data['action']}" if data.get("action") else ""),
             path=str(path),
         )
-        locks.append(PulumiLock(path, holder))
+        locks.append(PulumiLock(path, holder, str(data.get("action") or "")))
     return locks
 
 
@@ -202,6 +206,6 @@ class UnlockReport:
             return [f"stack {self.stack} is not locked"]
         return [
             f"{'removed' if holder in self.removed else 'locked by'} {holder}, {describe_age(age)}"
-            + (f" ({holder.path})" if holder.path else "")
+            + (f" ({shown(holder.path)})" if holder.path else "")
             for holder, age in zip(self.holders, self.ages, strict=True)
         ]

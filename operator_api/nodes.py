@@ -187,6 +187,8 @@ class ClusterStatus:
     """Workers NotReady and not fenced, with the workloads stranded on them."""
     live_error: str | None = None
     """Why the cluster could not be asked (node states are then the recorded ones)."""
+    held_running: list[str] = field(default_factory=list)
+    """Workloads a fence holds stopped that run anyway, one line each (node_operations/fence_holds.py)."""
 
     @property
     def deployed(self) -> bool:

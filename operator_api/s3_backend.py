@@ -12,11 +12,22 @@ Pulumi's lock: each run writes `.pulumi/locks/<org>/<project>/<stack>/<uuid>.jso
 pid, user, host and start time, then lists the directory again and backs off when another
 lock is there (pkg/backend/diy/lock.go, Lock). On a store that reads its own writes (S3 since
 2020, the posix backend of a single gateway), two runs may both back off but never both go
-on: that is the lock across machines, and this API adds none of its own there. It reads the
-objects to name the holder, and removes one only when an operator confirms (`unlock`).
+on: that is the lock across machines. An operation of this API that makes no Pulumi run (a
+reboot) takes the same lock the same way (operator_api.backend_lock). It reads the objects to
+name the holder, and removes one only when an operator confirms (`unlock`).
 
 The requests are signed here with AWS Signature Version 4 (the documented algorithm: a
 canonical request, the string to sign, the derived key), to keep the API free of an AWS SDK.
+Two rules keep the credentials where the operator sent them:
+- No request follows a redirect. A signed request carries `authorization` and the session token
+  (`x-amz-security-token`), and urllib's redirect handler copies every header to the new
+  address; so a 3xx is refused, naming the endpoint and the fix (the endpoint and region that
+  answer for the bucket), and nothing is sent on.
+- A plain `http://` endpoint (given so, or `host:port` with `disableSSL=true`) is used only with
+  HK3S_S3_ALLOW_HTTP=1: over it the key id, signatures valid for minutes, the session token and
+  the state itself cross the network in clear. A server on this machine or a network the
+  operator trusts (a local MinIO) is the case for it. A query parameter cannot say it: the
+  Pulumi CLI refuses any it does not know.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from xml.etree import ElementTree
 
-from .errors import LockHolder, StackError
+from .errors import LockHolder, StackError, shown
 
 # Every query parameter gocloud.dev's s3blob URL opener and Pulumi's translation of the older
 # names accept (gocloud.dev/blob/s3blob OpenBucketURL, gocloud.dev/aws V2ConfigFromURLParams,
@@ -64,6 +75,8 @@ KNOWN_PARAMETERS = frozenset(
     }
 )
 TIMEOUT = 10.0
+# The acknowledgement that lets a plain-HTTP endpoint be used (see the module's docstring).
+ALLOW_HTTP = "HK3S_S3_ALLOW_HTTP"
 S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
 
@@ -74,6 +87,16 @@ class BackendError(StackError):
 
 def _true(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes")
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: urllib then raises the 3xx as an HTTPError, which `request` refuses."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_RefuseRedirects())
 
 
 @dataclass(frozen=True)
@@ -99,7 +122,7 @@ class S3Backend:
         if unknown:
             raise BackendError(
                 f"PULUMI_BACKEND_URL has query parameter(s) {', '.join(unknown)} that Pulumi's S3 backend does "
-                "not know: use s3://BUCKET?endpoint=http://HOST:PORT&s3ForcePathStyle=true&region=REGION"
+                "not know: use s3://BUCKET?endpoint=https://HOST:PORT&s3ForcePathStyle=true&region=REGION"
             )
         if not parts.hostname:
             raise BackendError("PULUMI_BACKEND_URL names no bucket: use s3://BUCKET?region=REGION")
@@ -138,6 +161,16 @@ class S3Backend:
                 "read and write its bucket; export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and "
                 "AWS_SESSION_TOKEN for short-lived keys)"
             )
+        session_token = env.get("AWS_SESSION_TOKEN", "")
+        if urllib.parse.urlsplit(endpoint).scheme == "http" and not _true(env.get(ALLOW_HTTP)):
+            carried = "the key id, request signatures" + (
+                ", the session token in AWS_SESSION_TOKEN" if session_token else ""
+            )
+            raise BackendError(
+                f"PULUMI_BACKEND_URL's endpoint {endpoint} is plain HTTP: {carried} and the stack's state "
+                "would cross the network in clear. Use an https:// endpoint, or, for a server on this machine "
+                f"or a network you trust, set {ALLOW_HTTP}=1"
+            )
         return cls(
             url=url,
             bucket=parts.hostname,
@@ -147,7 +180,7 @@ class S3Backend:
             region=region,
             access_key=access_key,
             secret_key=secret_key,
-            session_token=env.get("AWS_SESSION_TOKEN", ""),
+            session_token=session_token,
         )
 
     # ---- requests -------------------------------------------------------------------------
@@ -166,7 +199,8 @@ class S3Backend:
     def request(
         self, method: str, key: str = "", query: Mapping[str, str] | None = None, body: bytes = b""
     ) -> tuple[int, bytes]:
-        """One signed request: (HTTP status, body). Raises OSError when the endpoint does not answer."""
+        """One signed request: (HTTP status, body). Raises OSError when the endpoint does not answer,
+        BackendError when it answers with a redirect (never followed: see the module's docstring)."""
         base, host, path = self._url_and_path(key)
         now = datetime.datetime.now(datetime.UTC)
         amz_date = now.strftime("%Y%m%dT%H%M%SZ")
@@ -205,9 +239,18 @@ class S3Backend:
             if name != "host":
                 http_request.add_header(name, value)
         try:
-            with urllib.request.urlopen(http_request, timeout=TIMEOUT) as response:
+            with _OPENER.open(http_request, timeout=TIMEOUT) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as error:
+            if 300 <= error.code < 400:
+                location = error.headers.get("Location") or ""
+                target = f" to {shown(location[:200])}" if location else ""
+                raise BackendError(
+                    f"the S3 endpoint {self.endpoint} of PULUMI_BACKEND_URL answered {method} with a redirect "
+                    f"({error.code}{target}); signed requests are never sent on to another address: set "
+                    "endpoint= (and region=) in PULUMI_BACKEND_URL to the address that serves bucket "
+                    f"{self.bucket}"
+                ) from None
             return error.code, error.read()
 
     def list_keys(self, prefix: str) -> list[str]:
@@ -237,6 +280,11 @@ class S3Backend:
             raise BackendError(self._explain(status, body, "read"))
         return body
 
+    def put(self, key: str, body: bytes) -> None:
+        status, answer = self.request("PUT", self.prefix + key, body=body)
+        if status != 200:
+            raise BackendError(self._explain(status, answer, "write"))
+
     def delete(self, key: str) -> None:
         status, body = self.request("DELETE", self.prefix + key)
         if status not in (200, 204, 404):
@@ -246,7 +294,7 @@ class S3Backend:
     def _explain(self, status: int, body: bytes, what: str) -> str:
         code = ""
         with contextlib.suppress(ElementTree.ParseError):
-            code = ElementTree.fromstring(body).findtext("Code") or ""
+            code = shown(ElementTree.fromstring(body).findtext("Code") or "")
         where = f"bucket {self.bucket} at {self.endpoint}"
         if code == "NoSuchBucket" or (status == 404 and what == "list"):
             return (
@@ -281,7 +329,8 @@ class S3Backend:
             reason = getattr(error, "reason", error)
             raise BackendError(
                 f"cannot reach the S3 endpoint {self.endpoint} of PULUMI_BACKEND_URL ({reason}): correct "
-                "endpoint= in PULUMI_BACKEND_URL (http://HOST:PORT for a server without TLS) or start the server"
+                f"endpoint= in PULUMI_BACKEND_URL (http://HOST:PORT with {ALLOW_HTTP}=1 for a server without TLS) "
+                "or start the server"
             ) from None
 
     # ---- Pulumi's lock objects --------------------------------------------------------------
@@ -308,7 +357,8 @@ class S3Backend:
                     user=str(data.get("username", "?")),
                     hostname=str(data.get("hostname", "?")),
                     pid=pid if isinstance(pid, int) else None,
-                    since=str(data.get("timestamp", "")),
+                    # The action of an operation of this API (operator_api.backend_lock); Pulumi writes none.
+                    since=str(data.get("timestamp", "")) + (f", {data['action']}" if data.get("action") else ""),
                     path=f"s3://{self.bucket}/{self.prefix}{key}",
                 )
             )

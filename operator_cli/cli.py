@@ -369,6 +369,9 @@ def status_text(stack: ClusterStack, *, check_hosts: bool = False) -> tuple[dict
         lines += [f"  stranded: {item.line}" for item in worker.stranded] or [
             f"  stranded: no workload with Longhorn volumes on {worker.name}"
         ]
+    if status.held_running:
+        # A workload a fence holds stopped that runs anyway may be writing on older copies.
+        lines += ["", "Held stopped by a fence, but running:", *(f"  {line}" for line in status.held_running)]
     if check_hosts:
         lines += ["", host_checks_table(status.host_checks)]
         lines += ["", *(f"warning: {w}" for w in status.warnings)] if status.warnings else ["", "No warnings."]

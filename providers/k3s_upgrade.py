@@ -14,7 +14,8 @@ NodeJoin whose version alone changed records the version its Node runs, with no 
 (providers.node_join). A worker added in the same run joins after it, at the new release.
 A fenced worker (hk3s:fences) is left alone and listed, in the preview's plan and in the run; each
 worker's Node is read again at its turn, and one gone NotReady since the run began stops it there,
-untouched (node_operations.k3s_upgrade).
+untouched; right before a worker is taken down every other node is read again, its kubelet asked
+itself, and one down stops the run there (node_operations.k3s_upgrade).
 
 A fenced worker the upgrade left at another release is kept in the output `left_behind`. Once it
 leaves hk3s:fences the diff says an update (and the preview names it) in every run until it runs

@@ -59,6 +59,11 @@ class NodeFenceInputs(NodeInputs):
     """A secret: hcloud:token, for the Hetzner API."""
     hcloud_endpoint: pulumi.Input[str] | None = None
     """hcloud:endpoint (None: Hetzner's own)."""
+    hcloud_network: pulumi.Input[str] | None = None
+    """The id of this cluster's Hetzner network, when the program created one: a private address
+    proves the server is the worker only in it."""
+    hcloud_labels: pulumi.Input[dict[str, str]] | None = None
+    """The owner and node labels the program gave the worker's server, when it created it."""
     kubeconfig: pulumi.Input[str]
     """A secret."""
     server_node: pulumi.Input[str]
@@ -81,6 +86,9 @@ class NodeFenceInputs(NodeInputs):
     node_external_ip: pulumi.Input[str] = ""
     """The address the worker's join publishes as its external IP (hk3s:workers): a lift that
     finds the agent configured with another says the join's pending change needs one more `up`."""
+    stack: pulumi.Input[str] = ""
+    """The stack's name: a scale-up of a workload the fence holds is refused naming
+    `scripts/hk3s --stack <stack> workload start` (node_operations.fence_holds)."""
 
     def validated_node(self) -> ValidatedNode:
         from node_operations.join_validation import ValidatedNode  # noqa: PLC0415 - loaded on first use
@@ -100,12 +108,16 @@ class NodeFenceInputs(NodeInputs):
 
         hcloud_server = known(self.hcloud_server)
         token = known(self.hcloud_token)
+        network = known(self.hcloud_network)
         return FenceOrder(
             powered_off=bool(known(self.powered_off)),
             kubelet_address=str(known(self.kubelet_address)),
             hcloud_server=str(hcloud_server) if hcloud_server else None,
             hcloud=HetznerAccess(str(token), str(known(self.hcloud_endpoint) or DEFAULT_ENDPOINT)) if token else None,
+            hcloud_network=int(network) if network else None,
+            hcloud_labels={str(k): str(v) for k, v in (known(self.hcloud_labels) or {}).items()},
             accept_stale_data=bool(known(self.accept_stale_data)),
+            stack=str(known(self.stack) or ""),
         )
 
     def server(self) -> SshTarget:

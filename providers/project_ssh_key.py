@@ -7,7 +7,11 @@ at preview and both upload it in their first runs. The one whose upload Hetzner 
 the key that won, by its fingerprint and only when its public key is this one, blob for blob
 (remote_access.hetzner_api.upload_or_adopt_ssh_key); it records that the key is not its own
 (`owned: false`), so it never renames, relabels or deletes it. A key it uploaded (`owned: true`)
-is renamed and relabelled in place and deleted with the resource.
+is renamed and relabelled in place and deleted with the resource. A refused upload whose key
+carries this stack's own `hk3s-stack-id` label (providers.stack_identity) is this stack's earlier
+upload whose run ended before Pulumi recorded it: owned (brought to this run's name and labels).
+`owned` lives in the state, so a `pulumi stack rename` (which changes only the owner label the
+program computes) keeps it.
 
 A new public key replaces the resource (a rotation: the new key is uploaded before the old one
 is deleted); a new name or labels update it in place, as terraform-provider-hcloud's

@@ -14,7 +14,9 @@ the login key, secret), since a leaving worker is no longer in the stack's setti
 start of `up`: a worker that does not answer over SSH is refused (it may still be running:
 fence it first). A fenced worker given up (hk3s:fences.<worker>.force_remove) is deregistered
 without a drain instead (node_operations.forced_removal); refused when its fence did not
-complete, or when its host answers and the fence does not hold it stopped. Workers leave one
+complete, or when its host is not shown stopped now (it answers and the fence does not hold it
+stopped, it refuses the login, or it is silent over SSH while its Node is Ready or its kubelet
+answers). Workers leave one
 at a time, in name order; a removal cut anywhere resumes on the next `up` (the roster's state
 changes only once every removal finished).
 """

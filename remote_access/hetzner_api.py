@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -78,6 +78,20 @@ class HetznerAccess:
 
 
 @dataclass(frozen=True)
+class PrivateAddress:
+    """A server's address in one Hetzner network (`private_net[].ip`, or one of its `alias_ips`),
+    with that network's id (`private_net[].network`). A private address is unique only within its
+    network: every project's networks may use the same range (10.0.0.0/16 is the Console's
+    default), so the same address may belong to servers in two networks."""
+
+    network: int
+    ip: str
+
+    def __str__(self) -> str:
+        return f"{self.ip} in Hetzner network {self.network}"
+
+
+@dataclass(frozen=True)
 class ServerState:
     """A Hetzner server as the API reports it."""
 
@@ -86,11 +100,19 @@ class ServerState:
     status: str  # running, initializing, starting, stopping, off, deleting, migrating, rebuilding, unknown
     public_ipv4: str | None = None
     public_ipv6: str | None = None  # the server's /64 (public_net.ipv6.ip), e.g. 2001:db8:1::/64
-    private_ips: tuple[str, ...] = ()  # its address in each private network, alias IPs included
+    private_net: tuple[PrivateAddress, ...] = ()  # its address in each private network, alias IPs included
+    labels: Mapping[str, str] = field(default_factory=dict)
 
-    def owns(self, address: str) -> bool:
-        """Whether `address` is one of the server's own (public IPv4, in its IPv6 /64, or private)."""
-        if address in (self.public_ipv4, *self.private_ips):
+    @property
+    def private_ips(self) -> tuple[str, ...]:
+        return tuple(address.ip for address in self.private_net)
+
+    def owns(self, address: str, networks: Collection[int] | None = None) -> bool:
+        """Whether `address` is one of the server's own: its public IPv4, in its IPv6 /64, or a
+        private address in one of `networks` (None: in any network)."""
+        if address == self.public_ipv4:
+            return True
+        if any(p.ip == address and (networks is None or p.network in networks) for p in self.private_net):
             return True
         if self.public_ipv6 and ":" in address:
             try:
@@ -100,7 +122,7 @@ class ServerState:
         return False
 
     def addresses(self) -> list[str]:
-        return [a for a in (self.public_ipv4, self.public_ipv6, *self.private_ips) if a]
+        return [a for a in (self.public_ipv4, self.public_ipv6) if a] + [str(p) for p in self.private_net]
 
 
 @dataclass(frozen=True)
@@ -171,7 +193,13 @@ def _state(server: BoundServer) -> ServerState:
         status=str(server.status),
         public_ipv4=public.ipv4.ip if public is not None and public.ipv4 is not None else None,
         public_ipv6=public.ipv6.ip if public is not None and public.ipv6 is not None else None,
-        private_ips=tuple(ip for net in private for ip in (net.ip, *(net.alias_ips or [])) if ip),
+        private_net=tuple(
+            PrivateAddress(int(net.network.id or 0), ip)
+            for net in private
+            for ip in (net.ip, *(net.alias_ips or []))
+            if ip and net.network is not None
+        ),
+        labels=dict(server.labels or {}),
     )
 
 
@@ -293,8 +321,12 @@ def _release_bootstrap_firewall(
             [FirewallResource(type="server", server=Server(id=server_id))],
         )
     except APIException as error:
-        # Already off it (an earlier run, or by hand), or the firewall itself is gone: nothing to take off.
-        if error.code in ("firewall_already_removed", "not_found"):
+        # Nothing to take off: the server is not on it (an earlier run took it off, or someone by
+        # hand), which Hetzner answers 404 `firewall_resource_not_found` (the call's error table
+        # in its API reference; terraform-provider-hcloud's removeFromResources reads it the same
+        # way), or the firewall itself is gone (`not_found`). `firewall_already_removed` is what
+        # the API answered before its change of 2025-08-04 (hcloud-go marks it unused since).
+        if error.code in ("firewall_resource_not_found", "firewall_already_removed", "not_found"):
             return False
         raise _call_failed("taking the SSH-only firewall off", where, error) from None
     except RequestException as error:
@@ -326,6 +358,10 @@ async def release_bootstrap_firewall(
 # 409 `uniqueness_error` ("SSH key with the same fingerprint already exists", "SSH key name is
 # already used"); GET /ssh_keys?fingerprint= lists the one key with that MD5 fingerprint.
 
+# The label that says which stack uploaded a key: its StackIdentity (providers.stack_identity),
+# made once and kept in the stack's state, so a stack rename does not change it.
+STACK_ID_LABEL = "hk3s-stack-id"
+
 
 @dataclass(frozen=True)
 class ProjectKey:
@@ -344,8 +380,11 @@ def _same_public_key(held: str | None, wanted: str) -> bool:
 def upload_or_adopt_ssh_key(
     access: HetznerAccess, name: str, public_key: str, fingerprint: str, labels: dict[str, str]
 ) -> ProjectKey:
-    """Upload the key; when the project already holds its fingerprint (another stack uploaded it
-    between this run's look-up and now), take that key, and only if its public key is this one."""
+    """Upload the key; when the project already holds its fingerprint, take that key, and only if
+    its public key is this one. The key taken is this stack's own (`owned`) when its stack-id label
+    is the one in `labels`: this stack's earlier upload, whose run ended before Pulumi wrote it to
+    the state. Otherwise another stack uploaded it (between this run's look-up and now, or it is
+    another stack's key this stack shares): not owned."""
     from hcloud import APIException  # noqa: PLC0415 - loaded on first use
     from requests import RequestException  # noqa: PLC0415 - loaded on first use
 
@@ -370,7 +409,16 @@ def upload_or_adopt_ssh_key(
             f"uploading the SSH key {name!r}: the project's key {held.name!r} has its fingerprint {fingerprint} but "
             "another public key; use another key pair, or name a key with hk3s:ssh.hetzner_key"
         )
-    return ProjectKey(int(held.id or 0), str(held.name), owned=False)
+    ours = labels.get(STACK_ID_LABEL)
+    if not ours or (held.labels or {}).get(STACK_ID_LABEL) != ours:
+        return ProjectKey(int(held.id or 0), str(held.name), owned=False)
+    if held.name != name or (held.labels or {}) != labels:
+        # This stack's own upload, under an earlier cluster name or labels: brought up to date.
+        try:
+            client.ssh_keys.update(held, name=name, labels=labels)
+        except APIException as error:
+            raise HetznerApiError(f"updating the SSH key {held.id} this stack uploaded: {_answer(error)}") from None
+    return ProjectKey(int(held.id or 0), name, owned=True)
 
 
 def update_ssh_key(access: HetznerAccess, key_id: int, name: str, labels: dict[str, str]) -> None:

@@ -73,6 +73,10 @@ class SshDeadlineError(SshError):
     """An SSH call ran past its deadline."""
 
 
+class SshLoginRefusedError(SshError):
+    """The host's sshd answered and refused the login key: the host is up (not silent)."""
+
+
 class RemoteCommandError(SshError):
     """A command or script exited non-zero."""
 
@@ -566,7 +570,7 @@ async def _login(
             "check that the host is up and the port is open to this machine",
         ) from None
     except asyncssh.PermissionDenied:
-        raise SshError(
+        raise SshLoginRefusedError(
             target.node,
             f"{target.user}@{target.address} refused the key of hk3s:ssh.private_key_file; "
             "add its public key to the user's authorized_keys",

@@ -12,7 +12,8 @@ The rules (docs/lab.md, "The documentation's own test", says them for writers):
   on its own. In both, `hk3s:ssh.private_key_file` is pointed at a throw-away key, since the
   docs' path names the reader's key.
 * `bash`: each command line (comments dropped, `\\` continuations joined, leading `VAR=value`
-  and `sudo` dropped) is an `scripts/hk3s ...` line that the CLI's own parser
+  and `sudo` dropped; an `export NAME=value ...` line of assignments alone sets the environment
+  and is not checked) is an `scripts/hk3s ...` line that the CLI's own parser
   (`operator_cli.cli.build_parser`) accepts, a `venv/bin/python -m <module> ...` line whose
   module exists, or a command listed in tests/lab/doc_commands.py with the file that runs it.
   The list's `pulumi ...` and `scripts/stack.sh ...` commands must be run by a lab test, and
@@ -150,10 +151,17 @@ def _parse_cli(argv: list[str]) -> str | None:
     return None
 
 
+ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
 def command_words(line: str) -> list[str]:
-    """The words of one command line as the shell splits them, assignments and sudo dropped."""
+    """The words of one command line as the shell splits them, assignments and sudo dropped. An
+    `export NAME=value ...` line of assignments only sets the environment of the lines after it
+    and runs nothing: it has no words."""
     words = shlex.split(line, comments=True)
-    while words and (re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]) or words[0] == "sudo"):
+    if words[:1] == ["export"] and len(words) > 1 and all(ASSIGNMENT.match(word) for word in words[1:]):
+        return []
+    while words and (ASSIGNMENT.match(words[0]) or words[0] == "sudo"):
         words = words[1:]
     return words
 
@@ -330,6 +338,10 @@ BROKEN: dict[str, tuple[str, str]] = {
         "```bash\nPULUMI_CONFIG_PASSPHRASE=x scripts/stack.sh destroy\n```\n",
         "no test runs 'scripts/stack.sh destroy'",
     ),
+    "an export line that also runs a command": (
+        "```bash\nexport PULUMI_CONFIG_PASSPHRASE=x scripts/stack.sh destroy\n```\n",
+        "no test runs 'export PULUMI_CONFIG_PASSPHRASE=x scripts/stack.sh destroy'",
+    ),
     "a module that does not exist": (
         "```bash\nvenv/bin/python -m bench.nothing_here\n```\n",
         "no module bench.nothing_here",
@@ -362,7 +374,8 @@ def test_the_same_blocks_mended_pass(ssh_key_file: Path) -> None:
         "```yaml\n# fragment: hk3s:cluster\nk3s_version: v1.36.1+k3s1\n```\n"
         + _whole_dev_stack()
         + "```yaml\n# fragment: hk3s:worker_pools\n- name: batch\n  count: 1\n  labels: {tier: x}\n```\n"
-        "```bash\nscripts/hk3s --stack dev node fence dev-worker-1 --powered-off\n"
+        "```bash\nexport PULUMI_CONFIG_PASSPHRASE='x' HCLOUD_TOKEN='<your token>'\n"
+        "scripts/hk3s --stack dev node fence dev-worker-1 --powered-off\n"
         "pulumi refresh --run-program --clear-pending-creates --yes --stack <env>\n"
         "PULUMI_CONFIG_PASSPHRASE=x scripts/stack.sh preview\nvenv/bin/python -m bench.join --help\n```\n"
         "```text\nscripts/hk3s node list\n```\n"

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from node_operations.fence import FENCE_STOPPED_BY_ANNOTATION
 from node_operations.forced_removal import incomplete_fence
 from node_operations.health import FENCE_ANNOTATION
 
@@ -32,9 +33,11 @@ PRODUCT = (
     "operator_cli",
     "scripts",
 )
-# The fence, and its decision per workload: it deletes pods with Longhorn volumes left on a fenced
-# node only after reading again that the fence is recorded there and their volumes are detached.
-ALLOWED = {"node_operations/fence.py", "node_operations/fence_workloads.py"}
+# None: the fence taints the node out of service and Kubernetes' pod garbage collector deletes the
+# pods left terminating there. The fence deletes no pod itself: a pod Kubernetes has not deleted
+# keeps its volume's VolumeAttachment to the worker (the attach-detach controller releases a volume
+# only once its pod is terminated or gone), so the fence could never prove that volume released.
+ALLOWED: set[str] = set()
 # kubectl's ways to skip a pod's graceful termination (`--now` is a grace period of 1 s: graceful).
 FORCE_WORDS = re.compile(r"(?<![\w-])(--force|--grace-period[= ]+0+)(?![\w-])")
 GRACE_ZERO_KEYS = {"grace_period_seconds", "gracePeriodSeconds", "grace_period"}
@@ -253,16 +256,22 @@ def test_a_node_is_deleted_only_after_its_host_is_proven_stopped() -> None:
 
 def test_a_fence_that_did_not_complete_gives_nothing_up() -> None:
     """The judgement the give-up runs before its delete: a Node without the out-of-service taint
-    (its fence recorded but stopped before the host was proven stopped) is not given up."""
+    (its fence recorded but stopped before the host was proven stopped) is not given up; nor one
+    whose taint came without the fence's record that the host was proven stopped (a taint put on
+    by hand)."""
     recorded = {"metadata": {"annotations": {FENCE_ANNOTATION: "2026-12-04T10:00:00Z"}}, "spec": {}}
     refusal = incomplete_fence("w2", recorded)
     assert refusal is not None and "the fence of w2 recorded at 2026-12-04T10:00:00Z did not complete" in refusal
-    tainted = {
-        **recorded,
-        "spec": {
-            "taints": [{"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}]
-        },
+    taint = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
+    by_hand = incomplete_fence("w2", {**recorded, "spec": {"taints": [taint]}})
+    assert by_hand is not None and "did not complete" in by_hand and FENCE_STOPPED_BY_ANNOTATION in by_hand
+    assert "A taint put on by hand" in by_hand and "proves nothing about the host" in by_hand
+    completed = {
+        "metadata": {"annotations": {FENCE_ANNOTATION: "2026-12-04T10:00:00Z", FENCE_STOPPED_BY_ANNOTATION: "ssh"}},
+        "spec": {"taints": [taint]},
     }
-    assert incomplete_fence("w2", tainted) is None
-    unfenced = incomplete_fence("w2", {"metadata": {}, "spec": tainted["spec"]})
+    assert incomplete_fence("w2", completed) is None
+    stopped_untainted = incomplete_fence("w2", {**completed, "spec": {}})
+    assert stopped_untainted is not None and "did not complete" in stopped_untainted
+    unfenced = incomplete_fence("w2", {"metadata": {}, "spec": completed["spec"]})
     assert unfenced is not None and "w2 is not fenced" in unfenced

@@ -54,8 +54,26 @@ Volumes and Replicas, and does what follows. Each behaviour and the Longhorn sou
   volume's copies, so a new replica is made and placed elsewhere by the rules above; once it is
   healthy, the evicted replica is deleted. When no other node can take it, the new replica
   stays unplaced and the old one stays: the eviction waits.
-* **A replica on a node that goes down fails** (`openVolumeDependentResources`,
-  `canInstanceManagerLaunchReplica`: the node's instance manager unreachable): `failedAt` and
+* **The engine** (`controller/volume_controller.go` `openVolumeDependentResources`,
+  `closeVolumeDependentResources`; `controller/instance_handler.go`
+  `syncStatusWithInstanceManager`): one Engine per volume, `<volume>-e-0`, owned by it. A volume
+  attached by its `spec.nodeID` starts its engine there (`spec.nodeID`, `status.started`,
+  `status.currentState: running`, `status.replicaModeMap` `RW` for each healthy copy and `ERR`
+  for a failed one) once that node is up and a healthy copy exists; a detach (`spec.nodeID`
+  cleared) stops it (`stopped`, its node cleared), on a down node too (an instance not started
+  reads stopped). **An engine whose node goes down reads `unknown`**: Longhorn's instance
+  handler marks a started instance `InstanceStateUnknown` when its instance manager is unknown
+  ("Marking the instance as state UNKNOWN since the related node ... is down or deleted"), and
+  `ReconcileEngineReplicaState` returns at once for an engine in that state, so no copy of the
+  volume is marked failed or healthy while it lasts: every copy keeps the fields the engine
+  last reported (the engine itself may go on writing to the copies it still reaches and drop
+  the others, unseen). The volume stays `attached` on that node, robustness `unknown`, and is
+  not rebuilt. The engine reads `running` again once its node is back.
+* **A replica on a node that goes down fails** while Longhorn can see it: with the volume's
+  engine running on a node that is up, its data plane reports the copy `ERR`
+  (`ReconcileEngineReplicaState` sets `failedAt`); with the volume not attached, at once
+  (stricter than Longhorn, which marks it when the volume next attaches: `openVolumeDependentResources`,
+  `canInstanceManagerLaunchReplica`). Never while the engine is `unknown` (above). `failedAt` and
   `lastFailedAt` set (`lastFailedAt` is never cleared; `healthyAt` is left as it was, since
   Longhorn clears it only before a rebuild: `replica.go`). **Rebuilt only as Longhorn does**
   (`scheduler.RequireNewReplica`): while the failed replica could be reused (its node and disk
@@ -70,7 +88,7 @@ Volumes and Replicas, and does what follows. Each behaviour and the Longhorn sou
   exists to rebuild it from and the volume is attached or the replica replaces an evicted one
   (Longhorn attaches a detached volume for an eviction).
 
-What it does not model (see README.md): the data plane (engines, instance managers, actual data;
+What it does not model (see README.md): the data plane (the engine's process, instance managers, actual data;
 a replica placed on a Ready node of an attached volume, or made for an eviction, is in sync at
 once: rebuilds take no time), Longhorn's VolumeAttachment tickets (a volume is attached by
 setting its `spec.nodeID`, as Longhorn's attachment controller does), auto-salvage, the removal
@@ -225,6 +243,7 @@ class World:
     nodes: dict[str, dict[str, Any]]
     volumes: dict[str, dict[str, Any]]
     replicas: dict[str, dict[str, Any]]
+    engines: dict[str, dict[str, Any]] = field(default_factory=dict)  # by its volume's name
 
     def setting(self, name: str) -> str:
         return self.settings.get(name, SETTING_DEFAULTS[name])
@@ -294,6 +313,7 @@ class Manager:
             by_name(self.kube.items(f"{LONGHORN_GROUP}/nodes")),
             by_name(self.kube.items(f"{LONGHORN_GROUP}/volumes")),
             by_name(self.kube.items(f"{LONGHORN_GROUP}/replicas")),
+            {str(e.get("spec", {}).get("volumeName")): e for e in self.kube.items(f"{LONGHORN_GROUP}/engines")},
         )
 
     def run_once(self) -> None:
@@ -424,9 +444,14 @@ class Manager:
         size = int(spec.get("size") or 0)
         status = dict(volume.get("status") or {})
         replicas = world.volume_replicas(name)
-        self.fail_replicas_on_down_nodes(world, replicas)
         attach_node = spec.get("nodeID") or ""
-        attached = bool(attach_node) and world.node_up(attach_node) and any(healthy(r) for r in replicas)
+        engine = self.sync_engine(world, volume, replicas, attach_node)
+        engine_state = engine.get("status", {}).get("currentState")
+        if engine_state != "unknown":
+            # Longhorn hears every copy only through a running engine (or none at all): an engine
+            # in state unknown changes no copy (ReconcileEngineReplicaState returns at once).
+            self.fail_replicas_on_down_nodes(world, replicas)
+        attached = engine_state == "running" and any(healthy(r) for r in replicas)
         if not replicas:
             for _ in range(wanted):
                 replicas.append(self.new_replica(world, volume, size))
@@ -437,8 +462,88 @@ class Manager:
         self.finish_evictions(world, replicas, wanted)
         replicas = world.volume_replicas(name)
         self.write_volume_status(
-            volume, replicas, wanted=wanted, attached=attached, attach_node=attach_node, errors=errors, world=world
+            volume,
+            replicas,
+            wanted=wanted,
+            attached=attached,
+            attach_node=attach_node,
+            errors=errors,
+            world=world,
+            engine_unknown=engine_state == "unknown",
         )
+        if engine_state == "running":
+            self.write_replica_modes(engine, replicas)
+
+    def sync_engine(
+        self, world: World, volume: dict[str, Any], replicas: list[dict[str, Any]], attach_node: str
+    ) -> dict[str, Any]:
+        """The volume's engine, started, stopped or `unknown` as in the module docstring."""
+        name = volume["metadata"]["name"]
+        engine = world.engines.get(name)
+        if engine is None:
+            engine = self.kube.create(
+                f"{LONGHORN_GROUP}/engines",
+                {
+                    "apiVersion": "longhorn.io/v1beta2",
+                    "kind": "Engine",
+                    "metadata": {
+                        "name": f"{name}-e-0",
+                        "namespace": "longhorn-system",
+                        "labels": {"longhornvolume": name},
+                        "ownerReferences": [
+                            {
+                                "apiVersion": "longhorn.io/v1beta2",
+                                "kind": "Volume",
+                                "name": name,
+                                "uid": volume["metadata"]["uid"],
+                            }
+                        ],
+                    },
+                    "spec": {"volumeName": name, "nodeID": "", "desireState": "stopped"},
+                },
+            )
+            world.engines[name] = engine
+        spec, status = engine.get("spec", {}), dict(engine.get("status") or {})
+        node = spec.get("nodeID") or ""
+        if not attach_node or (node and node != attach_node):
+            # closeVolumeDependentResources: the engine stops; an instance no longer started
+            # reads stopped whether its node answers or not.
+            new_spec = {"nodeID": "", "desireState": "stopped"}
+            new_status = {"currentState": "stopped", "started": False, "replicaModeMap": None}
+        elif status.get("started") and not world.node_up(node):
+            new_spec = {"nodeID": node, "desireState": "running"}
+            new_status = {"currentState": "unknown"}  # the modes stay as last reported
+            if status.get("currentState") != "unknown":
+                log.info("engine of %s unknown: its node %s is down", name, node)
+        elif world.node_up(attach_node) and (status.get("started") or any(healthy(r) for r in replicas)):
+            new_spec = {"nodeID": attach_node, "desireState": "running"}
+            new_status = {"currentState": "running", "started": True}
+        else:
+            new_spec = {"nodeID": attach_node, "desireState": "running"}
+            new_status = {"currentState": "stopped", "started": False}
+        if {k: spec.get(k) for k in new_spec} != new_spec:
+            engine = self.kube.patch(f"{LONGHORN_GROUP}/engines/{engine['metadata']['name']}", {"spec": new_spec})
+        if any(status.get(k) != v for k, v in new_status.items()):
+            engine = self.kube.patch(
+                f"{LONGHORN_GROUP}/engines/{engine['metadata']['name']}/status", {"status": new_status}
+            )
+        world.engines[name] = engine
+        return engine
+
+    def write_replica_modes(self, engine: dict[str, Any], replicas: list[dict[str, Any]]) -> None:
+        """A running engine's view of its copies: RW for a healthy one, ERR for a failed one."""
+        modes = {
+            r["metadata"]["name"]: ("ERR" if r["spec"].get("failedAt") else "RW")
+            for r in replicas
+            if r["spec"].get("nodeID") and r["spec"].get("healthyAt")
+        }
+        old = engine.get("status", {}).get("replicaModeMap") or {}
+        if modes != old:
+            gone = dict.fromkeys(set(old) - set(modes))
+            self.kube.patch(
+                f"{LONGHORN_GROUP}/engines/{engine['metadata']['name']}/status",
+                {"status": {"replicaModeMap": {**gone, **modes}}},
+            )
 
     def fail_replicas_on_down_nodes(self, world: World, replicas: list[dict[str, Any]]) -> None:
         for replica in replicas:
@@ -598,6 +703,7 @@ class Manager:
         attach_node: str,
         errors: list[str],
         world: World,
+        engine_unknown: bool = False,
     ) -> None:
         status = dict(volume.get("status") or {})
         conditions = [dict(c) for c in status.get("conditions") or []]
@@ -616,7 +722,10 @@ class Manager:
                 ";".join(errors) or "replica scheduling failed",
             )
         healthy_count = len([r for r in replicas if healthy(r) and not world.evicting(r)])
-        if attached:
+        if engine_unknown:
+            # ReconcileEngineReplicaState: the volume's robustness is unknown while its engine is.
+            robustness, state, attached = "unknown", "attached", True
+        elif attached:
             robustness = "healthy" if healthy_count >= wanted else ("degraded" if healthy_count else "faulted")
             state = "attached"
         else:

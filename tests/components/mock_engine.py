@@ -86,22 +86,24 @@ def _server_type(name: str, architecture: str, locations: tuple[str, ...], remov
     }
 
 
-def _image(name: str, architecture: str) -> dict[str, Any]:
+def _image(name: str, architecture: str, unavailable_after: str = "") -> dict[str, Any]:
+    """An image of the catalogue; deprecated when `unavailable_after` (the date Hetzner stops
+    creating servers from it) is given."""
     return {
         "architecture": architecture,
         "created": "2025-01-01T00:00:00Z",
-        "deprecated": "",
-        "deprecationAnnounced": "",
+        "deprecated": "2025-10-16T00:00:00Z" if unavailable_after else "",
+        "deprecationAnnounced": "2025-10-16T00:00:00Z" if unavailable_after else "",
         "description": name,
         "id": int(fake_id(f"{name}-{architecture}")),
-        "isDeprecated": False,
+        "isDeprecated": bool(unavailable_after),
         "labels": {},
         "name": name,
         "osFlavor": name.split("-", maxsplit=1)[0],
         "osVersion": name.split("-")[1],
         "rapidDeploy": True,
         "type": "system",
-        "unavailableAfter": "",
+        "unavailableAfter": unavailable_after,
     }
 
 
@@ -211,12 +213,16 @@ class ClusterMocks(pulumi.runtime.Mocks):
         # Outputs of servers as an earlier run left them (what the engine hands back for an input it ignores).
         self.server_state = dict(server_state or {})
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        # What the stack's StackIdentity holds in its state (providers.stack_identity).
+        self.stack_id = "5eed0f57ac1d0000"
         # What Hetzner's catalogue and the project hold (see HETZNER_SERVER_TYPES); tests add to them.
         self.hetzner_server_types = list(HETZNER_SERVER_TYPES)
         self.hetzner_servers: list[tuple[str, dict[str, str]]] = []
         self.hetzner_networks: list[tuple[str, dict[str, str]]] = []
         self.hetzner_firewalls: list[tuple[str, dict[str, str]]] = []
         self.hetzner_placement_groups: list[tuple[str, dict[str, str]]] = []
+        # Images Hetzner has deprecated: name -> the date it stops creating servers from them.
+        self.hetzner_deprecated_images: dict[str, str] = {}
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
         outputs = dict(args.inputs)
@@ -240,6 +246,9 @@ class ClusterMocks(pulumi.runtime.Mocks):
                 ),
                 api_endpoint="https://10.0.1.2:6443",
             )
+        elif args.typ.endswith("hk3s:StackIdentity"):
+            # Generated once by its provider and kept in the state; a stack rename keeps the state.
+            outputs["stack_id"] = self.stack_id
         elif args.typ.endswith("hk3s:K3sUpgrade"):
             outputs.update(version=args.inputs["k3s_version"], upgraded=[])
         elif args.typ.endswith("hk3s:NetworkPlan"):
@@ -284,7 +293,11 @@ class ClusterMocks(pulumi.runtime.Mocks):
         if args.token == "hcloud:index/getServerTypes:getServerTypes":
             return {"id": "server-types", "serverTypes": [_server_type(*t) for t in self.hetzner_server_types]}, []
         if args.token == "hcloud:index/getImages:getImages":
-            return {"id": "images", "images": [_image(*image) for image in HETZNER_IMAGES]}, []
+            # Hetzner's "List Images": deprecated images only with `include_deprecated=true`.
+            images = [_image(*image, self.hetzner_deprecated_images.get(image[0], "")) for image in HETZNER_IMAGES]
+            if not args.args.get("includeDeprecated"):
+                images = [image for image in images if not image["isDeprecated"]]
+            return {"id": "images", "images": images}, []
         if args.token == "hcloud:index/getServers:getServers":
             return {"id": "servers", "servers": [_server(*held) for held in self.hetzner_servers]}, []
         if args.token == "hcloud:index/getNetworks:getNetworks":

@@ -269,7 +269,14 @@ def test_secrets_stay_secret(graph: Recording) -> None:
     # NetworkRanges records two CIDRs, WorkerRoster the workers' names and TeardownGuard one
     # flag: they log in nowhere. BootstrapFirewallRelease and ProjectSshKey call the Hetzner API
     # only, with the token, a secret.
-    keyless = ("NetworkRanges", "WorkerRoster", "TeardownGuard", "BootstrapFirewallRelease", "ProjectSshKey")
+    keyless = (
+        "NetworkRanges",
+        "WorkerRoster",
+        "TeardownGuard",
+        "BootstrapFirewallRelease",
+        "ProjectSshKey",
+        "StackIdentity",
+    )
     dynamic = [
         r for r in graph.registrations if "pulumi-python:dynamic" in r.type and not any(k in r.type for k in keyless)
     ]
@@ -291,12 +298,20 @@ def test_the_fence_of_a_hetzner_worker_gets_its_server_and_the_token(graph: Reco
     assert fence["hcloud_server"] == fake_id("w1")
     assert fence["hcloud_token"]["value"] == "test-hetzner-token"  # a secret (test_secrets_stay_secret)
     assert fence.get("hcloud_endpoint") is None
+    # What proves the server is w1's: a private address only in the cluster's network; the labels
+    # the program gave the server it created for w1.
+    assert fence["hcloud_network"] == fake_id("private-network-network")
+    labels = next(r for r in graph.of_type("server:Server") if r.name == "w1").inputs["labels"]
+    assert fence["hcloud_labels"] == {"hk3s-owner": labels["hk3s-owner"], "hk3s-node": "w1"}
+    assert labels["hk3s-node"] == "w1"
 
 
 def test_an_existing_host_names_its_hetzner_server_for_the_fence(ssh_key_file: Path) -> None:
     workers = [{"name": "metal", "kind": "existing", "address": METAL_ADDRESS, "hcloud_server": "metal-1"}]
     graph = _run(_config(ssh_key_file, workers=workers, fences={"metal": {}}))
     assert graph.by_name("metal-fence").inputs["hcloud_server"] == "metal-1"
+    # Not a server the program created: no labels of the program's to match.
+    assert graph.by_name("metal-fence").inputs.get("hcloud_labels") is None
     plain = _run(_config(ssh_key_file, workers=[{**workers[0], "hcloud_server": None}], fences={"metal": {}}))
     fence = plain.by_name("metal-fence").inputs
     assert fence.get("hcloud_server") is None and fence["hcloud_token"]["value"] is None
@@ -567,3 +582,29 @@ def test_a_worker_given_up_leaves_the_roster_as_forced(ssh_key_file: Path) -> No
     assert roster.inputs["forced"] == ["w1"] and "w1" not in roster.inputs["workers"]
     assert not [r for r in graph.registrations if r.name.startswith("w1-")]
     assert graph.by_name("k3s-upgrade").inputs["fenced"] == []
+
+
+def _dependencies_of(graph: Recording, name: str) -> set[str]:
+    """Every resource `name` depends on, directly or through others (URNs)."""
+    by_urn = {r.urn: r for r in graph.registrations}
+    found: set[str] = set()
+    pending = list(graph.by_name(name).dependencies)
+    while pending:
+        urn = pending.pop()
+        if urn not in found and urn in by_urn:
+            found.add(urn)
+            pending.extend(by_urn[urn].dependencies)
+    return found
+
+
+def test_longhorn_is_uninstalled_before_any_worker_is_wiped(graph: Recording) -> None:
+    """Under Pulumi mocks (wiring only; the engine's delete order is shown in the lab's teardown,
+    tests/lab/test_longhorn_teardown.py). In a destroy the engine deletes a resource only once
+    every resource that depends on it is deleted, and a worker's join is what wipes it in a
+    teardown (its delete, providers/node_join.py). Longhorn's release and namespace depend on
+    every worker's join, so Longhorn's uninstall (its pre-delete job reaches every node) and its
+    namespace are gone before any worker is wiped."""
+    joins = {graph.urn_of(f"{name}-join") for name in ("w1", "w2", "metal")}
+    for name in ("storage-longhorn", "storage-namespace"):
+        missing = sorted(urn.rsplit("::", 1)[-1] for urn in joins - _dependencies_of(graph, name))
+        assert not missing, f"{name} does not wait for the joins of {missing}"

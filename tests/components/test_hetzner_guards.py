@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cluster_settings import SettingsError, load_settings
-from components.hetzner_ssh_key import OWNER_LABEL, hetzner_fingerprint
+from components.hetzner_ssh_key import OWNER_LABEL, STACK_ID_LABEL, hetzner_fingerprint
 from components.program import build_cluster, read_credentials
 from providers.network_ranges import NetworkRangesProvider
 from tests.components.mock_engine import ClusterMocks, Recording, run_with_mocks
@@ -178,15 +178,40 @@ def _in_project(ssh_key_file: Path, uploaded: Any) -> dict[str, Any]:
 
 def test_two_stacks_in_one_project_share_one_key(ssh_key_file: Path) -> None:
     """dev uploads the key; staging, in the same Hetzner project with the same deploy key, uses it;
-    dev's next run keeps managing its own key (it carries dev's owner label)."""
+    dev's next run keeps managing its own key. Whose the key is, is decided by ProjectSshKey's
+    provider from the state and the key's stack-id label (tests/providers/test_project_ssh_key.py),
+    never by a stack's name: every run declares the key, and staging's, whose stack id is not the
+    key's, takes it as not its own (`owned: false`: never renamed, relabelled or deleted)."""
     dev_first = _run(_config(ssh_key_file), ClusterMocks(), stack="dev")
     (uploaded,) = dev_first.of_type(PROJECT_KEY)
     in_project = _in_project(ssh_key_file, uploaded)
-    staging = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[in_project]), stack="staging")
-    assert staging.of_type(SSH_KEY) == [] and staging.of_type(PROJECT_KEY) == []
-    assert {tuple(s.inputs["sshKeys"]) for s in staging.of_type(SERVER)} == {("1234",)}
+    staging_mocks = ClusterMocks(hetzner_ssh_keys=[in_project])
+    staging_mocks.stack_id = "0ther57ac1d00000"
+    staging = _run(_config(ssh_key_file), staging_mocks, stack="staging")
+    assert staging.of_type(SSH_KEY) == []
+    (taken,) = staging.of_type(PROJECT_KEY)
+    assert taken.inputs["labels"][STACK_ID_LABEL] == "0ther57ac1d00000" != in_project["labels"][STACK_ID_LABEL]
     dev_again = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[in_project]), stack="dev")
     assert [k.urn for k in dev_again.of_type(PROJECT_KEY)] == [uploaded.urn]
+
+
+def test_a_renamed_stack_keeps_declaring_the_key_it_uploaded(ssh_key_file: Path) -> None:
+    """Under Pulumi mocks (Hetzner cannot be reached). `pulumi stack rename dev prod` keeps the
+    state (its URNs rewritten to the new name) but changes pulumi.get_stack(), so the owner label
+    the program computes (`hk3s.prod`) is no longer the one on the key (`hk3s.dev`). The key must
+    still be declared, under the same logical name and type: a key the program stops declaring is
+    deleted by Pulumi at the end of the `up`. Its stack-id label comes from StackIdentity, whose
+    state the rename keeps."""
+    first = _run(_config(ssh_key_file), ClusterMocks(), stack="dev")
+    (uploaded,) = first.of_type(PROJECT_KEY)
+    in_project = _in_project(ssh_key_file, uploaded)
+    renamed = _run(_config(ssh_key_file), ClusterMocks(hetzner_ssh_keys=[in_project]), stack="prod")
+    (kept,) = renamed.of_type(PROJECT_KEY)
+    assert uploaded.inputs["labels"][STACK_ID_LABEL] == ClusterMocks().stack_id
+    assert (kept.type, kept.name) == (uploaded.type, uploaded.name)
+    assert kept.inputs["labels"][STACK_ID_LABEL] == uploaded.inputs["labels"][STACK_ID_LABEL]
+    assert kept.inputs["labels"][OWNER_LABEL] == "hk3s.prod"
+    assert kept.inputs["public_key"] == uploaded.inputs["public_key"]  # the one input that replaces it
 
 
 def test_a_key_named_like_the_clusters_without_the_owner_label_is_the_operators(ssh_key_file: Path) -> None:

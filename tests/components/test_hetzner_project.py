@@ -105,6 +105,43 @@ def test_a_removed_type_and_an_image_missing_for_the_architecture_are_refused(ss
     assert "hk3s:workers[1].image: Hetzner has no arm image 'rocky-9'" in message
 
 
+def test_a_deprecated_image_is_used_with_a_warning_until_hetzner_stops_offering_it(
+    ssh_key_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mock of Hetzner's API (it cannot be reached from here). Hetzner keeps creating servers from
+    a deprecated image until its `unavailable_after` date; terraform-provider-hcloud warns and goes
+    on (issue #1434, PR #1435: `allow_deprecated_images` removed, "if an image is deprecated, we
+    raise a warning but continue, and once the image becomes unavailable, we raise an error"). So
+    the run registers the servers with it and warns once, naming the image, the setting and the
+    date; Hetzner's image list holds deprecated images only when asked (`include_deprecated`)."""
+    warnings: list[str] = []
+    monkeypatch.setattr(
+        "components.hetzner_project.pulumi.log.warn", lambda message, resource=None: warnings.append(message)
+    )
+    mocks = ClusterMocks()
+    mocks.hetzner_deprecated_images = {"ubuntu-22.04": "2099-01-31T00:00:00Z"}
+    servers = _run(_config(ssh_key_file, cluster={"image": "ubuntu-22.04"}), "dev", mocks).of_type(
+        "hcloud:index/server:Server"
+    )
+    assert {server.name for server in servers} == {"srv", "w1", "w2"}
+    assert {server.inputs["image"] for server in servers} == {"ubuntu-22.04"}
+    assert len(warnings) == 1, warnings
+    assert "hk3s:cluster.image" in warnings[0] and "'ubuntu-22.04' is deprecated" in warnings[0]
+    assert "2099-01-31" in warnings[0] and "srv, w1, w2" in warnings[0]
+
+
+def test_an_image_past_its_unavailable_date_is_refused_naming_the_setting(ssh_key_file: Path) -> None:
+    """A mock of Hetzner's API (it cannot be reached from here): after `unavailable_after`
+    Hetzner creates no server from the image, so the run is refused before anything is registered."""
+    mocks = ClusterMocks()
+    mocks.hetzner_deprecated_images = {"ubuntu-22.04": "2025-12-31T00:00:00Z"}
+    config = _config(ssh_key_file, workers=[{"name": "w1", "image": "ubuntu-22.04"}])
+    message, recording = _refused(config, mocks)
+    assert "hk3s:workers[0].image: image 'ubuntu-22.04' (for w1) is deprecated and Hetzner creates no server" in message
+    assert "since 2025-12-31" in message
+    assert recording.registrations == []
+
+
 def test_two_stacks_in_one_project_get_distinct_names(ssh_key_file: Path) -> None:
     config = _config(ssh_key_file)
 

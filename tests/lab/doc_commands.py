@@ -43,10 +43,12 @@ RUN_BY: dict[str, RunBy] = {
     "pulumi destroy --run-program --yes --stack <env>": RunBy(
         "tests/lab/test_longhorn_teardown.py", '"pulumi destroy --run-program --yes --stack <env>"'
     ),
-    # README.md and docs/getting-started-hetzner.md: typed at a pseudo-terminal.
-    "scripts/stack.sh preview": RunBy(
-        "tests/lab/test_stack_preview.py", '"bash scripts/stack.sh preview --stack local'
+    # docs/teardown.md: read from the page and typed, in test_the_documented_stack_rm_keeps_the_stack_file.
+    "pulumi stack rm --preserve-config --yes --stack <env>": RunBy(
+        "tests/lab/test_longhorn_teardown.py", 'docs_commands("teardown.md", "Removing the stack")'
     ),
+    # README.md and docs/getting-started-hetzner.md: the first-run block, typed at a pseudo-terminal.
+    "scripts/stack.sh preview": RunBy("tests/lab/test_stack_preview.py", 'first_run_block(REPO / "README.md")'),
     # README.md and docs/lab.md: the demo, run as a newcomer runs it.
     "bash scripts/demo.sh up": RunBy("tests/lab/test_demo.py", '_demo("up", demo_dir)'),
     "bash scripts/demo.sh down": RunBy("tests/lab/test_demo.py", '_demo("down", demo_dir)'),

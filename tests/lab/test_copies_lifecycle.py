@@ -404,8 +404,10 @@ def test_a_fenced_worker_given_up_leaves_no_node_longhorn_node_or_firewall_peer(
     assert w3.name in kube_nodes() and w3.name in longhorn_nodes()
     assert {p.name: p.run(["nft", "list", "table", "inet", "hk3s_node"]).stdout for p in peers} == rules
 
-    # Off again: given up without a drain.
+    # Off again: given up without a drain, once its Node is NotReady (a give-up checks the host as it
+    # is now: a Node posting Ready runs).
     w3.power_off()
+    wait_until(f"{w3.name} NotReady", lambda: ready() != "True", 90, cluster.diagnose)
     run = stack.hk3s("node", "remove", w3.name, "--force", "--yes")
     assert run.returncode == 0, run.stderr[-4000:]
     assert f"[{w3.name}] given up (fenced since" in run.stderr, run.stderr[-4000:]

@@ -18,10 +18,13 @@ Deployment of three web pods, one per worker.
   fenced once it is powered off (its address silent: the router's ICMP host-unreachable, sent when
   no machine answered its ARP for the address, is not an answer from fe-w2).
 - Both Nodes show OutOfService, and the web pods run on fe-w3.
+- fe-w1's sshd refuses the program's key: giving it up is refused (a refused login is a host
+  that answers, not silence), and nothing changes.
 - fe-w1's fence entry removed: it rejoins (validation taint on before the out-of-service taint
   comes off, the join's checks, the drop-in gone) and takes pods again.
-- fe-w2 given up (`node remove --force`) only while the fence holds it; added back, its join
-  removes the fence's leftover drop-in and it joins.
+- fe-w2 given up (`node remove --force`) only while the fence holds it: powered back on with its
+  sshd masked and its Node Ready, or answering and running its agent, it is refused; added back,
+  its join removes the fence's leftover drop-in and it joins.
 """
 
 from __future__ import annotations
@@ -367,6 +370,33 @@ def test_the_drop_in_holds_the_agent_down_across_a_reboot(cluster: Cluster) -> N
     assert ready_status(cluster.server, w1.name) != "True"
 
 
+def test_a_worker_whose_sshd_refuses_the_key_is_not_given_up(cluster: Cluster) -> None:
+    """fe-w1, fenced over SSH (its Node NotReady, its agent held down), has an sshd that now refuses
+    the program's key (as after a reinstall or an authorized_keys edit). A refused login is an
+    answer: the host is up, and whether the fence still holds it is not known. So `node remove
+    fe-w1 --force` is refused, naming the refused login, and nothing changes: the Node, its record
+    and its taint stay, and the stack file is as it was."""
+    server, w1 = cluster.server, cluster.w1
+    found = node(server, w1.name)
+    recorded = found["metadata"]["annotations"][FENCE_ANNOTATION]
+    stack_file = cluster.stack.project / f"Pulumi.{cluster.stack.name}.yaml"
+    before = stack_file.read_bytes()
+    # sshd keeps the first value it reads: no authorized key is read from anywhere.
+    w1.set_sshd_options(["AuthorizedKeysFile /dev/null"])
+    try:
+        refused = cluster.stack.hk3s("node", "remove", w1.name, "--force", "--yes")
+    finally:
+        w1.set_sshd_options([])
+    assert refused.returncode == 3, refused.stderr[-4000:]
+    said = " ".join(refused.stderr.split())
+    assert f"{w1.name}: giving the worker up is refused: its host answers over SSH" in said, said[-4000:]
+    assert "refused the key" in said and "is not silence" in said, said[-4000:]
+    assert stack_file.read_bytes() == before
+    found = node(server, w1.name)
+    assert found["metadata"]["annotations"][FENCE_ANNOTATION] == recorded
+    assert OUT_OF_SERVICE in {t["key"] for t in found["spec"].get("taints") or []}
+
+
 def test_removing_the_fence_entry_rejoins_the_worker(cluster: Cluster) -> None:
     """fe-w1's entry removed (fe-w2's kept): the validation taint goes on before the out-of-service
     taint comes off, the drop-in goes, the agent starts, the join's checks pass, and the worker
@@ -425,9 +455,11 @@ def test_a_fenced_worker_that_is_off_is_left_alone_by_a_join(cluster: Cluster) -
 
 def test_a_fenced_worker_is_given_up_only_while_the_fence_holds_it(cluster: Cluster) -> None:
     """`node remove fe-w2` without --force is refused for a fenced worker; `node remove fe-w2
-    --force` is refused while its host answers and runs its agent (powered back on after a fence
-    that confirmed it off: the fence does not hold it), and nothing changes; once it is off again, it is deregistered without a drain, its fence entry kept
-    with force_remove, and the next up has nothing to do."""
+    --force` is refused while its host runs its agent (powered back on after a fence that confirmed
+    it off: the fence does not hold it): first with its sshd masked, so SSH finds nothing, but its
+    Node Ready and its kubelet answering; then answering over SSH. Nothing changes; once it is off
+    again, it is deregistered without a drain, its fence entry kept with force_remove, and the next
+    up has nothing to do."""
     server, w2 = cluster.server, cluster.w2
     # Its SSH back (the block is in its network namespace, which outlives a power-off), then on.
     subprocess.run(["ip", "netns", "exec", w2.netns, "nft", "delete", "table", "inet", "labblock"], check=True)
@@ -439,6 +471,23 @@ def test_a_fenced_worker_is_given_up_only_while_the_fence_holds_it(cluster: Clus
     )
     stack_file = cluster.stack.project / f"Pulumi.{cluster.stack.name}.yaml"
     before = stack_file.read_bytes()
+    # Its sshd masked (connections refused) while its agent posts the Node Ready: SSH alone would
+    # read as a host that is off.
+    w2.run(["systemctl", "mask", "--now", "ssh.service"])
+    wait_until(f"{w2.name} Ready", lambda: ready_status(server, w2.name) == "True", 90, cluster.diagnose)
+    try:
+        masked = cluster.stack.hk3s("node", "remove", w2.name, "--force", "--yes")
+    finally:
+        w2.run(["systemctl", "unmask", "ssh.service"])
+        w2.run(["systemctl", "start", "ssh.service"])
+        w2.wait_sshd_listening("after the unmask")
+    assert masked.returncode == 3, masked.stderr[-4000:]
+    said = " ".join(masked.stderr.split())
+    assert f"{w2.name}: giving the worker up is refused: {w2.name}'s Node is Ready" in said, said[-4000:]
+    assert stack_file.read_bytes() == before
+    assert w2.name in {
+        n["metadata"]["name"] for n in json.loads(kubectl(server, "get", "nodes", "-o", "json"))["items"]
+    }
     # Without --force a fenced worker is not removed (drained and wiped), even while it answers.
     plain = cluster.stack.hk3s("node", "remove", w2.name, "--yes")
     assert plain.returncode == 3, plain.stderr[-4000:]
@@ -450,6 +499,9 @@ def test_a_fenced_worker_is_given_up_only_while_the_fence_holds_it(cluster: Clus
     assert stack_file.read_bytes() == before
     assert FENCE_ANNOTATION in node(server, w2.name)["metadata"]["annotations"]
     w2.power_off()
+    # Off again: a give-up needs its Node NotReady (the controller-manager's grace period) and its
+    # kubelet silent.
+    wait_until(f"{w2.name} NotReady", lambda: ready_status(server, w2.name) != "True", 90, cluster.diagnose)
     run = cluster.stack.hk3s("node", "remove", w2.name, "--force", "--yes")
     assert run.returncode == 0, run.stderr[-4000:]
     assert f"[{w2.name}] given up (fenced since" in run.stderr, run.stderr[-4000:]

@@ -11,7 +11,10 @@ fenced over SSH. Its public address then moves on the host (the old one gone fro
   join still waits (it ran before the lift), and the lift's last line says to run up again;
 - that next `up` runs the join's pending change: the Node publishes the new address as its
   ExternalIP (node-external-ip), its InternalIP still the private one; then nothing is left.
-Last, a pod volume mount whose device stopped answering (the lab's slow disk, frozen) is on
+Then fpr-w1's agent stops, and hk3s:workers names as its Hetzner server (hcloud_server) a bystander
+in another Hetzner network holding fpr-w1's private address (the cluster's address of it): the
+fence is refused before any power action, naming the bystander and its network; the bystander
+keeps running. Last, a pod volume mount whose device stopped answering (the lab's slow disk, frozen) is on
 fpr-w1 when it is fenced again: the fence takes it off within its deadline and names it. Its
 client certificate then expires while it is fenced: the lift brings it back with a fresh token."""
 
@@ -22,10 +25,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from cryptography import x509
+from pulumi import automation as auto
 
 from lab import slow_disk
+from lab.hcloud_standin import SwitchedMachine, running_standin
 from lab.hosts import DEFAULT_CACHE_DIR, Lab
-from lab.stack_harness import up_or_fail
+from lab.stack_harness import up_or_fail, wait_until
 from node_operations.fence import FENCE_SCRIPT_DEADLINE_SECONDS
 from tests.lab.agent_certificate import AGENT_DIR, expire_client_certificate
 from tests.lab.fenced_worker import K3S, OUT_OF_SERVICE, FencedCluster, fenced_cluster
@@ -105,6 +110,57 @@ def test_the_next_up_publishes_the_new_address(cluster: FencedCluster, moved: di
     assert set(changes) == {"same"}, changes
 
 
+# Another Hetzner network than any of the cluster's: a bystander's (every project's networks start at
+# 10.0.0.0/16 by default, so a private address repeats across networks).
+BYSTANDER_NETWORK = 990001
+
+
+def test_a_server_in_another_network_with_the_workers_private_address_is_not_powered_off(
+    cluster: FencedCluster,
+) -> None:
+    """fpr-w1 is down (its agent stopped) and its hcloud_server names a bystander: a Hetzner server
+    (the lab's Hetzner API stand-in; a machine that is only its power switch) in another network
+    whose private_net holds fpr-w1's private address, the address the cluster knows fpr-w1 by (its
+    Node's InternalIP, its kubelet's address). A private address is unique only within its network,
+    so it proves nothing about a server in another: the fence is refused before any power action,
+    naming the bystander, its network and the fix; the bystander runs on, nothing is recorded.
+    fpr-w1 is left down and unfenced for the next test's fence."""
+    worker = cluster.worker
+    assert worker.private_ip and cluster.addresses()["InternalIP"] == worker.private_ip
+    with running_standin() as standin:
+        bystander = SwitchedMachine()
+        bystander_id = standin.add_server(
+            "lab-bystander", bystander, public_ipv4=None, private_ips=(worker.private_ip,), network=BYSTANDER_NETWORK
+        )
+        worker.run(["systemctl", "stop", "k3s-agent"])
+        wait_until(f"{worker.name} NotReady", lambda: not cluster.ready(), 90, cluster.diagnose)
+        ready = next(c for c in cluster.node()["status"]["conditions"] if c["type"] == "Ready")
+        since = datetime.fromisoformat(ready["lastTransitionTime"]).timestamp()
+        time.sleep(max(0.0, since + 62 - float(cluster.server.run(["date", "+%s"]).stdout)))
+        cluster.config["workers"][0]["hcloud_server"] = "lab-bystander"
+        cluster.config["fences"] = {worker.name: {}}
+        cluster.write()
+        cluster.stack.stack().set_all_config(
+            {
+                "hcloud:token": auto.ConfigValue(standin.token, secret=True),
+                "hcloud:endpoint": auto.ConfigValue(standin.url),
+            }
+        )
+        output = cluster.stack.up_output()
+        assert bystander.is_running and standin.power_actions(bystander_id) == [], output[-6000:]
+    assert output, "the fence went on with a bystander's server"
+    print("\n".join(line for line in output.splitlines() if "fencing is refused" in line)[-3000:])
+    assert f"{worker.name}: fencing is refused: Hetzner server lab-bystander (id {bystander_id}" in output, output[
+        -6000:
+    ]
+    assert f"{worker.private_ip} only in Hetzner network {BYSTANDER_NETWORK}" in output, output[-6000:]
+    assert "nothing was powered off" in output, output[-6000:]
+    assert cluster.fence_record() is None and OUT_OF_SERVICE not in cluster.taints()
+    # The worker stays down and unfenced, its own entry back to what it was.
+    del cluster.config["workers"][0]["hcloud_server"]
+    cluster.config["fences"] = {}
+
+
 # Where Kubernetes mounts a pod's CSI volume (Longhorn's block device, bound from its staging mount).
 POD_VOLUME = "/var/lib/kubelet/pods/5d0b8c1e-0000-4000-8000-000000000001/volumes/kubernetes.io~csi/pvc-frozen/mount"
 
@@ -117,7 +173,8 @@ def test_a_fence_takes_off_a_mount_whose_device_stopped_answering_within_its_dea
     fence of fpr-w1 finishes well within its deadline, takes the mount off without a flush, and says
     which mount that was."""
     worker = cluster.worker
-    assert cluster.ready() and not cluster.fence_record(), cluster.diagnose()
+    # The test before left fpr-w1 down (its agent stopped) and unfenced: this fence takes it from there.
+    assert not cluster.fence_record(), cluster.diagnose()
     # Under the lab's run directory: the lab's teardown ends its daemon and its mounts.
     disk = slow_disk.SlowDisk(cluster.lab.run_dir / f"{worker.name}-frozen-volume")
     disk.start(DEFAULT_CACHE_DIR, 0)

@@ -22,7 +22,8 @@ their Nodes go NotReady.
   since its fence, is not.
 - fh-w2 still fenced and off: fh-w1 is rebooted through the API (a finished fence is no node down);
   fh-w3 with a fence recorded only on its Node is refused; a `node reboot fh-w3` killed at its drain
-  is not resumed while fh-w1 is cordoned, then resumed and finished once it is not.
+  is not resumed while fh-w1 is cordoned, then resumed and finished once it is not. fh-w3's agent
+  stopped while fh-w1 drains stops fh-w1's reboot before its host goes down.
 - fh-w2, still fenced and off, is unfenced through the API: its server is powered on through the
   Hetzner API, the API waits for SSH, and the run's lift rejoins it.
 """
@@ -347,6 +348,42 @@ def test_a_finished_fence_blocks_no_reboot_and_the_nodes_record_and_a_resume_are
     found = node(server, w3.name)
     assert not found["spec"].get("unschedulable") and REBOOT_ANNOTATION not in found["metadata"]["annotations"]
     assert ready(server, w3.name)["status"] == "True"
+
+
+def test_another_worker_down_after_the_drain_stops_the_reboot(cluster: Cluster) -> None:
+    """fh-w3's agent stops while fh-w1 drains for its reboot (its Node still reads Ready for the
+    node monitor's grace period): right before the host is rebooted, every other node is read
+    again, its kubelet itself included, so fh-w3 is seen down and the reboot stops naming it;
+    fh-w1 is uncordoned again, its reboot record gone, its host not rebooted."""
+    server, w1, w3 = cluster.server, cluster.w1, cluster.w3
+    assert ready(server, w3.name)["status"] == "True"
+    boots = w1.boots
+    lines: list[str] = []
+
+    def stop_w3_at_the_drain(line: str) -> None:
+        lines.append(line)
+        if f"[{w1.name}] draining:" in line:
+            w3.run(["systemctl", "stop", "k3s-agent"])
+
+    try:
+        with pytest.raises(MaintenanceError) as stopped:
+            cluster.stack.api().reboot_worker(w1.name, on_output=stop_w3_at_the_drain)
+        message = str(stopped.value)
+        assert stopped.value.put_back, message
+        assert f"{w3.name}'s kubelet does not answer" in message, message
+        assert "never two nodes down at once" in message and f"{w1.name} is uncordoned again" in message, message
+        assert w1.boots == boots, "fh-w1 was rebooted with fh-w3 down"
+        found = node(server, w1.name)
+        assert not found["spec"].get("unschedulable") and REBOOT_ANNOTATION not in found["metadata"]["annotations"]
+    finally:
+        w3.run(["systemctl", "start", "--no-block", "k3s-agent"])
+    healthz = f"/api/v1/nodes/{w3.name}/proxy/healthz"
+    wait(
+        f"{w3.name}'s kubelet answering again",
+        lambda: server.run([K3S, "kubectl", "get", "--raw", healthz], check=False).returncode == 0,
+        90,
+    )
+    wait(f"{w3.name} Ready again", lambda: ready(server, w3.name)["status"] == "True", 90)
 
 
 def test_unfence_through_the_api_powers_a_hetzner_worker_on_before_it_rejoins(cluster: Cluster) -> None:

@@ -9,19 +9,38 @@ each writing into its own Longhorn volume:
 - cur-app's claim is of the program's one-copy class: its copy is on the server;
 - only-app's claim is of a class whose copies follow a tag only fw-w1 carries: its only copy is on
   fw-w1.
-fw-w1's agent stops (its containers keep running, as on k3s), and a minute later it is fenced:
-cur-app runs again on fw-w2, its volume attached there by the real attach/detach controller after
-the one to fw-w1 was deleted; only-app stays stopped (scaled to zero) and says so. Lifting the fence
+fw-w1's agent stops (its containers keep running, as on k3s). The pods tolerate its unreachable
+taint for 5 s, so the real taint eviction controller deletes them well within the minute a fence
+waits; they stay Terminating, and `status` still lists both workloads stranded on fw-w1 with what a
+fence would decide. A minute after fw-w1 went NotReady it is fenced.
+cur's engine ran on fw-w1, and Longhorn reads it `unknown` from then on (the stand-in does as
+Longhorn's instance handler does): the server's copy still reads healthy, but Longhorn has heard
+nothing from that engine since, so the copy may be older than what fw-w1 wrote. cur-app stays
+stopped as on a stale copy; `workload start` refuses it without consent even after the volume
+detached (the fence's record keeps why), and starts it with `--accept-stale-data`: it runs again on
+fw-w2, its volume attached there by the real attach/detach controller after the one to fw-w1 was
+deleted. only-app stays stopped (scaled to zero, its only copy on fw-w1) and says so. Lifting the fence
 brings fw-w1 back Ready and starts only-app again (its pod scheduled; the stand-in has no Longhorn
 auto-salvage, so a volume whose every copy failed does not attach again in the lab: stricter than
 Longhorn, which salvages the copies that failed last).
+
+Last, a held workload is not restarted from outside: held-app (on fp-w1, its volume's copies on
+fp-w1 and fp-w2) is held at zero replicas as stale by a fence of fp-w1 taken while fp-w2 is down
+too. A user's `kubectl scale --replicas=1` (the scale subresource, as KEDA and HPA use it) and a
+`kubectl apply` of replicas: 1 (as Argo CD, Flux or a CI job does) are refused by the real API
+server's admission, naming the fence, `workload start` and `--accept-stale-data`. With the policy's
+binding deleted by hand the scale goes through, and `status` and `status --check` name the held
+workload that runs anyway. `workload start --accept-stale-data` still starts it (fp-w1 stays
+fenced: the module ends there).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -63,6 +82,16 @@ ONLY_CLASS = {
 }
 
 
+# Kubernetes evicts a pod from a NotReady node once its toleration of the node's condition taint
+# runs out (300 s, added by the API server's DefaultTolerationSeconds admission plugin, when the pod
+# names none); the kubelet there never confirms the deletion, so the pod stays Terminating. These
+# pods name 5 s, as any pod may, so their eviction comes within the minute the fence waits anyway.
+EVICTED_SOON = [
+    {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 5}
+    for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+]
+
+
 def claim(name: str, storage_class: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -91,6 +120,7 @@ def deployment(name: str, claim_name: str, image: str) -> dict[str, Any]:
                 "spec": {
                     "nodeSelector": {LABEL: "yes"},
                     "terminationGracePeriodSeconds": 1,
+                    "tolerations": EVICTED_SOON,
                     "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim_name}}],
                     "containers": [
                         {
@@ -206,15 +236,57 @@ def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
     return cluster
 
 
-def test_a_workload_with_a_current_copy_runs_again_elsewhere_and_one_with_its_only_copy_stays_stopped(
+def test_status_lists_the_workloads_stranded_on_a_worker_after_kubernetes_evicted_their_pods(
     cluster: Cluster,
 ) -> None:
-    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    """fp-w1's agent stops; once the pods' toleration of the unreachable taint runs out, the real
+    taint eviction controller deletes them, and they stay Terminating (no kubelet confirms). Their
+    containers still run on fp-w1 and their volumes stay attached there: `status` still names fp-w1
+    and both workloads stranded on it, each with what a fence would decide."""
+    w1 = cluster.w1
     assert cluster.attached("cur") == {w1.name: True} and cluster.attached("only") == {w1.name: True}
     w1.run(["systemctl", "stop", "k3s-agent"])  # its containers keep running, as on k3s
     wait_until("fp-w1 NotReady", lambda: cluster.ready(w1) != "True", 90, cluster.diagnose)
+
+    def evicted() -> dict[str, str]:
+        """app -> its pod on fp-w1 that Kubernetes is deleting."""
+        pods = cluster.get("pods", "--field-selector", f"spec.nodeName={w1.name}")["items"]
+        return {
+            p["metadata"]["labels"]["app"]: p["metadata"]["name"]
+            for p in pods
+            if p["metadata"].get("deletionTimestamp")
+        }
+
+    wait_until("both pods on fp-w1 evicted", lambda: set(evicted()) == {"cur-app", "only-app"}, 90, cluster.diagnose)
+    pods = evicted()
+    assert cluster.attached("cur") == {w1.name: True} and cluster.attached("only") == {w1.name: True}
+    run = cluster.stack.hk3s("status", "--json")
+    assert run.returncode == 0, run.stderr[-4000:]
+    down = {w["name"]: w for w in json.loads(run.stdout)["down_workers"]}
+    assert list(down) == [w1.name], down
+    stranded = {s["workload"]: s for s in down[w1.name]["stranded"]}
+    assert sorted(stranded) == ["Deployment default/cur-app", "Deployment default/only-app"], stranded
+    cur, only = stranded["Deployment default/cur-app"], stranded["Deployment default/only-app"]
+    # cur's engine ran on fp-w1 and is unheard since: the server's copy may be older.
+    assert (cur["verdict"], cur["pods"]) == ("stale", [f"default/{pods['cur-app']}"]), cur
+    assert list(cur["current_copies"].values()) == [[]], cur
+    assert (only["verdict"], only["pods"]) == ("only-copy", [f"default/{pods['only-app']}"]), only
+    assert list(only["current_copies"].values()) == [[]], only
+    text = cluster.stack.hk3s("status").stdout
+    assert f"{w1.name} is NotReady and not fenced" in text and f"  stranded: {cur['line']}" in text, text
+
+
+def test_a_copy_whose_engine_went_silent_with_the_worker_is_not_current_and_its_workload_starts_only_with_consent(
+    cluster: Cluster,
+) -> None:
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    w1.run(["systemctl", "stop", "k3s-agent"])  # its containers keep running, as on k3s
+    wait_until("fp-w1 NotReady", lambda: cluster.ready(w1) != "True", 90, cluster.diagnose)
     cluster.kubectl("label", "node", w2.name, f"{LABEL}=yes")
-    time.sleep(62)  # the minute a fence asks for
+    # The minute a fence asks for, from the Ready condition's change by the server's clock.
+    ready = next(c for c in cluster.get("node", w1.name)["status"]["conditions"] if c["type"] == "Ready")
+    since = datetime.fromisoformat(ready["lastTransitionTime"]).timestamp()
+    time.sleep(max(0.0, since + 62 - float(server.run(["date", "+%s"]).stdout)))
     cluster.config["fences"] = {w1.name: {}}
     cluster.stack.write_config(cluster.config)
     started = time.monotonic()
@@ -225,9 +297,23 @@ def test_a_workload_with_a_current_copy_runs_again_elsewhere_and_one_with_its_on
     text = cluster.stack.text()
     print("\n".join(line for line in text.splitlines() if f"[{w1.name}]" in line))
 
-    assert "Deployment default/cur-app may start elsewhere: volume pvc-" in text, text[-4000:]
-    assert f"{server.name} (current; lastHealthyAt" in text, text[-4000:]
-    # cur-app runs on fp-w2: its volume detached from fp-w1, attached to fp-w2, the pod writing in it.
+    # cur's engine ran on fp-w1: the server's copy, healthy by Longhorn's fields, may be older.
+    assert "Deployment default/cur-app stays stopped: no other node holds a current copy" in text, text[-4000:]
+    assert f"{server.name} (may be older: the volume's engine on {w1.name} reads unknown to Longhorn" in text
+    cur_app = cluster.get("deployment", "cur-app")
+    assert cur_app["spec"]["replicas"] == 0
+    record = json.loads(cur_app["metadata"]["annotations"][STOPPED_ANNOTATION])
+    assert record["reason"] == "stale" and list(record["engine_unknown_on"].values()) == [w1.name], record
+    # Once the volume is detached its engine reads stopped, not unknown; the record still refuses.
+    wait_until("cur's volume detached from fp-w1", lambda: not cluster.attached("cur"), 120, cluster.diagnose)
+    refused = cluster.stack.hk3s("workload", "start", "default/Deployment/cur-app")
+    assert refused.returncode == 3, (refused.stdout[-2000:], refused.stderr[-3000:])
+    said = " ".join(refused.stderr.split())
+    assert f"may be older: the volume's engine on {w1.name} reads unknown to Longhorn" in said, said
+    assert cluster.get("deployment", "cur-app")["spec"]["replicas"] == 0
+    consented = cluster.stack.hk3s("workload", "start", "default/Deployment/cur-app", "--accept-stale-data", "--yes")
+    assert consented.returncode == 0, (consented.stdout[-2000:], consented.stderr[-3000:])
+    # cur-app runs on fp-w2: its volume attached to fp-w2, the pod writing in it.
     wait_until("cur-app Running on fp-w2", lambda: cluster.running("cur-app") == [w2.name], 240, cluster.diagnose)
     print(
         f"fence up {fence_seconds:.1f} s; cur-app Running on fp-w2 {time.monotonic() - started:.1f} s after its start"
@@ -267,3 +353,114 @@ def test_lifting_the_fence_starts_the_workload_it_stopped(cluster: Cluster) -> N
         cluster.diagnose,
     )
     assert cluster.running("cur-app") == [cluster.w2.name]
+
+
+# A class whose volumes keep a copy on each node tagged t-pair (fp-w1 and fp-w2).
+PAIR_CLASS = {
+    "apiVersion": "storage.k8s.io/v1",
+    "kind": "StorageClass",
+    "metadata": {"name": "fence-test-pair"},
+    "provisioner": DRIVER,
+    "parameters": {"numberOfReplicas": "2", "nodeSelector": "t-pair"},
+}
+HELD_LABEL = "fence-test/held"
+
+
+def as_user(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """kubectl as a user runs it against the real API server (not raising on a refusal)."""
+    return cluster.server.run([K3S, "kubectl", *args], check=False, timeout=60)
+
+
+def test_a_workload_a_fence_holds_stopped_is_not_restarted_from_outside(cluster: Cluster) -> None:
+    server, w1, w2 = cluster.server, cluster.w1, cluster.w2
+    began = time.monotonic()
+    for name in (w1.name, w2.name):
+        node = cluster.get("nodes.longhorn.io", name, "-n", "longhorn-system")
+        tags = sorted({*(node["spec"].get("tags") or []), "t-pair"})
+        body = json.dumps({"spec": {"tags": tags}})
+        cluster.kubectl("patch", "nodes.longhorn.io", name, "-n", "longhorn-system", "--type", "merge", "-p", body)
+    cluster.kubectl("label", "node", w1.name, f"{HELD_LABEL}=yes")
+    app = deployment("held-app", "pair", pod_hosts.busybox_image())
+    app["spec"]["template"]["spec"]["nodeSelector"] = {HELD_LABEL: "yes"}
+    cluster.apply("held", [PAIR_CLASS, claim("pair", "fence-test-pair"), app])
+    wait_until("held-app Running on fp-w1", lambda: cluster.running("held-app") == [w1.name], 240, cluster.diagnose)
+    volume = cluster.get("pvc", "pair")["spec"]["volumeName"]
+
+    def healthy_on() -> set[str]:
+        replicas = cluster.get("replicas.longhorn.io", "-n", "longhorn-system")["items"]
+        return {
+            r["spec"].get("nodeID")
+            for r in replicas
+            if r["spec"].get("volumeName") == volume and r["spec"].get("healthyAt") and not r["spec"].get("failedAt")
+        }
+
+    wait_until("pair's copies healthy on fp-w1 and fp-w2", lambda: healthy_on() == {w1.name, w2.name}, 120)
+    # Both workers go down: the copy on fp-w2 may be older than fp-w1's, so the fence holds held-app.
+    for worker in (w2, w1):
+        worker.run(["systemctl", "stop", "k3s-agent"])
+    wait_until("fp-w1 and fp-w2 NotReady", lambda: "True" not in {cluster.ready(w1), cluster.ready(w2)}, 90)
+    print(f"held-app running, both workers NotReady: {time.monotonic() - began:.1f} s")
+    time.sleep(62)  # the minute a fence asks for
+    cluster.config["fences"] = {w1.name: {}}
+    cluster.stack.write_config(cluster.config)
+    fenced = time.monotonic()
+    output = cluster.stack.up_output()
+    if output:
+        pytest.fail(output[-8000:])
+    print(f"fence up {time.monotonic() - fenced:.1f} s")
+    text = cluster.stack.text()
+    assert "Deployment default/held-app stays stopped: no other node holds a current copy" in text, text[-4000:]
+    held = cluster.get("deployment", "held-app")
+    assert held["spec"]["replicas"] == 0
+    assert json.loads(held["metadata"]["annotations"][STOPPED_ANNOTATION])["reason"] == "stale"
+
+    # A user scales it up (the scale subresource), as KEDA or a script would: refused, naming the fence.
+    start = f"scripts/hk3s --stack {cluster.stack.name} workload start default/Deployment/held-app"
+    scaled = as_user(cluster, "scale", "deployment", "held-app", "--replicas=1")
+    print(f"kubectl scale: exit {scaled.returncode}: {scaled.stdout}{scaled.stderr}")
+    assert scaled.returncode != 0, scaled.stdout
+    for part in (f"held stopped by the fence of {w1.name}", start, "--accept-stale-data"):
+        assert part in scaled.stderr, scaled.stderr
+    # An apply of the manifest with replicas: 1, as Argo CD's or Flux's self-heal or a CI job does.
+    (server.root / "root/held-app.json").write_text(json.dumps(app))
+    applied = as_user(cluster, "apply", "-f", "/root/held-app.json")
+    assert applied.returncode != 0, applied.stdout
+    assert f"held stopped by the fence of {w1.name}" in applied.stderr and start in applied.stderr, applied.stderr
+    assert cluster.get("deployment", "held-app")["spec"]["replicas"] == 0
+
+    # The hold's binding deleted by hand: the scale goes through, and status names the workload.
+    bindings = "validatingadmissionpolicybindings"
+    binding = cluster.get(bindings, "hk3s-fence-holds")
+    cluster.kubectl("delete", bindings, binding["metadata"]["name"])
+    wait_until(
+        "the scale accepted without the binding",
+        lambda: as_user(cluster, "scale", "deployment", "held-app", "--replicas=1").returncode == 0,
+        30,
+    )
+    for args in (("status",), ("status", "--check")):
+        asked = time.monotonic()
+        status = cluster.stack.hk3s(*args)
+        print(f"{' '.join(args)} {time.monotonic() - asked:.1f} s")
+        assert status.returncode == 0, status.output + status.stderr
+        said = status.output
+        assert "Deployment default/held-app" in said and f"held stopped by the fence of {w1.name}" in said, said
+        assert "runs anyway" in said and start in said, said
+
+    # The binding back; a scale down is never refused; `workload start` still starts it.
+    meta = binding["metadata"]
+    again = {"apiVersion": binding["apiVersion"], "kind": binding["kind"], "metadata": {"name": meta["name"]}}
+    (server.root / "root/binding.json").write_text(json.dumps({**again, "spec": binding["spec"]}))
+    cluster.kubectl("create", "-f", "/root/binding.json")
+    wait_until(  # a server-side dry run goes through admission and changes nothing
+        "a scale up refused again",
+        lambda: as_user(cluster, "scale", "deployment", "held-app", "--replicas=2", "--dry-run=server").returncode != 0,
+        30,
+    )
+    assert as_user(cluster, "scale", "deployment", "held-app", "--replicas=0").returncode == 0
+    started = cluster.stack.hk3s("workload", "start", "default/Deployment/held-app", "--accept-stale-data", "--yes")
+    assert started.returncode == 0, started.output + started.stderr
+    held = cluster.get("deployment", "held-app")
+    assert held["spec"]["replicas"] == 1 and STOPPED_ANNOTATION not in held["metadata"].get("annotations", {})
+    # No hold is left on it: a scale is a scale again.
+    assert as_user(cluster, "scale", "deployment", "held-app", "--replicas=2").returncode == 0
+    w2.run(["systemctl", "start", "k3s-agent"])

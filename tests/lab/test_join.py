@@ -517,14 +517,72 @@ def test_an_upgrade_killed_midway_converges_on_the_next_up(cluster: Cluster) -> 
         assert ready(node) and "hk3s.dev/k3s-upgrade" not in (node["metadata"].get("annotations") or {})
 
 
+def _agent_started(host: Host) -> str:
+    return host.run(["systemctl", "show", "-p", "ExecMainStartTimestamp", "k3s-agent"]).stdout
+
+
+def test_a_worker_down_right_after_its_move_stops_the_upgrade_before_the_next(cluster: Cluster) -> None:
+    """Minor upgrade: jn-worker-1's agent stops right after the run saw it Ready at the release, so
+    its Node still reads Ready for the node monitor's grace period. Before the next worker is taken
+    down, every other node is read again, its kubelet itself included (through the API server's node
+    proxy, which reaches it over its agent's tunnel): jn-worker-1 is seen down and the run stops
+    there naming it. jn-worker-2 and jn-worker-3 are not restarted (their agents' start times as
+    before), stay at their release, uncordoned, with no upgrade record."""
+    skip_without_lab_binaries("k3s-patch", "k3s-minor")
+    # keep-me (an earlier test's pod) has no controller: a drain would refuse to delete it for good.
+    cluster.server.run([K3S, "kubectl", "delete", "pod", "keep-me", "--ignore-not-found", "--wait=false", "--force"])
+    old = _versions(cluster)["jn-worker-2"]
+    cluster.release = k3s_release("k3s-minor")
+    new = cluster.release["k3s_version"]
+    assert old != new
+    cluster.stack.write_config(
+        cluster.config([cluster.w1, cluster.w2, cluster.w3], labels={"jn-worker-1": {"tier": "web"}})
+    )
+    agents = {host.name: _agent_started(host) for host in (cluster.w2, cluster.w3)}
+    stopped = threading.Event()
+
+    def stop_the_moved_worker(line: str) -> None:
+        if f"[jn-worker-1] Ready at {new}" in line and not stopped.is_set():
+            cluster.w1.run(["systemctl", "stop", "k3s-agent"])
+            stopped.set()
+
+    cluster.stack.log.clear()
+    try:
+        with pytest.raises(auto.CommandError):
+            cluster.stack.up(on_output=stop_the_moved_worker)
+    finally:
+        cluster.w1.run(["systemctl", "start", "--no-block", "k3s-agent"])
+    text = cluster.stack.text()
+    assert stopped.is_set(), text[-4000:]
+    assert "jn-worker-1's kubelet does not answer" in text, text[-4000:]
+    assert "never two nodes down at once" in text, text[-4000:]
+    assert {host.name: _agent_started(host) for host in (cluster.w2, cluster.w3)} == agents, "a next worker restarted"
+    versions = _versions(cluster)
+    assert versions["jn-worker-1"] == new and versions["jn-worker-2"] == versions["jn-worker-3"] == old, versions
+    for name in ("jn-worker-2", "jn-worker-3"):
+        node = cluster.node(name)
+        assert not node["spec"].get("unschedulable"), f"{name} left cordoned"
+        assert "hk3s.dev/k3s-upgrade" not in (node["metadata"].get("annotations") or {}), name
+    # jn-worker-1 back in service at the release (its kubelet answering again), for the next test's run.
+    healthz = [K3S, "kubectl", "get", "--raw", "/api/v1/nodes/jn-worker-1/proxy/healthz"]
+    deadline = time.monotonic() + 90
+    while cluster.server.run(healthz, check=False).returncode != 0 or not ready(cluster.node("jn-worker-1")):
+        assert time.monotonic() < deadline, "jn-worker-1 not back within 90 s"
+        time.sleep(2)
+
+
 def test_a_minor_upgrade_drains_one_worker_at_a_time_after_the_server(cluster: Cluster) -> None:
     """Minor upgrade: the server Ready at the release first; then each worker cordoned, drained,
-    moved and Ready at the release before the next is cordoned; all uncordoned after; no rejoin."""
+    moved and Ready at the release before the next is cordoned; all uncordoned after; no rejoin.
+    The run of the test before (stopped by jn-worker-1 going down) moved the server and jn-worker-1
+    already: this run moves the others, the server and each worker before them first."""
     skip_without_lab_binaries("k3s-patch", "k3s-minor")
     # keep-me (an earlier test's pod) has no controller: a drain would refuse to delete it for good.
     cluster.server.run([K3S, "kubectl", "delete", "pod", "keep-me", "--ignore-not-found", "--wait=false", "--force"])
     cluster.release = k3s_release("k3s-minor")
     new = cluster.release["k3s_version"]
+    moving = [name for name in WORKERS if _versions(cluster)[name] != new]
+    assert moving, "no worker left to move"
     cluster.stack.write_config(
         cluster.config([cluster.w1, cluster.w2, cluster.w3], labels={"jn-worker-1": {"tier": "web"}})
     )
@@ -540,7 +598,7 @@ def test_a_minor_upgrade_drains_one_worker_at_a_time_after_the_server(cluster: C
     server_at = watcher.first_at("jn-server", new)
     assert server_at is not None
     previous_done = server_at
-    for name in WORKERS:
+    for name in moving:
         cordons, at = watcher.cordoned(name), watcher.first_at(name, new)
         assert cordons and at is not None, (name, watcher.sights[-30:])
         # Cordoned only after the node before it was Ready at the release, and Ready at it itself after.

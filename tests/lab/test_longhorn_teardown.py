@@ -90,6 +90,20 @@ class Stack:
         deployment = self.stack.stack().export_stack().deployment or {}
         return [r["type"] for r in deployment.get("resources", []) if r["type"] != "pulumi:pulumi:Stack"]
 
+    def depends_on(self, name: str) -> set[str]:
+        """The names of the resources the engine recorded `name` as depending on, directly or
+        through others, in the stack's state."""
+        resources = (self.stack.stack().export_stack().deployment or {}).get("resources", [])
+        by_urn = {r["urn"]: r for r in resources}
+        found: set[str] = set()
+        pending = [urn for urn in by_urn if urn.endswith(f"::{name}")]
+        while pending:
+            for urn in by_urn[pending.pop()].get("dependencies") or []:
+                if urn not in found and urn in by_urn:
+                    found.add(urn)
+                    pending.append(urn)
+        return {urn.rsplit("::", 1)[-1] for urn in found}
+
     def pending(self) -> list[Any]:
         return list((self.stack.stack().export_stack().deployment or {}).get("pending_operations") or [])
 
@@ -165,6 +179,9 @@ def test_the_readme_teardown_with_longhorn(longhorn_stack: Stack) -> None:
         plain.output[-4000:]
     )
     assert len(stack.resources()) == count and RELEASE in stack.resources()
+    # The state the `up`s recorded: Longhorn's release depends on the worker's join (whose delete
+    # is the worker's wipe), so the destroy below deletes the release first.
+    assert "lt-w1-join" in stack.depends_on("storage-longhorn"), sorted(stack.depends_on("storage-longhorn"))
     commands = docs_commands("teardown.md", "Tearing down")
     assert commands == [
         "pulumi destroy --run-program --preview-only --stack <env>",
@@ -177,6 +194,41 @@ def test_the_readme_teardown_with_longhorn(longhorn_stack: Stack) -> None:
     final = stack.type(commands[1])
     assert final.returncode == 0, final.output[-5000:]
     assert stack.resources() == []
+    # The engine's own order, as its progress lines show it: Longhorn's release is deleted (its
+    # uninstall done) before any host's wipe starts (a worker's join, the server's k3s).
+    lines = final.output.splitlines()
+    released = [i for i, line in enumerate(lines) if re.search(r"\bstorage-longhorn deleted\b", line)]
+    wipes = [i for i, line in enumerate(lines) if re.search(r"\b(lt-w1-join|lt-server-k3s) deleting\b", line)]
+    assert released and wipes, final.output[-5000:]
+    assert released[0] < wipes[0], f"a wipe began before Longhorn's release was deleted: {lines[wipes[0]]!r}"
     for host in (stack.server, stack.worker):
         left = host.run(["sh", "-c", f"ls -d {K3S} /var/lib/rancher/k3s /etc/rancher/k3s 2>/dev/null"], check=False)
         assert left.stdout.strip() == "", f"{host.name} keeps: {left.stdout}"
+
+
+def test_the_documented_stack_rm_keeps_the_stack_file(longhorn_stack: Stack) -> None:
+    """After the teardown (the test above: `pulumi stack rm` refuses a stack that still has
+    resources), the command docs/teardown.md's "Removing the stack" shows removes the stack and
+    keeps `Pulumi.<env>.yaml` byte for byte. Pulumi's `stack rm` (pkg/cmd/pulumi/stack/stack_rm.go)
+    deletes that file unless `--preserve-config` is given; the plain command is typed on a second,
+    empty stack to show the warning the page gives is true."""
+    stack = longhorn_stack
+    assert stack.resources() == []
+    commands = docs_commands("teardown.md", "Removing the stack")
+    assert commands == ["pulumi stack rm --preserve-config --yes --stack <env>"], commands
+    stack_file = stack.stack.project / f"Pulumi.{stack.stack.name}.yaml"
+    kept = stack_file.read_bytes()
+    removed = stack.type(commands[0], timeout=120)
+    assert removed.returncode == 0, removed.output[-3000:]
+    assert stack_file.read_bytes() == kept
+    env = {**os.environ, **stack.stack.env, "PULUMI_HOME": str(stack.stack.directory / "pulumi-home")}
+    listed = run_killable(["pulumi", "stack", "ls", "--json"], cwd=stack.stack.project, env=env, split_stderr=True)
+    assert listed.returncode == 0, listed.output[-3000:] + listed.stderr[-3000:]
+    assert stack.stack.name not in {entry["name"] for entry in json.loads(listed.stdout)}
+    # Without the flag, the file goes with the stack.
+    other = stack.stack.project / "Pulumi.other.yaml"
+    other.write_text("config:\n  hk3s:cluster.name: other\n")
+    assert stack.type("pulumi stack init other", timeout=120).returncode == 0
+    plain = stack.type("pulumi stack rm --yes --stack other", timeout=120)
+    assert plain.returncode == 0, plain.output[-3000:]
+    assert not other.exists()

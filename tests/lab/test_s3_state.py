@@ -8,7 +8,8 @@ would write. Machine B is this process with its own HOME, PULUMI_HOME and copy o
 One S3 server, one server host and two workers serve the whole module; the tests run in order and
 make the stack's whole life: bad backend input refused; an up with both workers SIGKILLed on
 machine A and recovered from machine B with `unlock`; a run on machine A making machine B busy;
-a damaged state restored from the previous checkpoint; s3-worker-2 powered off, fenced and given up
+a damaged state restored from the previous checkpoint; a `node reboot` on machine A making machine
+B's busy; s3-worker-2 powered off, fenced and given up
 (`node remove --force`); the teardown. After each run the state in the bucket, read straight from
 S3, is checked: one NodeJoin per worker, the given-up worker gone from it, no lock left.
 """
@@ -44,6 +45,7 @@ from lab.stack_harness import (
 )
 from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
 from operator_api import ClusterStack, StackBusyError, StackError
+from operator_api.s3_backend import ALLOW_HTTP
 
 pytestmark = pytest.mark.lab
 K3S = "/usr/local/bin/k3s"
@@ -147,8 +149,9 @@ def team(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
 
 
 def test_bad_backend_input_is_one_line_naming_the_variable_and_changes_nothing(team: Team) -> None:
-    """A wrong endpoint, a missing bucket, refused credentials and a key that may only read:
-    each refused before any run, by name, with the fix; the bucket and the stack file untouched."""
+    """A wrong endpoint, a missing bucket, refused credentials, a key that may only read and a
+    plain-HTTP endpoint not acknowledged: each refused before any run, by name, with the fix; the
+    bucket and the stack file untouched."""
     url = team.s3.backend_url
     reader = team.s3.reader(BUCKET)
     cases = {
@@ -160,6 +163,8 @@ def test_bad_backend_input_is_one_line_naming_the_variable_and_changes_nothing(t
         "credentials": ({"AWS_SECRET_ACCESS_KEY": "not-the-secret"}, "refused the credentials"),
         "read-only": (reader, "may not write to bucket team-state"),
         "no key": ({"AWS_ACCESS_KEY_ID": ""}, "AWS_ACCESS_KEY_ID not set"),
+        # The lab's gateway is plain HTTP: used only with the acknowledgement (the fixture's env has it).
+        "plain http": ({ALLOW_HTTP: "0"}, "is plain HTTP: the key id, request signatures and the stack's state"),
     }
     client = team.s3.client(BUCKET)
     before = (client.list_keys(""), team.b.project.joinpath("Pulumi.lab.yaml").read_bytes())
@@ -321,6 +326,44 @@ def test_a_damaged_state_is_restored_from_the_previous_checkpoint_with_its_secre
     assert [r["urn"] for r in after["deployment"]["resources"]] == [r["urn"] for r in before["deployment"]["resources"]]
     assert _secrets_and_host_keys(team) == (secrets, host_keys)
     assert api.preview().changes == [], "the restored state differs from the hosts"
+
+
+def test_a_reboot_on_machine_a_holds_the_stack_in_the_bucket_against_machine_b(team: Team) -> None:
+    """`node reboot` makes no Pulumi run, yet it must hold the stack across machines as an `up`
+    does: machine A's reboot of s3-worker-1 writes a lock object into the bucket (Pulumi's own
+    layout, so a `pulumi up` anywhere waits for it too). Meanwhile machine B's `node reboot
+    s3-worker-2` is refused naming machine A as the holder, before it touches anything:
+    s3-worker-2 is not cordoned, not recorded as rebooting, its host not rebooted. Once A's reboot
+    is over its lock is gone."""
+    w1, w2 = team.worker, team.worker2
+    hk3s = [str(team.a.project / "scripts" / "hk3s"), "--stack", team.a.name, "node", "reboot", w1.name]
+    process = subprocess.Popen(
+        team.on_machine_a(hk3s),
+        cwd=team.a.project,
+        env=team.env_a(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    boots, stack_file = w2.boots, team.b.project / "Pulumi.lab.yaml"
+    before = stack_file.read_bytes()
+    try:
+        deadline = time.monotonic() + 120
+        while not team.lock_keys() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.05)
+        assert team.lock_keys(), "node reboot on machine A took no lock in the bucket"
+        refused = team.hk3s_b("node", "reboot", w2.name)
+        assert refused.returncode != 0, refused.stderr[-3000:]
+        assert MACHINE_A in refused.stderr and "in the bucket" in refused.stderr, refused.stderr[-3000:]
+        found = team.node(w2.name)
+        assert not found["spec"].get("unschedulable"), found["spec"]
+        assert "hk3s.dev/reboot" not in (found["metadata"].get("annotations") or {}), found["metadata"]
+        assert stack_file.read_bytes() == before
+    finally:
+        output, _ = process.communicate(timeout=900)
+    assert process.returncode == 0, output[-3000:]
+    assert w2.boots == boots, "machine B's reboot went on"
+    assert team.lock_keys() == []
 
 
 def test_a_worker_that_is_down_is_fenced_and_given_up_with_the_state_in_the_bucket(team: Team) -> None:

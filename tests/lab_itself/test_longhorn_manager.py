@@ -485,3 +485,70 @@ def test_a_replica_on_a_node_gone_down_fails_and_is_rebuilt_only_after_the_wait(
     (det_replica,) = cluster.replicas("det")
     assert det_replica["spec"]["failedAt"] and det_replica["spec"]["nodeID"] == victim
     set_ready(cluster, victim, True)
+
+
+def engine_of(cluster: Cluster, volume_name: str) -> dict[str, Any] | None:
+    items = cluster.get("engines.longhorn.io")["items"]
+    return next((e for e in items if e["spec"].get("volumeName") == volume_name), None)
+
+
+def test_an_engine_on_a_node_gone_down_is_unknown_and_no_copy_of_its_volume_fails(cluster: Cluster) -> None:
+    """Longhorn's instance handler marks the engine of a node gone down `unknown`, and
+    ReconcileEngineReplicaState then changes no copy of its volume: the copies elsewhere keep
+    reading healthy although the engine may have gone on writing without them. Once the engine's
+    node is back, the engine runs again and a copy whose node is down fails (its mode ERR)."""
+    for name in ("n1", "n2", "n3"):
+        wait_for(f"the Longhorn node {name}", lambda n=name: longhorn_node(cluster, n), cluster)  # type: ignore[misc]
+    set_tags(cluster, "n1", [])
+    set_tags(cluster, "n2", ["eng"])
+    set_tags(cluster, "n3", ["eng"])
+    volume(cluster, "eng", 2, selector=["eng"])
+    wait_for("eng placed", lambda: len(placed(cluster, "eng")) == 2, cluster)
+    cluster.merge("volumes.longhorn.io", "eng", {"spec": {"nodeID": "n1"}})  # its engine on n1, no copy there
+    engine = wait_for(
+        "eng's engine running on n1",
+        lambda: when(
+            engine_of(cluster, "eng"),
+            lambda e: bool(
+                e
+                and e["spec"].get("nodeID") == "n1"
+                and e.get("status", {}).get("currentState") == "running"
+                and len((e["status"].get("replicaModeMap") or {}).values()) == 2
+            ),
+        ),
+        cluster,
+    )
+    assert set(engine["status"]["replicaModeMap"].values()) == {"RW"}, engine["status"]
+
+    set_ready(cluster, "n1", False)
+    wait_for(
+        "the engine unknown",
+        lambda: (engine_of(cluster, "eng") or {}).get("status", {}).get("currentState") == "unknown",
+        cluster,
+    )
+    status = cluster.get("volumes.longhorn.io", "eng")["status"]
+    assert status["state"] == "attached" and status["robustness"] == "unknown", status
+    # A copy's node going down now changes nothing Longhorn shows: the engine is not heard.
+    set_ready(cluster, "n3", False)
+    for _ in range(8):  # several passes of the manager (every 0.5 s)
+        time.sleep(0.5)
+        assert not any(r["spec"].get("failedAt") for r in cluster.replicas("eng")), cluster.replicas("eng")
+    engine = engine_of(cluster, "eng") or {}
+    assert set(engine["status"]["replicaModeMap"].values()) == {"RW"}, engine["status"]
+
+    # The engine's node back: it runs again, and the copy on the node still down fails.
+    set_ready(cluster, "n1", True)
+    failed = wait_for(
+        "the copy on n3 failed",
+        lambda: next((r for r in cluster.replicas("eng") if r["spec"].get("failedAt")), None),
+        cluster,
+    )
+    assert failed["spec"]["nodeID"] == "n3"
+    assert (engine_of(cluster, "eng") or {})["status"]["currentState"] == "running"
+    set_ready(cluster, "n3", True)
+    cluster.merge("volumes.longhorn.io", "eng", {"spec": {"nodeID": ""}})
+    wait_for(
+        "the engine stopped at the detach",
+        lambda: (engine_of(cluster, "eng") or {}).get("status", {}).get("currentState") == "stopped",
+        cluster,
+    )

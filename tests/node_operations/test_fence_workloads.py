@@ -1,6 +1,5 @@
 """The fence's rules per workload with Longhorn volumes: which copies are current, stale or the
-only one; which owner is stopped and how; which pods the program cannot judge; and when the fence
-may delete a pod itself. The decision through the API runs in the lab
+only one; which owner is stopped and how; which pods the program cannot judge. The decision through the API runs in the lab
 (tests/lab/test_fence_workloads.py)."""
 
 from __future__ import annotations
@@ -19,17 +18,17 @@ from node_operations.fence_workloads import (
     Workload,
     WorkloadDecision,
     WorkloadReport,
-    attached_volumes,
     copies_by_volume,
     copies_now,
     parent_of,
-    release_refusal,
+    recorded_volumes,
     start_patch,
     stop_patch,
     stop_record,
     stoppable_owner,
     stopped_by,
     unavailable_nodes,
+    unheard_engines,
     why_stopped,
 )
 from node_operations.workload_start import current_now
@@ -186,41 +185,17 @@ def test_a_record_that_is_not_the_fences_is_ignored() -> None:
     assert stop_record({"metadata": {}}) is None
 
 
-def fenced_node(*, recorded: bool = True, ready: str = "Unknown", tainted: bool = True) -> dict[str, Any]:
-    return {
-        "metadata": {"annotations": {"hk3s.dev/fenced-at": T3} if recorded else {}},
-        "spec": {"taints": [{"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}] if tainted else []},
-        "status": {"conditions": [{"type": "Ready", "status": ready}]},
-    }
-
-
-def test_the_fence_deletes_pods_itself_only_while_it_holds_the_node() -> None:
-    assert release_refusal(fenced_node()) is None
-    assert release_refusal(fenced_node(recorded=False)) == "no fence is recorded on it"
-    assert release_refusal(fenced_node(ready="True")) == "it is Ready again"
-    assert release_refusal(fenced_node(tainted=False)) == "it is not tainted out of service"
-
-
-def test_only_volume_attachments_to_the_worker_hold_a_pod() -> None:
-    attachments = [
-        {"spec": {"nodeName": W, "source": {"persistentVolumeName": "pv-a"}}},
-        {"spec": {"nodeName": "w2", "source": {"persistentVolumeName": "pv-b"}}},
-    ]
-    assert attached_volumes(attachments, W) == {"pv-a"}
-
-
 def test_the_report_says_where_workloads_go_and_what_stays_stopped() -> None:
     report = WorkloadReport(
         moving={"Deployment default/web": "volume v (claim default/c): copies on srv (current; ...)"},
         stopped={"Deployment default/db": "Deployment default/db stays stopped until w1 rejoins: ..."},
         unjudged=["pod default/bare uses Longhorn volume(s) v ..."],
-        released=["default/web-1"],
     )
     lines = report.lines()
     assert lines[0].startswith("Deployment default/web may start elsewhere: volume v")
     assert "Deployment default/db stays stopped until w1 rejoins: ..." in lines
     assert "warning: pod default/bare uses Longhorn volume(s) v ..." in lines
-    assert lines[-1].startswith("deleted by the fence (not deleted by Kubernetes within 60 s")
+    assert lines[-1] == "warning: pod default/bare uses Longhorn volume(s) v ..."
 
 
 # --- A current copy is one healthy now on a node that is Ready and not fenced.
@@ -323,13 +298,19 @@ class ClusterReads:
     def __init__(self, objects: dict[str, list[dict[str, Any]]]) -> None:
         self.objects = objects
         self.patches: list[list[str]] = []
+        self.applied: list[str] = []
 
     async def kubectl(self, args: list[str], **_: Any) -> str:
         if args[0] == "patch":
             self.patches.append(args)
             return ""
         assert args[0] == "get", args
+        if args[1] == "configmap":  # the fence's holds (node_operations/fence_holds.py): none yet
+            return ""
         return json.dumps({"items": self.objects[args[1]]})
+
+    async def apply(self, manifest: str) -> None:
+        self.applied.append(manifest)
 
     async def patch_merge(self, *args: Any) -> None:
         self.patches.append([str(arg) for arg in args])
@@ -357,7 +338,15 @@ def test_a_copy_on_a_node_missing_from_the_cluster_is_current_for_neither_the_fe
         "metadata": {"namespace": "default", "name": "db-0", "ownerReferences": owner},
         "spec": {"nodeName": W, "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]},
     }
-    api = ClusterReads({"nodes": [ready, fenced], "replicas.longhorn.io": replicas, "pvc": [claim], "pv": [pv]})
+    api = ClusterReads(
+        {
+            "nodes": [ready, fenced],
+            "replicas.longhorn.io": replicas,
+            "engines.longhorn.io": [],
+            "pvc": [claim],
+            "pv": [pv],
+        }
+    )
 
     # The one rule, as both read it.
     copies = asyncio.run(copies_now(cast(ClusterApi, api)))["pvc-1"]
@@ -392,6 +381,7 @@ def test_the_lift_names_the_workload_start_command_for_what_stays_stopped() -> N
             kinds: [deployment],
             "nodes": [{**ready, "metadata": {"name": W}}, {**ready, "metadata": {"name": "srv"}}],
             "replicas.longhorn.io": replicas,
+            "engines.longhorn.io": [],
         }
     )
     decision = WorkloadDecision(cast(ClusterApi, api), W, lambda _line: None, accept_stale_data=False)
@@ -400,3 +390,97 @@ def test_the_lift_names_the_workload_start_command_for_what_stays_stopped() -> N
     assert "stays stopped although w1 rejoined" in line, line
     assert line.endswith("scripts/hk3s workload start default/Deployment/db --accept-stale-data"), line
     assert not [p for p in api.patches if p[0] != "patch"], api.patches  # nothing started
+
+
+def unheard(node: str, engine_node: str = W) -> Copy:
+    """A copy Longhorn reads healthy while its volume's engine, on `engine_node`, reads unknown."""
+    return Copy(node, healthy_at=T1, last_healthy_at=T1, engine_unheard_on=engine_node)
+
+
+def test_a_copy_healthy_by_its_fields_may_be_older_while_its_volumes_engine_is_unheard() -> None:
+    """Longhorn changes no copy while the volume's engine reads unknown (its node cut off), so a
+    copy elsewhere that reads healthy may have missed what the engine wrote since: stale, not
+    current. The engine's own node's copy is not marked; at the worker's rejoin the mark goes."""
+    engines = [
+        {"spec": {"volumeName": "pvc-1", "nodeID": W}, "status": {"currentState": "unknown"}},
+        {"spec": {"volumeName": "pvc-2", "nodeID": "w2"}, "status": {"currentState": "running"}},
+        # Still reads running (no manager has marked it yet), but its node is fenced: not heard.
+        {"spec": {"volumeName": "pvc-3", "nodeID": W}, "status": {"currentState": "running"}},
+    ]
+    replicas = [
+        {"spec": {"volumeName": "pvc-1", "nodeID": W, "healthyAt": T1, "lastHealthyAt": T1}},
+        {"spec": {"volumeName": "pvc-1", "nodeID": "srv", "healthyAt": T1, "lastHealthyAt": T1}},
+        {"spec": {"volumeName": "pvc-2", "nodeID": "srv", "healthyAt": T1, "lastHealthyAt": T1}},
+        {"spec": {"volumeName": "pvc-3", "nodeID": "srv", "healthyAt": T1, "lastHealthyAt": T1}},
+    ]
+    fenced = {W: "its node is fenced"}
+    copies = copies_by_volume(replicas, fenced, unheard_engines(engines, fenced))
+    mine, srv = copies["pvc-1"]
+    assert mine.engine_unheard_on is None and srv.engine_unheard_on == W and not srv.current
+    assert copies["pvc-2"][0].current
+    assert copies["pvc-3"][0].engine_unheard_on == W and not copies["pvc-3"][0].current
+    vol = VolumeCopies("pvc-1", "default/data", copies["pvc-1"])
+    assert vol.verdict(W) is Verdict.STALE
+    assert f"srv (may be older: the volume's engine on {W} reads unknown to Longhorn" in vol.line()
+    assert vol.verdict(W, worker_back=True) is Verdict.MOVES
+    assert current_now(vol, W) is Verdict.STALE
+
+
+def test_the_stop_record_keeps_an_unheard_engine_after_the_volume_detached() -> None:
+    """Once the fence's taint detaches the volume, Longhorn reads its engine stopped, no longer
+    unknown; the stop record keeps the mark, so `workload start` and `start_stopped` still ask
+    for consent."""
+    vol = volume(failed(W, T3), unheard("srv"))
+    owner = Owner("Deployment", "default", "db")
+    patch = stop_patch(owner, {"spec": {"replicas": 1}}, W, Verdict.STALE, [vol])
+    record = json.loads(patch["metadata"]["annotations"][STOPPED_ANNOTATION])
+    assert record["engine_unknown_on"] == {"pvc-1": W}
+    detached = {"pvc-1": (failed(W, T3), current("srv"))}  # the engine stopped: srv reads current again
+    (again,) = recorded_volumes(record, detached)
+    assert again.verdict(W) is Verdict.STALE and current_now(again, W) is Verdict.STALE
+    assert again.verdict(W, worker_back=True) is Verdict.MOVES
+
+
+def test_a_workload_let_go_is_stopped_when_its_copy_failed_before_the_taint() -> None:
+    """The copies are read again right before the taint (`recheck`): a workload `decide` let go on
+    a current copy that failed since is stopped, with its record, before anything lets its pods
+    go. ClusterReads stands in for the API server (see its docstring)."""
+    ready = {"metadata": {"name": "srv"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    replicas = [
+        {"spec": {"volumeName": "pvc-1", "nodeID": W, "healthyAt": T1, "failedAt": T2, "lastFailedAt": T2}},
+        {"spec": {"volumeName": "pvc-1", "nodeID": "srv", "healthyAt": T1, "lastHealthyAt": T1}},
+    ]
+    claim = {"metadata": {"namespace": "default", "name": "data"}, "spec": {"volumeName": "pv-1"}}
+    pv = {"metadata": {"name": "pv-1"}, "spec": {"csi": {"driver": "driver.longhorn.io", "volumeHandle": "pvc-1"}}}
+    owner = [{"kind": "StatefulSet", "name": "db", "controller": True}]
+    pod: dict[str, Any] = {
+        "metadata": {"namespace": "default", "name": "db-0", "ownerReferences": owner},
+        "spec": {"nodeName": W, "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]},
+    }
+    kinds = ",".join(sorted({"deployment", "statefulset", "replicaset", "job", "cronjob"}))
+    api = ClusterReads(
+        {
+            "nodes": [ready],
+            "replicas.longhorn.io": replicas,
+            "engines.longhorn.io": [],
+            "pvc": [claim],
+            "pv": [pv],
+            "statefulset": [],
+            kinds: [],
+        }
+    )
+    lines: list[str] = []
+    decision = WorkloadDecision(cast(ClusterApi, api), W, lines.append, accept_stale_data=False)
+    report = asyncio.run(decision.decide([pod]))
+    assert "StatefulSet default/db" in report.moving
+    assert not [p for p in api.patches if p[0] == "statefulset"], api.patches
+    replicas[1]["spec"].update(failedAt=T3, lastFailedAt=T3)  # the server's copy fails meanwhile
+    report = asyncio.run(decision.recheck())
+    assert "StatefulSet default/db" not in report.moving
+    assert "StatefulSet default/db judged again before the taint: stale now" in lines, lines
+    stop = next(p for p in api.patches if p[0] == "statefulset")
+    assert "'spec': {'replicas': 0}" in stop[3] and STOPPED_ANNOTATION in stop[3], stop
+    # Held before its stop, as `decide` holds what it stops: the policy applied, its entry written.
+    hold_at = next(i for i, p in enumerate(api.patches) if p[0] == "configmap")
+    assert api.applied and hold_at < api.patches.index(stop), api.patches
+    assert "statefulsets.default.db" in api.patches[hold_at][3], api.patches[hold_at]

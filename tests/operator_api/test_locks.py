@@ -129,3 +129,36 @@ def test_unlock_refuses_the_lock_of_a_run_alive_on_this_machine(
     with pytest.raises(StackBusyError, match="still runs on this machine"):
         api.unlock(confirm=True)
     assert live.exists()
+
+
+def test_an_operation_holds_the_stack_in_pulumis_layout_and_a_second_is_refused(tmp_path: Path) -> None:
+    """An operation that makes no Pulumi run (a reboot) takes the stack's lock where Pulumi's DIY
+    backend keeps it (the folder of the stack's project-scoped layout): read while held as this
+    process's live lock naming the action; a second taker is refused naming the holder and leaves
+    nothing behind; both gone once the first ends."""
+    from operator_api.backend_lock import hold_file_lock  # noqa: PLC0415
+
+    state = tmp_path / ".pulumi" / "stacks" / "organization" / "hk3s" / "prod.json"
+    state.parent.mkdir(parents=True)
+    state.write_text("{}")
+    with hold_file_lock(tmp_path, "hk3s", "prod", "rebooting w1"):
+        (held,) = read_pulumi_locks(tmp_path, "hk3s", "prod")
+        assert held.path.parent == tmp_path / ".pulumi" / "locks" / "organization" / "hk3s" / "prod"
+        assert held.state == "live" and held.holder.since.endswith(", rebooting w1"), held
+        with pytest.raises(StackBusyError) as busy, hold_file_lock(tmp_path, "hk3s", "prod", "rebooting w2"):
+            pytest.fail("a second operation went on while the first held the stack")
+        assert busy.value.holders == [held.holder] and "rebooting w1" in str(busy.value)
+        assert pulumi_lock_files(tmp_path, "hk3s", "prod") == [held.path]
+    assert pulumi_lock_files(tmp_path, "hk3s", "prod") == []
+
+
+def test_an_operations_lock_follows_a_backend_in_the_older_layout(tmp_path: Path) -> None:
+    """A backend whose stacks are still unscoped (`.pulumi/stacks/<stack>.json`): the lock goes where
+    Pulumi looks in that layout, `.pulumi/locks/<stack>/`."""
+    from operator_api.backend_lock import hold_file_lock  # noqa: PLC0415
+
+    (tmp_path / ".pulumi" / "stacks").mkdir(parents=True)
+    (tmp_path / ".pulumi" / "stacks" / "prod.json").write_text("{}")
+    with hold_file_lock(tmp_path, "hk3s", "prod", "starting default/Deployment/db"):
+        (held,) = read_pulumi_locks(tmp_path, "hk3s", "prod")
+        assert held.path.parent == tmp_path / ".pulumi" / "locks" / "prod"

@@ -48,6 +48,28 @@ def test_the_server_leaves_the_ssh_only_firewall_once_its_full_one_is_on(standin
     assert again.outs is not None and again.outs["released"] is False
 
 
+def test_the_release_runs_again_after_a_token_rotation_and_a_cluster_rename(standin: HcloudStandin) -> None:
+    """A rotated hcloud:token or a renamed cluster changes the release's inputs, so the next `up`
+    updates it and it asks Hetzner again to take the server off the SSH-only firewall it already
+    left. Hetzner answers that call 404 `firewall_resource_not_found` (the API reference's error
+    table of "Remove from Resources"; terraform-provider-hcloud's removeFromResources in
+    internal/firewall/resource.go reads it as "nothing left to remove"): the update must succeed,
+    take nothing else off and leave the full firewall on."""
+    server = standin.add_server("shop-dev-w1", _Machine(), public_ipv4="192.0.2.7")
+    bootstrap = standin.add_firewall("shop-dev-ssh-only", (server,))
+    full = standin.add_firewall("shop-dev-workers", (server,))
+    first = _props(standin, server, bootstrap, full)
+    created = BootstrapFirewallReleaseProvider().create(first)
+    assert created.outs is not None and created.outs["released"] is True
+    standin.token = "rotated-" + standin.token  # the old token is revoked with the rotation
+    news = {**_props(standin, server, bootstrap, full), "node": "shop2-w1"}
+    assert BootstrapFirewallReleaseProvider().diff("x", first, news).changes
+    again = BootstrapFirewallReleaseProvider().update("x", first, news)
+    assert again.outs is not None and again.outs["released"] is False
+    assert standin.firewalls[bootstrap].applied == set()
+    assert standin.firewalls[full].applied == {server}
+
+
 def test_a_server_not_yet_in_its_full_firewall_keeps_the_ssh_only_one(standin: HcloudStandin) -> None:
     server = standin.add_server("shop-dev-w2", _Machine(), public_ipv4="192.0.2.8")
     bootstrap = standin.add_firewall("shop-dev-ssh-only", (server,))

@@ -54,6 +54,7 @@ from providers.node_access_check import NodeAccessCheckInputs, NodeAccessCheckPr
 from providers.node_fence import NodeFenceInputs, NodeFenceProvider
 from providers.node_join import NodeJoinInputs, NodeJoinProvider
 from providers.project_ssh_key import ProjectSshKeyInputs, ProjectSshKeyProvider
+from providers.stack_identity import StackIdentityProvider
 from providers.teardown_guard import TeardownGuardInputs, TeardownGuardProvider
 from providers.worker_roster import RosterMember, WorkerRosterInputs, WorkerRosterProvider
 
@@ -264,11 +265,13 @@ CASES = [
             name="shop-aabbccddeeff",
             public_key=HOST_KEY,
             fingerprint="aa:bb",
-            labels={"hk3s-owner": "hk3s.dev"},
+            labels={"hk3s-owner": "hk3s.dev", "hk3s-stack-id": "5eed0f57ac1d0000"},
             hcloud_token="t",
         ).props(),
         bad=(("public_key", "not-a-key"),),
     ),
+    # No inputs: its one output is made at create.
+    CheckCase(StackIdentityProvider(), {"stack_id": None}),
 ]
 
 

@@ -38,7 +38,7 @@ def _props(standin: HcloudStandin, stack: str, name: str = "shop-aabbccddeeff") 
         name=name,
         public_key=PUBLIC_KEY,
         fingerprint=hetzner_fingerprint(PUBLIC_KEY),
-        labels={"hk3s-owner": f"hk3s.{stack}", "hk3s-cluster": "shop"},
+        labels={"hk3s-owner": f"hk3s.{stack}", "hk3s-cluster": "shop", "hk3s-stack-id": f"id-of-{stack}"},
         hcloud_token=standin.token,
         hcloud_endpoint=standin.url,
     ).props()
@@ -79,6 +79,40 @@ def test_two_first_runs_at_once_share_one_key(standin: HcloudStandin) -> None:
     ProjectSshKeyProvider().update(str(held.id), results[uploader].outs, _props(standin, uploader, name="shop2-aabb"))
     assert standin.ssh_keys[held.id].name == "shop2-aabb"
     ProjectSshKeyProvider().delete(str(held.id), results[uploader].outs)
+    assert standin.ssh_keys == {}
+
+
+def test_an_upload_whose_state_was_never_written_is_this_stacks_own(standin: HcloudStandin) -> None:
+    """A run's upload succeeded but the run ended (killed, the machine down) before Pulumi wrote
+    the key to the state: the next run's create is refused (409 `uniqueness_error`) and finds the
+    key by its fingerprint. Its stack-id label is this stack's, so the key is this stack's own
+    (`owned`): later runs rename and relabel it, and the teardown deletes it rather than leave it in
+    the project. Against the lab's Hetzner API stand-in (Hetzner cannot be reached from here)."""
+    # Uploaded by that run under the cluster's earlier name (renamed since).
+    earlier = _props(standin, "dev", name="old-aabbccddeeff")
+    standin.add_ssh_key(earlier["name"], PUBLIC_KEY, labels={**earlier["labels"], "hk3s-cluster": "old"})
+    created = ProjectSshKeyProvider().create(_props(standin, "dev"))
+    (held,) = standin.ssh_keys.values()
+    assert created.id == str(held.id)
+    assert created.outs is not None and created.outs["owned"] is True
+    assert (held.name, held.labels) == ("shop-aabbccddeeff", _props(standin, "dev")["labels"])
+    ProjectSshKeyProvider().delete(created.id, created.outs)
+    assert standin.ssh_keys == {}
+
+
+def test_a_renamed_stack_keeps_its_key(standin: HcloudStandin) -> None:
+    """`pulumi stack rename dev prod` keeps the state (the key's `owned` with it) and the stack-id
+    label; only the owner label, which names the stack, changes: the update relabels the key in
+    place and the teardown still deletes it. Against the lab's Hetzner API stand-in."""
+    created = ProjectSshKeyProvider().create(_props(standin, "dev"))
+    assert created.outs is not None
+    (held,) = standin.ssh_keys.values()
+    renamed = {**_props(standin, "prod"), "labels": {**created.outs["labels"], "hk3s-owner": "hk3s.prod"}}
+    updated = ProjectSshKeyProvider().update(created.id, created.outs, renamed)
+    assert updated.outs is not None and updated.outs["owned"] is True
+    assert standin.ssh_keys[held.id].labels["hk3s-owner"] == "hk3s.prod"
+    assert standin.ssh_keys[held.id].labels["hk3s-stack-id"] == "id-of-dev"
+    ProjectSshKeyProvider().delete(created.id, updated.outs)
     assert standin.ssh_keys == {}
 
 

@@ -122,14 +122,25 @@ def test_an_endpoint_that_does_not_answer_is_named() -> None:
 def test_the_server_state_carries_its_addresses_as_hetzner_reports_them(standin: HcloudStandin) -> None:
     """The fence proves a server is the worker by its addresses: public IPv4 and private IPs, read
     through Hetzner's own library from `public_net` and `private_net` (a server behind no public
-    IPv4 has `ipv4: null`)."""
-    both = standin.add_server("worker-1", FakeMachine(), public_ipv4="203.0.113.7", private_ips=("10.0.1.7",))
-    private_only = standin.add_server("worker-2", FakeMachine(), public_ipv4=None, private_ips=("10.0.1.8",))
+    IPv4 has `ipv4: null`), each private one with the id of its network (`private_net[].network`),
+    and by its labels."""
+    labels = {"hk3s-owner": "hk3s.dev", "hk3s-node": "worker-1"}
+    both = standin.add_server(
+        "worker-1", FakeMachine(), public_ipv4="203.0.113.7", private_ips=("10.0.1.7",), network=41, labels=labels
+    )
+    private_only = standin.add_server(
+        "worker-2", FakeMachine(), public_ipv4=None, private_ips=("10.0.1.8",), network=42
+    )
     state = asyncio.run(server_state(access(standin), str(both)))
     assert (state.public_ipv4, state.private_ips) == ("203.0.113.7", ("10.0.1.7",))
+    assert state.private_net == (hetzner_api.PrivateAddress(41, "10.0.1.7"),) and state.labels == labels
     assert state.owns("203.0.113.7") and state.owns("10.0.1.7") and not state.owns("10.0.1.8")
-    assert state.addresses() == ["203.0.113.7", "10.0.1.7"]
+    # A private address is the server's only in its own network.
+    assert state.owns("10.0.1.7", {41}) and not state.owns("10.0.1.7", {42}) and not state.owns("10.0.1.7", set())
+    assert state.owns("203.0.113.7", set())  # a public address is unique everywhere
+    assert state.addresses() == ["203.0.113.7", "10.0.1.7 in Hetzner network 41"]
     other = asyncio.run(server_state(access(standin), "worker-2"))
     assert other.id == private_only and other.public_ipv4 is None and other.private_ips == ("10.0.1.8",)
+    assert other.private_net[0].network == 42 and other.labels == {}
     v6 = hetzner_api.ServerState(1, "v6", "running", public_ipv6="2001:db8:1::/64")
     assert v6.owns("2001:db8:1::1") and not v6.owns("2001:db8:2::1") and not v6.owns("203.0.113.7")
