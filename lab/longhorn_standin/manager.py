@@ -177,6 +177,20 @@ def set_condition(conditions: list[dict[str, Any]], kind: str, status: str, reas
     )
 
 
+def volume_child_metadata(child: str, volume: dict[str, Any]) -> dict[str, Any]:
+    """Metadata of an object of `volume` (its engine, a replica): in longhorn-system, labelled with
+    the volume's name and owned by it, as longhorn-manager creates them."""
+    name = volume["metadata"]["name"]
+    return {
+        "name": child,
+        "namespace": "longhorn-system",
+        "labels": {"longhornvolume": name},
+        "ownerReferences": [
+            {"apiVersion": "longhorn.io/v1beta2", "kind": "Volume", "name": name, "uid": volume["metadata"]["uid"]}
+        ],
+    }
+
+
 @dataclass
 class DiskFigures:
     maximum: int
@@ -486,19 +500,7 @@ class Manager:
                 {
                     "apiVersion": "longhorn.io/v1beta2",
                     "kind": "Engine",
-                    "metadata": {
-                        "name": f"{name}-e-0",
-                        "namespace": "longhorn-system",
-                        "labels": {"longhornvolume": name},
-                        "ownerReferences": [
-                            {
-                                "apiVersion": "longhorn.io/v1beta2",
-                                "kind": "Volume",
-                                "name": name,
-                                "uid": volume["metadata"]["uid"],
-                            }
-                        ],
-                    },
+                    "metadata": volume_child_metadata(f"{name}-e-0", volume),
                     "spec": {"volumeName": name, "nodeID": "", "desireState": "stopped"},
                 },
             )
@@ -608,19 +610,7 @@ class Manager:
         body = {
             "apiVersion": "longhorn.io/v1beta2",
             "kind": "Replica",
-            "metadata": {
-                "name": f"{name}-r-{secrets.token_hex(4)}",
-                "namespace": "longhorn-system",
-                "labels": {"longhornvolume": name},
-                "ownerReferences": [
-                    {
-                        "apiVersion": "longhorn.io/v1beta2",
-                        "kind": "Volume",
-                        "name": name,
-                        "uid": volume["metadata"]["uid"],
-                    }
-                ],
-            },
+            "metadata": volume_child_metadata(f"{name}-r-{secrets.token_hex(4)}", volume),
             "spec": {
                 "volumeName": name,
                 "volumeSize": str(size),
