@@ -579,6 +579,12 @@ async def read_json(api: ClusterApi, *args: str) -> dict[str, Any]:
     return found
 
 
+async def read_stoppable(api: ClusterApi) -> list[dict[str, Any]]:
+    """Every object, in every namespace, of the kinds a fence stops (scaled or suspended)."""
+    kinds = ",".join(sorted({*SCALED.values(), *SUSPENDED.values()}))
+    return list((await read_json(api, kinds, "-A")).get("items") or [])
+
+
 class WorkloadDecision:
     """The decision for one fenced worker, through the server's API."""
 
@@ -781,9 +787,8 @@ class WorkloadDecision:
 
     async def _stopped(self) -> list[tuple[Owner, dict[str, Any]]]:
         """Every owner this worker's fence keeps stopped, with its record."""
-        kinds = ",".join(sorted({*SCALED.values(), *SUSPENDED.values()}))
         found = []
-        for obj in (await read_json(self.api, kinds, "-A")).get("items") or []:
+        for obj in await read_stoppable(self.api):
             owner, record = stopped_by(obj, self.worker), stop_record(obj)
             if owner is not None and record is not None:
                 found.append((owner, record))

@@ -50,6 +50,7 @@ from node_operations.fence_workloads import (
     controller_of,
     copies_now,
     read_json,
+    read_stoppable,
     recorded_volumes,
     start_command,
     start_patch,
@@ -216,8 +217,7 @@ def stopped_lines(objects: Sequence[Mapping[str, Any]], worker: str) -> list[str
 
 async def read_stopped_lines(api: ClusterApi, worker: str) -> list[str]:
     """`stopped_lines` of every owner kind a fence stops, read through the API."""
-    kinds = ",".join(sorted({*SCALED.values(), *SUSPENDED.values()}))
-    return stopped_lines((await read_json(api, kinds, "-A")).get("items") or [], worker)
+    return stopped_lines(await read_stoppable(api), worker)
 
 
 async def start_workload_through(
@@ -273,8 +273,7 @@ def held_running(objects: Sequence[Mapping[str, Any]], stack: str) -> list[str]:
 
 async def read_held_running(api: ClusterApi, stack: str) -> list[str]:
     """`held_running` of every owner kind a fence stops, read through the API."""
-    kinds = ",".join(sorted({*SCALED.values(), *SUSPENDED.values()}))
-    return held_running((await read_json(api, kinds, "-A")).get("items") or [], stack)
+    return held_running(await read_stoppable(api), stack)
 
 
 async def held_running_through(server: SshTarget, stack: str, api_wait: float) -> list[str]:
