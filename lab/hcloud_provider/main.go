@@ -164,10 +164,16 @@ func main() {
 	if err := dispatch(&prov); err != nil {
 		fail(err)
 	}
-	if len(os.Args) == 3 && os.Args[1] == "-write-schema" {
+	switch {
+	case len(os.Args) == 3 && os.Args[1] == "-write-schema":
 		if err := writeSchema(prov, os.Args[2]); err != nil {
 			fail(err)
 		}
+		return
+	case len(os.Args) == 2 && (os.Args[1] == "-version" || os.Args[1] == "--version"):
+		// Answered before the schema is read, as the bridge answers it: the build checks
+		// what a new binary reports before it has a schema.
+		fmt.Println(version)
 		return
 	}
 	schema, err := readSchema()
