@@ -16,7 +16,8 @@
 #     87 CPU-seconds cold on 2 cores, 141 s wall at nice 19 beside other builds)
 #   - an hcloud provider plugin, pulumi-resource-hcloud, bridged from Hetzner's Terraform provider and
 #     installed into the lab's plugin cache for the pulumi-hcloud version requirements.txt pins
-#     (lab/build/hcloud_provider.sh; its cold cost in docs/lab.md, skipped while its stamp matches)
+#     (lab/build/hcloud_provider.sh; about 200 CPU-seconds cold beside the other builds, 256 from an
+#     empty Go build cache: docs/lab.md; skipped while its stamp matches)
 # Prints each step and its time; `--timings FILE` also writes them as JSON.
 set -euo pipefail
 
