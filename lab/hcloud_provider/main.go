@@ -59,8 +59,9 @@ func providerInfo(ctx context.Context) tfbridge.ProviderInfo {
 		MetadataInfo: tfbridge.NewProviderMetadata([]byte("{}")),
 		Resources: map[string]*tfbridge.ResourceInfo{
 			"hcloud_server": {
-				// A server network given without alias_ips would otherwise plan a change on
-				// every run (terraform-provider-hcloud issue 650): send an empty list.
+				// The Terraform provider reads a server network's alias_ips back as an empty
+				// list: one given without them would plan a change at every run, so they
+				// default to an empty list.
 				PreCheckCallback: defaultAliasIPs,
 			},
 		},
