@@ -286,7 +286,7 @@ class LabStack:
             ).stdout.split()
             for name in listed:
                 source = REPO / name
-                if source.is_file() and not name.startswith(("lab/k3s_standin/", "tests/")):
+                if source.is_file() and not name.startswith(("lab/k3s_standin/", "lab/hcloud_provider/", "tests/")):
                     (project / name).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(source, project / name)
             (project / "venv").symlink_to(REPO / "venv")
