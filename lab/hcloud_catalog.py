@@ -131,7 +131,12 @@ def image_view(name: str, deprecated: str | None = None) -> dict[str, Any]:
         "os_version": version,
         "rapid_deploy": True,
         "protection": {"delete": False},
+        # The timestamp field, and the object hcloud 2.27 reads (Hetzner's changelog of 2026-09-08
+        # announces the timestamp's removal in favour of `deprecation`).
         "deprecated": deprecated,
+        "deprecation": {"announced": deprecated, "unavailable_after": "2027-12-31T00:00:00+00:00"}
+        if deprecated
+        else None,
         "deleted": None,
         "labels": {},
         "architecture": "x86",

@@ -1106,13 +1106,15 @@ class HcloudStandin:
             create = self._new_action("create_server", [(server.id, "server")], server.id)
             start = body.get("start_after_create", True)
             following = [self._new_action("start_server", [(server.id, "server")], server.id)] if start else []
+            answer = {
+                "server": server.view(self),
+                "action": create.view(),
+                "next_actions": [a.view() for a in following],
+                # Hetzner mails a root password for a server created without an SSH key.
+                "root_password": None if keys else secrets.token_urlsafe(12),
+            }
         self._later(lambda: self._boot(server, create, following, networks, firewalls, ipv6=bool(ipv6), start=start))
-        return 201, {
-            "server": server.view(self),
-            "action": create.view(),
-            "next_actions": [a.view() for a in following],
-            "root_password": None if keys else secrets.token_urlsafe(12),
-        }
+        return 201, answer
 
     def _boot(
         self,
@@ -1128,6 +1130,7 @@ class HcloudStandin:
         """The create action: the machine booted (`boot`), its networks attached and its
         firewalls applied, then `success`; a boot that fails ends the actions in `error`."""
         assert self.boot is not None and server.request is not None
+        time.sleep(ACTION_SECONDS)
         try:
             machine = self.boot(server.request)
             server.machine = machine
@@ -1407,7 +1410,7 @@ class HcloudStandin:
             entries = [(i[0], i[1], catalog.image_view(i[1], self.deprecated_images.get(i[1]))) for i in catalog.IMAGES]
             if len(parts) == 1:
                 # "List Images": deprecated images only with include_deprecated=true.
-                include = query.get("include_deprecated", ["false"])[0] == "true"
+                include = query.get("include_deprecated", ["false"])[0].lower() == "true"
                 entries = [e for e in entries if include or e[2]["deprecated"] is None]
                 for key in ("name", "type", "architecture", "status"):
                     if key in query:

@@ -44,6 +44,9 @@ BASE_PACKAGES: tuple[str, ...] = (
     # servers (lab/hcloud_standin.py): it runs the user data the program gives a server. Off in
     # every host (/etc/cloud/cloud-init.disabled, below) until a host's own tree turns it on.
     "cloud-init",
+    # debootstrap resolves no virtual package: python3-cryptography (cloud-init, through
+    # python3-oauthlib) needs python3-cffi-backend-api-min/-max, which only this one provides.
+    "python3-cffi-backend",
 )
 #: Bump when the post-processing of the base tree changes.
 BASE_LAYOUT = 1
