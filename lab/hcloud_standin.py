@@ -1,49 +1,112 @@
 """A stand-in of the Hetzner Cloud API for the lab: an HTTP server on this machine that serves
-only the calls the program's client (remote_access/hetzner_api.py, through Hetzner's `hcloud`
-library) makes, for lab hosts registered as Hetzner servers. LAB ONLY: the product never
-imports it; it reaches it through hcloud:endpoint as it would reach Hetzner.
+the calls Hetzner's clients make for the program's stacks (the program's own client,
+remote_access/hetzner_api.py through Hetzner's `hcloud` library, and Hetzner's Terraform
+provider through hcloud-go), for lab hosts registered as Hetzner servers (`add_server`) and for
+servers created through it (their machines made by `boot`: lab/hcloud_servers.py boots a lab
+host running real cloud-init; `switched_boot` makes a power switch alone). LAB ONLY: the
+product never imports it; it reaches it through hcloud:endpoint as it would reach Hetzner.
 
-What it serves, each as Hetzner's API reference (docs.hetzner.cloud) describes it:
+What it serves, each as Hetzner's API reference (docs.hetzner.cloud) describes it, never kinder:
 - Authentication ("Authentication"): every request needs `Authorization: Bearer <token>`; a
   missing or wrong token is answered 401 `{"error": {"code": "unauthorized", "message":
   "unable to authenticate", "details": {}}}`.
 - Errors ("Errors"): `{"error": {"code", "message", "details"}}` with the HTTP status of the
-  code: `not_found` 404 (an unknown server, action or path), `locked` 423 (an action while the
-  server's previous one still runs), `unauthorized` 401.
-- GET /servers/{id} ("Servers: Get a Server"): `{"server": {...}}` with id, name, status,
-  created, labels (those `add_server` is given), locked, `public_net` (`ipv4`: id, ip, blocked,
-  dns_ptr; `ipv6` null; `floating_ips` and `firewalls` empty) and `private_net` (per network:
-  `network`, the network's id, `ip`, `alias_ips`, `mac_address`), the addresses the lab host
-  really has (its public address, or none behind a NAT, and its private one), or those
-  `add_server` is given. A private address is unique only within its network: the reference says
-  `private_net[].network` is "The Network ID the server is attached to" and `ip` "The server IP
-  address on the network"; every project's networks may use the same range (10.0.0.0/16 is the
-  Console's default), so servers in two networks may report the same `ip`. The stand-in reports
-  each server's own network id (`add_server`'s `network`; default `DEFAULT_NETWORK`). The status is the host's power,
-  read when asked: `running` while the lab host runs, `off` once it is powered off (never `off`
-  before it really is).
-- GET /servers?name=NAME ("Servers: List Servers", `name` filter, exact match): `{"servers":
-  [...], "meta": {"pagination": {...}}}` (one page).
-- POST /servers/{id}/actions/poweroff and .../poweron ("Server Actions: Power off / Power on a
-  Server"): 201 `{"action": {...}}` with command `stop_server` / `start_server`, status
-  `running`, progress 0. The action runs on its own thread: after ACTION_SECONDS it powers the
-  lab host off (Host.power_off: the host's init killed, like pulling the cord) or on
-  (Host.power_on), then ends `success` (progress 100, `finished` set).
-- GET /actions/{id} ("Actions: Get an Action"): `{"action": {...}}`, status `running`, then
-  `success` or `error` with `error: {"code", "message"}`.
-- GET /firewalls/{id} ("Firewalls: Get a Firewall"): `{"firewall": {...}}` with id, name, labels,
-  created, `rules` (empty: the stand-in keeps none) and `applied_to` (`{"type": "server", "server":
-  {"id"}}` per server `add_firewall` or `apply_firewall` put in it).
-- POST /firewalls/{id}/actions/remove_from_resources ("Firewall Actions: Remove from Resources"),
-  body `{"remove_from": [{"type": "server", "server": {"id"}}]}`: 201 `{"actions": [...]}`, one
-  `remove_firewall` action per server, finished `success` at once. A server the firewall is not
-  applied to (or no server at all) is answered 404 `firewall_resource_not_found` ("The resource
-  the Firewall should be removed from was not found", the call's error table in Hetzner's API
-  reference), and nothing is removed. `firewall_already_removed` is never answered: hcloud-go
-  (hcloud/error.go) marks it "not used by the API anymore" since Hetzner's changelog of
-  2025-08-04 ("multiple API behavior changes for firewalls"), and terraform-provider-hcloud
-  (internal/firewall/resource.go, removeFromResources) takes `firewall_resource_not_found` as
-  "nothing left to remove".
+  code: `invalid_input` 400 (details.fields names the field), `json_error` 400, `unauthorized`
+  401, `protected` 403, `resource_limit_exceeded` 403, `not_found` 404 (an unknown id or path),
+  `uniqueness_error` 409, `locked` 423 (an action while the server's previous one still runs),
+  `rate_limit_exceeded` 429, and the calls' own codes below.
+- Rate limit ("Rate Limiting"): every authenticated answer carries RateLimit-Limit,
+  RateLimit-Remaining and RateLimit-Reset (the UNIX time the budget is full again); the budget
+  is 3600 requests (`rate_limit`), one more each second (limit/3600 per second); an empty one is
+  answered 429 `rate_limit_exceeded`.
+- Pagination ("Pagination"): every list takes `page` (from 1) and `per_page` (default 25, at
+  most 50) and answers `meta.pagination` {page, per_page, previous_page, next_page, last_page,
+  total_entries}; lists take `label_selector` (`k=v`, `k!=v`, `k`, `!k`, `k in (..)`, `k notin
+  (..)`) and their `name` filter (exact match).
+- Project limits: creating a server, network, firewall, placement group or SSH key beyond
+  `limits` (Hetzner sets them per account) is answered 403 `resource_limit_exceeded`. Names are
+  unique per project for each kind: a second is 409 `uniqueness_error`.
+- Catalogue ("Server Types", "Locations", "Data Centers", "Images"; lab/hcloud_catalog.py):
+  GET /server_types, /locations, /datacenters, /images and each by id. Server types carry
+  per-location `deprecation`, `available` and `recommended` (changelog 2025-09-24: per-location
+  server types; hcloud 2.27 needs both). Images: `include_deprecated` (default false, "List
+  Images") hides a deprecated image (`deprecate_image`), which has `deprecated` (the timestamp)
+  and `deprecation` {announced, unavailable_after}; a server is still created from it, as
+  Hetzner creates one until the image is unavailable. hcloud 2.27 marks the datacenters
+  endpoint deprecated (changelog 2026-06-02); the stand-in still serves it.
+- Servers ("Servers"): GET /servers (`name`, `status`, `label_selector`), GET /servers/{id}:
+  id, name, status, created, labels, locked, `public_net` (`ipv4`: id, ip, blocked, dns_ptr;
+  `ipv6`; `firewalls` [{id, status "applied"}]), `private_net` (per network: `network`, the
+  network's id, `ip`, `alias_ips`, `mac_address`), server_type, datacenter, location, image,
+  protection {delete, rebuild}, placement_group and the other documented fields. A private
+  address is unique only within its network: the reference says `private_net[].network` is
+  "The Network ID the server is attached to" and `ip` "The server IP address on the network";
+  every project's networks may use the same range (10.0.0.0/16 is the Console's default), so
+  servers in two networks may report the same `ip`. A registered server reports its own
+  network id (`add_server`'s `network`; default `DEFAULT_NETWORK`) and no IPv6. The status is
+  the machine's power, read when asked: `running` while it runs, `off` once it is powered off
+  (never `off` before it really is); `initializing`, `rebuilding` or `deleting` while that
+  action runs.
+- POST /servers ("Create a Server"): name (a hostname), server_type, image and location or
+  datacenter (each by id or name; an unknown one is 400 `invalid_input`), user_data, ssh_keys
+  (ids or names), networks, firewalls [{firewall}], placement_group, labels, public_net
+  {enable_ipv4, enable_ipv6}, start_after_create. Answered 201 {server (status
+  `initializing`), action `create_server` (running), next_actions [`start_server`],
+  root_password (only without ssh_keys)}. After ACTION_SECONDS the machine is booted (`boot`
+  gets the image, user data and the keys' public halves), its networks attached and firewalls
+  applied, then both actions end `success`; a boot that fails ends them in `error`. Its public
+  IPv4 is the machine's (`public_ip`), its IPv6 a /64 of the documentation range 2001:db8::/32
+  (the lab has no IPv6: reported, not routed). A spread placement group already holding 10
+  servers is answered 422 `placement_error` ("An error during the placement occurred", the
+  call's error table; 10 is the Placement Groups limit), nothing created.
+- PUT /servers/{id} (name, labels). DELETE /servers/{id} ("Delete a Server"): 403 `protected`
+  while its delete protection is on; else action `delete_server`: the machine removed (a lab
+  host goes: Lab.remove_host), the server leaves its firewalls, networks and placement group
+  and is gone (404) once the action ends.
+- Server actions ("Server Actions"): `poweroff` / `poweron` (201 `stop_server` /
+  `start_server`, running, progress 0; after ACTION_SECONDS the machine is powered off — a lab
+  host's init killed, like pulling the cord — or on, then `success`); `change_protection`
+  {delete, rebuild} (the two must stay equal, the reference: "currently delete and rebuild
+  attribute needs to have the same value"; else 400 `invalid_input`); `rebuild` {image} (403
+  `protected` while its rebuild protection is on; else the machine removed and booted again
+  with the user data it was created with); `attach_to_network` {network, ip} (404 `not_found`
+  for an unknown network, 422 `server_already_attached`, 422 `no_subnet_available` without a
+  cloud/server subnet in the server's network zone, 422 `ip_not_available` for a taken or
+  outside `ip`; else the first free address of the subnet, the network's own first address —
+  its gateway — excepted, on the host's private NIC when the action ends); `detach_from_network`
+  {network} (422 `server_not_attached_to_network`); `add_to_placement_group` (422
+  `already_in_placement_group`: a server is in one group at most; 422 `server_not_stopped`
+  while it runs) and `remove_from_placement_group`.
+- Actions ("Actions"): GET /actions/{id} and GET /actions?id=... (what hcloud-go's waiter
+  polls): status `running`, then `success` or `error` with `error: {"code", "message"}`;
+  `resources` lists what an action is about.
+- Networks ("Networks", "Network Actions"): GET (`name`), POST {name, ip_range (RFC 1918, /8 to
+  /24), labels, subnets}, PUT, DELETE (403 `protected` while protected; attached servers are
+  detached, "Delete a Network"); actions `add_subnet` {type cloud/server/vswitch, network_zone,
+  ip_range inside the network's, overlapping no other subnet: else 400 `invalid_input`},
+  `delete_subnet` {ip_range} (refused while servers are attached in it — "Subnets containing
+  attached resources can not be deleted" — with 422 `resource_in_use`: the reference names no
+  code) and `change_protection` {delete}. A subnet's `gateway` is the network's first address.
+- Firewalls ("Firewalls", "Firewall Actions"): GET (`name`), POST {name, labels, rules,
+  apply_to}, PUT, DELETE (422 `resource_in_use` while applied: "Firewall must not be in use to
+  be deleted", hcloud-go hcloud/error.go). Rules as "Create a Firewall" takes them: direction
+  in/out, protocol tcp/udp/icmp/esp/gre, a port or range for tcp and udp only, source_ips for
+  `in` and destination_ips for `out` (CIDRs), else 400 `invalid_input`. `set_rules` (actions
+  `set_firewall_rules` and `apply_firewall` per server it is applied to). `apply_to_resources`
+  {apply_to: [{type server, server {id}}]}: 404 `firewall_resource_not_found` for an unknown
+  server, 422 `firewall_already_applied`, 422 `private_net_only_server` for a server without a
+  public address; nothing applied unless all can be. `remove_from_resources` {remove_from}: 201
+  `{"actions": [...]}`, one `remove_firewall` action per server, finished `success` at once. A
+  server the firewall is not applied to (or no server at all) is answered 404
+  `firewall_resource_not_found` ("The resource the Firewall should be removed from was not
+  found", the call's error table), and nothing is removed. `firewall_already_removed` is never
+  answered: hcloud-go (hcloud/error.go) marks it "not used by the API anymore" since Hetzner's
+  changelog of 2025-08-04 ("multiple API behavior changes for firewalls"), and
+  terraform-provider-hcloud (internal/firewall/resource.go, removeFromResources) takes
+  `firewall_resource_not_found` as "nothing left to remove".
+- Placement groups ("Placement Groups"): GET (`name`, `type`), POST {name, type "spread" (the
+  only type), labels} answered 201 {placement_group, action: null}, PUT, DELETE; `servers`
+  lists its members.
 - SSH keys ("SSH Keys": List, Get, Create, Update, Delete): GET /ssh_keys (filters `fingerprint`
   and `name`, exact match), GET /ssh_keys/{id}, POST /ssh_keys `{name, public_key, labels}`
   answered 201 `{"ssh_key": {id, name, fingerprint, public_key, labels, created}}` with the
@@ -57,10 +120,12 @@ What it serves, each as Hetzner's API reference (docs.hetzner.cloud) describes i
   `error` with the given code and message and leaves the host as it was, until
   `clear_failures`.
 
-What it does not model: every other endpoint (404), SSH keys' label selectors, `shutdown`, `reset` and `reboot`, the
-rate limit (no RateLimit-* headers, never a 429), pagination beyond one page, a server's
-other fields (type, image, datacenter), IPv6, label selectors, the networks themselves (GET /networks),
-`protection`, the `deprecation` of API calls, and TLS (it serves plain HTTP on 127.0.0.1).
+What it does not model: volumes, floating and primary IPs, load balancers, certificates, ISOs,
+images of one's own (snapshots, backups), routes, `shutdown`, `reset`, `reboot`, rescue, a
+server type change, the resources' own action lists (GET /servers/{id}/actions), a label
+selector applying a firewall, label syntax checks, `conflict` answers, the `deprecation` of API
+calls (a removed endpoint's `deprecated_api_endpoint`), and TLS (it serves plain HTTP on
+127.0.0.1). A created server's image must be Debian 12 for a lab host (lab/hcloud_servers.py).
 """
 
 from __future__ import annotations
@@ -1251,7 +1316,8 @@ class HcloudStandin:
         with self._lock:
             if name == "change_protection":
                 # Hetzner: a server's delete and rebuild protection must be equal.
-                wanted = {**server.protection, **{k: bool(body[k]) for k in ("delete", "rebuild") if k in body}}
+                changes: dict[str, bool] = {k: bool(body[k]) for k in ("delete", "rebuild") if k in body}
+                wanted = {**server.protection, **changes}
                 if wanted["delete"] != wanted["rebuild"]:
                     raise _invalid("delete", "delete and rebuild protection must have the same value")
                 server.protection = wanted
@@ -1416,12 +1482,13 @@ class HcloudStandin:
                     if key in query:
                         entries = [e for e in entries if str(e[2][key]) in query[key]]
         else:
-            view = {
-                "server_types": (catalog.SERVER_TYPES, catalog.server_type_view),
-                "locations": (catalog.LOCATIONS, catalog.location_view),
-                "datacenters": (catalog.DATACENTERS, catalog.datacenter_view),
-            }[kind]
-            entries = [(item[0], item[1], view[1](item[1])) for item in view[0]]  # type: ignore[operator]
+            views: dict[str, tuple[list[tuple[int, str]], Callable[[str], dict[str, Any]]]] = {
+                "server_types": ([(t[0], t[1]) for t in catalog.SERVER_TYPES], catalog.server_type_view),
+                "locations": ([(loc[0], loc[1]) for loc in catalog.LOCATIONS], catalog.location_view),
+                "datacenters": ([(d[0], d[1]) for d in catalog.DATACENTERS], catalog.datacenter_view),
+            }
+            known, view = views[kind]
+            entries = [(id_, name, view(name)) for id_, name in known]
             if len(parts) == 1 and "name" in query:
                 entries = [e for e in entries if e[1] == query["name"][0]]
         if len(parts) == 1:
