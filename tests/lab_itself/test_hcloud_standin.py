@@ -34,7 +34,7 @@ from hcloud.images import Image
 from hcloud.locations import Location
 from hcloud.networks import NetworkSubnet
 from hcloud.server_types import ServerType
-from hcloud.servers import BoundServer, ServerCreatePublicNetwork
+from hcloud.servers import ServerCreatePublicNetwork
 from hcloud.ssh_keys import BoundSSHKey
 
 from lab.hcloud_servers import LabServer, LabServers
