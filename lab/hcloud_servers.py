@@ -17,8 +17,10 @@ tree) runs on the user data the caller gave, as on a Hetzner server:
   server name) and `public-keys` (the server's `ssh_keys`), user-data the server's user_data as
   given. The base tree's /etc/cloud/cloud-init.disabled is removed in the host's own layer, and
   a drop-in sets what a Hetzner image's cloud-init configuration does: root logs in with the
-  project's keys (`disable_root: false`), no default user, and the network is left alone (the
-  lab wires it from outside; Hetzner's images configure it from their datasource). So the SSH
+  project's keys (`disable_root: false`), no default user, the network is left alone (the
+  lab wires it from outside; Hetzner's images configure it from their datasource), and the
+  locale is C.UTF-8 (the base tree generates no other; cloud-init's default en_US.UTF-8 would
+  fail its `locale` module there, where a Hetzner image has it). So the SSH
   host keys a `#cloud-config` `ssh_keys` names are the ones the host serves, written by
   cloud-init before sshd starts (cloud-init.service runs before ssh.service), the keys the lab
   made for the host deleted (`ssh_deletekeys`).
@@ -51,6 +53,7 @@ HETZNER_IMAGE_CONFIG = """\
 datasource_list: [NoCloud, None]
 disable_root: false
 users: []
+locale: C.UTF-8
 network:
   config: disabled
 """
