@@ -39,7 +39,7 @@ from hcloud.ssh_keys import BoundSSHKey
 
 from lab.hcloud_servers import LabServer, LabServers
 from lab.hcloud_standin import PLACEMENT_GROUP_SERVERS, HcloudStandin, SwitchedMachine, switched_boot
-from lab.hosts import Lab
+from lab.hosts import HostSpec, Lab
 from providers.host_key_pair import cloud_config, generate_host_key
 
 pytestmark = pytest.mark.lab
@@ -416,3 +416,13 @@ def test_registered_switched_servers_are_unchanged(api: Api) -> None:
     view = api.client.servers.get_by_id(server)
     assert view.public_net.ipv4.ip == "198.51.100.7" and view.public_net.ipv6 is None
     assert [(p.network.id, p.ip) for p in view.private_net] == [(1, "10.0.0.7")]
+
+
+def test_a_plain_lab_host_runs_no_cloud_init(lab: Lab) -> None:
+    """cloud-init is in every host's base tree, but off (/etc/cloud/cloud-init.disabled) unless the
+    host is a created server: the rest of the lab's hosts boot as they did without it."""
+    host = lab.add_host(HostSpec("plain-1"))
+    lab.wait_ssh_ready([host], timeout=180)
+    status = host.run(["cloud-init", "status"], check=False)
+    assert "status: disabled" in status.stdout, (status.stdout, status.stderr)
+    assert not (host.root / "var/lib/cloud/instance").exists()
