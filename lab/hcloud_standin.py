@@ -69,12 +69,15 @@ What it serves, each as Hetzner's API reference (docs.hetzner.cloud) describes i
   {delete, rebuild} (the two must stay equal, the reference: "currently delete and rebuild
   attribute needs to have the same value"; else 400 `invalid_input`); `rebuild` {image} (403
   `protected` while its rebuild protection is on; else the machine removed and booted again
-  with the user data it was created with); `attach_to_network` {network, ip} (404 `not_found`
+  with the user data it was created with); `attach_to_network` {network, ip, ip_range} (404 `not_found`
   for an unknown network, 422 `server_already_attached`, 422 `no_subnet_available` without a
   cloud/server subnet in the server's network zone, 422 `ip_not_available` for a taken or
-  outside `ip`; else the first free address of the subnet, the network's own first address —
-  its gateway — excepted, on the host's private NIC when the action ends); `detach_from_network`
-  {network} (422 `server_not_attached_to_network`); `add_to_placement_group` (422
+  outside `ip`; else the first free address of the subnet `ip_range` or of the last subnet
+  created, the network's own first address — its gateway — excepted, on the host's private
+  NIC when the action ends); `detach_from_network`
+  {network} (422 `server_not_attached_to_network`: the reference names no code; the stand-in's
+  pick refuses, where terraform-provider-hcloud's hcloud_server_network Delete tolerates only
+  `not_found`); `add_to_placement_group` (422
   `already_in_placement_group`: a server is in one group at most; 422 `server_not_stopped`
   while it runs) and `remove_from_placement_group`.
 - Actions ("Actions"): GET /actions/{id} and GET /actions?id=... (what hcloud-go's waiter
@@ -1218,9 +1221,20 @@ class HcloudStandin:
         finally:
             server.phase, server.busy = None, False
 
-    def _free_ip(self, network: StandinNetwork, server: StandinServer, wanted: str | None) -> str:
+    def _free_ip(
+        self, network: StandinNetwork, server: StandinServer, wanted: str | None, ip_range: str | None = None
+    ) -> str:
+        """The address a server gets in `network`: `wanted` if free and in a subnet of the
+        server's network zone, else the first free one of the subnet `ip_range` or, without
+        one, of the last subnet created (terraform-provider-hcloud's hcloud_server_network: "If
+        subnet_id or ip are not provided, the Server will be assigned an IP in the last created
+        subnet"). The network's first address (its gateway) is never given out."""
         zone = catalog.location_view(catalog.datacenter_view(server.datacenter)["location"]["name"])["network_zone"]
         subnets = [s for s in network.subnets if s.type in ("cloud", "server") and s.network_zone == zone]
+        if ip_range is not None:
+            subnets = [s for s in subnets if s.ip_range == ip_range]
+            if not any(s.ip_range == ip_range for s in network.subnets):
+                raise _invalid("ip_range", f"network {network.id} has no subnet {ip_range}")
         if not subnets:
             raise ApiError(422, "no_subnet_available", f"network {network.id} has no subnet in network zone {zone}")
         used = {s.attachments[network.id] for s in self.servers.values() if network.id in s.attachments}
@@ -1232,11 +1246,10 @@ class HcloudStandin:
             ):
                 raise ApiError(422, "ip_not_available", f"IP {wanted} is not available in network {network.id}")
             return wanted
-        for subnet in subnets:
-            for address in ipaddress.IPv4Network(subnet.ip_range).hosts():
-                if str(address) not in used:
-                    return str(address)
-        raise ApiError(422, "no_subnet_available", f"network {network.id} has no free address in network zone {zone}")
+        for address in ipaddress.IPv4Network(subnets[-1].ip_range).hosts():
+            if str(address) not in used:
+                return str(address)
+        raise ApiError(422, "no_subnet_available", f"subnet {subnets[-1].ip_range} has no free address")
 
     def _attach(self, server: StandinServer, network: StandinNetwork, wanted: str | None) -> None:
         with self._lock:
@@ -1345,7 +1358,7 @@ class HcloudStandin:
                     "attach_to_network", [(server.id, "server"), (network.id, "network")], server.id
                 )
                 try:
-                    ip = self._free_ip(network, server, body.get("ip"))
+                    ip = self._free_ip(network, server, body.get("ip"), body.get("ip_range"))
                 except ApiError:
                     server.busy = False
                     del self.actions[action.id]

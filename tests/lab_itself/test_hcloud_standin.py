@@ -225,6 +225,7 @@ def test_networks_and_subnets(api: Api) -> None:
     refused("invalid_input", lambda: client.networks.create("public", ip_range="8.8.0.0/16"))
     network = client.networks.create("net", ip_range="10.0.0.0/16")
     network.add_subnet(NetworkSubnet(type="cloud", ip_range="10.0.1.0/24", network_zone="eu-central"))
+    network.add_subnet(NetworkSubnet(type="cloud", ip_range="10.0.2.0/24", network_zone="eu-central"))
     refused(
         "invalid_input",
         lambda: network.add_subnet(NetworkSubnet(type="cloud", ip_range="10.1.0.0/24", network_zone="eu-central")),
@@ -233,8 +234,17 @@ def test_networks_and_subnets(api: Api) -> None:
     server.attach_to_network(network).wait_until_finished()
     refused("server_already_attached", lambda: server.attach_to_network(network))
     [private] = client.servers.get_by_id(server.id).private_net
-    assert private.network.id == network.id and private.ip == "10.0.1.1"
-    refused("resource_in_use", lambda: network.delete_subnet(NetworkSubnet(ip_range="10.0.1.0/24")))
+    # The last subnet created (terraform-provider-hcloud: "the Server will be assigned an IP in
+    # the last created subnet"), its first address.
+    assert private.network.id == network.id and private.ip == "10.0.2.1"
+    refused("resource_in_use", lambda: network.delete_subnet(NetworkSubnet(ip_range="10.0.2.0/24")))
+    network.delete_subnet(NetworkSubnet(ip_range="10.0.1.0/24")).wait_until_finished()
+    other = _create(api, "net-member-2")
+    refused("ip_not_available", lambda: other.attach_to_network(network, ip="10.0.2.1"))
+    other.attach_to_network(network, ip="10.0.2.9").wait_until_finished()
+    assert client.servers.get_by_id(other.id).private_net[0].ip == "10.0.2.9"
+    other.detach_from_network(network).wait_until_finished()
+    assert client.servers.get_by_id(other.id).private_net == []
     network.change_protection(delete=True)
     refused("protected", network.delete)
     network.change_protection(delete=False)
