@@ -123,6 +123,15 @@ def test_create_runs_an_action_then_succeeds_and_unknown_ids_are_not_found(api: 
     created.action.wait_until_finished()
     assert api.client.actions.get_by_id(created.action.id).status == "success"
     assert api.client.servers.get_by_id(created.server.id).status == "running"
+    # hcloud-go's action waiter polls the list: GET /actions?id=..&id=..&sort=status&sort=id.
+    ids = [created.action.id, created.next_actions[0].id]
+    listed = requests.get(
+        f"{api.standin.url}/actions",
+        params={"id": ids, "sort": ["status", "id"]},
+        headers={"Authorization": f"Bearer {api.standin.token}"},
+        timeout=10,
+    ).json()
+    assert sorted((a["id"], a["status"]) for a in listed["actions"]) == sorted((i, "success") for i in ids)
     for call in (
         lambda: api.client.servers.get_by_id(999999),
         lambda: api.client.networks.get_by_id(999999),
