@@ -48,7 +48,8 @@ What it serves, each as Hetzner's API reference (docs.hetzner.cloud) describes i
   (never `off` before it really is); `initializing`, `rebuilding` or `deleting` while that
   action runs.
 - POST /servers ("Create a Server"): name (a hostname), server_type, image and location or
-  datacenter (each by id or name; an unknown one is 400 `invalid_input`), user_data, ssh_keys
+  datacenter (each by id or name; an unknown one is 400 `invalid_input`), user_data (at most
+  32 KiB, else 400 `invalid_input`), ssh_keys
   (ids or names), networks, firewalls [{firewall}], placement_group, labels, public_net
   {enable_ipv4, enable_ipv6}, start_after_create. Answered 201 {server (status
   `initializing`), action `create_server` (running), next_actions [`start_server`],
@@ -164,6 +165,8 @@ PLACEMENT_GROUP_SERVERS = 10
 # Projects' resource limits (Hetzner sets them per account; these are the stand-in's, changeable).
 DEFAULT_LIMITS = {"servers": 25, "networks": 50, "firewalls": 50, "placement_groups": 50, "ssh_keys": 200}
 PER_PAGE, MAX_PER_PAGE = 25, 50
+# "Create a Server": user_data "is limited to 32KiB".
+USER_DATA_BYTES = 32 * 1024
 _HOSTNAME = re.compile(
     r"^(?=.{1,63}$)[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*$"
 )
@@ -1130,6 +1133,8 @@ class HcloudStandin:
                 body.get("location") or "fsn1", "location", [(loc[0], loc[1]) for loc in catalog.LOCATIONS]
             )
             datacenter = catalog.datacenter_of(location)
+        if len(str(body.get("user_data") or "").encode()) > USER_DATA_BYTES:
+            raise _invalid("user_data", f"is longer than {USER_DATA_BYTES} bytes")
         public_net = body.get("public_net") or {}
         ipv4, ipv6 = public_net.get("enable_ipv4", True), public_net.get("enable_ipv6", True)
         with self._lock:
