@@ -144,6 +144,8 @@ def test_create_runs_an_action_then_succeeds_and_unknown_ids_are_not_found(api: 
     refused(
         "invalid_input", lambda: api.client.servers.create("bad", server_type=ServerType(name="cx99"), image=DEBIAN)
     )
+    big = "#cloud-config\n" + "#" * 32 * 1024
+    refused("invalid_input", lambda: api.client.servers.create("big", server_type=CX33, image=DEBIAN, user_data=big))
 
 
 def test_names_are_unique_per_project(api: Api, tmp_path: Path) -> None:
