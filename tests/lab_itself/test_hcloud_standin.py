@@ -424,7 +424,11 @@ def test_deleting_the_server_removes_the_host(cloud: Cloud) -> None:
     server.delete().wait_until_finished()
     refused("not_found", lambda: cloud.client.servers.get_by_id(server.id))
     assert host.name not in cloud.lab.hosts and not host.dir.exists()
-    assert not cloud.lab.leftovers().netns or all(host.name not in ns for ns in cloud.lab.leftovers().netns)
+    left = cloud.lab.leftovers()
+    assert host.netns not in left.netns
+    assert not {cloud.lab._veth(host.index, kind) for kind in "prv"} & set(left.links)
+    assert not any(str(host.dir) in mount for mount in left.mounts)
+    assert not any(str(host.dir) in process for process in left.processes)
     assert cloud.client.firewalls.get_by_id(cloud.firewall_id).applied_to == []
     assert cloud.client.placement_groups.get_by_id(cloud.group_id).servers == []
     assert cloud.client.networks.get_by_id(cloud.network_id).servers == []
