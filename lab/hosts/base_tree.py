@@ -40,6 +40,13 @@ BASE_PACKAGES: tuple[str, ...] = (
     "sudo",
     "netbase",  # /etc/services, /etc/protocols
     "netcat-openbsd",
+    # Real cloud-init (Debian's package, 22.4.2 in bookworm) for hosts that stand in for Hetzner
+    # servers (lab/hcloud_standin.py): it runs the user data the program gives a server. Off in
+    # every host (/etc/cloud/cloud-init.disabled, below) until a host's own tree turns it on.
+    "cloud-init",
+    # debootstrap resolves no virtual package: python3-cryptography (cloud-init, through
+    # python3-oauthlib) needs python3-cffi-backend-api-min/-max, which only this one provides.
+    "python3-cffi-backend",
 )
 #: Bump when the post-processing of the base tree changes.
 BASE_LAYOUT = 1
@@ -122,6 +129,11 @@ def _finish_base(root: Path, mirror: str, packages: Sequence[str]) -> None:
         with contextlib.suppress(FileNotFoundError):
             mask.unlink()
         mask.symlink_to("/dev/null")
+    # cloud-init's systemd generator leaves cloud-init.target out of the boot while this file
+    # exists (cloud-init's documented "disable cloud-init" switch): a plain lab host boots as it
+    # did without the package, and a host seeded as a Hetzner server removes it in its own layer.
+    (root / "etc/cloud").mkdir(parents=True, exist_ok=True)
+    (root / "etc/cloud/cloud-init.disabled").write_text("")
     conf_dir = root / "etc/ssh/sshd_config.d"
     conf_dir.mkdir(parents=True, exist_ok=True)
     (conf_dir / "10-hk3s-lab.conf").write_text(

@@ -519,6 +519,42 @@ class Lab:
             results = list(pool.map(wait_one, targets))
         return {host.name: seconds for host, seconds in zip(targets, results, strict=False)}
 
+    def remove_host(self, host: Host) -> None:
+        """Remove one host as if it never was (a deleted cloud server): its container hard
+        stopped, its mounts, cgroups, namespaces, links and disk gone, its keys out of the
+        lab's known_hosts. Its index is free for the next host."""
+        with self._lock:
+            if self.hosts.get(host.name) is not host:
+                raise LabError(f"host {host.name} is not a host of lab {self.lab_id}")
+            if host.spec.disk_sync_delay_ms is not None:
+                # Its FUSE daemon is the lab's to end (teardown): a slow disk's host stays to the end.
+                raise LabError(f"host {host.name} has a slow disk: it goes with the lab's teardown only")
+            pid = host.supervisor_pid
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGUSR1)
+                deadline = time.monotonic() + 30
+                while _pid_alive(pid):
+                    if time.monotonic() > deadline:
+                        raise LabError(f"host {host.name}: its supervisor {pid} did not end within 30s")
+                    time.sleep(0.05)
+            _umount_all(host.dir)
+            left_cgroups = pod_hosts.remove_cgroups(host.cgroup_dirs)
+            if left_cgroups:
+                raise LabError(f"host {host.name}: cgroups still in use: {', '.join(left_cgroups)}")
+            for ns in (host.netns, host.router_netns):
+                if ns is not None:
+                    _ip("netns", "del", ns, check=False)
+            for kind in ("p", "r", "v"):
+                veth = self._veth(host.index, kind)
+                if any(link.get("ifname") == veth for link in _ip_json("link", "show")):
+                    _ip("link", "del", veth, check=False)
+            _safe_rmtree(host.dir)
+            del self.hosts[host.name]
+            host.lab = None
+            self._write_known_hosts()
+            self._save_state()
+
     def console_tail(self, host: Host, lines: int = 20) -> str:
         try:
             text = (host.dir / "console.log").read_text(errors="replace")
