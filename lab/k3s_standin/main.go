@@ -29,6 +29,9 @@
 //     kube-apiserver on 127.0.0.1:6444, kube-controller-manager, kube-scheduler when
 //     the lab built one (--kube-scheduler-arg passed on); binaries from
 //     /opt/lab-kube/bin or $HK3S_LAB_KUBE_BIN; their logs in <data-dir>/server/logs),
+//     the components' arguments k3s's defaults merged with --kube-apiserver-arg,
+//     --kube-controller-manager-arg and --kube-scheduler-arg as k3s's GetArgs merges them
+//     (pkg/util/args.go: an argument of the same key replaces the default; server.go mergeArgs),
 //     the supervisor on :6443 that serves /cacerts and /ping itself and proxies the
 //     Kubernetes API (client certificates are passed on as front-proxy identity
 //     headers), a serving certificate naming every host address, --tls-san,

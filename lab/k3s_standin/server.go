@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -449,11 +450,59 @@ func dedupeIPs(in []net.IP) []net.IP {
 	return out
 }
 
-// extraArgs turns k3s's key=value list flags into --key=value arguments.
-func extraArgs(values []string) []string {
+// mergeArgs gives a control-plane component its arguments as k3s's GetArgs does
+// (pkg/util/args.go): k3s's own --key=value defaults, where a --<component>-arg of the same key
+// replaces the default (a key ending in "+" appends to it, one ending in "-" prepends; repeated
+// keys keep every value in order), sorted by key. So
+// kube-apiserver-arg "enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs" is the API
+// server's only --enable-admission-plugins, as on k3s.
+func mergeArgs(defaults []string, extra []string) []string {
+	initial := map[string]string{}
+	for _, arg := range defaults {
+		key, value, _ := strings.Cut(strings.TrimPrefix(arg, "--"), "=")
+		initial[key] = value
+	}
+	multi := map[string][]string{}
+	for _, unsplit := range extra {
+		key, value, found := strings.Cut(strings.TrimPrefix(unsplit, "--"), "=")
+		if !found {
+			value = "true"
+		}
+		cleaned := strings.TrimRight(key, "-+")
+		initialValue, hasInitial := initial[cleaned]
+		existing := multi[cleaned]
+		var values []string
+		switch {
+		case strings.HasSuffix(key, "+"):
+			if hasInitial {
+				values = append(values, initialValue)
+			}
+			values = append(append(values, existing...), value)
+		case strings.HasSuffix(key, "-"):
+			values = append(values, value)
+			if hasInitial {
+				values = append(values, initialValue)
+			}
+			values = append(values, existing...)
+		default:
+			values = append(append(values, existing...), value)
+		}
+		delete(initial, cleaned)
+		multi[cleaned] = values
+	}
+	for key, value := range initial {
+		multi[key] = []string{value}
+	}
+	keys := make([]string, 0, len(multi))
+	for key := range multi {
+		keys = append(keys, key)
+	}
+	sort.Strings(keys)
 	var out []string
-	for _, v := range values {
-		out = append(out, "--"+strings.TrimLeft(v, "-"))
+	for _, key := range keys {
+		for _, value := range multi[key] {
+			out = append(out, "--"+key+"="+value)
+		}
 	}
 	return out
 }
@@ -602,7 +651,7 @@ func (s *server) startAPIServer() (*child, error) {
 		"--tls-cert-file=" + t("serving-kube-apiserver.crt"),
 		"--tls-private-key-file=" + t("serving-kube-apiserver.key"),
 	}
-	return s.startChild("kube-apiserver", append(args, extraArgs(s.o.list("kube-apiserver-arg"))...))
+	return s.startChild("kube-apiserver", mergeArgs(args, s.o.list("kube-apiserver-arg")))
 }
 
 func (s *server) startControllerManager() (*child, error) {
@@ -639,12 +688,12 @@ func (s *server) startControllerManager() (*child, error) {
 		"--node-monitor-grace-period=" + grace,
 		"--profiling=false",
 	}
-	return s.startChild("kube-controller-manager", append(args, extraArgs(s.o.list("kube-controller-manager-arg"))...))
+	return s.startChild("kube-controller-manager", mergeArgs(args, s.o.list("kube-controller-manager-arg")))
 }
 
 func (s *server) startScheduler() (*child, error) {
 	kc := filepath.Join(s.credDir, "scheduler.kubeconfig")
-	return s.startChild("kube-scheduler", append([]string{
+	return s.startChild("kube-scheduler", mergeArgs([]string{
 		"--kubeconfig=" + kc,
 		"--authentication-kubeconfig=" + kc,
 		"--authorization-kubeconfig=" + kc,
@@ -652,7 +701,7 @@ func (s *server) startScheduler() (*child, error) {
 		"--secure-port=10259",
 		"--leader-elect=false",
 		"--profiling=false",
-	}, extraArgs(s.o.list("kube-scheduler-arg"))...))
+	}, s.o.list("kube-scheduler-arg")))
 }
 
 func (s *server) apiReady() bool {

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -316,5 +317,33 @@ func TestCAHashIsTheBytesOfOneCertificateAndTheRootOfAChain(t *testing.T) {
 	}
 	if raw := sha256.Sum256(chain); caHash(chain) == hex.EncodeToString(raw[:]) {
 		t.Errorf("a chain hashed as raw bytes")
+	}
+}
+
+// k3s's GetArgs (pkg/util/args.go): an extra argument replaces k3s's default of the same key,
+// "key+=" appends to it, "key-=" prepends, repeated keys keep every value; sorted by key.
+func TestMergeArgsIsK3ssGetArgs(t *testing.T) {
+	defaults := []string{"--secure-port=6444", "--enable-admission-plugins=NodeRestriction", "--feature-gates=A=true"}
+	got := mergeArgs(defaults, []string{
+		"enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs",
+		"--feature-gates+=B=false",
+		"v=2",
+		"v=4",
+		"profiling",
+	})
+	want := []string{
+		"--enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs",
+		"--feature-gates=A=true",
+		"--feature-gates=B=false",
+		"--profiling=true",
+		"--secure-port=6444",
+		"--v=2",
+		"--v=4",
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("mergeArgs:\n got %q\nwant %q", got, want)
+	}
+	if got := mergeArgs(defaults, []string{"enable-admission-plugins-=X"}); got[0] != "--enable-admission-plugins=X" || got[1] != "--enable-admission-plugins=NodeRestriction" {
+		t.Fatalf("prepend: %q", got)
 	}
 }
