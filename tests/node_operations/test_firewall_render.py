@@ -166,8 +166,8 @@ def test_the_dnat_guard_follows_the_plan_on_every_backend() -> None:
     guard = render_dnat_guard(worker)
     assert "table inet hk3s_dnat_guard {" in guard.text and "chain input" not in guard.text
     # Two chains (forward, and input beside UFW or firewalld), each with two rules that are not
-    # about DNAT (established flows, the fabric).
-    assert guard.text.count("ct status dnat") == guard.rule_count - 4
+    # about DNAT (established flows, the fabric); the input chain also closes the NodePort range.
+    assert guard.text.count("ct status dnat") == guard.rule_count - 5
     assert "ip saddr @peers_v4_1 meta l4proto udp th dport 51820 accept" in guard.text
     assert "ip saddr @peers_v4_1 meta l4proto udp ct original proto-dst 51820 accept" in guard.text
     assert "proto-dst 80 " not in guard.text and "proto-dst 443 " not in guard.text
@@ -242,6 +242,31 @@ def test_the_input_guard_holds_dnat_to_the_node_to_the_delivered_port_and_source
     assert "ip saddr @peers_v4_1 meta l4proto tcp th dport 10250 accept" in chain
     assert lines[-1] == 'ct status dnat drop comment "DNAT to this node on a port the plan keeps closed to the source"'
     assert "dnat_guard_input" not in NFTABLES.render(worker).text
+    checked = nft(netns, "-c", "-f", "-", stdin=text)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_the_input_guard_closes_the_nodeport_range_unless_nodeports_are_open(netns: str) -> None:
+    """kube-proxy (iptables mode) accepts every Service's healthCheckNodePort from a jump it puts
+    first in INPUT (kubernetes pkg/proxy/iptables/proxier.go), ahead of UFW's chains, so beside
+    UFW or firewalld the guard's input chain drops new connections to the NodePort range from
+    outside the fabric while NodePorts are closed: a drop in any base chain is final. Loopback
+    and the fabric still pass (before it); with nodeports_open there is no such rule. The program's
+    own table needs none: kube-proxy's accept in another table does not end its input chain."""
+    closed = plan_for("w1", cluster_peers(3))
+    opened = plan_for("w1", cluster_peers(3), nodeports_open=True)
+    drop = (
+        "meta l4proto { tcp, udp } th dport 30000-32767 drop comment "
+        '"NodePorts closed (hk3s:firewall.nodeports_open), kube-proxy health-check ports included"'
+    )
+    text = render_dnat_guard(closed).text
+    chain = text[text.index("chain dnat_guard_input {") :]
+    rules = [line.strip() for line in chain.splitlines()]
+    rules = rules[: rules.index("}")]
+    assert rules[-2] == drop, rules
+    fabric = next(index for index, rule in enumerate(rules) if rule.startswith('iifname { "lo", "cni0"'))
+    assert rules.index(drop) > fabric, rules
+    assert drop not in render_dnat_guard(opened).text
     checked = nft(netns, "-c", "-f", "-", stdin=text)
     assert checked.returncode == 0, checked.stderr
 
