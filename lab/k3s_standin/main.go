@@ -106,13 +106,15 @@
 //     one changes; stopping the agent kills containerd and the kubelet but leaves the
 //     containers running (KillMode=process), as on k3s; /usr/local/bin/k3s-killall.sh
 //     (k3s-killall.sh here, install.sh's) stops them. The supervisor serves
-//     /v1-k3s/client-ca.crt to nodes (their certificate), as k3s does.
+//     /v1-k3s/client-ca.crt to nodes (their certificate), as k3s does. In pod mode the agent
+//     also enforces NetworkPolicies' ingress rules with iptables as k3s's network-policy
+//     controller (kube-router's) does (netpol.go says what it reproduces and what not).
 //
 // What it does not reproduce: on hosts without the bundled runtime, no containers (no
 // containerd, no images; the Node reports no container runtime) and no real kubelet:
 // pods scheduled there never run, and the kubelet port answers /healthz only. Nowhere:
 // flannel's daemon (pod mode's CNI is bridge + host-local on the Node's pod CIDR), no
-// kube-proxy, no network policy, no CoreDNS/Traefik/local-path/metrics-server/helm
+// kube-proxy, no egress network policy, no CoreDNS/Traefik/local-path/metrics-server/helm
 // add-ons, no cloud controller (a pod-mode Node has no ExternalIP address). No embedded etcd or external datastores, no HA servers,
 // no server list learned by the agent's load balancer (lb.go), no websocket (the tunnel opens one connection per stream),
 // no certificate rotation, no secrets encryption, no etcd snapshots. The server's own

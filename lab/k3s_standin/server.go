@@ -739,14 +739,29 @@ func (s *server) bootstrapRBAC(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// k3s's flannel reads every Node (their pod CIDRs and VTEPs) as system:k3s-controller;
-	// the stand-in's agents do it with their node certificate, so the role is bound to
-	// the system:nodes group (the Node authorizer lets a node read only its own Node).
+	// k3s's flannel reads every Node (their pod CIDRs and VTEPs) and its network-policy
+	// controller every pod, namespace and NetworkPolicy (pkg/agent/netpol/netpol.go: its
+	// informers) as system:k3s-controller; the stand-in's agents do it with their node
+	// certificate, so the role is bound to the system:nodes group (the Node authorizer lets a
+	// node read only its own Node and pods).
 	controllerRole := &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: "system:k3s-controller", Labels: map[string]string{"objectset.rio.cattle.io/owner-name": "k3s"}},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"pods", "namespaces"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"get", "list", "watch"}},
+		},
 	}
-	if _, err := rc.ClusterRoles().Create(ctx, controllerRole, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := rc.ClusterRoles().Create(ctx, controllerRole, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+		existing, gerr := rc.ClusterRoles().Get(ctx, controllerRole.Name, metav1.GetOptions{})
+		if gerr != nil {
+			return gerr
+		}
+		existing.Rules = controllerRole.Rules
+		if _, err := rc.ClusterRoles().Update(ctx, existing, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("clusterrole %s: %w", controllerRole.Name, err)
+		}
+	} else if err != nil {
 		return fmt.Errorf("clusterrole %s: %w", controllerRole.Name, err)
 	}
 	bindings := []struct{ name, role, kind, subject string }{

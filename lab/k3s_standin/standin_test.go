@@ -22,6 +22,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 func writeFile(t *testing.T, path, content string) {
@@ -345,5 +348,75 @@ func TestMergeArgsIsK3ssGetArgs(t *testing.T) {
 	}
 	if got := mergeArgs(defaults, []string{"enable-admission-plugins-=X"}); got[0] != "--enable-admission-plugins=X" || got[1] != "--enable-admission-plugins=NodeRestriction" {
 		t.Fatalf("prepend: %q", got)
+	}
+}
+
+// kube-router's ingress rules (netpol.go): a selected pod of this node gets its chain, reached
+// first from FORWARD/OUTPUT's jumps; permitted sources are marked, the rest rejected; pods no
+// policy selects, pods of other nodes and egress-only policies get nothing.
+func TestNetpolRulesetFollowsKubeRouter(t *testing.T) {
+	pod := func(ns, name, node, ip string, podLabels map[string]string) corev1.Pod {
+		return corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: podLabels},
+			Spec:       corev1.PodSpec{NodeName: node},
+			Status:     corev1.PodStatus{PodIP: ip, Phase: corev1.PodRunning},
+		}
+	}
+	pods := []corev1.Pod{
+		pod("longhorn-system", "manager", "w1", "10.42.1.5", map[string]string{"app": "longhorn-manager"}),
+		pod("longhorn-system", "ui", "w2", "10.42.2.6", map[string]string{"app": "longhorn-ui"}),
+		pod("longhorn-system", "share", "w1", "10.42.1.7", map[string]string{"app": "share"}),
+		pod("default", "plain", "w1", "10.42.1.8", nil),
+		pod("monitoring", "prom", "w2", "10.42.2.9", nil),
+	}
+	namespaces := []corev1.Namespace{
+		{ObjectMeta: metav1.ObjectMeta{Name: "monitoring", Labels: map[string]string{"kubernetes.io/metadata.name": "monitoring"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "default", Labels: map[string]string{"kubernetes.io/metadata.name": "default"}}},
+	}
+	tcp := corev1.ProtocolTCP
+	port := intstr.FromInt32(9501)
+	policies := []networkingv1.NetworkPolicy{{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "longhorn-system", Name: "manager"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "longhorn-manager"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{
+				{From: []networkingv1.NetworkPolicyPeer{
+					{PodSelector: &metav1.LabelSelector{}},
+					{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "monitoring"}}},
+					{IPBlock: &networkingv1.IPBlock{CIDR: "192.0.2.0/24", Except: []string{"192.0.2.8/29"}}},
+				}},
+				{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}}},
+			},
+		},
+	}, {
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "egress-only"},
+		Spec:       networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}},
+	}}
+	text, chains := netpolRuleset("w1", pods, namespaces, policies)
+	podChain := netpolChainName(podFirewallPrefix, "longhorn-system", "manager")
+	for _, want := range []string{
+		"-A KUBE-ROUTER-FORWARD -m comment --comment \"rule to jump traffic destined to POD name:manager namespace: longhorn-system to chain " + podChain + "\" -d 10.42.1.5/32 -j " + podChain,
+		"-A " + podChain + " -m comment --comment \"rule to permit the traffic traffic to pods when source is the pod's local node\" -m addrtype --src-type LOCAL -d 10.42.1.5/32 -j ACCEPT",
+		"-s 10.42.1.7/32 -j MARK --set-xmark 0x10000/0x10000",            // a Longhorn pod
+		"-s 10.42.2.6/32 -j MARK --set-xmark 0x10000/0x10000",            // on another node too
+		"-s 10.42.2.9/32 -j MARK --set-xmark 0x10000/0x10000",            // the named namespace's pod
+		"-s 192.0.2.8/29 -j RETURN",                                      // the ipBlock's exception
+		"-p tcp -m tcp --dport 9501 -j MARK --set-xmark 0x10000/0x10000", // the webhook's port from anywhere
+		"-A " + podChain + " -m comment --comment \"rule to REJECT traffic destined for POD name:manager namespace: longhorn-system\" -m mark ! --mark 0x10000/0x10000 -j REJECT",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("missing %q in\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "10.42.1.8/32 -j MARK") || strings.Contains(text, "-d 10.42.2.6/32 -j") || strings.Contains(text, "-d 10.42.1.7/32 -j") {
+		t.Errorf("the plain pod is permitted, or a pod of another node or one no policy selects has a chain:\n%s", text)
+	}
+	if len(chains) != 5 { // the two KUBE-ROUTER chains, the pod's, the policy's, the ipBlock's
+		t.Errorf("chains %v", chains)
+	}
+	// Nothing selected: the two chains, empty.
+	if text, _ := netpolRuleset("w1", pods, namespaces, nil); text != "*filter\n:KUBE-ROUTER-FORWARD - [0:0]\n:KUBE-ROUTER-OUTPUT - [0:0]\nCOMMIT\n" {
+		t.Errorf("no policy: %q", text)
 	}
 }
