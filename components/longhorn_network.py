@@ -32,7 +32,7 @@ WEBHOOK_PORTS = (9501, 9502)
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 
-def longhorn_network_policies(api_clients: Sequence[str]) -> dict[str, dict[str, Any]]:
+def longhorn_network_policies(api_clients: Sequence[str]) -> dict[str, Any]:
     """The NetworkPolicies' specs by name (all in longhorn-system)."""
     own_pods: dict[str, Any] = {"podSelector": {}}
     clients: list[dict[str, Any]] = (

@@ -621,7 +621,7 @@ def test_longhorns_manager_ui_and_instance_managers_admit_only_longhorn_and_the_
     policies = {p.inputs["metadata"]["name"]: p for p in graph.of_type("kubernetes:networking.k8s.io/v1:NetworkPolicy")}
     assert sorted(policies) == ["hk3s-longhorn-instance-manager", "hk3s-longhorn-manager", "hk3s-longhorn-ui"]
     namespace, release = graph.by_name("storage-namespace"), graph.by_name("storage-longhorn")
-    own = {"podSelector": {}}
+    own: dict[str, Any] = {"podSelector": {}}
     named = {
         "namespaceSelector": {
             "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}]

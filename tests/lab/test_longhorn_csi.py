@@ -17,6 +17,7 @@ minimal-available rule allows), and a pod-capable worker.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -288,10 +289,9 @@ def test_a_plain_pod_gets_no_answer_from_longhorns_api_and_longhorns_own_pods_do
         return done.stdout.strip() if done.returncode == 0 else ""
 
     try:
-        ips = {
-            name: wait_for(f"pod {name} running", lambda n=name, s=ns: ip_of(n, s), 120, cluster.diagnose)
-            for name, ns, _ in pods
-        }
+        ips: dict[str, str] = {}
+        for name, ns, _ in pods:
+            ips[name] = wait_for(f"pod {name} running", functools.partial(ip_of, name, ns), 120, cluster.diagnose)
         # The path works: a pod no policy selects answers the plain pod (default allow).
         wait_for("the plain pod reaches an unselected pod", lambda: fetch("plain", "default", ips["lh-share"]), 30)
         # The manager's API answers Longhorn's own pods, and the plain pod gets no answer.
