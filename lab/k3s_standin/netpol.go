@@ -249,8 +249,11 @@ func netpolRuleset(node string, pods []corev1.Pod, namespaces []corev1.Namespace
 	return text + "COMMIT\n", chains
 }
 
+// netpolCommand makes the iptables commands (a test runs them in a network namespace of its own).
+var netpolCommand = exec.Command
+
 func iptables(args ...string) error {
-	out, err := exec.Command("iptables", append([]string{"-w", "5"}, args...)...).CombinedOutput()
+	out, err := netpolCommand("iptables", append([]string{"-w", "5"}, args...)...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("iptables %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
@@ -260,7 +263,7 @@ func iptables(args ...string) error {
 // applyNetpol loads the ruleset, puts the jumps first in FORWARD and OUTPUT, and removes the
 // pod and policy chains no longer declared.
 func applyNetpol(text string, chains map[string]bool) error {
-	restore := exec.Command("iptables-restore", "-w", "5", "--noflush")
+	restore := netpolCommand("iptables-restore", "-w", "5", "--noflush")
 	restore.Stdin = strings.NewReader(text)
 	if out, err := restore.CombinedOutput(); err != nil {
 		return fmt.Errorf("iptables-restore: %v: %s", err, strings.TrimSpace(string(out)))
@@ -273,7 +276,7 @@ func applyNetpol(text string, chains map[string]bool) error {
 			}
 		}
 	}
-	out, err := exec.Command("iptables", "-w", "5", "-S").Output()
+	out, err := netpolCommand("iptables", "-w", "5", "-S").Output()
 	if err != nil {
 		return err
 	}

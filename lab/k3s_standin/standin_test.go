@@ -10,11 +10,13 @@ import (
 	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -418,5 +420,150 @@ func TestNetpolRulesetFollowsKubeRouter(t *testing.T) {
 	// Nothing selected: the two chains, empty.
 	if text, _ := netpolRuleset("w1", pods, namespaces, nil); text != "*filter\n:KUBE-ROUTER-FORWARD - [0:0]\n:KUBE-ROUTER-OUTPUT - [0:0]\nCOMMIT\n" {
 		t.Errorf("no policy: %q", text)
+	}
+}
+
+// Real packets through the rules applyNetpol loads, in network namespaces of this machine: a
+// "node" with a bridge and three "pods" on it. A Longhorn pod gets the manager's answer, a plain
+// pod is refused (bridged traffic meets iptables through br_netfilter, which k3s's agent and the
+// program's host preparation load), the webhook port answers everyone, the node itself is
+// admitted; once the policy is gone its chains go and the plain pod gets the answer. Needs root,
+// ip, iptables and python3; skipped where namespaces or br_netfilter are not available.
+func TestNetpolRulesHoldRealPackets(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	for _, tool := range []string{"ip", "iptables", "iptables-restore", "python3"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s", tool)
+		}
+	}
+	if _, err := os.Stat("/proc/sys/net/bridge"); err != nil {
+		t.Skip("br_netfilter is not loaded")
+	}
+	suffix := fmt.Sprint(os.Getpid())
+	node, mgr, share, plain := "np-node-"+suffix, "np-mgr-"+suffix, "np-share-"+suffix, "np-plain-"+suffix
+	run := func(args ...string) error {
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	for _, ns := range []string{node, mgr, share, plain} {
+		if err := run("ip", "netns", "add", ns); err != nil {
+			t.Skipf("no network namespaces here: %v", err)
+		}
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	}
+	setup := [][]string{
+		{"ip", "-n", node, "link", "add", "br0", "type", "bridge"},
+		{"ip", "-n", node, "addr", "add", "10.42.1.1/24", "dev", "br0"},
+		{"ip", "-n", node, "link", "set", "br0", "up"},
+		{"ip", "-n", node, "link", "set", "lo", "up"},
+	}
+	addresses := map[string]string{mgr: "10.42.1.5", share: "10.42.1.7", plain: "10.42.1.8"}
+	for i, ns := range []string{mgr, share, plain} {
+		veth := fmt.Sprintf("v%d", i)
+		setup = append(setup,
+			[]string{"ip", "-n", node, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns},
+			[]string{"ip", "-n", node, "link", "set", veth, "master", "br0"},
+			[]string{"ip", "-n", node, "link", "set", veth, "up"},
+			[]string{"ip", "-n", ns, "addr", "add", addresses[ns] + "/24", "dev", "eth0"},
+			[]string{"ip", "-n", ns, "link", "set", "eth0", "up"},
+			[]string{"ip", "-n", ns, "route", "add", "default", "via", "10.42.1.1"},
+		)
+	}
+	for _, args := range setup {
+		if err := run(args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, _ := exec.Command("ip", "netns", "exec", node, "cat", "/proc/sys/net/bridge/bridge-nf-call-iptables").Output(); strings.TrimSpace(string(out)) != "1" {
+		t.Skip("bridged traffic does not meet iptables in a new namespace here")
+	}
+	server := exec.Command("ip", "netns", "exec", mgr, "python3", "-c", `
+import socket, threading
+def serve(port):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port)); s.listen(8)
+    while True:
+        c, _ = s.accept(); c.sendall(b"volumes"); c.close()
+for port in (9500, 9501):
+    threading.Thread(target=serve, args=(port,)).start()
+print("ready", flush=True)
+`)
+	stdout, _ := server.StdoutPipe()
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = server.Process.Kill(); _ = server.Wait() })
+	if line, _ := io.ReadAll(io.LimitReader(stdout, 6)); strings.TrimSpace(string(line)) != "ready" {
+		t.Fatalf("listener: %q", line)
+	}
+	answer := func(from string, port int) string {
+		out, _ := exec.Command("ip", "netns", "exec", from, "python3", "-c", fmt.Sprintf(`
+import socket
+try:
+    s = socket.create_connection(("10.42.1.5", %d), timeout=2); print(s.recv(16).decode()); s.close()
+except OSError:
+    print("")
+`, port)).Output()
+		return strings.TrimSpace(string(out))
+	}
+	netpolCommand = func(name string, args ...string) *exec.Cmd {
+		return exec.Command("ip", append([]string{"netns", "exec", node, name}, args...)...)
+	}
+	t.Cleanup(func() { netpolCommand = exec.Command })
+
+	pod := func(ns, name, ip string, podLabels map[string]string) corev1.Pod {
+		return corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: podLabels},
+			Spec:       corev1.PodSpec{NodeName: "w1"},
+			Status:     corev1.PodStatus{PodIP: ip, Phase: corev1.PodRunning},
+		}
+	}
+	pods := []corev1.Pod{
+		pod("longhorn-system", "manager", "10.42.1.5", map[string]string{"app": "longhorn-manager"}),
+		pod("longhorn-system", "share", "10.42.1.7", map[string]string{"app": "share"}),
+		pod("default", "plain", "10.42.1.8", nil),
+	}
+	tcp := corev1.ProtocolTCP
+	webhook := intstr.FromInt32(9501)
+	policies := []networkingv1.NetworkPolicy{{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "longhorn-system", Name: "hk3s-longhorn-manager"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "longhorn-manager"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{
+				{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{}}}},
+				{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &webhook}}},
+			},
+		},
+	}}
+	if got := answer(plain, 9500); got != "volumes" {
+		t.Fatalf("before any policy the plain pod gets %q: the namespaces do not work", got)
+	}
+	if err := applyNetpol(netpolRuleset("w1", pods, nil, policies)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		from string
+		port int
+		want string
+	}{{share, 9500, "volumes"}, {plain, 9500, ""}, {plain, 9501, "volumes"}, {node, 9500, "volumes"}} {
+		if got := answer(c.from, c.port); got != c.want {
+			t.Errorf("%s -> manager:%d: got %q, want %q", c.from, c.port, got, c.want)
+		}
+	}
+	if err := applyNetpol(netpolRuleset("w1", pods, nil, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if got := answer(plain, 9500); got != "volumes" {
+		t.Errorf("with the policy gone the plain pod gets %q", got)
+	}
+	out, _ := netpolCommand("iptables", "-S").Output()
+	if strings.Contains(string(out), podFirewallPrefix) || strings.Contains(string(out), policyChainPrefix) {
+		t.Errorf("chains left behind:\n%s", out)
 	}
 }
