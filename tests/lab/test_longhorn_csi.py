@@ -294,8 +294,13 @@ def test_a_plain_pod_gets_no_answer_from_longhorns_api_and_longhorns_own_pods_do
             ips[name] = wait_for(f"pod {name} running", functools.partial(ip_of, name, ns), 120, cluster.diagnose)
         # The path works: a pod no policy selects answers the plain pod (default allow).
         wait_for("the plain pod reaches an unselected pod", lambda: fetch("plain", "default", ips["lh-share"]), 30)
-        # The manager's API answers Longhorn's own pods, and the plain pod gets no answer.
-        assert fetch("lh-ui", "longhorn-system", ips["lh-manager"]) == "lh-manager-volumes"
+        # The manager's API answers Longhorn's own pods (once the node's rules list the UI pod's
+        # address), and the plain pod gets no answer.
+        wait_for(
+            "the UI pod answered by the manager",
+            lambda: fetch("lh-ui", "longhorn-system", ips["lh-manager"]) == "lh-manager-volumes",
+            20,
+        )
         wait_for(
             "the plain pod refused by the manager's policy",
             lambda: not fetch("plain", "default", ips["lh-manager"]),
