@@ -627,15 +627,17 @@ def test_a_health_check_nodeport_kube_proxy_accepts_stays_closed_on_every_backen
     for host in hosts:
         host.run(KUBE_PROXY_HEALTH_CHECK)
     try:
-        opened = [
-            f"{source.name if source else 'outside'} -> {host.name} {address}"
+        probes = [
+            make_probe(source, host, address, "tcp", 30080)
             for host in hosts
             for source, address in (
                 (None, str(host.public_ip)),
                 (cluster.outsider, str(host.private_ip)),
                 (cluster.server, str(host.private_ip)),
             )
-            if tcp_open_from(source, address, 30080)
+        ]
+        opened = [
+            f"{p.source_name} -> {p.target_name} {p.address}" for p, is_open in run_probes(probes).items() if is_open
         ]
         assert not opened, f"a health-check NodePort answers: {opened}"
         # Without the program's guard UFW lets kube-proxy's accept through: its rules are real.
