@@ -190,7 +190,13 @@ class K3sServerProvider(NodeProvider):
                 f"plan: {', '.join(undecided)} follow the network decision made during the run; if they change, "
                 "k3s restarts on the server (the API is down for 10-30 s; needs hk3s:network.approve_server_restart)",
             )
-        if olds.get("node") and not news.get("deny_service_external_ips"):
+        if olds.get("node") and not olds.get("deny_service_external_ips") and news.get("deny_service_external_ips"):
+            progress(
+                node,
+                "plan: turning on DenyServiceExternalIPs restarts k3s on the server; the Kubernetes API will be "
+                "down for 10-30 s",
+            )
+        elif olds.get("node") and not news.get("deny_service_external_ips"):
             progress(
                 node,
                 "the server's API accepts Services with externalIPs, which take any address's traffic (the server's "
