@@ -567,3 +567,23 @@ except OSError:
 		t.Errorf("chains left behind:\n%s", out)
 	}
 }
+
+// A component's argument keeps its commas (docs.k3s.io hardening guide: kube-apiserver-arg
+// "enable-admission-plugins=NodeRestriction,EventRateLimit"); other lists are split as before.
+func TestComponentArgsKeepTheirCommas(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	writeFile(t, cfg, "kube-apiserver-arg:\n  - enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs\ntls-san: a.example,b.example\n")
+	o, err := parseCommand(serverFlags(), []string{"--config", cfg, "--kube-scheduler-arg", "feature-gates=A=true,B=false"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.list("kube-apiserver-arg"); !slices.Equal(got, []string{"enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs"}) {
+		t.Errorf("kube-apiserver-arg = %q", got)
+	}
+	if got := o.list("kube-scheduler-arg"); !slices.Equal(got, []string{"feature-gates=A=true,B=false"}) {
+		t.Errorf("kube-scheduler-arg = %q", got)
+	}
+	if got := o.list("tls-san"); !slices.Equal(got, []string{"a.example", "b.example"}) {
+		t.Errorf("tls-san = %q", got)
+	}
+}
