@@ -19,7 +19,9 @@
 //     The config file (--config/-c or $K3S_CONFIG_FILE, default
 //     /etc/rancher/k3s/config.yaml, plus config.yaml.d/*.yaml drop-ins; keys are flag
 //     names without dashes) is merged with the command line as k3s does: the command
-//     line wins, list flags collect both, K3S_* variables fill what neither sets, and
+//     line wins, list flags collect both (split on commas, but the components' argument
+//     lists: --kube-apiserver-arg "enable-admission-plugins=A,B" is one argument, as in k3s's
+//     hardening guide), K3S_* variables fill what neither sets, and
 //     unknown keys are skipped with a warning. Flags of real k3s that mean nothing
 //     here are accepted and reported once. --token-file is waited for up to four
 //     minutes when missing, as k3s does.
