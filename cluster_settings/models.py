@@ -331,6 +331,10 @@ class FirewallSettings(StrictModel):
     )
 
 
+# A Kubernetes namespace name: an RFC 1123 label.
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
 class StorageSettings(StrictModel):
     """`hk3s:storage`: Longhorn and how many copies of data it may keep."""
 
@@ -357,6 +361,24 @@ class StorageSettings(StrictModel):
         "documented guidance that the 99th percentile of its WAL fdatasync stay under 10 ms (measured with fio's "
         "2300-byte synced writes).",
     )
+
+    longhorn_api_clients: list[str] = Field(
+        default_factory=list,
+        description="Namespaces whose pods may reach Longhorn's manager API (9500) and UI besides Longhorn's own "
+        "pods, e.g. your monitoring's. Longhorn's API and UI have no authentication: every other pod is kept out "
+        "by NetworkPolicies the program keeps in longhorn-system.",
+    )
+
+    @field_validator("longhorn_api_clients")
+    @classmethod
+    def _api_clients(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not NAMESPACE_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not a namespace name (lower-case letters, digits and '-', at most 63, starting "
+                    "and ending with a letter or digit); list the namespaces whose pods may reach Longhorn's API"
+                )
+        return sorted(set(value))
 
     @field_validator("disk_sync_p99_ms")
     @classmethod

@@ -15,6 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from cluster_settings.models import StorageSettings
+from components.longhorn_network import longhorn_network_policies
 from components.longhorn_settings import LONGHORN_NAMESPACE, LonghornSettingPatch, kept_settings, teardown_setting
 from node_operations.longhorn_node_role import COPIES_TAG, SERVER_TAG
 from providers.copies_offer import CopiesOffer, CopiesOfferInputs
@@ -171,13 +172,24 @@ class StorageCopies(pulumi.ComponentResource):
                 metadata=k8s.meta.v1.ObjectMetaArgs(name=LONGHORN_NAMESPACE),
                 opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[*offer, *args.wiped_after]),
             )
+            # Before Longhorn's pods exist: its API and UI have no authentication
+            # (components/longhorn_network.py says who may reach them).
+            policies = [
+                k8s.networking.v1.NetworkPolicy(
+                    f"{name}-{policy_name}",
+                    metadata=k8s.meta.v1.ObjectMetaArgs(name=policy_name, namespace=LONGHORN_NAMESPACE),
+                    spec=spec,
+                    opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace]),
+                )
+                for policy_name, spec in longhorn_network_policies(storage.longhorn_api_clients).items()
+            ]
             release = k8s.helm.v3.Release(
                 f"{name}-longhorn",
                 name="longhorn",
                 version=storage.longhorn_version,
                 namespace=LONGHORN_NAMESPACE,
                 values=longhorn_values(storage),
-                opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace]),
+                opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace, *policies]),
                 **longhorn_chart_source(storage),
             )
             self.release = release

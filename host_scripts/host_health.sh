@@ -24,6 +24,12 @@ if [ -f /etc/systemd/system/k3s.service ]; then
   else
     result secrets_encryption no
   fi
+  # The API server refuses Services with externalIPs (CVE-2020-8554) only with this plugin.
+  if grep -q '^- enable-admission-plugins=.*DenyServiceExternalIPs' /etc/rancher/k3s/config.yaml 2>/dev/null; then
+    result deny_service_external_ips yes
+  else
+    result deny_service_external_ips no
+  fi
 fi
 
 # Free space where k3s keeps its data and images, and on the root file system.

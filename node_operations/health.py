@@ -73,6 +73,13 @@ def judge(node: str, results: dict[str, str]) -> HostHealth:
             "without secrets-encryption, and k3s does not support turning it on later; keep its disk and "
             "backups private, or move the cluster to a new server the program creates (those start with it)"
         )
+    if results.get("deny_service_external_ips") == "no":
+        warnings.append(
+            f"{node}: the API server accepts Services with externalIPs, which redirect any address's "
+            "traffic (the server's 6443 or 22) to a pod on every node (CVE-2020-8554): set "
+            "hk3s:network.approve_server_restart: true and run up to turn on DenyServiceExternalIPs "
+            "(k3s restarts on the server; the API is down for 10-30 s)"
+        )
     return HostHealth(
         node=node,
         reachable=True,

@@ -81,6 +81,16 @@ class ServerSpec:
     # currently not supported", docs.k3s.io/cli/secrets-encrypt): on for servers this program
     # creates, never switched on for a server that started without it.
     secrets_encryption: bool = False
+    # The DenyServiceExternalIPs admission plugin: a Service's externalIPs make kube-proxy on every
+    # node send what is addressed to them (the server's 6443 or 22, say) to the Service's pods
+    # (CVE-2020-8554), and any user who may create a Service may name any address. On for servers
+    # this program starts; on a running server only when its restart is approved.
+    deny_service_external_ips: bool = False
+
+
+# k3s runs the API server with --enable-admission-plugins=NodeRestriction; a kube-apiserver-arg of
+# the same name replaces it (k3s pkg/util/args.go GetArgs), so NodeRestriction is named again.
+DENY_SERVICE_EXTERNAL_IPS_ARG = "enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs"
 
 
 # k3s's bundled components the program turns off without hk3s:cluster.ingress: ServiceLB publishes
@@ -167,6 +177,7 @@ def server_config(spec: ServerSpec, flannel_iface: str | None) -> str:
             "disable": [] if spec.ingress else list(INGRESS_COMPONENTS),
             "node-label": [SERVICELB_NODE_LABEL] if spec.ingress else [],
             "secrets-encryption": True if spec.secrets_encryption else None,
+            "kube-apiserver-arg": [DENY_SERVICE_EXTERNAL_IPS_ARG] if spec.deny_service_external_ips else [],
         }
     )
 

@@ -56,6 +56,10 @@ class K3sServerInputs(NodeInputs):
     secrets_encryption: pulumi.Input[bool | None] = None
     """Decided by check, never by the program: on for a server k3s starts here for the first
     time, and for one that already runs what it started with (k3s cannot switch it on later)."""
+    deny_service_external_ips: pulumi.Input[bool | None] = None
+    """Decided by check: on for a server k3s starts here for the first time; a running server
+    keeps what it runs unless hk3s:network.approve_server_restart approves turning it on (k3s
+    restarts). Absent in a state written before the input existed: off."""
 
 
 FIRST_INSTALL_ONLY = K3sServerInputs.names("firewall_managed", "no_firewall_acknowledged")
@@ -159,6 +163,12 @@ class K3sServerProvider(NodeProvider):
         checked = pin_recorded_host_key(olds, dict(news))
         # A server this stack already runs keeps what it started with (an earlier release's: off).
         checked["secrets_encryption"] = olds.get("secrets_encryption") if olds.get("node") else True
+        # Turning the admission plugin on restarts k3s: a running server gets it with approval only.
+        running = bool(olds.get("node"))
+        approved = news.get("approve_restart") is True
+        checked["deny_service_external_ips"] = (
+            True if not running or approved else olds.get("deny_service_external_ips")
+        )
         return CheckResult(checked, failures)
 
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
@@ -179,6 +189,19 @@ class K3sServerProvider(NodeProvider):
                 node,
                 f"plan: {', '.join(undecided)} follow the network decision made during the run; if they change, "
                 "k3s restarts on the server (the API is down for 10-30 s; needs hk3s:network.approve_server_restart)",
+            )
+        if olds.get("node") and not olds.get("deny_service_external_ips") and news.get("deny_service_external_ips"):
+            progress(
+                node,
+                "plan: turning on DenyServiceExternalIPs restarts k3s on the server; the Kubernetes API will be "
+                "down for 10-30 s",
+            )
+        elif olds.get("node") and not news.get("deny_service_external_ips"):
+            progress(
+                node,
+                "the server's API accepts Services with externalIPs, which take any address's traffic (the server's "
+                "6443 or 22) to a pod (CVE-2020-8554); hk3s:network.approve_server_restart: true turns on "
+                "DenyServiceExternalIPs (k3s restarts on the server; the API is down for 10-30 s)",
             )
         return result
 
@@ -203,6 +226,7 @@ class K3sServerProvider(NodeProvider):
             ingress=bool(known(inputs.ingress)),
             binary=inputs.k3s.binary(),
             secrets_encryption=known(inputs.secrets_encryption) is True,
+            deny_service_external_ips=known(inputs.deny_service_external_ips) is True,
         )
         # The server gets the workers' host preparation and hardening before k3s runs on it.
         pod_network = known(inputs.pod_network) or ("wireguard" if "wireguard" in flannel_backend else "vxlan")

@@ -63,9 +63,12 @@ class HostKeyChangedError(SshError):
         super().__init__(
             node,
             f"SSH host key of {address} changed: recorded {fingerprint(recorded)}, "
-            f"presented {fingerprint(presented)}. If the host was reinstalled, verify the new key "
-            f"out of band and set hk3s:ssh.host_keys.{node} to {presented!r}; otherwise do not "
-            "connect: someone may be impersonating the host.",
+            f"presented {fingerprint(presented)}. Do not trust the presented key: whoever answers at "
+            "this address presented it (an attacker on the path, or a Kubernetes Service whose "
+            "externalIPs redirect the node's port to a pod). Only if the host was reinstalled: read "
+            "its key out of band, on its console (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub), "
+            f"and if that fingerprint is {fingerprint(presented)}, set hk3s:ssh.host_keys.{node} to "
+            "the key read there; otherwise do not connect.",
         )
 
 

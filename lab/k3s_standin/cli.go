@@ -34,6 +34,12 @@ type flagDef struct {
 	usage   string
 	// ignored: accepted for compatibility with real k3s; has no effect here.
 	ignored bool
+	// wholeValues: a list whose values are never split on commas. The components' argument
+	// lists (--kube-apiserver-arg and the like) take "key=value" items whose values hold commas
+	// (docs.k3s.io's hardening guide: kube-apiserver-arg
+	// "enable-admission-plugins=NodeRestriction,EventRateLimit", kubelet-arg
+	// "tls-cipher-suites=...,..."), each passed on whole.
+	wholeValues bool
 }
 
 // options holds the parsed values of one command.
@@ -95,6 +101,17 @@ func (o *options) mustDef(name string) *flagDef {
 	return d
 }
 
+// values are the entries one value of a list flag adds: split on commas, but for wholeValues.
+func (d *flagDef) values(v string) []string {
+	if d.wholeValues {
+		if v = strings.TrimSpace(v); v != "" {
+			return []string{v}
+		}
+		return nil
+	}
+	return splitList(v)
+}
+
 // splitList splits a list flag's value on commas, as urfave/cli's StringSlice does.
 func splitList(v string) []string {
 	var out []string
@@ -119,7 +136,7 @@ func (o *options) setValue(d *flagDef, value, source string) error {
 		}
 		o.scalars[d.name] = value
 	case kindList:
-		o.lists[d.name] = append(o.lists[d.name], splitList(value)...)
+		o.lists[d.name] = append(o.lists[d.name], d.values(value)...)
 	default:
 		o.scalars[d.name] = value
 	}
@@ -222,7 +239,7 @@ func (o *options) applyConfigFile(path string, explicit bool) error {
 			case kindList:
 				var entries []string
 				for _, v := range values {
-					entries = append(entries, splitList(v)...)
+					entries = append(entries, d.values(v)...)
 				}
 				if appendMode {
 					fromFiles[d.name] = append(fromFiles[d.name], entries...)
@@ -410,6 +427,11 @@ func boolean(name string, env []string, usage string) *flagDef {
 func list(name string, env []string, usage string) *flagDef {
 	return &flagDef{name: name, kind: kindList, env: env, usage: usage}
 }
+
+// argList is a component's argument list (--kube-apiserver-arg ...): whole values.
+func argList(name, usage string) *flagDef {
+	return &flagDef{name: name, kind: kindList, usage: usage, wholeValues: true}
+}
 func ignoredStr(name string) *flagDef {
 	return &flagDef{name: name, kind: kindString, ignored: true, usage: "(no effect here)"}
 }
@@ -434,7 +456,7 @@ func commonFlags() []*flagDef {
 		list("node-ip", nil, "(agent/networking) IPv4/IPv6 addresses to advertise for node"),
 		list("node-external-ip", nil, "(agent/networking) IPv4/IPv6 external IP addresses to advertise for node"),
 		str("flannel-iface", nil, "", nil, "(agent/networking) Override default flannel interface (its address is the node IP when --node-ip is not set)"),
-		list("kubelet-arg", nil, "(agent/flags) Customized flag for kubelet process (port=N sets the kubelet port)"),
+		argList("kubelet-arg", "(agent/flags) Customized flag for kubelet process (port=N sets the kubelet port)"),
 		ignoredBool("with-node-id"),
 		ignoredList("node-internal-dns"),
 		ignoredList("node-external-dns"),
@@ -496,10 +518,10 @@ func serverFlags() []*flagDef {
 		ignoredBool("cluster-init"),
 		ignoredBool("cluster-reset"),
 		ignoredStr("cluster-reset-restore-path"),
-		list("kube-apiserver-arg", nil, "(flags) Customized flag for kube-apiserver process"),
-		list("kube-controller-manager-arg", nil, "(flags) Customized flag for kube-controller-manager process"),
+		argList("kube-apiserver-arg", "(flags) Customized flag for kube-apiserver process"),
+		argList("kube-controller-manager-arg", "(flags) Customized flag for kube-controller-manager process"),
 		ignoredList("etcd-arg"),
-		list("kube-scheduler-arg", nil, "(flags) Customized flag for kube-scheduler process"),
+		argList("kube-scheduler-arg", "(flags) Customized flag for kube-scheduler process"),
 		ignoredList("kube-cloud-controller-manager-arg"),
 		str("datastore-endpoint", nil, "", []string{"K3S_DATASTORE_ENDPOINT"}, "(db) sqlite:// only here"),
 		ignoredStr("datastore-cafile"),

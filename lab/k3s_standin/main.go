@@ -19,7 +19,9 @@
 //     The config file (--config/-c or $K3S_CONFIG_FILE, default
 //     /etc/rancher/k3s/config.yaml, plus config.yaml.d/*.yaml drop-ins; keys are flag
 //     names without dashes) is merged with the command line as k3s does: the command
-//     line wins, list flags collect both, K3S_* variables fill what neither sets, and
+//     line wins, list flags collect both (split on commas, but the components' argument
+//     lists: --kube-apiserver-arg "enable-admission-plugins=A,B" is one argument, as in k3s's
+//     hardening guide), K3S_* variables fill what neither sets, and
 //     unknown keys are skipped with a warning. Flags of real k3s that mean nothing
 //     here are accepted and reported once. --token-file is waited for up to four
 //     minutes when missing, as k3s does.
@@ -29,6 +31,9 @@
 //     kube-apiserver on 127.0.0.1:6444, kube-controller-manager, kube-scheduler when
 //     the lab built one (--kube-scheduler-arg passed on); binaries from
 //     /opt/lab-kube/bin or $HK3S_LAB_KUBE_BIN; their logs in <data-dir>/server/logs),
+//     the components' arguments k3s's defaults merged with --kube-apiserver-arg,
+//     --kube-controller-manager-arg and --kube-scheduler-arg as k3s's GetArgs merges them
+//     (pkg/util/args.go: an argument of the same key replaces the default; server.go mergeArgs),
 //     the supervisor on :6443 that serves /cacerts and /ping itself and proxies the
 //     Kubernetes API (client certificates are passed on as front-proxy identity
 //     headers), a serving certificate naming every host address, --tls-san,
@@ -103,13 +108,15 @@
 //     one changes; stopping the agent kills containerd and the kubelet but leaves the
 //     containers running (KillMode=process), as on k3s; /usr/local/bin/k3s-killall.sh
 //     (k3s-killall.sh here, install.sh's) stops them. The supervisor serves
-//     /v1-k3s/client-ca.crt to nodes (their certificate), as k3s does.
+//     /v1-k3s/client-ca.crt to nodes (their certificate), as k3s does. In pod mode the agent
+//     also enforces NetworkPolicies' ingress rules with iptables as k3s's network-policy
+//     controller (kube-router's) does (netpol.go says what it reproduces and what not).
 //
 // What it does not reproduce: on hosts without the bundled runtime, no containers (no
 // containerd, no images; the Node reports no container runtime) and no real kubelet:
 // pods scheduled there never run, and the kubelet port answers /healthz only. Nowhere:
 // flannel's daemon (pod mode's CNI is bridge + host-local on the Node's pod CIDR), no
-// kube-proxy, no network policy, no CoreDNS/Traefik/local-path/metrics-server/helm
+// kube-proxy, no egress network policy, no CoreDNS/Traefik/local-path/metrics-server/helm
 // add-ons, no cloud controller (a pod-mode Node has no ExternalIP address). No embedded etcd or external datastores, no HA servers,
 // no server list learned by the agent's load balancer (lb.go), no websocket (the tunnel opens one connection per stream),
 // no certificate rotation, no secrets encryption, no etcd snapshots. The server's own

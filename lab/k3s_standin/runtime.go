@@ -174,6 +174,7 @@ func runPodAgent(ctx context.Context, cfg *rest.Config, spec nodeSpec, serverURL
 	if err := startPodNetwork(ctx, pa, podCIDR); err != nil {
 		warnf("pod network across nodes: %v", err)
 	}
+	go runNetworkPolicies(ctx, pa)
 	// As k3s: the agent ends when containerd or the kubelet does (systemd restarts it).
 	containerdDone, kubeletDone := exited(containerd), exited(kubelet)
 	select {

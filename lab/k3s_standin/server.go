@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -449,11 +450,59 @@ func dedupeIPs(in []net.IP) []net.IP {
 	return out
 }
 
-// extraArgs turns k3s's key=value list flags into --key=value arguments.
-func extraArgs(values []string) []string {
+// mergeArgs gives a control-plane component its arguments as k3s's GetArgs does
+// (pkg/util/args.go): k3s's own --key=value defaults, where a --<component>-arg of the same key
+// replaces the default (a key ending in "+" appends to it, one ending in "-" prepends; repeated
+// keys keep every value in order), sorted by key. So
+// kube-apiserver-arg "enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs" is the API
+// server's only --enable-admission-plugins, as on k3s.
+func mergeArgs(defaults []string, extra []string) []string {
+	initial := map[string]string{}
+	for _, arg := range defaults {
+		key, value, _ := strings.Cut(strings.TrimPrefix(arg, "--"), "=")
+		initial[key] = value
+	}
+	multi := map[string][]string{}
+	for _, unsplit := range extra {
+		key, value, found := strings.Cut(strings.TrimPrefix(unsplit, "--"), "=")
+		if !found {
+			value = "true"
+		}
+		cleaned := strings.TrimRight(key, "-+")
+		initialValue, hasInitial := initial[cleaned]
+		existing := multi[cleaned]
+		var values []string
+		switch {
+		case strings.HasSuffix(key, "+"):
+			if hasInitial {
+				values = append(values, initialValue)
+			}
+			values = append(append(values, existing...), value)
+		case strings.HasSuffix(key, "-"):
+			values = append(values, value)
+			if hasInitial {
+				values = append(values, initialValue)
+			}
+			values = append(values, existing...)
+		default:
+			values = append(append(values, existing...), value)
+		}
+		delete(initial, cleaned)
+		multi[cleaned] = values
+	}
+	for key, value := range initial {
+		multi[key] = []string{value}
+	}
+	keys := make([]string, 0, len(multi))
+	for key := range multi {
+		keys = append(keys, key)
+	}
+	sort.Strings(keys)
 	var out []string
-	for _, v := range values {
-		out = append(out, "--"+strings.TrimLeft(v, "-"))
+	for _, key := range keys {
+		for _, value := range multi[key] {
+			out = append(out, "--"+key+"="+value)
+		}
 	}
 	return out
 }
@@ -602,7 +651,7 @@ func (s *server) startAPIServer() (*child, error) {
 		"--tls-cert-file=" + t("serving-kube-apiserver.crt"),
 		"--tls-private-key-file=" + t("serving-kube-apiserver.key"),
 	}
-	return s.startChild("kube-apiserver", append(args, extraArgs(s.o.list("kube-apiserver-arg"))...))
+	return s.startChild("kube-apiserver", mergeArgs(args, s.o.list("kube-apiserver-arg")))
 }
 
 func (s *server) startControllerManager() (*child, error) {
@@ -639,12 +688,12 @@ func (s *server) startControllerManager() (*child, error) {
 		"--node-monitor-grace-period=" + grace,
 		"--profiling=false",
 	}
-	return s.startChild("kube-controller-manager", append(args, extraArgs(s.o.list("kube-controller-manager-arg"))...))
+	return s.startChild("kube-controller-manager", mergeArgs(args, s.o.list("kube-controller-manager-arg")))
 }
 
 func (s *server) startScheduler() (*child, error) {
 	kc := filepath.Join(s.credDir, "scheduler.kubeconfig")
-	return s.startChild("kube-scheduler", append([]string{
+	return s.startChild("kube-scheduler", mergeArgs([]string{
 		"--kubeconfig=" + kc,
 		"--authentication-kubeconfig=" + kc,
 		"--authorization-kubeconfig=" + kc,
@@ -652,7 +701,7 @@ func (s *server) startScheduler() (*child, error) {
 		"--secure-port=10259",
 		"--leader-elect=false",
 		"--profiling=false",
-	}, extraArgs(s.o.list("kube-scheduler-arg"))...))
+	}, s.o.list("kube-scheduler-arg")))
 }
 
 func (s *server) apiReady() bool {
@@ -690,14 +739,29 @@ func (s *server) bootstrapRBAC(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// k3s's flannel reads every Node (their pod CIDRs and VTEPs) as system:k3s-controller;
-	// the stand-in's agents do it with their node certificate, so the role is bound to
-	// the system:nodes group (the Node authorizer lets a node read only its own Node).
+	// k3s's flannel reads every Node (their pod CIDRs and VTEPs) and its network-policy
+	// controller every pod, namespace and NetworkPolicy (pkg/agent/netpol/netpol.go: its
+	// informers) as system:k3s-controller; the stand-in's agents do it with their node
+	// certificate, so the role is bound to the system:nodes group (the Node authorizer lets a
+	// node read only its own Node and pods).
 	controllerRole := &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: "system:k3s-controller", Labels: map[string]string{"objectset.rio.cattle.io/owner-name": "k3s"}},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"pods", "namespaces"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"get", "list", "watch"}},
+		},
 	}
-	if _, err := rc.ClusterRoles().Create(ctx, controllerRole, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := rc.ClusterRoles().Create(ctx, controllerRole, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+		existing, gerr := rc.ClusterRoles().Get(ctx, controllerRole.Name, metav1.GetOptions{})
+		if gerr != nil {
+			return gerr
+		}
+		existing.Rules = controllerRole.Rules
+		if _, err := rc.ClusterRoles().Update(ctx, existing, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("clusterrole %s: %w", controllerRole.Name, err)
+		}
+	} else if err != nil {
 		return fmt.Errorf("clusterrole %s: %w", controllerRole.Name, err)
 	}
 	bindings := []struct{ name, role, kind, subject string }{

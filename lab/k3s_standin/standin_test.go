@@ -10,17 +10,23 @@ import (
 	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 func writeFile(t *testing.T, path, content string) {
@@ -316,5 +322,268 @@ func TestCAHashIsTheBytesOfOneCertificateAndTheRootOfAChain(t *testing.T) {
 	}
 	if raw := sha256.Sum256(chain); caHash(chain) == hex.EncodeToString(raw[:]) {
 		t.Errorf("a chain hashed as raw bytes")
+	}
+}
+
+// k3s's GetArgs (pkg/util/args.go): an extra argument replaces k3s's default of the same key,
+// "key+=" appends to it, "key-=" prepends, repeated keys keep every value; sorted by key.
+func TestMergeArgsIsK3ssGetArgs(t *testing.T) {
+	defaults := []string{"--secure-port=6444", "--enable-admission-plugins=NodeRestriction", "--feature-gates=A=true"}
+	got := mergeArgs(defaults, []string{
+		"enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs",
+		"--feature-gates+=B=false",
+		"v=2",
+		"v=4",
+		"profiling",
+	})
+	want := []string{
+		"--enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs",
+		"--feature-gates=A=true",
+		"--feature-gates=B=false",
+		"--profiling=true",
+		"--secure-port=6444",
+		"--v=2",
+		"--v=4",
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("mergeArgs:\n got %q\nwant %q", got, want)
+	}
+	if got := mergeArgs(defaults, []string{"enable-admission-plugins-=X"}); got[0] != "--enable-admission-plugins=X" || got[1] != "--enable-admission-plugins=NodeRestriction" {
+		t.Fatalf("prepend: %q", got)
+	}
+}
+
+// kube-router's ingress rules (netpol.go): a selected pod of this node gets its chain, reached
+// first from FORWARD/OUTPUT's jumps; permitted sources are marked, the rest rejected; pods no
+// policy selects, pods of other nodes and egress-only policies get nothing.
+func TestNetpolRulesetFollowsKubeRouter(t *testing.T) {
+	pod := func(ns, name, node, ip string, podLabels map[string]string) corev1.Pod {
+		return corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: podLabels},
+			Spec:       corev1.PodSpec{NodeName: node},
+			Status:     corev1.PodStatus{PodIP: ip, Phase: corev1.PodRunning},
+		}
+	}
+	pods := []corev1.Pod{
+		pod("longhorn-system", "manager", "w1", "10.42.1.5", map[string]string{"app": "longhorn-manager"}),
+		pod("longhorn-system", "ui", "w2", "10.42.2.6", map[string]string{"app": "longhorn-ui"}),
+		pod("longhorn-system", "share", "w1", "10.42.1.7", map[string]string{"app": "share"}),
+		pod("default", "plain", "w1", "10.42.1.8", nil),
+		pod("monitoring", "prom", "w2", "10.42.2.9", nil),
+	}
+	namespaces := []corev1.Namespace{
+		{ObjectMeta: metav1.ObjectMeta{Name: "monitoring", Labels: map[string]string{"kubernetes.io/metadata.name": "monitoring"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "default", Labels: map[string]string{"kubernetes.io/metadata.name": "default"}}},
+	}
+	tcp := corev1.ProtocolTCP
+	port := intstr.FromInt32(9501)
+	policies := []networkingv1.NetworkPolicy{{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "longhorn-system", Name: "manager"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "longhorn-manager"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{
+				{From: []networkingv1.NetworkPolicyPeer{
+					{PodSelector: &metav1.LabelSelector{}},
+					{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "monitoring"}}},
+					{IPBlock: &networkingv1.IPBlock{CIDR: "192.0.2.0/24", Except: []string{"192.0.2.8/29"}}},
+				}},
+				{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}}},
+			},
+		},
+	}, {
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "egress-only"},
+		Spec:       networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}},
+	}}
+	text, chains := netpolRuleset("w1", pods, namespaces, policies)
+	podChain := netpolChainName(podFirewallPrefix, "longhorn-system", "manager")
+	for _, want := range []string{
+		"-A KUBE-ROUTER-FORWARD -m comment --comment \"rule to jump traffic destined to POD name:manager namespace: longhorn-system to chain " + podChain + "\" -d 10.42.1.5/32 -j " + podChain,
+		"-A " + podChain + " -m comment --comment \"rule to permit the traffic traffic to pods when source is the pod's local node\" -m addrtype --src-type LOCAL -d 10.42.1.5/32 -j ACCEPT",
+		"-s 10.42.1.7/32 -j MARK --set-xmark 0x10000/0x10000",            // a Longhorn pod
+		"-s 10.42.2.6/32 -j MARK --set-xmark 0x10000/0x10000",            // on another node too
+		"-s 10.42.2.9/32 -j MARK --set-xmark 0x10000/0x10000",            // the named namespace's pod
+		"-s 192.0.2.8/29 -j RETURN",                                      // the ipBlock's exception
+		"-p tcp -m tcp --dport 9501 -j MARK --set-xmark 0x10000/0x10000", // the webhook's port from anywhere
+		"-A " + podChain + " -m comment --comment \"rule to REJECT traffic destined for POD name:manager namespace: longhorn-system\" -m mark ! --mark 0x10000/0x10000 -j REJECT",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("missing %q in\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "10.42.1.8/32 -j MARK") || strings.Contains(text, "-d 10.42.2.6/32 -j") || strings.Contains(text, "-d 10.42.1.7/32 -j") {
+		t.Errorf("the plain pod is permitted, or a pod of another node or one no policy selects has a chain:\n%s", text)
+	}
+	if len(chains) != 5 { // the two KUBE-ROUTER chains, the pod's, the policy's, the ipBlock's
+		t.Errorf("chains %v", chains)
+	}
+	// Nothing selected: the two chains, empty.
+	if text, _ := netpolRuleset("w1", pods, namespaces, nil); text != "*filter\n:KUBE-ROUTER-FORWARD - [0:0]\n:KUBE-ROUTER-OUTPUT - [0:0]\nCOMMIT\n" {
+		t.Errorf("no policy: %q", text)
+	}
+}
+
+// Real packets through the rules applyNetpol loads, in network namespaces of this machine: a
+// "node" with a bridge and three "pods" on it. A Longhorn pod gets the manager's answer, a plain
+// pod is refused (bridged traffic meets iptables through br_netfilter, which k3s's agent and the
+// program's host preparation load), the webhook port answers everyone, the node itself is
+// admitted; once the policy is gone its chains go and the plain pod gets the answer. Needs root,
+// ip, iptables and python3; skipped where namespaces or br_netfilter are not available.
+func TestNetpolRulesHoldRealPackets(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	for _, tool := range []string{"ip", "iptables", "iptables-restore", "python3"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s", tool)
+		}
+	}
+	if _, err := os.Stat("/proc/sys/net/bridge"); err != nil {
+		t.Skip("br_netfilter is not loaded")
+	}
+	suffix := fmt.Sprint(os.Getpid())
+	node, mgr, share, plain := "np-node-"+suffix, "np-mgr-"+suffix, "np-share-"+suffix, "np-plain-"+suffix
+	run := func(args ...string) error {
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	for _, ns := range []string{node, mgr, share, plain} {
+		if err := run("ip", "netns", "add", ns); err != nil {
+			t.Skipf("no network namespaces here: %v", err)
+		}
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	}
+	setup := [][]string{
+		{"ip", "-n", node, "link", "add", "br0", "type", "bridge"},
+		{"ip", "-n", node, "addr", "add", "10.42.1.1/24", "dev", "br0"},
+		{"ip", "-n", node, "link", "set", "br0", "up"},
+		{"ip", "-n", node, "link", "set", "lo", "up"},
+	}
+	addresses := map[string]string{mgr: "10.42.1.5", share: "10.42.1.7", plain: "10.42.1.8"}
+	for i, ns := range []string{mgr, share, plain} {
+		veth := fmt.Sprintf("v%d", i)
+		setup = append(setup,
+			[]string{"ip", "-n", node, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns},
+			[]string{"ip", "-n", node, "link", "set", veth, "master", "br0"},
+			[]string{"ip", "-n", node, "link", "set", veth, "up"},
+			[]string{"ip", "-n", ns, "addr", "add", addresses[ns] + "/24", "dev", "eth0"},
+			[]string{"ip", "-n", ns, "link", "set", "eth0", "up"},
+			[]string{"ip", "-n", ns, "route", "add", "default", "via", "10.42.1.1"},
+		)
+	}
+	for _, args := range setup {
+		if err := run(args...); err != nil {
+			t.Skipf("cannot wire namespaces here: %v", err)
+		}
+	}
+	if out, _ := exec.Command("ip", "netns", "exec", node, "cat", "/proc/sys/net/bridge/bridge-nf-call-iptables").Output(); strings.TrimSpace(string(out)) != "1" {
+		t.Skip("bridged traffic does not meet iptables in a new namespace here")
+	}
+	server := exec.Command("ip", "netns", "exec", mgr, "python3", "-c", `
+import socket, threading
+def serve(port):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port)); s.listen(8)
+    while True:
+        c, _ = s.accept(); c.sendall(b"volumes"); c.close()
+for port in (9500, 9501):
+    threading.Thread(target=serve, args=(port,)).start()
+print("ready", flush=True)
+`)
+	stdout, _ := server.StdoutPipe()
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = server.Process.Kill(); _ = server.Wait() })
+	if line, _ := io.ReadAll(io.LimitReader(stdout, 6)); strings.TrimSpace(string(line)) != "ready" {
+		t.Fatalf("listener: %q", line)
+	}
+	answer := func(from string, port int) string {
+		out, _ := exec.Command("ip", "netns", "exec", from, "python3", "-c", fmt.Sprintf(`
+import socket
+try:
+    s = socket.create_connection(("10.42.1.5", %d), timeout=2); print(s.recv(16).decode()); s.close()
+except OSError:
+    print("")
+`, port)).Output()
+		return strings.TrimSpace(string(out))
+	}
+	netpolCommand = func(name string, args ...string) *exec.Cmd {
+		return exec.Command("ip", append([]string{"netns", "exec", node, name}, args...)...)
+	}
+	t.Cleanup(func() { netpolCommand = exec.Command })
+
+	pod := func(ns, name, ip string, podLabels map[string]string) corev1.Pod {
+		return corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: podLabels},
+			Spec:       corev1.PodSpec{NodeName: "w1"},
+			Status:     corev1.PodStatus{PodIP: ip, Phase: corev1.PodRunning},
+		}
+	}
+	pods := []corev1.Pod{
+		pod("longhorn-system", "manager", "10.42.1.5", map[string]string{"app": "longhorn-manager"}),
+		pod("longhorn-system", "share", "10.42.1.7", map[string]string{"app": "share"}),
+		pod("default", "plain", "10.42.1.8", nil),
+	}
+	tcp := corev1.ProtocolTCP
+	webhook := intstr.FromInt32(9501)
+	policies := []networkingv1.NetworkPolicy{{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "longhorn-system", Name: "hk3s-longhorn-manager"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "longhorn-manager"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{
+				{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{}}}},
+				{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &webhook}}},
+			},
+		},
+	}}
+	if got := answer(plain, 9500); got != "volumes" {
+		t.Fatalf("before any policy the plain pod gets %q: the namespaces do not work", got)
+	}
+	if err := applyNetpol(netpolRuleset("w1", pods, nil, policies)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		from string
+		port int
+		want string
+	}{{share, 9500, "volumes"}, {plain, 9500, ""}, {plain, 9501, "volumes"}, {node, 9500, "volumes"}} {
+		if got := answer(c.from, c.port); got != c.want {
+			t.Errorf("%s -> manager:%d: got %q, want %q", c.from, c.port, got, c.want)
+		}
+	}
+	if err := applyNetpol(netpolRuleset("w1", pods, nil, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if got := answer(plain, 9500); got != "volumes" {
+		t.Errorf("with the policy gone the plain pod gets %q", got)
+	}
+	out, _ := netpolCommand("iptables", "-S").Output()
+	if strings.Contains(string(out), podFirewallPrefix) || strings.Contains(string(out), policyChainPrefix) {
+		t.Errorf("chains left behind:\n%s", out)
+	}
+}
+
+// A component's argument keeps its commas (docs.k3s.io hardening guide: kube-apiserver-arg
+// "enable-admission-plugins=NodeRestriction,EventRateLimit"); other lists are split as before.
+func TestComponentArgsKeepTheirCommas(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	writeFile(t, cfg, "kube-apiserver-arg:\n  - enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs\ntls-san: a.example,b.example\n")
+	o, err := parseCommand(serverFlags(), []string{"--config", cfg, "--kube-scheduler-arg", "feature-gates=A=true,B=false"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.list("kube-apiserver-arg"); !slices.Equal(got, []string{"enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs"}) {
+		t.Errorf("kube-apiserver-arg = %q", got)
+	}
+	if got := o.list("kube-scheduler-arg"); !slices.Equal(got, []string{"feature-gates=A=true,B=false"}) {
+		t.Errorf("kube-scheduler-arg = %q", got)
+	}
+	if got := o.list("tls-san"); !slices.Equal(got, []string{"a.example", "b.example"}) {
+		t.Errorf("tls-san = %q", got)
 	}
 }

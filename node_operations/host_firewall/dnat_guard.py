@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from host_scripts import script_path
-from node_operations.firewall_plan import METADATA_ADDRESS
+from node_operations.firewall_plan import METADATA_ADDRESS, NODEPORT_RANGE
 from node_operations.host_firewall import remote
 from node_operations.host_firewall.inspection import FirewallInspection
 from node_operations.host_firewall.nft import (
@@ -49,7 +49,7 @@ from node_operations.host_firewall.nft import (
     nft_set_lines,
     nft_table_loaded,
 )
-from node_operations.host_firewall.plan import NodeFirewallPlan, PlannedRule, planned_rules, port_text
+from node_operations.host_firewall.plan import NodeFirewallPlan, PlannedRule, planned_rules, port_range, port_text
 from remote_access.ssh import SshSession
 
 # Beside UFW or firewalld: the DNAT guard alone, in a table of its own.
@@ -58,6 +58,7 @@ NFT_GUARD_CHAIN = "dnat_guard"
 NFT_GUARD_INPUT_CHAIN = "dnat_guard_input"
 DNAT_GUARD_PURPOSE = "DNAT to a port the plan keeps closed (NodePort, hostPort, LoadBalancer)"
 DNAT_INPUT_PURPOSE = "DNAT to this node on a port the plan keeps closed to the source"
+NODEPORTS_CLOSED_PURPOSE = "NodePorts closed (hk3s:firewall.nodeports_open), kube-proxy health-check ports included"
 CLUSTER_NETWORKS_PURPOSE = "pod and Service networks from a non-node outside the fabric"
 METADATA_PURPOSE = "pods to the cloud metadata service (it serves the host keys)"
 REMOTE_GUARD_FILE = f"{remote.REMOTE_DIR}/dnat-guard.nft"
@@ -114,12 +115,23 @@ def dnat_guard_lines(
 
 
 def dnat_guard_input_lines(
-    planned: Sequence[PlannedRule], *, cluster_networks: Sequence[str] = (), node_addresses: Sequence[str] = ()
+    planned: Sequence[PlannedRule],
+    *,
+    cluster_networks: Sequence[str] = (),
+    node_addresses: Sequence[str] = (),
+    nodeports_closed: bool = False,
 ) -> list[str]:
     """The input chain beside UFW or firewalld (module docstring): a DNAT'd connection to the
     node itself from outside the fabric passes only when the port it is delivered to is open to
     its source in the plan. Runs before firewalld's own input chain (priority filter + 10) and
-    UFW's (filter): a drop in any base chain is final."""
+    UFW's (filter): a drop in any base chain is final.
+
+    With `nodeports_closed`, a new connection to the NodePort range from outside the fabric is
+    dropped too, DNAT'd or not: kube-proxy (iptables mode) serves each LoadBalancer Service's
+    healthCheckNodePort itself, on the node, and accepts it from a jump it puts first in the
+    filter table's INPUT chain (kubernetes pkg/proxy/iptables/proxier.go: iptablesJumpChains,
+    ensured with Prepend; "Capture healthCheckNodePorts"), ahead of UFW's chains and of firewalld's
+    when firewalld runs on iptables. Its accept ends only that chain; this drop is final."""
     rules = [
         "ct state established,related accept",
         f'iifname {{ "lo", {nft_fabric()} }} accept',
@@ -130,6 +142,11 @@ def dnat_guard_input_lines(
         lambda item: f"meta l4proto {item.rule.protocol} th dport {port_text(item.first_port, item.last_port)}",
         prefix="ct status dnat ",
     )
+    if nodeports_closed:
+        nodeports = port_text(*port_range(NODEPORT_RANGE))
+        rules.append(
+            f"meta l4proto {{ tcp, udp }} th dport {nodeports} drop comment {nft_comment(NODEPORTS_CLOSED_PURPOSE)}"
+        )
     rules.append(f"ct status dnat drop comment {nft_comment(DNAT_INPUT_PURPOSE)}")
     lines = [f"\tchain {NFT_GUARD_INPUT_CHAIN} {{", "\t\ttype filter hook input priority filter - 5; policy accept;"]
     lines += [f"\t\t{rule}" for rule in rules]
@@ -149,7 +166,7 @@ def render_dnat_guard(plan: NodeFirewallPlan) -> NftRuleset:
     networks = {"cluster_networks": plan.cluster_networks, "node_addresses": plan.node_addresses}
     guard = [
         *dnat_guard_lines(planned, block_metadata=plan.block_metadata, **networks),
-        *dnat_guard_input_lines(planned, **networks),
+        *dnat_guard_input_lines(planned, nodeports_closed=not plan.nodeports_open, **networks),
     ]
     lines = [
         f"# DNAT guard of {plan.node} ({plan.role}), written by hk3s beside its UFW or firewalld rules.",

@@ -608,3 +608,49 @@ def test_longhorn_is_uninstalled_before_any_worker_is_wiped(graph: Recording) ->
     for name in ("storage-longhorn", "storage-namespace"):
         missing = sorted(urn.rsplit("::", 1)[-1] for urn in joins - _dependencies_of(graph, name))
         assert not missing, f"{name} does not wait for the joins of {missing}"
+
+
+def test_longhorns_manager_ui_and_instance_managers_admit_only_longhorn_and_the_named_namespaces(
+    ssh_key_file: Path,
+) -> None:
+    """Longhorn's API and UI have no authentication: three NetworkPolicies the program keeps in
+    longhorn-system (components/longhorn_network.py), made after the namespace and before the
+    release, through the forwarded provider. Wiring and specs; tests/lab/test_longhorn_csi.py
+    shows a plain pod refused by them on a real node."""
+    graph = _run(_config(ssh_key_file, storage={"longhorn_api_clients": ["monitoring", "monitoring"]}))
+    policies = {p.inputs["metadata"]["name"]: p for p in graph.of_type("kubernetes:networking.k8s.io/v1:NetworkPolicy")}
+    assert sorted(policies) == ["hk3s-longhorn-instance-manager", "hk3s-longhorn-manager", "hk3s-longhorn-ui"]
+    namespace, release = graph.by_name("storage-namespace"), graph.by_name("storage-longhorn")
+    own: dict[str, Any] = {"podSelector": {}}
+    named = {
+        "namespaceSelector": {
+            "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}]
+        }
+    }
+    for policy in policies.values():
+        assert policy.inputs["metadata"]["namespace"] == "longhorn-system"
+        assert policy.inputs["spec"]["policyTypes"] == ["Ingress"]
+        assert namespace.urn in set(policy.dependencies)
+        assert policy.urn in set(release.dependencies), "the release waits for the policies"
+    manager = policies["hk3s-longhorn-manager"].inputs["spec"]
+    assert manager["podSelector"] == {"matchLabels": {"app": "longhorn-manager"}}
+    assert manager["ingress"] == [
+        {"from": [own, named]},
+        {"ports": [{"protocol": "TCP", "port": 9501}, {"protocol": "TCP", "port": 9502}]},
+    ]
+    ui = policies["hk3s-longhorn-ui"].inputs["spec"]
+    assert ui["podSelector"] == {"matchLabels": {"app": "longhorn-ui"}} and ui["ingress"] == [{"from": [own, named]}]
+    instances = policies["hk3s-longhorn-instance-manager"].inputs["spec"]
+    assert instances["podSelector"] == {"matchLabels": {"longhorn.io/component": "instance-manager"}}
+    assert instances["ingress"] == [{"from": [own]}]
+    # Without named namespaces, Longhorn's own pods alone.
+    plain = _run(_config(ssh_key_file))
+    specs = {p.inputs["metadata"]["name"]: p.inputs["spec"] for p in plain.of_type("NetworkPolicy")}
+    assert specs["hk3s-longhorn-ui"]["ingress"] == [{"from": [own]}]
+
+
+def test_a_longhorn_api_client_that_is_no_namespace_name_is_refused() -> None:
+    from cluster_settings.models import StorageSettings  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="'Monitoring!' is not a namespace name"):
+        StorageSettings(longhorn_api_clients=["Monitoring!"])

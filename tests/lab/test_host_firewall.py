@@ -598,6 +598,58 @@ def test_nodeports_stay_closed_when_kube_proxy_would_forward_them(cluster: Clust
     assert not tcp_open_from(None, str(host.public_ip), 30080)
 
 
+# kube-proxy in iptables mode, as k3s runs it (kubernetes pkg/proxy/iptables/proxier.go): its jump
+# to KUBE-NODEPORTS is put first in the filter table's INPUT chain (iptablesJumpChains, ensured with
+# utiliptables.Prepend), ahead of UFW's chains, and that chain accepts every Service's
+# healthCheckNodePort ("Capture healthCheckNodePorts": "no matter if node has local endpoints,
+# healthCheckNodePorts need to add a rule to accept the incoming connection").
+HEALTH_CHECK_JUMP = "-m comment --comment 'kubernetes health check service ports' -j KUBE-NODEPORTS"
+KUBE_PROXY_HEALTH_CHECK = (
+    "set -e; iptables -w 5 -N KUBE-NODEPORTS;"
+    f" iptables -w 5 -I INPUT {HEALTH_CHECK_JUMP};"
+    " iptables -w 5 -A KUBE-NODEPORTS -m comment --comment 'default/lb:http health check node port'"
+    " -m tcp -p tcp --dport 30080 -j ACCEPT"
+)
+KUBE_PROXY_HEALTH_CHECK_UNDO = (
+    f"iptables -w 5 -D INPUT {HEALTH_CHECK_JUMP}; iptables -w 5 -F KUBE-NODEPORTS; iptables -w 5 -X KUBE-NODEPORTS"
+)
+
+
+def test_a_health_check_nodeport_kube_proxy_accepts_stays_closed_on_every_backend(cluster: Cluster) -> None:
+    """A LoadBalancer Service with externalTrafficPolicy Local gets a healthCheckNodePort, a port
+    of the NodePort range kube-proxy itself serves on every node, and kube-proxy's iptables rules
+    accept it first thing in INPUT. With NodePorts closed (hk3s:firewall.nodeports_open false) it
+    stays closed on every backend: UFW (whose rules come after kube-proxy's jump), firewalld and
+    plain nftables (tables of their own, where kube-proxy's accept is not final). Real packets to
+    the module's listener on 30080/tcp (kube-proxy's health server stands there); kube-proxy's
+    rules as its proxier writes them (above)."""
+    hosts = [cluster.ufw, cluster.firewalld, cluster.nft]
+    for host in hosts:
+        host.run(KUBE_PROXY_HEALTH_CHECK)
+    try:
+        probes = [
+            make_probe(source, host, address, "tcp", 30080)
+            for host in hosts
+            for source, address in (
+                (None, str(host.public_ip)),
+                (cluster.outsider, str(host.private_ip)),
+                (cluster.server, str(host.private_ip)),
+            )
+        ]
+        opened = [
+            f"{p.source_name} -> {p.target_name} {p.address}" for p, is_open in run_probes(probes).items() if is_open
+        ]
+        assert not opened, f"a health-check NodePort answers: {opened}"
+        # Without the program's guard UFW lets kube-proxy's accept through: its rules are real.
+        cluster.ufw.run(["nft", "delete", "table", "inet", "hk3s_dnat_guard"])
+        assert tcp_open_from(None, str(cluster.ufw.public_ip), 30080), "kube-proxy's accept did not show"
+    finally:
+        for host in hosts:
+            host.run(KUBE_PROXY_HEALTH_CHECK_UNDO, check=False)
+        asyncio.run(apply_node_firewall(ssh_target(cluster.lab, cluster.ufw), cluster.plan(cluster.ufw)))
+    assert not tcp_open_from(None, str(cluster.ufw.public_ip), 30080)
+
+
 KUBE_PROXY_TABLE = "hk3s_test_kubeproxy"
 
 

@@ -184,6 +184,56 @@ def test_status_checks_every_host_over_ssh(teardown_stack: Stack) -> None:
         time.sleep(2)
 
 
+HIJACK_SERVICE = """apiVersion: v1
+kind: Service
+metadata:
+  name: hijack
+  namespace: default
+spec:
+  selector:
+    app: hijack
+  ports:
+    - {{name: ssh, port: 22, targetPort: 2222}}
+    - {{name: api, port: 6443, targetPort: 6443}}
+{external}"""
+
+
+def test_the_api_server_refuses_a_service_whose_external_ips_would_take_the_servers_ports(
+    teardown_stack: Stack,
+) -> None:
+    """CVE-2020-8554: kube-proxy on every node sends what is addressed to a Service's externalIPs
+    to that Service's pods, so a user who may create Services could take the server's 22 and 6443
+    from the agents and the program. The program's server config passes DenyServiceExternalIPs
+    through kube-apiserver-arg; k3s gives it to the API server in place of its own
+    --enable-admission-plugins=NodeRestriction (k3s pkg/util/args.go GetArgs, which the stand-in
+    follows), and the refusal here is the real kube-apiserver's admission plugin
+    (plugin/pkg/admission/network/denyserviceexternalips)."""
+    server = teardown_stack.server
+    config = (server.root / "etc/rancher/k3s/config.yaml").read_text()
+    assert "\nkube-apiserver-arg:\n- enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs\n" in config
+    running = server.run(["pgrep", "-a", "kube-apiserver"]).stdout
+    assert running.count("--enable-admission-plugins=") == 1, running
+    assert "--enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs" in running, running
+    addresses = [str(address) for address in (server.public_ip, server.private_ip) if address]
+    external = "  externalIPs:\n" + "".join(f"    - {address}\n" for address in addresses)
+    manifest = server.root / "root/hijack.yaml"
+    manifest.write_text(HIJACK_SERVICE.format(external=external))
+    refused = server.run([K3S, "kubectl", "create", "-f", "/root/hijack.yaml"], check=False)
+    assert refused.returncode != 0, refused.stdout
+    assert "Use of external IPs is denied by admission control" in refused.stderr, refused.stderr
+    # The same Service without them is admitted, and adding them later is refused too.
+    manifest.write_text(HIJACK_SERVICE.format(external=""))
+    try:
+        server.run([K3S, "kubectl", "create", "-f", "/root/hijack.yaml"])
+        patch = json.dumps({"spec": {"externalIPs": [addresses[0]]}})
+        patched = server.run([K3S, "kubectl", "patch", "service", "hijack", "-p", patch], check=False)
+        assert patched.returncode != 0 and "denied by admission control" in patched.stderr, patched.stderr
+        kept = server.run([K3S, "kubectl", "get", "service", "hijack", "-o", "jsonpath={.spec.externalIPs}"])
+        assert kept.stdout == "", kept.stdout
+    finally:
+        server.run([K3S, "kubectl", "delete", "service", "hijack", "--ignore-not-found"], check=False)
+
+
 def test_destroy_is_refused_without_the_setting_and_changes_nothing(teardown_stack: Stack) -> None:
     before = snapshot(teardown_stack)
     assert before["ports"] == {

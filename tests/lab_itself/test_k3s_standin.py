@@ -263,6 +263,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     (tmp / "server-config.yaml").write_text(
         "tls-san:\n  - k3s-standin.test\n"
         f"kube-controller-manager-arg:\n  - secure-port={free_port()}\n"
+        # As the program's servers: k3s's NodeRestriction plus DenyServiceExternalIPs.
+        "kube-apiserver-arg:\n  - enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs\n"
         "flannel-backend: wireguard-native\n"
         "flannel-ipv6-masq: true\n"
     )
@@ -307,6 +309,25 @@ def test_version_matches_the_api_server(cluster: Cluster) -> None:
     api = json.loads(cluster.kubectl("get", "--raw", "/version").stdout)
     assert m.group(1) == api["gitVersion"], (out[0], api["gitVersion"])
     cluster.state["version"] = m.group(1) + "+k3s1"
+
+
+def test_a_component_arg_replaces_k3ss_default_of_the_same_name(cluster: Cluster) -> None:
+    """k3s merges --kube-apiserver-arg with its own arguments by name (pkg/util/args.go GetArgs):
+    enable-admission-plugins given in the config is the API server's only one, so the real
+    kube-apiserver runs DenyServiceExternalIPs and refuses a Service with externalIPs."""
+    logged = (cluster.tmp / "server" / "server" / "logs" / "kube-apiserver.log").read_text()
+    command = [line for line in logged.splitlines() if line.startswith("==== ")][-1]
+    assert command.count("--enable-admission-plugins=") == 1, command
+    assert "--enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs" in command, command
+    service = cluster.tmp / "external-ips.yaml"
+    service.write_text(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: hijack, namespace: default}\n"
+        "spec: {ports: [{port: 6443}], externalIPs: [192.0.2.10]}\n"
+    )
+    refused = cluster.kubectl("create", "-f", str(service), check=False)
+    assert refused.returncode != 0 and "Use of external IPs is denied by admission control" in refused.stderr, (
+        refused.stdout + refused.stderr
+    )
 
 
 def test_server_is_up_with_its_own_node(cluster: Cluster) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import xml.etree.ElementTree as ET
 
@@ -166,8 +167,8 @@ def test_the_dnat_guard_follows_the_plan_on_every_backend() -> None:
     guard = render_dnat_guard(worker)
     assert "table inet hk3s_dnat_guard {" in guard.text and "chain input" not in guard.text
     # Two chains (forward, and input beside UFW or firewalld), each with two rules that are not
-    # about DNAT (established flows, the fabric).
-    assert guard.text.count("ct status dnat") == guard.rule_count - 4
+    # about DNAT (established flows, the fabric); the input chain also closes the NodePort range.
+    assert guard.text.count("ct status dnat") == guard.rule_count - 5
     assert "ip saddr @peers_v4_1 meta l4proto udp th dport 51820 accept" in guard.text
     assert "ip saddr @peers_v4_1 meta l4proto udp ct original proto-dst 51820 accept" in guard.text
     assert "proto-dst 80 " not in guard.text and "proto-dst 443 " not in guard.text
@@ -244,6 +245,107 @@ def test_the_input_guard_holds_dnat_to_the_node_to_the_delivered_port_and_source
     assert "dnat_guard_input" not in NFTABLES.render(worker).text
     checked = nft(netns, "-c", "-f", "-", stdin=text)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_the_input_guard_closes_the_nodeport_range_unless_nodeports_are_open(netns: str) -> None:
+    """kube-proxy (iptables mode) accepts every Service's healthCheckNodePort from a jump it puts
+    first in INPUT (kubernetes pkg/proxy/iptables/proxier.go), ahead of UFW's chains, so beside
+    UFW or firewalld the guard's input chain drops new connections to the NodePort range from
+    outside the fabric while NodePorts are closed: a drop in any base chain is final. Loopback
+    and the fabric still pass (before it); with nodeports_open there is no such rule. The program's
+    own table needs none: kube-proxy's accept in another table does not end its input chain."""
+    closed = plan_for("w1", cluster_peers(3))
+    opened = plan_for("w1", cluster_peers(3), nodeports_open=True)
+    drop = (
+        "meta l4proto { tcp, udp } th dport 30000-32767 drop comment "
+        '"NodePorts closed (hk3s:firewall.nodeports_open), kube-proxy health-check ports included"'
+    )
+    text = render_dnat_guard(closed).text
+    chain = text[text.index("chain dnat_guard_input {") :]
+    rules = [line.strip() for line in chain.splitlines()]
+    rules = rules[: rules.index("}")]
+    assert rules[-2] == drop, rules
+    fabric = next(index for index, rule in enumerate(rules) if rule.startswith('iifname { "lo", "cni0"'))
+    assert rules.index(drop) > fabric, rules
+    assert drop not in render_dnat_guard(opened).text
+    checked = nft(netns, "-c", "-f", "-", stdin=text)
+    assert checked.returncode == 0, checked.stderr
+
+
+# The node's side of a veth to a client namespace, UFW's stand-in (its default: incoming denied,
+# SSH allowed) and kube-proxy's health-check accept put first in INPUT, as its iptables proxier
+# writes them (kubernetes pkg/proxy/iptables/proxier.go: iptablesJumpChains, ensured with Prepend;
+# "Capture healthCheckNodePorts").
+HEALTH_CHECK_NODE = """set -e
+ip link add hk3s-node type veth peer name hk3s-client netns {client}
+ip addr add 192.0.2.1/24 dev hk3s-node
+ip link set hk3s-node up
+ip link set lo up
+ip -n {client} addr add 192.0.2.2/24 dev hk3s-client
+ip -n {client} link set hk3s-client up
+iptables -w 5 -P INPUT DROP
+iptables -w 5 -A INPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+iptables -w 5 -A INPUT -p tcp --dport 22 -j ACCEPT
+iptables -w 5 -N KUBE-NODEPORTS
+iptables -w 5 -I INPUT -m comment --comment "kubernetes health check service ports" -j KUBE-NODEPORTS
+iptables -w 5 -A KUBE-NODEPORTS -m comment --comment "default/lb:http health check node port" -m tcp -p tcp --dport 30080 -j ACCEPT
+"""
+LISTEN = (
+    "import socket, sys\n"
+    "s = socket.socket()\n"
+    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('0.0.0.0', 30080)); s.listen(8); print('ready', flush=True)\n"
+    "while True:\n"
+    "    s.accept()[0].close()\n"
+)
+CONNECT = (
+    "import socket, sys\n"
+    "try:\n"
+    "    socket.create_connection(('192.0.2.1', 30080), timeout=1).close(); print('open')\n"
+    "except OSError:\n"
+    "    print('closed')\n"
+)
+
+
+def test_the_guard_holds_a_health_check_nodeport_that_kube_proxy_accepts_real_packets(netns: str) -> None:
+    """Real packets between two network namespaces: kube-proxy's accept of a healthCheckNodePort,
+    first in iptables' INPUT, lets a client past a UFW-like INPUT policy (the attack); with the
+    guard's table loaded (what the program writes beside UFW or firewalld, NodePorts closed) the
+    client gets no connection, because a drop in any base chain is final. The lab test with real
+    UFW: tests/lab/test_host_firewall.py::test_a_health_check_nodeport_kube_proxy_accepts_stays_closed_on_every_backend."""
+    if shutil.which("iptables") is None:
+        pytest.skip("needs iptables")
+    client = f"{netns}-client"
+    subprocess.run(["ip", "netns", "add", client], check=True)
+    listener = None
+    try:
+        subprocess.run(["ip", "netns", "exec", netns, "sh", "-c", HEALTH_CHECK_NODE.format(client=client)], check=True)
+        listener = subprocess.Popen(
+            ["ip", "netns", "exec", netns, "python3", "-c", LISTEN], stdout=subprocess.PIPE, text=True
+        )
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "ready"
+
+        def reach() -> str:
+            done = subprocess.run(
+                ["ip", "netns", "exec", client, "python3", "-c", CONNECT], check=False, capture_output=True, text=True
+            )
+            return done.stdout.strip()
+
+        assert reach() == "open", "kube-proxy's accept did not let the client in"
+        loaded = nft(netns, "-f", "-", stdin=render_dnat_guard(plan_for("w1", cluster_peers(3))).text)
+        assert loaded.returncode == 0, loaded.stderr
+        assert reach() == "closed"
+        # With NodePorts open the plan lets it through, as every NodePort.
+        loaded = nft(
+            netns, "-f", "-", stdin=render_dnat_guard(plan_for("w1", cluster_peers(3), nodeports_open=True)).text
+        )
+        assert loaded.returncode == 0, loaded.stderr
+        assert reach() == "open"
+    finally:
+        if listener is not None:
+            listener.kill()
+            listener.wait()
+        subprocess.run(["ip", "netns", "delete", client], check=False)
 
 
 # --------------------------------------------------------------------------- plan checks

@@ -339,12 +339,13 @@ def test_an_unknown_input_passes_the_check_of_a_preview(case: CheckCase, news: d
     result = case.provider.check(_olds(case, olds_name), dict(news))
     assert [(failure.property, failure.reason) for failure in result.failures] == []
     # The unknown input goes on to diff and create as the engine sent it (but for the inputs the
-    # check itself decides: the pinned host key, and whether the server encrypts Secrets).
+    # check itself decides: the pinned host key, whether the server encrypts Secrets and whether
+    # its API server refuses Services' externalIPs).
     for key, value in news.items():
         assert result.inputs[key] == value or key in DECIDED_BY_CHECK
 
 
-DECIDED_BY_CHECK = {"recorded_host_key", "secrets_encryption"}
+DECIDED_BY_CHECK = {"recorded_host_key", "secrets_encryption", "deny_service_external_ips"}
 
 
 # Inputs from other resources (a host's address, the login key, its recorded host key, a join's
