@@ -37,7 +37,7 @@ from typing import TypeVar
 # agent_since: where the join reads the agent's log from, kept importable here for the lab tests
 # that start an agent the way the join does.
 from node_operations.agent_log import agent_log, agent_log_diagnosis, agent_since, log_message  # noqa: F401
-from node_operations.firewall_plan import PortRule
+from node_operations.firewall_plan import PortRule, listening_ports
 from node_operations.health import FENCE_ANNOTATION, read_node  # noqa: F401 - read_node lived here
 from node_operations.host_facts import HostFacts, interface_of
 from node_operations.host_firewall.operator_firewall import evaluate_operator_firewall
@@ -262,7 +262,10 @@ class Joiner:
         too, unless the stack acknowledges it: every port the node listens on would be open."""
         assert self.host is not None, "preflight reads the host first"
         report = evaluate_operator_firewall(
-            self.host.firewall_inspection(), required, none_acknowledged=self.spec.no_firewall_acknowledged
+            self.host.firewall_inspection(),
+            required,
+            listening=listening_ports("worker", self.spec.pod_network),
+            none_acknowledged=self.spec.no_firewall_acknowledged,
         )
         if report.stops_join:
             raise JoinError(self.spec.node, "firewall", report.message())

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from node_operations.firewall_plan import PortRule, inbound_rules
+from node_operations.firewall_plan import PortRule, inbound_rules, listening_ports
 from node_operations.host_firewall.backends import BACKENDS
 from node_operations.host_firewall.dnat_guard import render_dnat_guard
 from node_operations.host_firewall.drift import align_rules
@@ -379,18 +379,26 @@ def test_operator_ufw_report() -> None:
     # must stay closed: 8888/tcp and (the stack keeps them closed) the NodePorts.
     open_everywhere = evaluate_operator_firewall(parse_inspection("w1", allowing), required_for_worker())
     assert open_everywhere.missing == () and open_everywhere.stops_join
+    # (and every port of the plan: its default lets every source in).
     assert [(rule.port, rule.protocol) for rule in open_everywhere.exposed] == [
+        ("51820", "udp"),
+        ("10250", "tcp"),
+        ("9100", "tcp"),
         ("8888", "tcp"),
         ("30000-32767", "tcp"),
         ("30000-32767", "udp"),
     ]
-    assert "opens to every source what must stay closed: 8888/tcp" in open_everywhere.message()
-    # The stack opens the NodePorts: then only 8888/tcp is held against it.
+    assert "opens wider than the cluster's plan: 51820/udp to every source" in open_everywhere.message()
+    assert "8888/tcp to every source (must stay closed" in open_everywhere.message()
+    # The stack opens the NodePorts: then they are not held against it.
     with_nodeports = inbound_rules(
         role="worker", node="w1", peers=cluster_peers(2), server=SERVER, pod_network="wireguard", nodeports_open=True
     )
     assert [r.port for r in evaluate_operator_firewall(parse_inspection("w1", allowing), with_nodeports).exposed] == [
-        "8888"
+        "51820",
+        "10250",
+        "9100",
+        "8888",
     ]
     every_rule = [
         "allow tcp 22 0.0.0.0/0 any 0.0.0.0/0 in",
@@ -422,9 +430,23 @@ def test_operator_firewalld_report() -> None:
     output += "data firewalld_service:kubelet kubelet\ndata firewalld_service:kubelet   ports: 10250/tcp\n"
     output += "fact address eth0 10.0.0.11/16\nfact complete yes\n"
     report = evaluate_operator_firewall(parse_inspection("w1", output), required_for_worker())
-    assert report.firewall == "firewalld" and report.determined and not report.stops_join
+    assert report.firewall == "firewalld" and report.determined and report.missing == ()
+    # The zone opens the kubelet and the pod network's port to every source: more than the plan.
+    assert report.stops_join
+    assert [(rule.port, rule.sources) for rule in report.exposed] == [
+        ("51820", ("0.0.0.0/0",)),
+        ("10250", ("0.0.0.0/0",)),
+    ]
+    # The same ports from the peers only, as rich rules: nothing missing, nothing wider.
+    peers_only = output.replace("services: ssh kubelet", "services: ssh").replace("ports: 51820/udp", "ports: ")
+    for peer in ("10.0.0.2", "10.0.1.10"):
+        for port, protocol in (("10250", "tcp"), ("51820", "udp")):
+            rich = f'rule family="ipv4" source address="{peer}" port port="{port}" protocol="{protocol}" accept'
+            peers_only = peers_only.replace("fact address", f"data firewalld_zones \t{rich}\nfact address", 1)
+    report = evaluate_operator_firewall(parse_inspection("w1", peers_only), required_for_worker())
+    assert report.determined and not report.stops_join, report.message()
 
-    without_kubelet = output.replace("services: ssh kubelet", "services: ssh")
+    without_kubelet = peers_only.replace('port port="10250"', 'port port="10251"')
     report = evaluate_operator_firewall(parse_inspection("w1", without_kubelet), required_for_worker())
     assert report.stops_join and [(rule.port, rule.protocol) for rule in report.missing] == [("10250", "tcp")]
     assert "firewall-cmd --permanent" in report.message()
@@ -488,3 +510,89 @@ def test_ufw_rules_not_of_the_programs_are_named() -> None:
         "allow tcp 8080 from 0.0.0.0/0",
         "allow tcp 8080 from ::/0 (v6)",
     ]
+
+
+def ufw_inspection(node: str, rules: list[str], *, addresses: tuple[str, ...] = ()) -> object:
+    output = "fact ufw installed\nfact ufw_active yes\nfact ufw_default_input DROP\n"
+    output += "".join(f"fact address {address}\n" for address in addresses)
+    output += "".join(f"data ufw_v4 {rule}\n" for rule in rules) + "fact complete yes\n"
+    return parse_inspection(node, output)
+
+
+def test_an_operator_firewall_that_opens_a_cluster_port_to_every_source_stops_the_join() -> None:
+    """Every port of the plan, not only 8888/tcp and the NodePorts: a UFW that opens the kubelet,
+    the pod network's port, the node metrics (a worker) or the API (the server) to every source
+    lets anyone who reaches the node in, though nothing the cluster needs is missing."""
+    needed = [
+        "allow tcp 22 0.0.0.0/0 any 0.0.0.0/0 in",
+        "allow udp 51820 0.0.0.0/0 any 10.0.0.2 in",
+        "allow udp 51820 0.0.0.0/0 any 10.0.1.10 in",
+        "allow tcp 9100 0.0.0.0/0 any 10.0.0.2 in",
+    ]
+    for wide in ("allow tcp 10250 0.0.0.0/0 any 0.0.0.0/0 in", "allow tcp 10250 0.0.0.0/0 any 0.0.0.0/1 in"):
+        report = evaluate_operator_firewall(
+            ufw_inspection("w1", [*needed, wide]),  # type: ignore[arg-type]
+            required_for_worker(),
+        )
+        if wide.endswith("0.0.0.0/1 in"):
+            # Half the addresses, the peers among them, is not every source: not accused.
+            assert report.exposed == () and not report.stops_join, report.message()
+            continue
+        assert report.missing == () and report.stops_join
+        assert [(rule.port, rule.protocol, rule.sources) for rule in report.exposed] == [
+            ("10250", "tcp", ("0.0.0.0/0",))
+        ]
+        assert "w1" in report.message() and "10250/tcp" in report.message() and "kubelet" in report.message()
+
+    # The server: the API, the kubelet and the pod network's port, with no rule of the plan for
+    # them at all (a server alone has no peers) and with one.
+    server_rules = inbound_rules(
+        role="server", node=SERVER, peers={SERVER: "10.0.0.2"}, server=SERVER, pod_network="vxlan"
+    )
+    everything = ["allow any any 0.0.0.0/0 any 0.0.0.0/0 in"]
+    report = evaluate_operator_firewall(
+        ufw_inspection(SERVER, everything),  # type: ignore[arg-type]
+        server_rules,
+        listening=listening_ports("server", "vxlan"),
+    )
+    assert report.stops_join
+    assert {(rule.port, rule.protocol) for rule in report.exposed} == {
+        ("6443", "tcp"),
+        ("10250", "tcp"),
+        ("8472", "udp"),
+        ("8888", "tcp"),
+        ("30000-32767", "tcp"),
+        ("30000-32767", "udp"),
+    }
+
+
+def test_an_operator_firewall_that_opens_a_cluster_port_to_the_nodes_segment_stops_the_join() -> None:
+    """The other source class: a host on the node's own network that is no node (another server
+    of the same private network). A rule for the whole segment lets it reach the kubelet; the
+    report names the port, the segment and an address there that is no node."""
+    rules = [
+        "allow tcp 22 0.0.0.0/0 any 0.0.0.0/0 in",
+        "allow tcp 10250 0.0.0.0/0 any 10.0.0.0/16 in",
+        "allow udp 51820 0.0.0.0/0 any 10.0.0.0/16 in",
+        "allow tcp 9100 0.0.0.0/0 any 10.0.0.2 in",
+    ]
+    inspection = ufw_inspection("w1", rules, addresses=("eth1 10.0.0.11/16", "eth0 203.0.113.7/32", "lo 127.0.0.1/8"))
+    report = evaluate_operator_firewall(inspection, required_for_worker())  # type: ignore[arg-type]
+    assert report.missing == () and report.stops_join
+    assert [(rule.port, rule.protocol, rule.sources) for rule in report.exposed] == [
+        ("51820", "udp", ("10.0.0.0/16",)),
+        ("10250", "tcp", ("10.0.0.0/16",)),
+    ]
+    message = report.message()
+    assert "10.0.0.0/16" in message and "not a node" in message
+    # The peers' own addresses only: nothing wider than the plan.
+    narrow = [
+        rules[0],
+        "allow tcp 10250 0.0.0.0/0 any 10.0.0.2 in",
+        "allow tcp 10250 0.0.0.0/0 any 10.0.1.10 in",
+        "allow udp 51820 0.0.0.0/0 any 10.0.0.2 in",
+        "allow udp 51820 0.0.0.0/0 any 10.0.1.10 in",
+        rules[3],
+    ]
+    inspection = ufw_inspection("w1", narrow, addresses=("eth1 10.0.0.11/16",))
+    assert not evaluate_operator_firewall(inspection, required_for_worker()).stops_join  # type: ignore[arg-type]
