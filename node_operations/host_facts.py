@@ -112,7 +112,7 @@ CLOUD_INIT_WAIT = (
 )
 
 
-async def _wait_for_cloud_init(session: SshSession, first_contact: FirstContact, started: float) -> bool:
+async def wait_for_cloud_init(session: SshSession, first_contact: FirstContact, started: float) -> bool:
     """Wait until cloud-init has finished the first boot (it writes keys, users and the
     network config the facts depend on). Returns True when it was still running."""
     running = await session.run(
@@ -156,7 +156,7 @@ async def read_host_facts(
     host's keys during the first boot."""
     started = time.monotonic()
     async with open_session(target, first_contact, shared=True, login_anew=True) as session:
-        still_booting = first_contact is not None and await _wait_for_cloud_init(session, first_contact, started)
+        still_booting = first_contact is not None and await wait_for_cloud_init(session, first_contact, started)
         if not still_booting or target.recorded_host_key:
             return await _observe(session, expected_address, wait_seconds)
     assert first_contact is not None
