@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from host_scripts import script_path
 from remote_access.ssh import FirstContact, SshDeadlineError, SshError, SshSession, SshTarget, open_session
 
+# How long the first contact with a host waits for SSH (and cloud-init) by default.
+FIRST_CONTACT_SECONDS = 300.0
+
 HOST_FACTS_DEADLINE_SECONDS = 30.0
 # A Hetzner network attached to a running server shows up on the host a little later.
 EXPECTED_ADDRESS_WAIT_SECONDS = 120.0

@@ -45,6 +45,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, Resource, UpdateResult
 
+from node_operations.host_facts import FIRST_CONTACT_SECONDS
 from node_operations.login_keys import (
     add_login_key,
     key_fingerprint,
@@ -62,7 +63,6 @@ from providers.base import (
     run_operation,
     ssh_target,
 )
-from providers.host_probe import FIRST_CONTACT_SECONDS
 from providers.inputs import NodeInputs, is_known, known
 from remote_access.ssh import FirstContact, SshError
 
