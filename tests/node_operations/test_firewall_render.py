@@ -10,7 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
+import sys
+import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -214,7 +217,8 @@ def test_the_cluster_networks_are_closed_to_non_nodes_outside_the_fabric(netns: 
     for render, chains in ((NFTABLES.render, 1), (render_dnat_guard, 2)):
         text = render(closed).text
         assert text.count(drop) == chains, text
-        assert render(closed).rule_count == render(plain).rule_count + chains
+        # With the networks also the fabric guard's two rules (test_a_forged_vxlan_packet_...).
+        assert render(closed).rule_count == render(plain).rule_count + chains + 2
         assert drop not in render(plain).text
         for chain in ("chain dnat_guard {", "chain dnat_guard_input {")[:chains]:
             rules = [line.strip() for line in text[text.index(chain) :].splitlines()[2:]]
@@ -596,3 +600,123 @@ def test_an_operator_firewall_that_opens_a_cluster_port_to_the_nodes_segment_sto
     ]
     inspection = ufw_inspection("w1", narrow, addresses=("eth1 10.0.0.11/16",))
     assert not evaluate_operator_firewall(inspection, required_for_worker()).stops_join  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- forged VXLAN
+
+VXLAN_SEND = r"""
+import socket, struct, sys
+outer_src, outer_dst, mac, inner_src, inner_dst, port, token = sys.argv[1:8]
+
+def checksum(data):
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    total = (total >> 16) + (total & 0xFFFF)
+    return ~(total + (total >> 16)) & 0xFFFF
+
+def ip_header(src, dst, proto, length):
+    header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + length, 1, 0, 64, proto, 0,
+                         socket.inet_aton(src), socket.inet_aton(dst))
+    return header[:10] + struct.pack("!H", checksum(header)) + header[12:]
+
+payload = token.encode()
+inner_udp = struct.pack("!HHHH", 40000, int(port), 8 + len(payload), 0) + payload
+inner = ip_header(inner_src, inner_dst, 17, len(inner_udp)) + inner_udp
+frame = bytes.fromhex(mac.replace(":", "")) + bytes.fromhex("020000000001") + b"\x08\x00" + inner
+vxlan = struct.pack("!II", 0x08000000, 1 << 8) + frame
+outer_udp = struct.pack("!HHHH", 40001, 8472, 8 + len(vxlan), 0) + vxlan
+packet = ip_header(outer_src, outer_dst, 17, len(outer_udp)) + outer_udp
+sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+for _ in range(3):
+    sock.sendto(packet, (outer_dst, 0))
+"""
+
+UDP_LOG = r"""
+import socket, sys
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sock.bind(("0.0.0.0", int(sys.argv[1])))
+with open(sys.argv[2], "a", buffering=1) as log:
+    while True:
+        data, (source, _) = sock.recvfrom(4096)
+        log.write(f"{source} {data.decode(errors='replace')}\n")
+"""
+
+
+def _in(netns: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", "netns", "exec", netns, *argv], capture_output=True, text=True, check=check)
+
+
+@pytest.mark.parametrize("backend", ["nftables", "guard"])
+def test_a_forged_vxlan_packet_from_the_segment_reaches_nothing(netns: str, tmp_path: Path, backend: str) -> None:
+    """A host on the nodes' segment forges a VXLAN packet (VNI 1, the outer source a peer's
+    address, so 8472/udp lets it in) whose inner packet comes from its own address: the node
+    decapsulates it on flannel.1, and a fabric its firewall accepted whole would deliver it and
+    answer the sender directly. The program's rule lets in on flannel.1 only what comes from the
+    cluster's networks and would be routed back out of flannel.1 (strict reverse path): the
+    forged packet reaches no listener, a pod-network source behind flannel.1 still does. Real
+    kernel, real VXLAN device, real nftables (the program's table, or the guard table it loads
+    beside UFW and firewalld), two network namespaces joined by a veth pair."""
+    attacker = f"{netns}-b"
+    subprocess.run(["ip", "netns", "add", attacker], check=True)
+    log = tmp_path / "udp.log"
+    listener: subprocess.Popen[str] | None = None
+    try:
+        subprocess.run(
+            ["ip", "link", "add", "vn0", "netns", netns, "type", "veth", "peer", "name", "va0", "netns", attacker],
+            check=True,
+        )
+        for ns, dev, address in ((netns, "vn0", "192.168.77.1/24"), (attacker, "va0", "192.168.77.2/24")):
+            _in(ns, "ip", "addr", "add", address, "dev", dev)
+            _in(ns, "ip", "link", "set", dev, "up")
+            _in(ns, "ip", "link", "set", "lo", "up")
+        _in(netns, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0")
+        _in(netns, "ip", "link", "add", "flannel.1", "type", "vxlan", "id", "1", "local", "192.168.77.1")
+        _in(netns, "ip", "link", "set", "flannel.1", "type", "vxlan", "dstport", "8472", check=False)
+        _in(netns, "sysctl", "-qw", "net.ipv4.conf.flannel/1.rp_filter=0")
+        _in(netns, "ip", "addr", "add", "10.42.8.0/32", "dev", "flannel.1")
+        _in(netns, "ip", "link", "set", "flannel.1", "up")
+        # A peer's pod subnet, behind flannel.1 as flannel routes it.
+        _in(netns, "ip", "route", "add", "10.42.1.0/24", "via", "10.42.1.0", "dev", "flannel.1", "onlink")
+        mac = json.loads(_in(netns, "ip", "-j", "link", "show", "flannel.1").stdout)[0]["address"]
+
+        peers = {"node": "192.168.77.1", "peer": "192.168.77.3"}
+        rules = inbound_rules(role="worker", node="node", peers=peers, server="peer", pod_network="vxlan")
+        plan = NodeFirewallPlan(
+            "node",
+            "worker",
+            tuple(rules),
+            cluster_networks=("10.42.0.0/16", "10.43.0.0/16"),
+            node_addresses=tuple(sorted(peers.values())),
+        )
+        ruleset = NFTABLES.render(plan).text if backend == "nftables" else render_dnat_guard(plan).text
+        loaded = nft(netns, "-f", "-", stdin=ruleset)
+        assert loaded.returncode == 0, loaded.stderr
+
+        listener = subprocess.Popen(
+            ["ip", "netns", "exec", netns, sys.executable, "-c", UDP_LOG, "9999", str(log)], text=True
+        )
+        deadline = time.monotonic() + 10
+        while ":9999 " not in _in(netns, "ss", "-Huln").stdout:
+            assert time.monotonic() < deadline, "the listener did not come up"
+            time.sleep(0.05)
+
+        def forge(inner_src: str, token: str) -> None:
+            # The outer source is forged to the peer's address: 8472/udp is open to it.
+            argv = [sys.executable, "-c", VXLAN_SEND, "192.168.77.3", "192.168.77.1", mac, inner_src]
+            _in(attacker, *argv, "192.168.77.1", "9999", token)
+
+        forge("10.42.1.5", "from-a-pod")  # what flannel carries: passes
+        forge("192.168.77.2", "from-the-attacker")  # the attacker's own address: would be answered
+        forge("10.42.8.7", "own-subnet")  # this node's own pod subnet never arrives on flannel.1
+        deadline = time.monotonic() + 5
+        while "from-a-pod" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline, "a pod-network packet over VXLAN did not arrive: the set-up is wrong"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        received = log.read_text()
+        assert "from-the-attacker" not in received, received
+        assert "own-subnet" not in received, received
+    finally:
+        if listener is not None:
+            listener.kill()
+            listener.wait()
+        subprocess.run(["ip", "netns", "delete", attacker], check=False)
