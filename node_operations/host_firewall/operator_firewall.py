@@ -9,7 +9,8 @@ open wider than the plan: every port of the plan (and of `listening`, the ports
 the node listens on that the plan may not name, `firewall_plan.listening_ports`),
 8888/tcp, and NodePorts unless the stack opens them, is checked against each
 source class the plan does not name: every source, and a host on each of the
-node's own networks that is not a node (another server on the private segment).
+node's own networks that is not a node (another host on its segment; the network of each
+interface's address: a /32 address, as Hetzner gives its private interfaces, names none).
 What such a source reaches is `exposed`. The report's `stops_join` is true when an active
 firewall (UFW active, firewalld running, or an nftables input hook with a drop
 policy or drop rules) misses rules or exposes such a port, and when no firewall is
