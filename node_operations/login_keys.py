@@ -186,6 +186,8 @@ async def replace_host_key(
     except HostKeyChangedError:
         # Replaced already, or an impostor: only a login pinned to the new key says which.
         pass
-    async with open_session(pinned_new, login_anew=True) as session:
+    # sshd re-executes itself on the reload: for a moment nothing listens (connection refused).
+    settling = FirstContact(seconds=HOST_KEY_STEP_SECONDS, progress=lambda _line: None)
+    async with open_session(pinned_new, settling, login_anew=True) as session:
         await session.run(["true"], deadline=KEY_STEP_SECONDS)
     return new_line
