@@ -28,7 +28,7 @@ import fnmatch
 import ipaddress
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from node_operations.firewall_plan import ANY_IPV4, NODEPORT_RANGE, PortRule
@@ -246,6 +246,35 @@ def _stranger(
     return None
 
 
+# Addresses on the internet, one of which is on none of the node's networks and named by no rule:
+# the sample of "every source" when a rule for part of the address space (a peer) leaves the
+# checker unable to judge all of it at once.
+_INTERNET_SAMPLES = ("192.0.2.1", "198.51.100.1", "203.0.113.1", "100.64.0.1")
+
+
+def _lets_everyone_in(
+    backend: Backend,
+    inspection: FirewallInspection,
+    probe: Probe,
+    allowed: Sequence[IPNetwork],
+    segments: Sequence[tuple[IPNetwork, ipaddress.IPv4Address | ipaddress.IPv6Address]],
+) -> bool:
+    """Whether the firewall lets every source reach the probe's port: asked for all addresses
+    at once, else (undetermined) for an address on the internet no plan rule and no network of
+    the node's holds."""
+    try:
+        return backend.allows(inspection, probe)
+    except UndeterminedError:
+        pass
+    for sample in map(ipaddress.ip_address, _INTERNET_SAMPLES):
+        if any(sample in network for network in allowed) or any(sample in network for network, _ in segments):
+            continue
+        with contextlib.suppress(UndeterminedError):
+            return backend.allows(inspection, replace(probe, source=ipaddress.ip_network(sample)))
+        return False
+    return False
+
+
 def _exposed(
     backend: Backend, inspection: FirewallInspection, required: Sequence[PortRule], listening: Sequence[PortRule]
 ) -> tuple[PortRule, ...]:
@@ -260,10 +289,9 @@ def _exposed(
         if every_source(allowed):
             continue
         first, last = port_range(rule.port)
-        with contextlib.suppress(UndeterminedError):
-            if backend.allows(inspection, Probe(everyone, rule.protocol, first, last)):
-                exposed.append(PortRule(rule.port, rule.protocol, (ANY_IPV4,), rule.purpose))
-                continue
+        if _lets_everyone_in(backend, inspection, Probe(everyone, rule.protocol, first, last), allowed, segments):
+            exposed.append(PortRule(rule.port, rule.protocol, (ANY_IPV4,), rule.purpose))
+            continue
         for network, _ in segments:
             stranger = _stranger(network, allowed, local)
             if stranger is None:
@@ -287,4 +315,4 @@ async def require_host_firewall(
         inspection = await inspect_firewall(session, operator=True)
     report = evaluate_operator_firewall(inspection, required, listening=listening, none_acknowledged=none_acknowledged)
     if report.stops_join:
-        raise FirewallError(report.node, report.message())
+        raise FirewallError(report.node, report.message().strip().removeprefix(f"{report.node}: "))
