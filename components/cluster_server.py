@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_hcloud as hcloud
@@ -211,8 +212,11 @@ class ClusterServer(pulumi.ComponentResource):
         self.worker_version = upgrade.version
         return upgrade
 
-    def install_k3s(self, after: Sequence[pulumi.Resource]) -> None:
-        """Install or adopt k3s once the resources in `after` (the firewalls) exist."""
+    def install_k3s(
+        self, after: Sequence[pulumi.Resource], firewall_rules: pulumi.Output[list[dict[str, Any]]] | None = None
+    ) -> None:
+        """Install or adopt k3s once the resources in `after` (the firewalls) exist;
+        `firewall_rules` (the server's plan) is checked against a firewall the operator runs."""
         settings = self._args.settings
         cluster = settings.cluster
         self._k3s = K3sServer(
@@ -234,6 +238,7 @@ class ClusterServer(pulumi.ComponentResource):
                 teardown_allowed=cluster.teardown_allowed,
                 firewall_managed=self.endpoint.firewall_managed,
                 no_firewall_acknowledged=settings.firewall.none_acknowledged,
+                operator_firewall_rules=None if self.endpoint.firewall_managed else firewall_rules,
             ),
             opts=self.endpoint.options(self, [self.endpoint.probe, self.network, *after]),
         )

@@ -4,6 +4,7 @@ existing host given by address; then a probe of its facts. Shared by
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -67,6 +68,8 @@ class _Machine:
     generated_host_key: pulumi.Output[str | None]
     hcloud_server_id: pulumi.Output[str] | None = None
     server: pulumi.Resource | None = None
+    replacement_host_key: HostKeyPair | None = None
+    """The key that replaces generated_host_key after the first pinned login (providers.login_key)."""
 
 
 def _existing_machine(host: HostSettings) -> _Machine:
@@ -103,6 +106,11 @@ def _hetzner_machine(
     # The server's SSH host key, made here and given at creation: pinned from the first login.
     host_key = HostKeyPair(
         f"{host.name}-host-key",
+        host.name,
+        opts=pulumi.ResourceOptions(parent=parent, provider=shards.for_node(host.name)),
+    )
+    replacement = HostKeyPair(
+        f"{host.name}-host-key-replacement",
         host.name,
         opts=pulumi.ResourceOptions(parent=parent, provider=shards.for_node(host.name)),
     )
@@ -166,6 +174,7 @@ def _hetzner_machine(
         generated_host_key=generated_key,
         hcloud_server_id=server.id,
         server=server,
+        replacement_host_key=replacement,
     )
 
 
@@ -209,7 +218,10 @@ def provision_machine(
         recorded_host_key=credentials.recorded_host_keys.get(host.name) or machine.generated_host_key,
     )
     # First of the node's resources: a rotated hk3s:ssh.private_key_file is rotated on the host
-    # before anything logs in with it (providers.login_key).
+    # before anything logs in with it (providers.login_key). On a server created here with its
+    # host key in user_data it also replaces that key at creation, with one made here and never
+    # in user_data (the metadata service serves user_data to anything on the server).
+    replacement = machine.replacement_host_key
     login_key = NodeLoginKey(
         f"{host.name}-login-key",
         NodeLoginKeyInputs(
@@ -218,13 +230,22 @@ def provision_machine(
             authorized_by="program" if host.kind == "hetzner" else "operator",
             # A fenced worker's rotation waits for its host rather than hold its fence up.
             fenced=role == "worker" and host.name in settings.fenced_workers(),
+            replacement_host_key=replacement.private_key if replacement is not None else None,
+            replacement_host_public_key=replacement.public_key if replacement is not None else None,
+            first_contact_seconds=settings.ssh.first_contact_seconds,
         ),
         opts=pulumi.ResourceOptions(parent=parent, depends_on=list(machine.depends), provider=operations),
     )
+    # The probe pins what the login key's resource saw: the replacement on a server created here
+    # (the stack's own pin, hk3s:ssh.host_keys, still wins).
+    seen: pulumi.Output[str | None] = pulumi.Output.all(login_key.host_key, machine.generated_host_key).apply(
+        lambda keys: keys[0] or keys[1]
+    )
+    probe_login = dataclasses.replace(login, recorded_host_key=credentials.recorded_host_keys.get(host.name) or seen)
     probe = HostProbe(
         f"{host.name}-probe",
         HostProbeInputs(
-            login=login,
+            login=probe_login,
             expected_address=machine.private_address if host.kind == "hetzner" else None,
             first_contact_seconds=settings.ssh.first_contact_seconds,
             created_by_program=host.kind == "hetzner",

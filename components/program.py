@@ -266,7 +266,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
             bootstrap_firewall_id=server.creation_firewall_id,
         ),
     )
-    server.install_k3s(after=firewall.in_place())
+    server.install_k3s(after=firewall.in_place(), firewall_rules=firewall.node_rules[server.endpoint.name])
     # A fenced worker may be off for good: runs that add or remove others never log in to it.
     fenced = settings.fenced_workers()
     node_access = server.check_node_access([w.endpoint for w in workers if w.endpoint.name not in fenced])

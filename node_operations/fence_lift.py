@@ -58,6 +58,7 @@ without a copy it may start from stays stopped, named, with its record on its ow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -68,7 +69,7 @@ from host_scripts import script_path
 from node_operations.fence import FENCE_ANNOTATION, FENCE_BOOT_ANNOTATION, FENCE_STOPPED_BY_ANNOTATION, OUT_OF_SERVICE
 from node_operations.fence_workloads import NODE_STOPPED_ANNOTATION, WorkloadDecision
 from node_operations.host_facts import gather_facts, interface_of
-from node_operations.join import TOKEN_FILE, TOKEN_TTL
+from node_operations.join import TOKEN_FILE, join_token_ttl
 from node_operations.join_host import client_certificate_dead, private_file
 from node_operations.join_validation import TaintedNodeValidation, ValidatedNode, ValidationError
 from node_operations.k3s_install import CONFIG_PATH, parse_results
@@ -82,6 +83,8 @@ from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
 READY_DEADLINE_SECONDS = 180.0
 UNFENCE_SCRIPT_DEADLINE_SECONDS = 120.0
+TOKEN_WRITE_DEADLINE_SECONDS = 60.0
+RESTART_DEADLINE_SECONDS = 30.0
 POLL_SECONDS = 2.0
 # A rebooted host boots and starts sshd within a minute or two (Hetzner's images, the lab's hosts).
 BOOT_WAIT_SECONDS = 180.0
@@ -152,16 +155,15 @@ class FenceLift:
         await self.cluster.add_taint(self.node, validation)
         self.progress(f"lifting the fence: {validation} on, then the drop-in removed and the agent started")
         token = await self._fresh_token()
-        result = await self.worker.run_script(script_path("k3s_unfence.sh"), deadline=UNFENCE_SCRIPT_DEADLINE_SECONDS)
-        results = parse_results(result.stdout)
-        self.progress(f"drop-in {results.get('drop_in', '?')}, k3s-agent {results.get('agent', '?')}")
+        try:
+            node = await self._restart_agent(token is not None)
+        except BaseException:
+            if token is not None:
+                # A lift that stops leaves no live token: the next run makes a fresh one.
+                with contextlib.suppress(SshError):
+                    await self.cluster.delete_token(token.token_id)
+            raise
         if token is not None:
-            # An agent already starting (a host powered on after a fence that found it off) retries
-            # with the spent token it read at its start: it must read the fresh one.
-            await self.worker.run(["systemctl", "restart", "--no-block", "k3s-agent"], deadline=30)
-        node = await self._wait_ready()
-        if token is not None:
-            await self._wait_new_certificate()
             # Its Secret goes; the file stays on the host, dead (as after a join: k3s's agent parses
             # its configured token at every start and only the CA hash in it still counts).
             await self.cluster.delete_token(token.token_id)
@@ -198,6 +200,23 @@ class FenceLift:
         lifted = f"fence lifted: rejoined ({', '.join(f'{k} {v}' for k, v in self.checks.items())})"
         self.progress(lifted + await self._pending_release() + await self._pending_join())
 
+    async def _restart_agent(self, fresh_token: bool) -> NodeStatus:
+        """The drop-in removed and the agent started; Ready, and with `fresh_token` holding a new
+        client certificate (only then may the token go)."""
+        result = await self.worker.run_script(script_path("k3s_unfence.sh"), deadline=UNFENCE_SCRIPT_DEADLINE_SECONDS)
+        results = parse_results(result.stdout)
+        self.progress(f"drop-in {results.get('drop_in', '?')}, k3s-agent {results.get('agent', '?')}")
+        if fresh_token:
+            # An agent already starting (a host powered on after a fence that found it off) retries
+            # with the spent token it read at its start: it must read the fresh one.
+            await self.worker.run(
+                ["systemctl", "restart", "--no-block", "k3s-agent"], deadline=RESTART_DEADLINE_SECONDS
+            )
+        node = await self._wait_ready()
+        if fresh_token:
+            await self._wait_new_certificate()
+        return node
+
     async def _fresh_token(self) -> JoinToken | None:
         """A fresh one-time join token, written where the agent's configuration names its token, when
         the agent's client certificate expired or is gone (it may have expired while the worker was
@@ -212,11 +231,19 @@ class FenceLift:
         for token_id, description in (await self.cluster.token_ids()).items():
             if description == self.node:  # made by a lift or join of this node cut short
                 await self.cluster.delete_token(token_id)
-        token = await self.cluster.create_join_token(self.node, TOKEN_TTL)
-        await run_steps(
-            self.worker, [private_file(TOKEN_FILE, token.value + "\n", f"writing {TOKEN_FILE}")], deadline=60
+        # It lives no longer than the lift could use it (the join's rule, node_operations/join.py):
+        # its write, the agent's start, the waits for Ready and for the new certificate.
+        ttl = join_token_ttl(
+            2 * self.ready_deadline,
+            start_seconds=TOKEN_WRITE_DEADLINE_SECONDS + UNFENCE_SCRIPT_DEADLINE_SECONDS + RESTART_DEADLINE_SECONDS,
         )
-        self.progress(f"join token {token.token_id} created (valid {TOKEN_TTL}, for {self.node} only)")
+        token = await self.cluster.create_join_token(self.node, ttl)
+        await run_steps(
+            self.worker,
+            [private_file(TOKEN_FILE, token.value + "\n", f"writing {TOKEN_FILE}")],
+            deadline=TOKEN_WRITE_DEADLINE_SECONDS,
+        )
+        self.progress(f"join token {token.token_id} created (valid {ttl}, for {self.node} only)")
         return token
 
     async def _wait_new_certificate(self) -> None:

@@ -99,6 +99,26 @@ def pod_network_port(pod_network: str) -> tuple[str, str]:
     raise ValueError(f"unknown pod network {pod_network!r}; expected wireguard or vxlan")
 
 
+def port_rules_from(data: Sequence[Mapping[str, object]]) -> tuple[PortRule, ...]:
+    """Port rules from their plain form (a resource's inputs: `dataclasses.asdict` of each)."""
+    return tuple(
+        PortRule(str(r["port"]), r["protocol"], tuple(r["sources"]), str(r.get("purpose", "")))  # type: ignore[arg-type]
+        for r in data
+    )
+
+
+def listening_ports(role: Role, pod_network: str) -> list[PortRule]:
+    """Every port a node of `role` listens on for the cluster besides SSH, each with no
+    source of its own: the plan (`inbound_rules`) opens each to named sources only (a
+    server alone has no peers and opens none of them), so a firewall that lets any other
+    source in exposes it. 8888/tcp and the NodePorts are judged on their own."""
+    port, purpose = pod_network_port(pod_network)
+    ports = [PortRule(KUBELET_PORT, "tcp", (), "kubelet"), PortRule(port, "udp", (), purpose)]
+    if role == "server":
+        return [PortRule(KUBE_API_PORT, "tcp", (), "Kubernetes API"), *ports]
+    return [*ports, PortRule(NODE_METRICS_PORT, "tcp", (), "node metrics")]
+
+
 def _cidr(address: str) -> str:
     return address if "/" in address else f"{address}/32"
 

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from host_scripts import script_path
 from remote_access.ssh import FirstContact, SshDeadlineError, SshError, SshSession, SshTarget, open_session
 
+# How long the first contact with a host waits for SSH (and cloud-init) by default.
+FIRST_CONTACT_SECONDS = 300.0
+
 HOST_FACTS_DEADLINE_SECONDS = 30.0
 # A Hetzner network attached to a running server shows up on the host a little later.
 EXPECTED_ADDRESS_WAIT_SECONDS = 120.0
@@ -112,7 +115,7 @@ CLOUD_INIT_WAIT = (
 )
 
 
-async def _wait_for_cloud_init(session: SshSession, first_contact: FirstContact, started: float) -> bool:
+async def wait_for_cloud_init(session: SshSession, first_contact: FirstContact, started: float) -> bool:
     """Wait until cloud-init has finished the first boot (it writes keys, users and the
     network config the facts depend on). Returns True when it was still running."""
     running = await session.run(
@@ -156,7 +159,7 @@ async def read_host_facts(
     host's keys during the first boot."""
     started = time.monotonic()
     async with open_session(target, first_contact, shared=True, login_anew=True) as session:
-        still_booting = first_contact is not None and await _wait_for_cloud_init(session, first_contact, started)
+        still_booting = first_contact is not None and await wait_for_cloud_init(session, first_contact, started)
         if not still_booting or target.recorded_host_key:
             return await _observe(session, expected_address, wait_seconds)
     assert first_contact is not None

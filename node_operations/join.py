@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,11 +38,12 @@ from typing import TypeVar
 # agent_since: where the join reads the agent's log from, kept importable here for the lab tests
 # that start an agent the way the join does.
 from node_operations.agent_log import agent_log, agent_log_diagnosis, agent_since, log_message  # noqa: F401
-from node_operations.firewall_plan import PortRule
+from node_operations.firewall_plan import PortRule, listening_ports
 from node_operations.health import FENCE_ANNOTATION, read_node  # noqa: F401 - read_node lived here
 from node_operations.host_facts import HostFacts, interface_of
 from node_operations.host_firewall.operator_firewall import evaluate_operator_firewall
 from node_operations.join_host import (
+    READ_DEADLINE_SECONDS,
     AgentBinary,
     JoiningHost,
     agent_binary,
@@ -49,6 +51,7 @@ from node_operations.join_host import (
     install_agent,
     prepare_joining_host,
     read_joining_host,
+    upload_agent_binary,
 )
 from node_operations.join_permits import (  # noqa: F401
     JOIN_PERMIT_POLICY,
@@ -58,7 +61,7 @@ from node_operations.join_permits import (  # noqa: F401
 )
 from node_operations.join_server import ClusterReading, JoinGrant, grant_join, read_cluster, release_node
 from node_operations.join_validation import POLL_SECONDS, TaintedNodeValidation, ValidatedNode, ValidationError
-from node_operations.k3s_install import K3sBinary, agent_config
+from node_operations.k3s_install import INSTALL_DEADLINE_SECONDS, K3sBinary, agent_config
 from node_operations.network_mode import check_connection
 from node_operations.node_access import NodeAccessError, RecordedNode, check_recorded_nodes
 from node_operations.node_metadata import MANAGED_LABEL
@@ -72,12 +75,26 @@ Progress = Callable[[str], None]
 T = TypeVar("T")
 
 TOKEN_FILE = "/etc/rancher/k3s/hk3s-join-token"
-TOKEN_TTL = "10m"
+# A live bootstrap token is wider than a join needs (k3s's server hands the `system:bootstrappers`
+# group the agent's certificates for any name), so it lives no longer than the join that uses it
+# could: it is deleted once the agent registered or the join failed, and it expires, on the
+# server's own clock, when the join would have given up anyway (the agent's start, its install
+# command's deadline, plus the wait that needs it, plus a minute for an API restart on the way).
+# A join that never deletes it (a killed run, a server that could not delete it) and is never
+# retried leaves no live token past that.
+TOKEN_TTL_MARGIN_SECONDS = 60.0
+AGENT_START_DEADLINE_SECONDS = 3 * READ_DEADLINE_SECONDS + INSTALL_DEADLINE_SECONDS
 REGISTER_DEADLINE_SECONDS = 120.0
 READY_DEADLINE_SECONDS = 120.0
 # The longest single watch of the Node while waiting for it to turn Ready (kubectl's own request
 # timeout ends a watch after as long).
 READY_WATCH_SECONDS = 30.0
+
+
+def join_token_ttl(wait_seconds: float, start_seconds: float = AGENT_START_DEADLINE_SECONDS) -> str:
+    """How long a join token lives (`k3s token create --ttl`): the agent's start and the
+    wait that needs the token (`wait_seconds`), plus TOKEN_TTL_MARGIN_SECONDS."""
+    return f"{math.ceil(start_seconds + wait_seconds + TOKEN_TTL_MARGIN_SECONDS)}s"
 
 
 class JoinError(RuntimeError):
@@ -262,7 +279,10 @@ class Joiner:
         too, unless the stack acknowledges it: every port the node listens on would be open."""
         assert self.host is not None, "preflight reads the host first"
         report = evaluate_operator_firewall(
-            self.host.firewall_inspection(), required, none_acknowledged=self.spec.no_firewall_acknowledged
+            self.host.firewall_inspection(),
+            required,
+            listening=listening_ports("worker", self.spec.pod_network),
+            none_acknowledged=self.spec.no_firewall_acknowledged,
         )
         if report.stops_join:
             raise JoinError(self.spec.node, "firewall", report.message())
@@ -318,6 +338,11 @@ class Joiner:
         # revoked permit would refuse a joined node's restart. A node joined before this rule
         # gets it back here. Tokens an interrupted earlier join made for this node go first.
         assert self.cluster_reading is not None, "preflight reads the cluster first"
+        # The binary goes up before the token is made: its upload is no part of the token's life.
+        prepared = await upload_agent_binary(self.worker, spec.binary, await self._agent_binary(), self.progress)
+        # The token is needed until the agent registered, and (a dead certificate) until it holds
+        # a new certificate: two waits then.
+        ttl = join_token_ttl(spec.register_deadline * (2 if dead_certificate is not None else 1))
         token = await grant_join(
             self.cluster,
             JoinGrant(
@@ -330,13 +355,13 @@ class Joiner:
                     for token_id, description in self.cluster_reading.token_ids.items()
                     if description == spec.node
                 ),
-                token_ttl=None if rejoin and dead_certificate is None else TOKEN_TTL,
+                token_ttl=None if rejoin and dead_certificate is None else ttl,
             ),
         )
         if self.forget_node_password and rejoin:
             self.progress("node password record removed: this machine registered the node and lost its password")
         if token is not None:
-            self.progress(f"join token {token.token_id} created (valid {TOKEN_TTL}, for {spec.node} only)")
+            self.progress(f"join token {token.token_id} created (valid {ttl}, for {spec.node} only)")
         elif not await self._keeps_dead_token():
             await self._write_dead_token()
 
@@ -356,7 +381,7 @@ class Joiner:
             installed = await install_agent(
                 self.worker,
                 binary=spec.binary,
-                prepared=await self._agent_binary(),
+                prepared=prepared,
                 config_text=config(TOKEN_FILE),
                 token_file=TOKEN_FILE,
                 token=token,
@@ -377,13 +402,13 @@ class Joiner:
                 await self._wait_new_certificate(installed.since)
         except BaseException:
             if token is not None:
-                await self._forget_token(token, registered=False)
+                await self._forget_token(token, ttl, registered=False)
             raise
         if token is not None:
             # Registered: the agent authenticates with its node certificate from now on. The token
             # stays in the file its config names, dead (see _forget_token): every k3s agent start
             # parses its configured token first and refuses an empty one, node certificate or not.
-            await self._forget_token(token, registered=True)
+            await self._forget_token(token, ttl, registered=True)
         self.checks["registered"] = "yes"
         return node
 
@@ -416,7 +441,7 @@ class Joiner:
     async def _revoke_permit(self) -> None:
         await revoke_join_permit(self.cluster, self.spec.node)
 
-    async def _forget_token(self, token: JoinToken, *, registered: bool) -> None:
+    async def _forget_token(self, token: JoinToken, ttl: str, *, registered: bool) -> None:
         """Delete the token's Secret on the server (and, for a join that failed, its file on the
         host and the node's permit); a failure here must not hide the join's own error.
 
@@ -432,7 +457,7 @@ class Joiner:
             # Say the truth: the token lives until it expires, and it can join the node's name.
             self.progress(
                 f"join token {token.token_id} could NOT be deleted ({error}); it stays valid until it expires "
-                f"({TOKEN_TTL} after it was made): delete it sooner with "
+                f"({ttl} after it was made): delete it sooner with "
                 f"`kubectl -n kube-system delete secret bootstrap-token-{token.token_id}` on the server"
             )
         else:
@@ -477,7 +502,8 @@ class Joiner:
         """A registered node whose host holds no token (joined by an earlier release that deleted
         it): give its agent one that k3s accepts at start-up, made for this node and deleted on
         the server before the host gets it, so it is never live while in use (see _forget_token)."""
-        token = await self.cluster.create_join_token(self.spec.node, TOKEN_TTL)
+        # Deleted before the host gets it: a minute is plenty.
+        token = await self.cluster.create_join_token(self.spec.node, join_token_ttl(0, start_seconds=0))
         # Interrupted here, the next run deletes it as a stale token of this node (and it expires).
         await self.cluster.delete_token(token.token_id)
         await self.worker.upload(token.value.encode() + b"\n", TOKEN_FILE, deadline=30, mode=0o600)

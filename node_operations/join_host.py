@@ -172,6 +172,17 @@ class AgentInstalled:
     results: dict[str, str]
 
 
+async def upload_agent_binary(
+    worker: SshSession, binary: K3sBinary, prepared: AgentBinary, progress: Progress
+) -> AgentBinary:
+    """Upload the binary when the host's differs (where k3s_install.sh takes it from); what is
+    left to install: the same binary, nothing to upload."""
+    if prepared.packed is not None:
+        progress(f"uploading k3s {binary.version} ({len(prepared.packed) // 1_000_000} MB gzipped)")
+        await worker.upload(prepared.packed, f"{K3S_BIN}.hk3s-upload.gz", deadline=INSTALL_DEADLINE_SECONDS, mode=0o644)
+    return AgentBinary(prepared.sha256, None)
+
+
 async def install_agent(
     worker: SshSession,
     *,
@@ -185,10 +196,7 @@ async def install_agent(
     """Upload the binary when the host's differs (`prepared`: agent_binary), then in one
     command: read the host's clock, write the token (when there is a new one) and the config,
     and run k3s_install.sh."""
-    want_sha = prepared.sha256
-    if prepared.packed is not None:
-        progress(f"uploading k3s {binary.version} ({len(prepared.packed) // 1_000_000} MB gzipped)")
-        await worker.upload(prepared.packed, f"{K3S_BIN}.hk3s-upload.gz", deadline=INSTALL_DEADLINE_SECONDS, mode=0o644)
+    want_sha = (await upload_agent_binary(worker, binary, prepared, progress)).sha256
     steps = [HostStep.command(["date", "+%Y-%m-%d %H:%M:%S"])]
     if token is not None:
         steps.append(_private_file(token_file, token.value + "\n", f"writing {token_file}"))

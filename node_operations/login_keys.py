@@ -9,11 +9,22 @@ already gone), so a run killed at any point continues where it stopped.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from host_scripts import script_path
-from remote_access.ssh import LineCallback, RemoteCommandError, SshError, SshTarget, fingerprint, open_session
+from node_operations.host_facts import wait_for_cloud_init
+from remote_access.ssh import (
+    FirstContact,
+    HostKeyChangedError,
+    LineCallback,
+    RemoteCommandError,
+    SshError,
+    SshTarget,
+    fingerprint,
+    open_session,
+)
 
 if TYPE_CHECKING:
     pass  # loaded on first use, as in remote_access.ssh
@@ -149,3 +160,34 @@ async def retire_login_keys(new: SshTarget, retiring: Sequence[str], on_line: Li
     retired = ", ".join(fingerprint(line) for line in lines)
     on_line(f"previous login key {retired} removed from {AUTHORIZED_KEYS}" if removed else f"{retired} already gone")
     return removed
+
+
+HOST_KEY_FILE = "/etc/ssh/ssh_host_ed25519_key"
+HOST_KEY_STEP_SECONDS = 60.0
+
+
+async def replace_host_key(
+    target: SshTarget, private_key: str, public_key: str, first_contact: FirstContact | None = None
+) -> str:
+    """Put `private_key` in place of the host key `target` is pinned to (the one the host was given
+    at creation) and return the new public line ('ssh-ed25519 AAAA...'), once a fresh login pinned
+    to it worked. Where the host already presents the new key (a retried create after a crash) it is
+    adopted. With `first_contact` a host still booting is waited for, and cloud-init."""
+    new_line = " ".join(public_key.split()[:2])
+    pinned_new = dataclasses.replace(target, recorded_host_key=new_line)
+    try:
+        async with open_session(target, first_contact, login_anew=True) as session:
+            if first_contact is not None:
+                await wait_for_cloud_init(session, first_contact, time.monotonic())
+            await session.upload(
+                private_key.encode(), f"{HOST_KEY_FILE}.hk3s-new", deadline=HOST_KEY_STEP_SECONDS, mode=0o600
+            )
+            await session.run_script(script_path("host_key_replace.sh"), [new_line], deadline=HOST_KEY_STEP_SECONDS)
+    except HostKeyChangedError:
+        # Replaced already, or an impostor: only a login pinned to the new key says which.
+        pass
+    # sshd re-executes itself on the reload: for a moment nothing listens (connection refused).
+    settling = FirstContact(seconds=HOST_KEY_STEP_SECONDS, progress=lambda _line: None)
+    async with open_session(pinned_new, settling, login_anew=True) as session:
+        await session.run(["true"], deadline=KEY_STEP_SECONDS)
+    return new_line

@@ -19,7 +19,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
-from node_operations.host_facts import HostFacts, ObservedHost, read_host_facts
+from node_operations.host_facts import FIRST_CONTACT_SECONDS, HostFacts, ObservedHost, read_host_facts
 from node_operations.refusal import tagged
 from providers.base import (
     NodeProvider,
@@ -34,8 +34,6 @@ from providers.inputs import NodeInputs, is_known, known
 from remote_access.api_forward import EngineNotFoundError, engine_pid, stdin_is_terminal
 from remote_access.ssh import FirstContact, SshError
 
-# How long the first contact with a host waits for SSH (and cloud-init) by default.
-FIRST_CONTACT_SECONDS = 300.0
 FACT_OUTPUTS = tuple(field.name for field in dataclasses.fields(HostFacts))
 # Set in a run nobody watches: CI systems set CI, the operator API and CLI set HK3S_NON_INTERACTIVE.
 NON_INTERACTIVE_ENV = ("HK3S_NON_INTERACTIVE", "CI")

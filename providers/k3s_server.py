@@ -14,6 +14,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
+from node_operations.firewall_plan import listening_ports, port_rules_from
 from node_operations.k3s_install import ServerSpec, install_server, read_server_state, stop_server
 from node_operations.k3s_release import K3S_VERSION
 from node_operations.teardown import wipe_node
@@ -53,6 +54,9 @@ class K3sServerInputs(NodeInputs):
     install checks that one is active. Absent in a state written before the input existed."""
     no_firewall_acknowledged: pulumi.Input[bool] = False
     """hk3s:firewall.none_acknowledged: a server whose firewall the operator runs may have none."""
+    operator_firewall_rules: pulumi.Input[list[dict[str, Any]]] | None = None
+    """The server's rules (the plan's), checked against its firewall where the operator runs it:
+    nothing missing, nothing open wider. Absent in a state written before the input existed."""
     secrets_encryption: pulumi.Input[bool | None] = None
     """Decided by check, never by the program: on for a server k3s starts here for the first
     time, and for one that already runs what it started with (k3s cannot switch it on later)."""
@@ -62,7 +66,7 @@ class K3sServerInputs(NodeInputs):
     restarts). Absent in a state written before the input existed: off."""
 
 
-FIRST_INSTALL_ONLY = K3sServerInputs.names("firewall_managed", "no_firewall_acknowledged")
+FIRST_INSTALL_ONLY = K3sServerInputs.names("firewall_managed", "no_firewall_acknowledged", "operator_firewall_rules")
 # Changing these on a running server restarts k3s: the API is down for 10-30 s.
 RESTARTING_INPUTS = K3sServerInputs.names("node_ip", "node_external_ip", "flannel_external_ip")
 POD_NETWORK_OF_BACKEND = {"wireguard-native": "wireguard", "vxlan": "vxlan"}
@@ -247,10 +251,22 @@ class K3sServerProvider(NodeProvider):
         inputs = K3sServerInputs.from_props(props)
         if known(inputs.firewall_managed) is False:
             # The operator runs the server's firewall: with none active every port the server
-            # listens on (the kubelet's, 8888/tcp) is open to whoever reaches it. Stop before
-            # the host changes unless the stack acknowledges it.
+            # listens on (the API's, the kubelet's, 8888/tcp) is open to whoever reaches it, and
+            # one that opens any of them wider than the plan lets those sources in. Stop before
+            # the host changes (none active: unless the stack acknowledges it), as a join does.
             acknowledged = known(inputs.no_firewall_acknowledged) is True
-            run_operation(require_host_firewall(ssh_target(inputs.login), none_acknowledged=acknowledged))
+            rules = known(inputs.operator_firewall_rules) or []
+            pod_network = known(inputs.pod_network) or POD_NETWORK_OF_BACKEND.get(
+                str(known(inputs.flannel_backend)), "vxlan"
+            )
+            run_operation(
+                require_host_firewall(
+                    ssh_target(inputs.login),
+                    port_rules_from(rules),
+                    listening=listening_ports("server", str(pod_network)),
+                    none_acknowledged=acknowledged,
+                )
+            )
         # Deterministic id: a create retried after a crash adopts the k3s it installed.
         return CreateResult(id_=f"{props['node']}-k3s", outs=self._install(props))
 

@@ -29,7 +29,11 @@ to retire).
 
 Host keys: `NodeLoginKey` runs before the node's probe, so it pins the host key the
 stack config records, or the one it saw itself at its last rotation, and otherwise
-accepts the host's key on first use. What it sends is a public key and a signature an
+accepts the host's key on first use. On a Hetzner server the program created, its
+creation replaces the host key the server was given in user_data (served by the metadata
+service for the server's whole life) with one the program made and kept only in the state,
+once logged in pinned to the first: its `host_key` output, which the probe and every later
+login pin. What it sends is a public key and a signature an
 impostor could not reuse; the step that removes the old key is pinned to the probe's key.
 """
 
@@ -41,7 +45,14 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, Resource, UpdateResult
 
-from node_operations.login_keys import add_login_key, key_fingerprint, public_key_line, retire_login_keys
+from node_operations.host_facts import FIRST_CONTACT_SECONDS
+from node_operations.login_keys import (
+    add_login_key,
+    key_fingerprint,
+    public_key_line,
+    replace_host_key,
+    retire_login_keys,
+)
 from providers.base import (
     NodeProvider,
     check_connection_inputs,
@@ -53,7 +64,7 @@ from providers.base import (
     ssh_target,
 )
 from providers.inputs import NodeInputs, is_known, known
-from remote_access.ssh import SshError
+from remote_access.ssh import FirstContact, SshError
 
 KEY_COMMENT = "hk3s login key"
 
@@ -68,6 +79,12 @@ class NodeLoginKeyInputs(NodeInputs):
     """Who wrote the host's authorized_keys: "program" (a server it created) or "operator"."""
     fenced: pulumi.Input[bool] = False
     """The stack fences this worker (hk3s:fences): a rotation it cannot take now waits."""
+    replacement_host_key: pulumi.Input[str] | None = None
+    """A secret: the Ed25519 host key (HostKeyPair) that replaces, at creation, the one a server the
+    program created was given in its user_data (login.recorded_host_key). Creation-only."""
+    replacement_host_public_key: pulumi.Input[str] | None = None
+    first_contact_seconds: pulumi.Input[float] | None = None
+    """How long the creation waits for a new server's first answer (hk3s:ssh.first_contact_seconds)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -87,7 +104,12 @@ class NodeLoginKeyProvider(NodeProvider):
     acts_on_login_change = True
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        return CheckResult(pin_recorded_host_key(olds, dict(news)), check_connection_inputs(news))
+        checked = dict(news)
+        if olds.get("replaced_host_key") and checked.get("recorded_host_key") == olds["replaced_host_key"]:
+            # The key the server was given at creation was replaced (create): the stack still names
+            # it, but the host presents the replacement, which every later login pins.
+            checked["recorded_host_key"] = olds.get("host_key")
+        return CheckResult(pin_recorded_host_key(olds, checked), check_connection_inputs(news))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # A previous key named in the config only helps a rotation; on its own it changes nothing.
@@ -96,7 +118,14 @@ class NodeLoginKeyProvider(NodeProvider):
             news,
             replace_on=self.replace_on,
             # Whether the worker is fenced only says how a rotation may end: never a change by itself.
-            ignore=NodeLoginKeyInputs.names("recorded_host_key", "previous_private_key", "fenced"),
+            ignore=NodeLoginKeyInputs.names(
+                "recorded_host_key",
+                "previous_private_key",
+                "fenced",
+                "replacement_host_key",
+                "replacement_host_public_key",
+                "first_contact_seconds",
+            ),
         )
         if olds.get("private_key") and olds.get("private_key") != news.get("private_key"):
             node = str(news.get("node"))
@@ -134,13 +163,43 @@ class NodeLoginKeyProvider(NodeProvider):
         if previous and previous != known(inputs.login.private_key):
             # A rotation this state has no record of (a stack older than the rotation).
             return CreateResult(id_=id_, outs=self._rotate(props, [str(previous)]))
+        given = known(inputs.login.recorded_host_key) or None
+        replacement = known(inputs.replacement_host_key)
+        if inputs.authorized_by == "program" and given and replacement:
+            # A server the program created, its first host key given in user_data, which Hetzner's
+            # metadata service serves to anything on the server for its whole life: once logged in
+            # pinned to it, the host gets the replacement (never in user_data), pinned from now on.
+            node = str(known(inputs.login.node))
+            first_contact = FirstContact(
+                seconds=float(known(inputs.first_contact_seconds) or FIRST_CONTACT_SECONDS),
+                progress=lambda line: progress(node, line),
+            )
+            new_key = run_operation(
+                replace_host_key(
+                    ssh_target(inputs.login),
+                    str(replacement),
+                    str(known(inputs.replacement_host_public_key)),
+                    first_contact,
+                )
+            )
+            progress(node, f"host key replaced: the one given in user_data is no longer used ({new_key[:24]}...)")
+            return CreateResult(
+                id_=id_,
+                outs={
+                    **props,
+                    "host_key": new_key,
+                    "replaced_host_key": given,
+                    "key_fingerprint": key_fingerprint(str(known(inputs.login.private_key))),
+                    "retiring_keys": [],
+                },
+            )
         # Nothing to do on the host: the key given at creation (or the operator's) is in use. The
         # probe's first login, right after this, checks it.
         return CreateResult(
             id_=id_,
             outs={
                 **props,
-                "host_key": known(inputs.login.recorded_host_key) or None,
+                "host_key": given,
                 "key_fingerprint": key_fingerprint(str(known(inputs.login.private_key))),
                 "retiring_keys": [],
             },
@@ -190,11 +249,16 @@ class NodeLoginKey(Resource, module="hk3s", name="NodeLoginKey"):
     def __init__(
         self, resource_name: str, inputs: NodeLoginKeyInputs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
-        props = resource_inputs(inputs, ["host_key", "key_fingerprint", "retiring_keys"])
+        props = resource_inputs(inputs, ["host_key", "key_fingerprint", "retiring_keys", "replaced_host_key"])
         if inputs.previous_private_key is not None:
             props["previous_private_key"] = pulumi.Output.secret(inputs.previous_private_key)
+        if inputs.replacement_host_key is not None:
+            props["replacement_host_key"] = pulumi.Output.secret(inputs.replacement_host_key)
         opts = pulumi.ResourceOptions.merge(
-            opts, pulumi.ResourceOptions(additional_secret_outputs=["private_key", "previous_private_key"])
+            opts,
+            pulumi.ResourceOptions(
+                additional_secret_outputs=["private_key", "previous_private_key", "replacement_host_key"]
+            ),
         )
         super().__init__(NodeLoginKeyProvider(), resource_name, props, opts)
 

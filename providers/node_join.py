@@ -17,7 +17,7 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
 from cluster_settings.defaults import VALIDATION_IMAGE_DEFAULT
-from node_operations.firewall_plan import PortRule
+from node_operations.firewall_plan import PortRule, port_rules_from
 from node_operations.health import FENCE_ANNOTATION, read_node
 from node_operations.join_host import joined_host_changed
 from node_operations.k3s_release import K3S_VERSION
@@ -93,9 +93,7 @@ class NodeJoinInputs(NodeInputs):
         rules = known(self.operator_firewall_rules) if self.operator_firewall_rules is not None else None
         if rules is None:
             return None
-        return tuple(
-            PortRule(str(r["port"]), r["protocol"], tuple(r["sources"]), str(r.get("purpose", ""))) for r in rules
-        )
+        return port_rules_from(rules)
 
 
 def removed_taints(old: list[str], new: list[str]) -> tuple[str, ...]:

@@ -24,9 +24,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import functools
 import os
 import random
 import shlex
+import socket
+import struct
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -127,6 +130,36 @@ def _stderr_tail(stderr: str, lines: int = 5) -> str:
     return " | ".join(stderr.strip().splitlines()[-lines:])
 
 
+PROC_NET_TCP = Path("/proc/net/tcp")
+
+
+def _proc_address(host: str, port: int) -> str:
+    """An IPv4 address and port as /proc/net/tcp prints them (the address as the kernel's u32
+    in host byte order, then the port, both in upper-case hex)."""
+    (number,) = struct.unpack("=I", socket.inet_aton(host))
+    return f"{number:08X}:{port:04X}"
+
+
+def same_user_peer(local_port: int, peer_host: str, peer_port: int, table: Path = PROC_NET_TCP) -> bool:
+    """Whether the connection from `peer_host:peer_port` to 127.0.0.1:`local_port` comes from a
+    socket this user owns: its line in /proc/net/tcp (local = the peer, remote = our port) names
+    the owner's uid. A connection whose socket is not found is refused (whose it is cannot be
+    told). Where there is no /proc/net/tcp (not Linux) it cannot be checked: accepted, and
+    docs/security.md says the port is then every local user's."""
+    if not table.exists():
+        return True
+    try:
+        peer = _proc_address(peer_host, peer_port)
+    except OSError:
+        return False
+    ours = _proc_address("127.0.0.1", local_port)
+    for line in table.read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 7 and fields[1] == peer and fields[2] == ours:
+            return fields[7] == str(os.getuid())
+    return False
+
+
 class SshSession:
     """One open, host-key-verified connection; many commands over it."""
 
@@ -143,8 +176,17 @@ class SshSession:
 
     async def forward_local_port(self, local_port: int, remote_port: int) -> asyncssh.SSHListener:
         """Listen on 127.0.0.1:`local_port` here; each connection goes to 127.0.0.1:`remote_port`
-        on the host, through this session's pinned connection."""
-        return await self._connection.forward_local_port("127.0.0.1", local_port, "127.0.0.1", remote_port)
+        on the host, through this session's pinned connection. Only this user's: every local
+        user can connect to 127.0.0.1, and the forward would carry their connection to the
+        host's port past its firewall, so one whose socket another user owns is closed
+        unanswered (`same_user_peer`)."""
+        return await self._connection.forward_local_port(
+            "127.0.0.1",
+            local_port,
+            "127.0.0.1",
+            remote_port,
+            accept_handler=functools.partial(same_user_peer, local_port),
+        )
 
     async def wait_closed(self) -> None:
         """Return once the connection has closed (the host went away, or the session ended)."""

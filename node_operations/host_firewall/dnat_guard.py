@@ -1,6 +1,8 @@
 """The DNAT guard: a forward chain that holds traffic Kubernetes DNATs to the plan, keeps
 pods away from the cloud's metadata service and keeps non-nodes away from the pod and Service
-networks; beside UFW or firewalld, an input chain that holds DNAT'd traffic to the node itself.
+networks; beside UFW or firewalld, an input chain that holds DNAT'd traffic to the node itself;
+and on every backend a prerouting chain that drops forged packets out of VXLAN
+(`fabric_guard_lines`).
 
 DNAT'd traffic (kube-proxy's NodePorts and LoadBalancer addresses, the
 hostPorts ServiceLB publishes) is forwarded to a pod and never meets an input
@@ -154,6 +156,36 @@ def dnat_guard_input_lines(
     return lines
 
 
+# VXLAN has no authentication: what arrives on flannel.1 is whatever a packet to 8472/udp carried,
+# and that port is held to the peers' outer source address, which a host on the segment can forge.
+VXLAN_INTERFACES = ("flannel.1", "flannel-v6.1")
+FABRIC_GUARD_CHAIN = "fabric_guard"
+FABRIC_SOURCE_PURPOSE = "VXLAN inner source outside the cluster networks (forged)"
+FABRIC_PATH_PURPOSE = "VXLAN inner source not routed back out of flannel.1 (forged)"
+
+
+def fabric_guard_lines(cluster_networks: Sequence[str]) -> list[str]:
+    """A prerouting chain that lets in on the VXLAN interfaces only what flannel carries: an inner
+    source in the cluster's networks that this node would route back out of the same interface
+    (strict reverse path: a peer's pod subnet; never this node's own). A forged packet whose inner
+    source is the sender's own address, so that the node would answer it directly, or an address
+    of this node's pods, is dropped before it reaches an input or forward chain (both accept the
+    fabric). WireGuard's interfaces need none: each peer's key is bound to its allowed addresses.
+    Nothing without cluster networks (a plan that does not name them)."""
+    if not cluster_networks:
+        return []
+    interfaces = ", ".join(f'"{name}"' for name in VXLAN_INTERFACES)
+    rules = [
+        f"iifname {{ {interfaces} }} meta nfproto ipv4 ip saddr != {{ {', '.join(cluster_networks)} }} "
+        f"drop comment {nft_comment(FABRIC_SOURCE_PURPOSE)}",
+        f"iifname {{ {interfaces} }} fib saddr . iif oif missing drop comment {nft_comment(FABRIC_PATH_PURPOSE)}",
+    ]
+    lines = [f"\tchain {FABRIC_GUARD_CHAIN} {{", "\t\ttype filter hook prerouting priority raw; policy accept;"]
+    lines += [f"\t\t{rule}" for rule in rules]
+    lines.append("\t}")
+    return lines
+
+
 def guard_rule_count(lines: Sequence[str]) -> int:
     return sum(1 for line in lines if line.startswith("\t\t") and not line.startswith("\t\ttype "))
 
@@ -167,6 +199,7 @@ def render_dnat_guard(plan: NodeFirewallPlan) -> NftRuleset:
     guard = [
         *dnat_guard_lines(planned, block_metadata=plan.block_metadata, **networks),
         *dnat_guard_input_lines(planned, nodeports_closed=not plan.nodeports_open, **networks),
+        *fabric_guard_lines(plan.cluster_networks),
     ]
     lines = [
         f"# DNAT guard of {plan.node} ({plan.role}), written by hk3s beside its UFW or firewalld rules.",

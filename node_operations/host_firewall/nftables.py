@@ -27,6 +27,7 @@ from node_operations.host_firewall.backend import Backend, Probe, UndeterminedEr
 from node_operations.host_firewall.dnat_guard import (
     dnat_guard_lines,
     dnat_guard_present,
+    fabric_guard_lines,
     guard_rule_count,
     remove_dnat_guard,
 )
@@ -375,12 +376,15 @@ class NftablesBackend(Backend):
         lines.append("\t}")
         # The input chain above holds DNAT'd traffic to the node itself by port and source
         # already: only the forward chain of the guard is needed here.
-        guard = dnat_guard_lines(
-            planned,
-            block_metadata=plan.block_metadata,
-            cluster_networks=plan.cluster_networks,
-            node_addresses=plan.node_addresses,
-        )
+        guard = [
+            *dnat_guard_lines(
+                planned,
+                block_metadata=plan.block_metadata,
+                cluster_networks=plan.cluster_networks,
+                node_addresses=plan.node_addresses,
+            ),
+            *fabric_guard_lines(plan.cluster_networks),
+        ]
         lines += guard
         lines.append("}")
         return NftRuleset("\n".join(lines) + "\n", len(input_rules) + guard_rule_count(guard))

@@ -4,9 +4,14 @@ workers[].firewall false) against the rules the cluster needs from it.
 The join reads the node with `inspect_firewall(session, operator=True)` and
 calls `evaluate_operator_firewall(inspection, required)`, `required` being the
 node's `inbound_rules(...)`. SSH rules and NodePort rules are not required (the
-join reached SSH already; NodePorts are the operator's call), but what must stay
-closed is checked: 8888/tcp, and NodePorts unless the stack opens them, open to
-every source are `exposed`. The report's `stops_join` is true when an active
+join reached SSH already; NodePorts are the operator's call), but nothing may be
+open wider than the plan: every port of the plan (and of `listening`, the ports
+the node listens on that the plan may not name, `firewall_plan.listening_ports`),
+8888/tcp, and NodePorts unless the stack opens them, is checked against each
+source class the plan does not name: every source, and a host on each of the
+node's own networks that is not a node (another host on its segment; the network of each
+interface's address: a /32 address, as Hetzner gives its private interfaces, names none).
+What such a source reaches is `exposed`. The report's `stops_join` is true when an active
 firewall (UFW active, firewalld running, or an nftables input hook with a drop
 policy or drop rules) misses rules or exposes such a port, and when no firewall is
 active at all unless the stack acknowledges that (`none_acknowledged`,
@@ -19,10 +24,11 @@ false and `reason` saying why); `message()` is the text to show.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import ipaddress
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from node_operations.firewall_plan import ANY_IPV4, NODEPORT_RANGE, PortRule
@@ -30,8 +36,12 @@ from node_operations.host_firewall.backend import Backend, Probe, UndeterminedEr
 from node_operations.host_firewall.backends import BACKENDS
 from node_operations.host_firewall.inspection import FirewallBackend, FirewallInspection, inspect_firewall
 from node_operations.host_firewall.plan import (
+    FABRIC_INTERFACE_PATTERNS,
+    FABRIC_INTERFACES,
     OPERATOR_CLOSED_PORT,
     FirewallError,
+    IPNetwork,
+    every_source,
     is_nodeport_rule,
     is_ssh_rule,
     port_range,
@@ -56,7 +66,9 @@ class OperatorFirewallReport:
     missing: tuple[PortRule, ...]
     reason: str = ""
     exposed: tuple[PortRule, ...] = ()
-    """Ports the cluster keeps closed that this firewall opens to every source."""
+    """Ports this firewall opens wider than the plan: each with the source class that gets in
+    (0.0.0.0/0, or one of the node's own networks, whose address that is not a node the
+    purpose names)."""
     none_acknowledged: bool = False
     """The stack accepts nodes with no host firewall at all (hk3s:firewall.none_acknowledged)."""
 
@@ -111,10 +123,14 @@ class OperatorFirewallReport:
     def _exposed_sentence(self) -> str:
         if not self.exposed:
             return ""
-        listing = "; ".join(f"{rule.port}/{rule.protocol} ({rule.purpose})" for rule in self.exposed)
+        listing = "; ".join(
+            f"{rule.port}/{rule.protocol} to {'every source' if rule.sources == (ANY_IPV4,) else rule.sources[0]} "
+            f"({rule.purpose})"
+            for rule in self.exposed
+        )
         return (
-            f" {self.node}: the host firewall ({self.firewall}) opens to every source what must stay closed: "
-            f"{listing}; close it."
+            f" {self.node}: the host firewall ({self.firewall}) opens wider than the cluster's plan: {listing}. "
+            "Open each only to the sources the plan names (8888/tcp to none outside the node)."
         )
 
     def suggested_commands(self) -> list[str]:
@@ -151,7 +167,11 @@ def _operator_probes(required: Sequence[PortRule]) -> list[tuple[PortRule, list[
 
 
 def evaluate_operator_firewall(
-    inspection: FirewallInspection, required: Sequence[PortRule], *, none_acknowledged: bool = False
+    inspection: FirewallInspection,
+    required: Sequence[PortRule],
+    *,
+    listening: Sequence[PortRule] = (),
+    none_acknowledged: bool = False,
 ) -> OperatorFirewallReport:
     """Check an operator-run firewall against `required` (see the module docstring)."""
     node = inspection.node
@@ -171,35 +191,128 @@ def evaluate_operator_firewall(
             node, kind, True, False, tuple(rule for rule, _ in probes), f"cannot tell from the {kind} rules: {why}"
         )
     return OperatorFirewallReport(
-        node, kind, True, True, tuple(missing), exposed=_exposed(backend, inspection, required)
+        node, kind, True, True, tuple(missing), exposed=_exposed(backend, inspection, required, listening)
     )
 
 
-def _exposed(backend: Backend, inspection: FirewallInspection, required: Sequence[PortRule]) -> tuple[PortRule, ...]:
-    """What the cluster keeps closed and this firewall opens to every source: 8888/tcp always,
-    NodePorts unless the stack opens them (hk3s:firewall.nodeports_open). A firewall whose
+def _closed_ports(required: Sequence[PortRule], listening: Sequence[PortRule]) -> list[PortRule]:
+    """Each port to judge once, with every source the plan opens it to: the plan's ports
+    but SSH (open to every source on purpose), the ones the node listens on, 8888/tcp (to
+    none) and the NodePorts (to every source only when the stack opens them)."""
+    always = [
+        PortRule(str(OPERATOR_CLOSED_PORT), "tcp", (), "must stay closed to outside traffic"),
+        PortRule(NODEPORT_RANGE, "tcp", (), "NodePorts, closed unless hk3s:firewall.nodeports_open"),
+        PortRule(NODEPORT_RANGE, "udp", (), "NodePorts, closed unless hk3s:firewall.nodeports_open"),
+    ]
+    merged: dict[tuple[str, str], PortRule] = {}
+    for rule in (*required, *listening, *always):
+        if is_ssh_rule(rule):
+            continue
+        key = (rule.port, rule.protocol)
+        known = merged.get(key)
+        merged[key] = (
+            rule
+            if known is None
+            else PortRule(rule.port, rule.protocol, (*known.sources, *rule.sources), known.purpose)
+        )
+    return list(merged.values())
+
+
+def _segments(inspection: FirewallInspection) -> list[tuple[IPNetwork, ipaddress.IPv4Address | ipaddress.IPv6Address]]:
+    """The node's own IPv4 networks outside the cluster fabric, each with the node's address
+    there: what a host that is not a node shares with it (a private network's other servers)."""
+    segments: list[tuple[IPNetwork, ipaddress.IPv4Address | ipaddress.IPv6Address]] = []
+    for entry in inspection.addresses:
+        fabric = entry.interface in FABRIC_INTERFACES or any(
+            fnmatch.fnmatch(entry.interface, pattern) for pattern in FABRIC_INTERFACE_PATTERNS
+        )
+        if entry.network.version != 4 or entry.network.prefixlen >= 31 or entry.address.is_loopback or fabric:
+            continue
+        segments.append((entry.network, entry.address))
+    return segments
+
+
+def _stranger(
+    network: IPNetwork, allowed: Sequence[IPNetwork], local: set[str]
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An address on `network` that the plan does not name for the port and that is not the
+    node's own: from the top of the network down, a few hundred tries at most."""
+    highest = int(network.broadcast_address) - 1
+    for offset in range(min(256, network.num_addresses - 2)):
+        candidate = ipaddress.ip_address(highest - offset)
+        if str(candidate) in local or any(candidate in net for net in allowed):
+            continue
+        return candidate
+    return None
+
+
+# Addresses on the internet, one of which is on none of the node's networks and named by no rule:
+# the sample of "every source" when a rule for part of the address space (a peer) leaves the
+# checker unable to judge all of it at once.
+_INTERNET_SAMPLES = ("192.0.2.1", "198.51.100.1", "203.0.113.1", "100.64.0.1")
+
+
+def _lets_everyone_in(
+    backend: Backend,
+    inspection: FirewallInspection,
+    probe: Probe,
+    allowed: Sequence[IPNetwork],
+    segments: Sequence[tuple[IPNetwork, ipaddress.IPv4Address | ipaddress.IPv6Address]],
+) -> bool:
+    """Whether the firewall lets every source reach the probe's port: asked for all addresses
+    at once, else (undetermined) for an address on the internet no plan rule and no network of
+    the node's holds."""
+    try:
+        return backend.allows(inspection, probe)
+    except UndeterminedError:
+        pass
+    for sample in map(ipaddress.ip_address, _INTERNET_SAMPLES):
+        if any(sample in network for network in allowed) or any(sample in network for network, _ in segments):
+            continue
+        with contextlib.suppress(UndeterminedError):
+            return backend.allows(inspection, replace(probe, source=ipaddress.ip_network(sample)))
+        return False
+    return False
+
+
+def _exposed(
+    backend: Backend, inspection: FirewallInspection, required: Sequence[PortRule], listening: Sequence[PortRule]
+) -> tuple[PortRule, ...]:
+    """What this firewall opens wider than the plan (see the module docstring). A firewall whose
     rules cannot tell is not accused."""
     everyone = ipaddress.ip_network(ANY_IPV4)
-    closed = [PortRule(str(OPERATOR_CLOSED_PORT), "tcp", (ANY_IPV4,), "must stay closed to outside traffic")]
-    if not any(is_nodeport_rule(rule) for rule in required):
-        closed += [
-            PortRule(NODEPORT_RANGE, protocol, (ANY_IPV4,), "NodePorts, closed unless hk3s:firewall.nodeports_open")
-            for protocol in ("tcp", "udp")
-        ]
+    segments = _segments(inspection)
+    local = inspection.local_addresses()
     exposed: list[PortRule] = []
-    for rule in closed:
+    for rule in _closed_ports(required, listening):
+        allowed = source_networks(rule.sources) if rule.sources else ()
+        if every_source(allowed):
+            continue
         first, last = port_range(rule.port)
-        with contextlib.suppress(UndeterminedError):
-            if backend.allows(inspection, Probe(everyone, rule.protocol, first, last)):
-                exposed.append(rule)
+        if _lets_everyone_in(backend, inspection, Probe(everyone, rule.protocol, first, last), allowed, segments):
+            exposed.append(PortRule(rule.port, rule.protocol, (ANY_IPV4,), rule.purpose))
+            continue
+        for network, _ in segments:
+            stranger = _stranger(network, allowed, local)
+            if stranger is None:
+                continue
+            probe = Probe(ipaddress.ip_network(stranger), rule.protocol, first, last)
+            with contextlib.suppress(UndeterminedError):
+                if backend.allows(inspection, probe):
+                    purpose = f"{rule.purpose}; {stranger} there is not a node and gets in"
+                    exposed.append(PortRule(rule.port, rule.protocol, (str(network),), purpose))
+                    break
     return tuple(exposed)
 
 
-async def require_host_firewall(target: SshTarget, *, none_acknowledged: bool) -> None:
-    """Where the operator runs a node's firewall and none is active, raise a FirewallError
-    naming the node and the fix, unless the stack acknowledges it. Reads only, changes nothing."""
+async def require_host_firewall(
+    target: SshTarget, required: Sequence[PortRule], *, listening: Sequence[PortRule], none_acknowledged: bool
+) -> None:
+    """Where the operator runs a node's firewall (the server), raise a FirewallError naming the
+    node and the fix when it stops a join would stop: none active unless the stack acknowledges
+    it, a rule of `required` missing, or a port open wider than the plan. Reads only, changes nothing."""
     async with open_session(target, shared=True) as session:
         inspection = await inspect_firewall(session, operator=True)
-    report = evaluate_operator_firewall(inspection, (), none_acknowledged=none_acknowledged)
-    if not report.active and report.stops_join:
-        raise FirewallError(report.node, report.message())
+    report = evaluate_operator_firewall(inspection, required, listening=listening, none_acknowledged=none_acknowledged)
+    if report.stops_join:
+        raise FirewallError(report.node, report.message().strip().removeprefix(f"{report.node}: "))

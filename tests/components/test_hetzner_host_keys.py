@@ -32,7 +32,10 @@ class KeyMocks(ClusterMocks):
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
         if args.typ.endswith("hk3s:HostKeyPair"):
             created = HostKeyPairProvider().create(dict(args.inputs))
-            self.generated[args.inputs["node"]] = dict(created.outs or {})
+            # By resource: a server has its first key (<node>-host-key) and its replacement.
+            node = args.inputs["node"]
+            key = node if args.name == f"{node}-host-key" else args.name
+            self.generated[key] = dict(created.outs or {})
             return created.id, dict(created.outs or {})
         return super().new_resource(args)
 
@@ -50,7 +53,15 @@ def _run(config: dict[str, Any], mocks: ClusterMocks) -> Recording:
 def test_each_hetzner_server_gets_its_generated_host_key_as_secret_user_data(ssh_key_file: Path) -> None:
     mocks = KeyMocks()
     graph = _run(_config(ssh_key_file), mocks)
-    assert sorted(mocks.generated) == ["srv", "w1", "w2"]  # the existing host "metal" gets none
+    # The existing host "metal" gets none.
+    assert sorted(mocks.generated) == [
+        "srv",
+        "srv-host-key-replacement",
+        "w1",
+        "w1-host-key-replacement",
+        "w2",
+        "w2-host-key-replacement",
+    ]
     for node in ("srv", "w1", "w2"):
         pair = graph.by_name(f"{node}-host-key")
         assert "private_key" in pair.additional_secret_outputs
@@ -102,3 +113,21 @@ def test_the_generated_key_is_a_real_key_and_never_regenerated(tmp_path: Path) -
     assert provider.diff("w1-host-key", outs, {"node": "w1", "private_key": None, "public_key": None}).changes is False
     assert provider.update("w1-host-key", outs, {"node": "w1"}).outs == outs
     assert "ed25519_private" in yaml.safe_load(cloud_config(outs["private_key"], outs["public_key"]))["ssh_keys"]
+
+
+def test_the_key_given_in_user_data_is_replaced_by_one_never_in_it(ssh_key_file: Path) -> None:
+    """Each server's login key resource gets a second generated key, a secret, that replaces the
+    one in user_data at its creation (tests/lab/test_host_key_trust.py does it on a real host); the
+    existing host gets none."""
+    mocks = KeyMocks()
+    graph = _run(_config(ssh_key_file), mocks)
+    for node in ("srv", "w1", "w2"):
+        replacement = mocks.generated[f"{node}-host-key-replacement"]
+        assert replacement["public_key"] != mocks.generated[node]["public_key"]
+        login_key = graph.by_name(f"{node}-login-key")
+        assert login_key.is_secret("replacement_host_key"), node
+        assert _plain(login_key.inputs["replacement_host_key"]) == replacement["private_key"]
+        assert login_key.inputs["replacement_host_public_key"] == replacement["public_key"]
+        server = next(r for r in graph.of_type("hcloud:index/server:Server") if r.name == node)
+        assert replacement["private_key"] not in _plain(server.inputs["userData"])
+    assert graph.by_name("metal-login-key").inputs.get("replacement_host_key") is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -372,11 +373,17 @@ def test_fencing_a_ready_worker_is_refused_and_changes_nothing(cluster: Cluster)
 
 
 def test_the_ci_commands_preview_then_up(cluster: Cluster) -> None:
-    """The commands examples/ci/github-actions-deploy.yml runs, as it runs them."""
-    preview = cluster.hk3s("preview")
+    """The commands examples/ci/github-actions-deploy.yml runs, as it runs them: the JSON
+    preview both jobs keep, the reviewed plan's check on it, then the up."""
+    preview = cluster.hk3s("--json", "preview")
     assert preview.returncode == 0, preview.stderr[-3000:]
-    assert preview.stdout.startswith("No changes."), preview.stdout
-    cluster.record("preview", preview)
+    assert json.loads(preview.stdout)["changes"] == [], preview.stdout
+    cluster.record("--json preview", preview)
+    plan = cluster.stack.project / "plan.json"
+    plan.write_text(preview.stdout)
+    script = str(cluster.stack.project / "examples" / "ci" / "reviewed_plan.py")
+    checked = subprocess.run([sys.executable, script, "check", str(plan), str(plan)], capture_output=True, check=False)
+    assert checked.returncode == 0, checked.stderr
     up = cluster.hk3s("up", "--yes")
     assert up.returncode == 0 and "up succeeded" in up.stdout, up.stderr[-3000:]
     cluster.record("up --yes", up)

@@ -934,3 +934,94 @@ def test_operator_firewalld_and_nftables_are_checked_too(cluster: Cluster, opera
         assert missing_ports == {("51820", "udp"), ("10250", "tcp")}, report.message()
         assert tcp_open_from(cluster.server, str(host.private_ip), 9100)
         assert not tcp_open_from(cluster.server, str(host.private_ip), 10250)
+
+
+def _segment_of(host: Host) -> str:
+    """The private segment `host` shares with every lab host, the non-nodes included."""
+    for addresses in host.addresses().values():
+        for address in addresses:
+            interface = ipaddress.ip_interface(address)
+            if str(interface.ip) == str(host.private_ip):
+                return str(interface.network)
+    pytest.fail(f"{host.name}: no interface holds its private address {host.private_ip}")
+
+
+def test_an_operator_firewall_open_wider_than_the_plan_is_refused_on_workers_and_the_server(
+    cluster: Cluster, operator_hosts: dict[str, Host]
+) -> None:
+    """Every port of the plan against each source class, not only 8888/tcp and the NodePorts: a
+    worker's UFW that opens the kubelet to every source, or to the whole private segment, lets a
+    host that is no node in (real packets from fw-out say so) and stops the join; the server's
+    path (K3sServer's first install) refuses a firewall that opens the API to every source, not
+    only one that is not there."""
+    from node_operations.firewall_plan import listening_ports  # noqa: PLC0415
+    from node_operations.host_firewall.operator_firewall import require_host_firewall  # noqa: PLC0415
+
+    host = operator_hosts["ufw"]
+    target = ssh_target(cluster.lab, host)
+    required = _operator_rules(cluster, host)
+    listening = listening_ports("worker", "wireguard")
+    address = str(host.private_ip)
+    host.run("ufw --force reset && ufw default deny incoming && ufw allow 22/tcp")
+    for rule in required:
+        for source in rule.sources:
+            if rule.port != "22":
+                host.run(["ufw", "allow", "proto", rule.protocol, "from", source, "to", "any", "port", rule.port])
+    host.run(["ufw", "--force", "enable"])
+    try:
+        report = asyncio.run(check_operator_firewall(target, required))
+        assert not report.stops_join, report.message()
+        assert not tcp_open_from(cluster.outsider, address, 10250)
+
+        for source in ("any", _segment_of(host)):
+            host.run(["ufw", "allow", "proto", "tcp", "from", source, "to", "any", "port", "10250"])
+            assert tcp_open_from(cluster.outsider, address, 10250), "the outsider does not reach the kubelet"
+
+            async def read() -> OperatorFirewallReport:
+                async with open_session(target) as session:
+                    inspection = await inspect_firewall(session, operator=True)
+                return evaluate_operator_firewall(inspection, required, listening=listening)
+
+            report = asyncio.run(read())
+            assert report.stops_join and report.missing == (), report.message()
+            expected = "0.0.0.0/0" if source == "any" else source
+            assert [(rule.port, rule.sources) for rule in report.exposed] == [("10250", (expected,))], report.message()
+            assert host.name in report.message() and "10250/tcp" in report.message()
+            host.run(["ufw", "delete", "allow", "proto", "tcp", "from", source, "to", "any", "port", "10250"])
+    finally:
+        host.run(["ufw", "--force", "disable"])
+
+    # The server: an operator nftables table that drops by default but lets every source reach 6443.
+    server = operator_hosts["nft"]
+    server_rules = inbound_rules(
+        role="server",
+        node=server.name,
+        peers={server.name: str(server.private_ip), cluster.ufw.name: str(cluster.ufw.private_ip)},
+        server=server.name,
+        pod_network="wireguard",
+    )
+    server.run("nft delete table inet operator", check=False)
+    ruleset = ["ct state established,related accept", 'iif "lo" accept', "tcp dport 22 accept"]
+    ruleset += [f"ip saddr {cluster.ufw.private_ip} tcp dport {{ 6443, 10250 }} accept"]
+    ruleset += [f"ip saddr {cluster.ufw.private_ip} udp dport 51820 accept"]
+    body = "\n".join(f"    {line}" for line in ruleset)
+    server.run(
+        "nft -f - <<'EOF'\ntable inet operator {\n  chain input {\n"
+        f"    type filter hook input priority 0; policy drop;\n{body}\n  }}\n}}\nEOF"
+    )
+    try:
+        listening_server = listening_ports("server", "wireguard")
+        server_target = ssh_target(cluster.lab, server)
+        asyncio.run(
+            require_host_firewall(server_target, server_rules, listening=listening_server, none_acknowledged=False)
+        )
+        assert not tcp_open_from(None, str(server.public_ip), 6443)
+        server.run("nft add rule inet operator input tcp dport 6443 accept")
+        assert tcp_open_from(None, str(server.public_ip), 6443), "the outside does not reach the API"
+        with pytest.raises(FirewallError) as refused:
+            asyncio.run(
+                require_host_firewall(server_target, server_rules, listening=listening_server, none_acknowledged=False)
+            )
+        assert server.name in str(refused.value) and "6443/tcp to every source" in str(refused.value)
+    finally:
+        server.run("nft delete table inet operator", check=False)

@@ -6,10 +6,13 @@ The join stops with the host, the failed check and the fix."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -34,7 +37,9 @@ from node_operations.join import (
     JoinSpec,
     join_worker,
 )
+from node_operations.join_host import READ_DEADLINE_SECONDS
 from node_operations.k3s_install import (
+    INSTALL_DEADLINE_SECONDS,
     K3sBinary,
     ServerInstalled,
     ServerSpec,
@@ -119,15 +124,47 @@ def fresh_worker(lab: Lab, name: str) -> Host:
     return host
 
 
-def join(lab: Lab, cluster: Cluster, worker: Host, **overrides: Any) -> JoinError:
+def join(
+    lab: Lab, cluster: Cluster, worker: Host, on_line: Callable[[str], None] | None = None, **overrides: Any
+) -> JoinError:
     lines: list[str] = []
     with pytest.raises(JoinError) as caught:
         asyncio.run(
             join_worker(
-                target(lab, worker), target(lab, cluster.server), spec_for(cluster, worker, **overrides), lines.append
+                target(lab, worker),
+                target(lab, cluster.server),
+                spec_for(cluster, worker, **overrides),
+                on_line or lines.append,
             )
         )
     return caught.value
+
+
+def token_life_seconds(cluster: Cluster, line: str) -> float | None:
+    """For a progress line announcing a join token, how long the server will honour it: its
+    Secret's expiration less its creation, read on the server the moment the line is shown."""
+    found = re.search(r"join token (\w+) created", line)
+    if found is None:
+        return None
+    secret = json.loads(
+        cluster.server.run(
+            [
+                "/usr/local/bin/k3s",
+                "kubectl",
+                "get",
+                "secret",
+                "-n",
+                "kube-system",
+                f"bootstrap-token-{found[1]}",
+                "-o",
+                "json",
+            ]
+        ).stdout
+    )
+    expiration = base64.b64decode(secret["data"]["expiration"]).decode()
+    created = secret["metadata"]["creationTimestamp"]
+    stamp = "%Y-%m-%dT%H:%M:%SZ"
+    return (datetime.strptime(expiration, stamp) - datetime.strptime(created, stamp)).total_seconds()
 
 
 def test_ca_hash_mismatch_stops_the_join(lab: Lab, cluster: Cluster) -> None:
@@ -135,7 +172,21 @@ def test_ca_hash_mismatch_stops_the_join(lab: Lab, cluster: Cluster) -> None:
     # "couldn't validate the identity of the API Server".
     worker = fresh_worker(lab, "jf-ca")
     assert cluster.other_server.public_ip
-    error = join(lab, cluster, worker, server_url=f"https://{cluster.other_server.public_ip}:6443")
+    lives: list[float] = []
+
+    def on_line(line: str) -> None:
+        life = token_life_seconds(cluster, line)
+        if life is not None:
+            lives.append(life)
+
+    error = join(lab, cluster, worker, on_line, server_url=f"https://{cluster.other_server.public_ip}:6443")
+    # The token lives no longer than the join that made it could last: the agent's start (its
+    # install command's deadline) and the wait for its registration, plus a minute for an API
+    # restart on the way. A join that fails, however it fails (a killed run that never deletes
+    # the token, a server that cannot delete it), leaves no live token past its own deadlines.
+    spec = spec_for(cluster, worker)
+    bound = 3 * READ_DEADLINE_SECONDS + INSTALL_DEADLINE_SECONDS + spec.register_deadline + 60
+    assert len(lives) == 1 and spec.register_deadline < lives[0] <= bound, (lives, bound)
     assert error.check == "ca-hash"
     message = str(error)
     assert message.startswith("jf-ca: join stopped at ca-hash")

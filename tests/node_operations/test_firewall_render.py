@@ -11,11 +11,14 @@ import dataclasses
 import json
 import shutil
 import subprocess
+import sys
+import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
-from node_operations.firewall_plan import PortRule, inbound_rules
+from node_operations.firewall_plan import PortRule, inbound_rules, listening_ports
 from node_operations.host_firewall.backends import BACKENDS
 from node_operations.host_firewall.dnat_guard import render_dnat_guard
 from node_operations.host_firewall.drift import align_rules
@@ -215,7 +218,8 @@ def test_the_cluster_networks_are_closed_to_non_nodes_outside_the_fabric(netns: 
     for render, chains in ((NFTABLES.render, 1), (render_dnat_guard, 2)):
         text = render(closed).text
         assert text.count(drop) == chains, text
-        assert render(closed).rule_count == render(plain).rule_count + chains
+        # With the networks also the fabric guard's two rules (test_a_forged_vxlan_packet_...).
+        assert render(closed).rule_count == render(plain).rule_count + chains + 2
         assert drop not in render(plain).text
         for chain in ("chain dnat_guard {", "chain dnat_guard_input {")[:chains]:
             rules = [line.strip() for line in text[text.index(chain) :].splitlines()[2:]]
@@ -481,18 +485,26 @@ def test_operator_ufw_report() -> None:
     # must stay closed: 8888/tcp and (the stack keeps them closed) the NodePorts.
     open_everywhere = evaluate_operator_firewall(parse_inspection("w1", allowing), required_for_worker())
     assert open_everywhere.missing == () and open_everywhere.stops_join
+    # (and every port of the plan: its default lets every source in).
     assert [(rule.port, rule.protocol) for rule in open_everywhere.exposed] == [
+        ("51820", "udp"),
+        ("10250", "tcp"),
+        ("9100", "tcp"),
         ("8888", "tcp"),
         ("30000-32767", "tcp"),
         ("30000-32767", "udp"),
     ]
-    assert "opens to every source what must stay closed: 8888/tcp" in open_everywhere.message()
-    # The stack opens the NodePorts: then only 8888/tcp is held against it.
+    assert "opens wider than the cluster's plan: 51820/udp to every source" in open_everywhere.message()
+    assert "8888/tcp to every source (must stay closed" in open_everywhere.message()
+    # The stack opens the NodePorts: then they are not held against it.
     with_nodeports = inbound_rules(
         role="worker", node="w1", peers=cluster_peers(2), server=SERVER, pod_network="wireguard", nodeports_open=True
     )
     assert [r.port for r in evaluate_operator_firewall(parse_inspection("w1", allowing), with_nodeports).exposed] == [
-        "8888"
+        "51820",
+        "10250",
+        "9100",
+        "8888",
     ]
     every_rule = [
         "allow tcp 22 0.0.0.0/0 any 0.0.0.0/0 in",
@@ -524,9 +536,23 @@ def test_operator_firewalld_report() -> None:
     output += "data firewalld_service:kubelet kubelet\ndata firewalld_service:kubelet   ports: 10250/tcp\n"
     output += "fact address eth0 10.0.0.11/16\nfact complete yes\n"
     report = evaluate_operator_firewall(parse_inspection("w1", output), required_for_worker())
-    assert report.firewall == "firewalld" and report.determined and not report.stops_join
+    assert report.firewall == "firewalld" and report.determined and report.missing == ()
+    # The zone opens the kubelet and the pod network's port to every source: more than the plan.
+    assert report.stops_join
+    assert [(rule.port, rule.sources) for rule in report.exposed] == [
+        ("51820", ("0.0.0.0/0",)),
+        ("10250", ("0.0.0.0/0",)),
+    ]
+    # The same ports from the peers only, as rich rules: nothing missing, nothing wider.
+    peers_only = output.replace("services: ssh kubelet", "services: ssh").replace("ports: 51820/udp", "ports: ")
+    for peer in ("10.0.0.2", "10.0.1.10"):
+        for port, protocol in (("10250", "tcp"), ("51820", "udp")):
+            rich = f'rule family="ipv4" source address="{peer}" port port="{port}" protocol="{protocol}" accept'
+            peers_only = peers_only.replace("fact address", f"data firewalld_zones \t{rich}\nfact address", 1)
+    report = evaluate_operator_firewall(parse_inspection("w1", peers_only), required_for_worker())
+    assert report.determined and not report.stops_join, report.message()
 
-    without_kubelet = output.replace("services: ssh kubelet", "services: ssh")
+    without_kubelet = peers_only.replace('port port="10250"', 'port port="10251"')
     report = evaluate_operator_firewall(parse_inspection("w1", without_kubelet), required_for_worker())
     assert report.stops_join and [(rule.port, rule.protocol) for rule in report.missing] == [("10250", "tcp")]
     assert "firewall-cmd --permanent" in report.message()
@@ -590,3 +616,209 @@ def test_ufw_rules_not_of_the_programs_are_named() -> None:
         "allow tcp 8080 from 0.0.0.0/0",
         "allow tcp 8080 from ::/0 (v6)",
     ]
+
+
+def ufw_inspection(node: str, rules: list[str], *, addresses: tuple[str, ...] = ()) -> object:
+    output = "fact ufw installed\nfact ufw_active yes\nfact ufw_default_input DROP\n"
+    output += "".join(f"fact address {address}\n" for address in addresses)
+    output += "".join(f"data ufw_v4 {rule}\n" for rule in rules) + "fact complete yes\n"
+    return parse_inspection(node, output)
+
+
+def test_an_operator_firewall_that_opens_a_cluster_port_to_every_source_stops_the_join() -> None:
+    """Every port of the plan, not only 8888/tcp and the NodePorts: a UFW that opens the kubelet,
+    the pod network's port, the node metrics (a worker) or the API (the server) to every source
+    lets anyone who reaches the node in, though nothing the cluster needs is missing."""
+    needed = [
+        "allow tcp 22 0.0.0.0/0 any 0.0.0.0/0 in",
+        "allow udp 51820 0.0.0.0/0 any 10.0.0.2 in",
+        "allow udp 51820 0.0.0.0/0 any 10.0.1.10 in",
+        "allow tcp 9100 0.0.0.0/0 any 10.0.0.2 in",
+    ]
+    for wide in ("allow tcp 10250 0.0.0.0/0 any 0.0.0.0/0 in", "allow tcp 10250 0.0.0.0/0 any 0.0.0.0/1 in"):
+        report = evaluate_operator_firewall(
+            ufw_inspection("w1", [*needed, wide]),  # type: ignore[arg-type]
+            required_for_worker(),
+        )
+        if wide.endswith("0.0.0.0/1 in"):
+            # Half the addresses, the peers among them, is not every source: not accused.
+            assert report.exposed == () and not report.stops_join, report.message()
+            continue
+        assert report.missing == () and report.stops_join
+        assert [(rule.port, rule.protocol, rule.sources) for rule in report.exposed] == [
+            ("10250", "tcp", ("0.0.0.0/0",))
+        ]
+        assert "w1" in report.message() and "10250/tcp" in report.message() and "kubelet" in report.message()
+
+    # The server: the API, the kubelet and the pod network's port, with no rule of the plan for
+    # them at all (a server alone has no peers) and with one.
+    server_rules = inbound_rules(
+        role="server", node=SERVER, peers={SERVER: "10.0.0.2"}, server=SERVER, pod_network="vxlan"
+    )
+    everything = ["allow any any 0.0.0.0/0 any 0.0.0.0/0 in"]
+    report = evaluate_operator_firewall(
+        ufw_inspection(SERVER, everything),  # type: ignore[arg-type]
+        server_rules,
+        listening=listening_ports("server", "vxlan"),
+    )
+    assert report.stops_join
+    assert {(rule.port, rule.protocol) for rule in report.exposed} == {
+        ("6443", "tcp"),
+        ("10250", "tcp"),
+        ("8472", "udp"),
+        ("8888", "tcp"),
+        ("30000-32767", "tcp"),
+        ("30000-32767", "udp"),
+    }
+
+
+def test_an_operator_firewall_that_opens_a_cluster_port_to_the_nodes_segment_stops_the_join() -> None:
+    """The other source class: a host on the node's own network that is no node (another server
+    of the same private network). A rule for the whole segment lets it reach the kubelet; the
+    report names the port, the segment and an address there that is no node."""
+    rules = [
+        "allow tcp 22 0.0.0.0/0 any 0.0.0.0/0 in",
+        "allow tcp 10250 0.0.0.0/0 any 10.0.0.0/16 in",
+        "allow udp 51820 0.0.0.0/0 any 10.0.0.0/16 in",
+        "allow tcp 9100 0.0.0.0/0 any 10.0.0.2 in",
+    ]
+    inspection = ufw_inspection("w1", rules, addresses=("eth1 10.0.0.11/16", "eth0 203.0.113.7/32", "lo 127.0.0.1/8"))
+    report = evaluate_operator_firewall(inspection, required_for_worker())  # type: ignore[arg-type]
+    assert report.missing == () and report.stops_join
+    assert [(rule.port, rule.protocol, rule.sources) for rule in report.exposed] == [
+        ("51820", "udp", ("10.0.0.0/16",)),
+        ("10250", "tcp", ("10.0.0.0/16",)),
+    ]
+    message = report.message()
+    assert "10.0.0.0/16" in message and "not a node" in message
+    # The peers' own addresses only: nothing wider than the plan.
+    narrow = [
+        rules[0],
+        "allow tcp 10250 0.0.0.0/0 any 10.0.0.2 in",
+        "allow tcp 10250 0.0.0.0/0 any 10.0.1.10 in",
+        "allow udp 51820 0.0.0.0/0 any 10.0.0.2 in",
+        "allow udp 51820 0.0.0.0/0 any 10.0.1.10 in",
+        rules[3],
+    ]
+    inspection = ufw_inspection("w1", narrow, addresses=("eth1 10.0.0.11/16",))
+    assert not evaluate_operator_firewall(inspection, required_for_worker()).stops_join  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- forged VXLAN
+
+VXLAN_SEND = r"""
+import socket, struct, sys
+outer_src, outer_dst, mac, inner_src, inner_dst, port, token = sys.argv[1:8]
+
+def checksum(data):
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    total = (total >> 16) + (total & 0xFFFF)
+    return ~(total + (total >> 16)) & 0xFFFF
+
+def ip_header(src, dst, proto, length):
+    header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + length, 1, 0, 64, proto, 0,
+                         socket.inet_aton(src), socket.inet_aton(dst))
+    return header[:10] + struct.pack("!H", checksum(header)) + header[12:]
+
+payload = token.encode()
+inner_udp = struct.pack("!HHHH", 40000, int(port), 8 + len(payload), 0) + payload
+inner = ip_header(inner_src, inner_dst, 17, len(inner_udp)) + inner_udp
+frame = bytes.fromhex(mac.replace(":", "")) + bytes.fromhex("020000000001") + b"\x08\x00" + inner
+vxlan = struct.pack("!II", 0x08000000, 1 << 8) + frame
+outer_udp = struct.pack("!HHHH", 40001, 8472, 8 + len(vxlan), 0) + vxlan
+packet = ip_header(outer_src, outer_dst, 17, len(outer_udp)) + outer_udp
+sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+for _ in range(3):
+    sock.sendto(packet, (outer_dst, 0))
+"""
+
+UDP_LOG = r"""
+import socket, sys
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sock.bind(("0.0.0.0", int(sys.argv[1])))
+with open(sys.argv[2], "a", buffering=1) as log:
+    while True:
+        data, (source, _) = sock.recvfrom(4096)
+        log.write(f"{source} {data.decode(errors='replace')}\n")
+"""
+
+
+def _in(netns: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", "netns", "exec", netns, *argv], capture_output=True, text=True, check=check)
+
+
+@pytest.mark.parametrize("backend", ["nftables", "guard"])
+def test_a_forged_vxlan_packet_from_the_segment_reaches_nothing(netns: str, tmp_path: Path, backend: str) -> None:
+    """A host on the nodes' segment forges a VXLAN packet (VNI 1, the outer source a peer's
+    address, so 8472/udp lets it in) whose inner packet comes from its own address: the node
+    decapsulates it on flannel.1, and a fabric its firewall accepted whole would deliver it and
+    answer the sender directly. The program's rule lets in on flannel.1 only what comes from the
+    cluster's networks and would be routed back out of flannel.1 (strict reverse path): the
+    forged packet reaches no listener, a pod-network source behind flannel.1 still does. Real
+    kernel, real VXLAN device, real nftables (the program's table, or the guard table it loads
+    beside UFW and firewalld), two network namespaces joined by a veth pair."""
+    attacker = f"{netns}-b"
+    subprocess.run(["ip", "netns", "add", attacker], check=True)
+    log = tmp_path / "udp.log"
+    listener: subprocess.Popen[str] | None = None
+    try:
+        subprocess.run(
+            ["ip", "link", "add", "vn0", "netns", netns, "type", "veth", "peer", "name", "va0", "netns", attacker],
+            check=True,
+        )
+        for ns, dev, address in ((netns, "vn0", "192.168.77.1/24"), (attacker, "va0", "192.168.77.2/24")):
+            _in(ns, "ip", "addr", "add", address, "dev", dev)
+            _in(ns, "ip", "link", "set", dev, "up")
+            _in(ns, "ip", "link", "set", "lo", "up")
+        _in(netns, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0")
+        _in(netns, "ip", "link", "add", "flannel.1", "type", "vxlan", "id", "1", "local", "192.168.77.1")
+        _in(netns, "ip", "link", "set", "flannel.1", "type", "vxlan", "dstport", "8472", check=False)
+        _in(netns, "sysctl", "-qw", "net.ipv4.conf.flannel/1.rp_filter=0")
+        _in(netns, "ip", "addr", "add", "10.42.8.0/32", "dev", "flannel.1")
+        _in(netns, "ip", "link", "set", "flannel.1", "up")
+        # A peer's pod subnet, behind flannel.1 as flannel routes it.
+        _in(netns, "ip", "route", "add", "10.42.1.0/24", "via", "10.42.1.0", "dev", "flannel.1", "onlink")
+        mac = json.loads(_in(netns, "ip", "-j", "link", "show", "flannel.1").stdout)[0]["address"]
+
+        peers = {"node": "192.168.77.1", "peer": "192.168.77.3"}
+        rules = inbound_rules(role="worker", node="node", peers=peers, server="peer", pod_network="vxlan")
+        plan = NodeFirewallPlan(
+            "node",
+            "worker",
+            tuple(rules),
+            cluster_networks=("10.42.0.0/16", "10.43.0.0/16"),
+            node_addresses=tuple(sorted(peers.values())),
+        )
+        ruleset = NFTABLES.render(plan).text if backend == "nftables" else render_dnat_guard(plan).text
+        loaded = nft(netns, "-f", "-", stdin=ruleset)
+        assert loaded.returncode == 0, loaded.stderr
+
+        listener = subprocess.Popen(
+            ["ip", "netns", "exec", netns, sys.executable, "-c", UDP_LOG, "9999", str(log)], text=True
+        )
+        deadline = time.monotonic() + 10
+        while ":9999 " not in _in(netns, "ss", "-Huln").stdout:
+            assert time.monotonic() < deadline, "the listener did not come up"
+            time.sleep(0.05)
+
+        def forge(inner_src: str, token: str) -> None:
+            # The outer source is forged to the peer's address: 8472/udp is open to it.
+            argv = [sys.executable, "-c", VXLAN_SEND, "192.168.77.3", "192.168.77.1", mac, inner_src]
+            _in(attacker, *argv, "192.168.77.1", "9999", token)
+
+        forge("10.42.1.5", "from-a-pod")  # what flannel carries: passes
+        forge("192.168.77.2", "from-the-attacker")  # the attacker's own address: would be answered
+        forge("10.42.8.7", "own-subnet")  # this node's own pod subnet never arrives on flannel.1
+        deadline = time.monotonic() + 5
+        while "from-a-pod" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline, "a pod-network packet over VXLAN did not arrive: the set-up is wrong"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        received = log.read_text()
+        assert "from-the-attacker" not in received, received
+        assert "own-subnet" not in received, received
+    finally:
+        if listener is not None:
+            listener.kill()
+            listener.wait()
+        subprocess.run(["ip", "netns", "delete", attacker], check=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from node_operations.join import TOKEN_TTL, Joiner
+from node_operations.join import Joiner
 from remote_access.kube import JoinToken
 from remote_access.ssh import SshError
 
@@ -33,7 +33,9 @@ def _joiner(cluster: _Cluster, lines: list[str]) -> Joiner:
 def test_a_deleted_token_is_reported_deleted() -> None:
     lines: list[str] = []
     asyncio.run(
-        _joiner(_Cluster(fails=False), lines)._forget_token(JoinToken("abc123", "abc123.VALUEs3cr3t"), registered=True)
+        _joiner(_Cluster(fails=False), lines)._forget_token(
+            JoinToken("abc123", "abc123.VALUEs3cr3t"), "525s", registered=True
+        )
     )
     assert lines == ["join token abc123 deleted (the agent keeps it, dead)"]
 
@@ -41,10 +43,12 @@ def test_a_deleted_token_is_reported_deleted() -> None:
 def test_a_token_the_server_did_not_delete_is_never_reported_deleted() -> None:
     lines: list[str] = []
     asyncio.run(
-        _joiner(_Cluster(fails=True), lines)._forget_token(JoinToken("abc123", "abc123.VALUEs3cr3t"), registered=True)
+        _joiner(_Cluster(fails=True), lines)._forget_token(
+            JoinToken("abc123", "abc123.VALUEs3cr3t"), "525s", registered=True
+        )
     )
     assert len(lines) == 1 and "deleted (the agent" not in lines[0]
     assert lines[0].startswith("join token abc123 could NOT be deleted (server: the Kubernetes API did not answer")
-    assert f"valid until it expires ({TOKEN_TTL} after it was made)" in lines[0]
+    assert "valid until it expires (525s after it was made)" in lines[0]
     assert "kubectl -n kube-system delete secret bootstrap-token-abc123" in lines[0]
     assert "VALUEs3cr3t" not in lines[0]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -186,3 +189,57 @@ def test_wrong_client_key_is_refused_with_fix(sshd: LoopbackSshd, tmp_path: Path
 
     with pytest.raises(SshError, match="authorized_keys"):
         asyncio.run(scenario())
+
+
+CONNECT_AND_READ = """
+import socket, sys
+with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5) as s:
+    s.settimeout(5)
+    try:
+        print(s.recv(64).decode() or "closed")
+    except OSError as error:
+        print(f"closed ({error})")
+"""
+
+
+def test_a_local_forward_serves_only_this_user(sshd: LoopbackSshd) -> None:
+    """The API forward's local port is on 127.0.0.1, where every local user can connect: it
+    would carry another user's connection to the server's API past the API's source list. A
+    connection from a process of another user (here `nobody`, through setpriv) is closed
+    unanswered; this user's is forwarded. Real sshd, real sockets, a real second uid."""
+    if not Path("/usr/bin/setpriv").exists() or os.geteuid() != 0:
+        pytest.skip("needs root and setpriv (util-linux) to connect as another user")
+    with socket.socket() as remote:
+        remote.bind(("127.0.0.1", 0))
+        remote.listen(8)
+        remote_port = remote.getsockname()[1]
+
+        def answer() -> None:
+            while True:
+                try:
+                    conn, _ = remote.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.sendall(b"api")
+
+        threading.Thread(target=answer, daemon=True).start()
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            local_port = probe.getsockname()[1]
+
+        async def scenario() -> tuple[str, str]:
+            async with open_session(_target(sshd, sshd.host_key_line)) as session:
+                listener = await session.forward_local_port(local_port, remote_port)
+                try:
+                    argv = [sys.executable, "-c", CONNECT_AND_READ, str(local_port)]
+                    mine = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, check=True)
+                    other = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+                    theirs = await asyncio.to_thread(subprocess.run, other, capture_output=True, text=True, check=True)
+                    return mine.stdout.strip(), theirs.stdout.strip()
+                finally:
+                    listener.close()
+
+        mine, theirs = asyncio.run(scenario())
+    assert mine == "api"
+    assert theirs.startswith("closed"), theirs
