@@ -22,10 +22,9 @@ the stack busy and is never touched), and pending operations are resolved with
 `refresh --clear-pending-creates`; the program's resources adopt what exists, so the run
 then continues where the interrupted one stopped.
 
-A stack kept in an S3 bucket (PULUMI_BACKEND_URL=s3://...) is shared by machines that cannot
-see each other's processes: its lock object is never removed without an operator's
-confirmation (`unlock`), however old; the bucket, the endpoint and the credentials are checked
-before anything runs (operator_api.s3_backend).
+Where the state is kept, and what is done with the backend itself (which backend and secrets
+provider the stack uses, its checks, locks and kept states), is operator_api.state_backend's:
+`ClusterStack` makes the runs and the changes.
 """
 
 from __future__ import annotations
@@ -33,10 +32,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime
 import json
 import os
-import re
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -56,7 +53,6 @@ from node_operations.reboot import (
 from node_operations.workload_start import WorkloadRef
 from remote_access.ssh import SshTarget
 
-from .backend_lock import hold_file_lock, hold_s3_lock
 from .cluster_access import (
     api_forward_during,
     check_probed_disk,
@@ -78,38 +74,15 @@ from .errors import (
 )
 from .events import EventCallback, RunRecord
 from .hetzner_power import fenced_hetzner_server, power_on_fenced
-from .locks import (
-    OperatorLock,
-    UnlockReport,
-    backend_directory,
-    keep_state_private,
-    lock_age,
-    read_pulumi_locks,
-)
+from .locks import UnlockReport, lock_age
 from .nodes import ClusterStatus, DiskCheck, DownWorker, HostCheck, LastRun, Node
 from .runs import Preview, Recovery, RunResult, holders_from_message, keys_recorded_on_first_use
-from .s3_backend import S3Backend, s3_backend
 from .stack_file import StackDocument, StackFile, check_stack_name
-from .workspace import check_backend_lasts, check_passphrase, pulumi_command, pulumi_environment
+from .state_backend import Checkpoint, StateBackend
+from .workspace import check_passphrase, pulumi_command, pulumi_environment
 
 REPO = Path(__file__).resolve().parents[1]
-# `.pulumi/history/[organization/]<project>/<stack>/<stack>-<unix nanoseconds>.checkpoint.json`
-_CHECKPOINT = re.compile(
-    r"\.pulumi/history/(?:[^/]+/)?(?P<project>[^/]+)/(?P<stack>[^/]+)/(?P=stack)-(?P<nanos>\d+)\.checkpoint\.json$"
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Checkpoint:
-    """A state the backend kept after one run: where (an object key or a path in the backend),
-    when, and the run's kind and result."""
-
-    key: str
-    taken: str
-    kind: str
-    result: str
-
-
+__all__ = ["REPO", "ClusterStack", "Preview", "Recovery", "RunResult"]
 OutputCallback = Callable[[str], None]
 _OUTPUT_TAIL = 400
 DISK_PROBE_TYPE = "pulumi-python:dynamic/hk3s:DiskProbe"
@@ -146,7 +119,8 @@ class ClusterStack:
         self.project = str(yaml.safe_load((self.project_dir / "Pulumi.yaml").read_text())["name"])
         self._command_root = str(pulumi_command_root) if pulumi_command_root is not None else None
         self._workspace: auto.LocalWorkspace | None = None
-        self._s3: S3Backend | None = None
+        # Which backend, its checks, locks and kept states (operator_api.state_backend).
+        self.backend = StateBackend(self.backend_url, self.env_vars, self.project, env)
 
     # --- setup ---------------------------------------------------------------------------
     def _stack(self) -> auto.Stack:
@@ -167,11 +141,7 @@ class ClusterStack:
                 f"{self.file.path.name} does not exist: copy Pulumi.dev.yaml to it and edit it (docs/configuration.md)"
             )
         check_passphrase(self.env_vars)
-        check_backend_lasts(self.env_vars)
-        self._s3_backend()
-        backend = backend_directory(self.backend_url)
-        if backend is not None:
-            keep_state_private(backend)
+        self.backend.check()
         if self._workspace is None:
             self._workspace = auto.LocalWorkspace(
                 work_dir=str(self.project_dir),
@@ -184,27 +154,6 @@ class ClusterStack:
             return auto.Stack.create_or_select(self.env, self._workspace)
         return auto.Stack.select(self.env, self._workspace)
 
-    def _s3_backend(self) -> S3Backend | None:
-        """The S3 backend, checked once (reachable, the bucket there, the key accepted and
-        allowed to write) before this object runs anything; None for another backend."""
-        if self._s3 is None:
-            backend = s3_backend(self.backend_url, self.env_vars)
-            if backend is None:
-                return None
-            backend.check()
-            self._s3 = backend
-        return self._s3
-
-    def _lock_holders(self) -> tuple[list[LockHolder], list[str]]:
-        """Every Pulumi lock of the stack and a word on each (live, stale, foreign, in the bucket)."""
-        s3 = self._s3_backend()
-        if s3 is not None:
-            holders = s3.locks(self.project, self.env)
-            return holders, ["in the bucket"] * len(holders)
-        backend = backend_directory(self.backend_url)
-        locks = read_pulumi_locks(backend, self.project, self.env) if backend else []
-        return [lock.holder for lock in locks], [lock.state for lock in locks]
-
     def unlock(self, *, confirm: bool = False, only: Sequence[LockHolder] | None = None) -> UnlockReport:
         """The stack's Pulumi locks, each holder and age; with `confirm`, removed. For the run
         that died holding the stack on another machine (a CI runner): its lock is never taken
@@ -213,8 +162,8 @@ class ClusterStack:
         The next change (`up()` and the rest) then clears the interrupted run's pending
         operations and continues. With `only`, just those of the given holders still there
         (the ones an operator was shown) are considered."""
-        with self._operator_lock().hold("unlock"):
-            holders, states = self._lock_holders()
+        with self.backend.operator_lock().hold("unlock"):
+            holders, states = self.backend.holders()
             if only is not None:
                 shown = {holder.path for holder in only}
                 kept = [(h, st) for h, st in zip(holders, states, strict=True) if h.path in shown]
@@ -222,55 +171,13 @@ class ClusterStack:
             live = [holder for holder, state in zip(holders, states, strict=True) if state == "live"]
             if confirm and live:
                 raise StackBusyError(self.env, live, "that process still runs on this machine; it is not removed")
-            removed: list[LockHolder] = []
-            if confirm:
-                s3 = self._s3_backend()
-                for holder in holders:
-                    if s3 is not None:
-                        s3.remove_lock(holder)
-                    else:
-                        Path(holder.path).unlink(missing_ok=True)
-                    removed.append(holder)
+            removed = self.backend.remove(holders) if confirm else []
             return UnlockReport(self.env, holders, [lock_age(holder.since) for holder in holders], removed)
 
     def checkpoints(self) -> list[Checkpoint]:
-        """The states the backend kept after each run of this stack (a `file://` or `s3://`
-        backend keeps one per update, refresh and destroy under `.pulumi/history/`), newest first."""
-        s3 = self._s3_backend()
-        backend = backend_directory(self.backend_url)
-        if s3 is not None:
-            keys = s3.list_keys(f".pulumi/history/{self.project}/{self.env}/")
-        elif backend is not None:
-            root = backend / ".pulumi" / "history" / self.project / self.env
-            keys = [str(path.relative_to(backend)) for path in root.rglob("*.checkpoint.json")] if root.exists() else []
-        else:
-            raise StackError("checkpoints are read from a file:// or s3:// backend; Pulumi Cloud keeps its own history")
-        found = []
-        for key in keys:
-            match = _CHECKPOINT.search(key)
-            if match is None or match["project"] != self.project or match["stack"] != self.env:
-                continue
-            info: dict[str, Any] = {}
-            with contextlib.suppress(ValueError, StackError, OSError):
-                info = json.loads(self._backend_read(key.replace(".checkpoint.json", ".history.json")))
-            taken = datetime.datetime.fromtimestamp(int(match["nanos"]) / 1e9, datetime.UTC)
-            found.append(
-                Checkpoint(
-                    key, taken.isoformat(timespec="seconds"), str(info.get("kind", "")), str(info.get("result", ""))
-                )
-            )
-        return sorted(found, key=lambda checkpoint: checkpoint.key, reverse=True)
-
-    def _backend_read(self, key: str) -> bytes:
-        s3 = self._s3_backend()
-        if s3 is not None:
-            data = s3.get(key)
-            if data is None:
-                raise StackError(f"{key} is not in the bucket")
-            return data
-        backend = backend_directory(self.backend_url)
-        assert backend is not None
-        return (backend / key).read_bytes()
+        """The states the backend kept after each run of this stack, newest first
+        (operator_api.state_backend)."""
+        return self.backend.checkpoints()
 
     def export_state(self) -> dict[str, Any]:
         """The stack's state as `pulumi stack export` writes it, every secret encrypted (never
@@ -295,33 +202,13 @@ class ClusterStack:
                 f"pass confirm={self.env!r} to say you mean it"
             )
         with self._exclusive(f"restoring the state of {checkpoint.taken}", None, clear_pending=False):
-            document = json.loads(self._backend_read(checkpoint.key))
-            deployment = document.get("checkpoint", {}).get("latest")
-            if not isinstance(deployment, dict):
-                raise StackError(f"{checkpoint.key} holds no state to restore")
-            self._stack().import_stack(auto.Deployment(version=int(document["version"]), deployment=deployment))
+            self._stack().import_stack(self.backend.checkpoint_state(checkpoint))
 
     def _backend_lock(self, action: str) -> contextlib.AbstractContextManager[None]:
-        """The stack's lock in its backend (a file:// or s3:// one), the one `pulumi up` takes, for an
-        operation that makes no Pulumi run itself: held while it runs, so no run or operation on any
-        machine sharing the state goes on meanwhile (operator_api.backend_lock). Taken inside
-        `_exclusive`, which has removed a stale lock of this machine and refused a live one already."""
-        s3 = self._s3_backend()
-        if s3 is not None:
-            return hold_s3_lock(s3, self.project, self.env, action)
-        backend = backend_directory(self.backend_url)
-        if backend is not None:
-            return hold_file_lock(backend, self.project, self.env, action)
-        return contextlib.nullcontext()
-
-    def _operator_lock(self) -> OperatorLock | _NoLock:
-        """This API's lock for one change on this machine: in a file backend's directory, or, for
-        a backend elsewhere, under ~/.hk3s-operator (machines are kept apart by Pulumi's lock)."""
-        backend = backend_directory(self.backend_url)
-        if backend is None and self.backend_url.startswith("s3://"):
-            home = Path(self.env_vars.get("HOME") or Path.home())
-            backend = home / ".hk3s-operator" / self.backend_url.removeprefix("s3://").partition("?")[0]
-        return OperatorLock(backend, self.project, self.env) if backend is not None else _NoLock()
+        """The stack's lock in its backend for an operation that makes no Pulumi run itself
+        (StateBackend.hold). Taken inside `_exclusive`, which has removed a stale lock of this
+        machine and refused a live one already."""
+        return self.backend.hold(action)
 
     # --- reading -----------------------------------------------------------------------
     def settings_document(self) -> StackDocument:
@@ -379,7 +266,7 @@ class ClusterStack:
                 ended=info.end_time.isoformat() if info.end_time else None,
                 resource_changes={str(k): int(v) for k, v in (info.resource_changes or {}).items()},
             )
-        holders, states = self._lock_holders()
+        holders, states = self.backend.holders()
         # One export of the state serves the pending operations and the hosts to ask or check.
         deployment = Deployment.export(stack) if stack is not None else None
         nodes = [Node.from_output(item) for item in output("nodes") or []]
@@ -780,29 +667,9 @@ class ClusterStack:
         self, action: str, on_output: OutputCallback | None, *, clear_pending: bool = True
     ) -> Iterator[Recovery]:
         """Hold the stack for one change; clean up after an interrupted run first."""
-        s3 = self._s3_backend()  # checked before anything is touched
-        backend = backend_directory(self.backend_url)
-        with self._operator_lock().hold(action):
-            stale: list[LockHolder] = []
-            if s3 is not None:
-                # Another machine's run, live or dead, cannot be told apart from here.
-                held = s3.locks(self.project, self.env)
-                if held:
-                    raise StackBusyError(
-                        self.env,
-                        held,
-                        "held by a Pulumi run in the bucket; if that run is dead (a runner that went down), "
-                        f"`scripts/hk3s --stack {self.env} unlock` shows the lock and removes it on your word",
-                    )
-            if backend is not None:
-                locks = read_pulumi_locks(backend, self.project, self.env)
-                busy = [lock.holder for lock in locks if lock.state != "stale"]
-                if busy:
-                    raise StackBusyError(self.env, busy, "held by a Pulumi run")
-                for lock in locks:
-                    lock.path.unlink(missing_ok=True)
-                    stale.append(lock.holder)
-                    _say(on_output, f"removed the lock of an interrupted run: {lock.holder} is no longer running")
+        self.backend.s3()  # checked before anything is touched
+        with self.backend.operator_lock().hold(action):
+            stale = self.backend.take_over(lambda line: _say(on_output, line))
             yield self._recover(self._stack(), stale, clear_pending, on_output)
 
     @contextlib.contextmanager
@@ -846,12 +713,3 @@ class ClusterStack:
 def _say(on_output: OutputCallback | None, message: str) -> None:
     if on_output is not None:
         on_output(f"hk3s: {message}")
-
-
-class _NoLock:
-    """No operator lock (a backend such as Pulumi Cloud, which locks the stack itself)."""
-
-    @contextlib.contextmanager
-    def hold(self, action: str) -> Iterator[None]:
-        del action
-        yield
