@@ -79,7 +79,7 @@ from .nodes import ClusterStatus, DiskCheck, DownWorker, HostCheck, LastRun, Nod
 from .runs import Preview, Recovery, RunResult, holders_from_message, keys_recorded_on_first_use
 from .stack_file import StackDocument, StackFile, check_stack_name
 from .state_backend import Checkpoint, StateBackend
-from .workspace import check_passphrase, pulumi_command, pulumi_environment
+from .workspace import check_passphrase, pulumi_command, pulumi_environment, resolve_backend
 
 REPO = Path(__file__).resolve().parents[1]
 __all__ = ["REPO", "ClusterStack", "Preview", "Recovery", "RunResult"]
@@ -115,9 +115,16 @@ class ClusterStack:
         self.pulumi_home = str(pulumi_home) if pulumi_home is not None else None
         self.file = StackFile(self.project_dir / f"Pulumi.{env}.yaml")
         self.env_vars = pulumi_environment(self.project_dir, dict(env_vars or {}), pulumi_command_root)
-        self.backend_url = self.env_vars["PULUMI_BACKEND_URL"]
         self.project = str(yaml.safe_load((self.project_dir / "Pulumi.yaml").read_text())["name"])
         self._command_root = str(pulumi_command_root) if pulumi_command_root is not None else None
+        # The backend the user's Pulumi CLI uses (PULUMI_BACKEND_URL, else its login, else the
+        # local default), named to every command so that all of them see the same stack.
+        self.backend_choice = resolve_backend(
+            {**self.env_vars, **({"PULUMI_HOME": self.pulumi_home} if self.pulumi_home else {})},
+            self.project_dir,
+            lambda: pulumi_command(self._command_root, self.env_vars["PATH"]),
+        )
+        self.backend_url = self.env_vars["PULUMI_BACKEND_URL"] = self.backend_choice.url
         self._workspace: auto.LocalWorkspace | None = None
         # Which backend, its checks, locks and kept states (operator_api.state_backend).
         self.backend = StateBackend(self.backend_url, self.env_vars, self.project, env)
