@@ -78,7 +78,14 @@ from .locks import UnlockReport, lock_age
 from .nodes import ClusterStatus, DiskCheck, DownWorker, HostCheck, LastRun, Node
 from .runs import Preview, Recovery, RunResult, holders_from_message, keys_recorded_on_first_use
 from .stack_file import StackDocument, StackFile, check_stack_name
-from .state_backend import Checkpoint, StateBackend
+from .state_backend import (
+    PASSPHRASE,
+    Checkpoint,
+    StateBackend,
+    check_secrets_provider_url,
+    secrets_provider_problem,
+    secrets_provider_to_use,
+)
 from .workspace import check_passphrase, pulumi_command, pulumi_environment, resolve_backend
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,10 +99,14 @@ class ClusterStack:
     """The stack of one environment (`Pulumi.<env>.yaml`) of this project.
 
     `project_dir` is this repository by default (a copy works too, as the lab tests use).
-    `env_vars` add to the environment of every Pulumi command; `PULUMI_BACKEND_URL` defaults,
-    as in scripts/stack.sh, to `file://$HOME/.hk3s-state`, and `PULUMI_CONFIG_PASSPHRASE` (or
-    `_FILE`) must be set. `pulumi_command_root` picks a Pulumi CLI (`<root>/bin/pulumi`);
-    without it the one on PATH is used.
+    `env_vars` add to the environment of every Pulumi command. The backend is the one the user's
+    Pulumi CLI uses, as in scripts/stack.sh: `PULUMI_BACKEND_URL` when set, else the one `pulumi
+    login` chose, else (never logged in) `file://$HOME/.hk3s-state` (`backend_choice` says which).
+    A new stack is made with `secrets_provider` (a key service's URL, `awskms://...`), by default
+    the passphrase for a file:// or s3:// backend and the service's own for Pulumi Cloud; an
+    existing one is opened with the provider its stack file names, and `PULUMI_CONFIG_PASSPHRASE`
+    (or `_FILE`) is needed only when that is the passphrase. `pulumi_command_root` picks a Pulumi
+    CLI (`<root>/bin/pulumi`); without it the one on PATH is used.
     """
 
     def __init__(
@@ -107,9 +118,13 @@ class ClusterStack:
         pulumi_command_root: Path | str | None = None,
         pulumi_home: Path | str | None = None,
         parallel: int = 32,
+        secrets_provider: str | None = None,
     ) -> None:
         check_stack_name(env)
         self.env = env
+        if secrets_provider is not None:
+            check_secrets_provider_url(secrets_provider)
+        self.secrets_provider = secrets_provider
         self.project_dir = Path(project_dir).resolve()
         self.parallel = parallel
         self.pulumi_home = str(pulumi_home) if pulumi_home is not None else None
@@ -142,24 +157,47 @@ class ClusterStack:
         except auto.StackNotFoundError:
             return None
 
+    def secrets_provider_in_use(self) -> str | None:
+        """The secrets provider the stack is opened (or will be made) with: the one its stack file
+        names, else the one given to this object, else the passphrase for a file:// or s3:// backend
+        (operator_api.state_backend.secrets_provider_to_use); None: the service backend's own."""
+        named = self.file.document().secrets_provider if self.file.exists() else None
+        return secrets_provider_to_use(self.backend_url, named, self.secrets_provider)
+
     def _workspace_stack(self, *, create: bool) -> auto.Stack:
         if not self.file.exists():
             raise StackError(
                 f"{self.file.path.name} does not exist: copy Pulumi.dev.yaml to it and edit it (docs/configuration.md)"
             )
-        check_passphrase(self.env_vars)
+        provider = self.secrets_provider_in_use()
+        if provider == PASSPHRASE:
+            # Asked for only when the stack uses it: a key service's stack opens without it.
+            check_passphrase(self.env_vars, self.env)
         self.backend.check()
         if self._workspace is None:
             self._workspace = auto.LocalWorkspace(
                 work_dir=str(self.project_dir),
                 pulumi_home=self.pulumi_home,
                 env_vars=self.env_vars,
-                secrets_provider="passphrase",
+                secrets_provider=provider,
                 pulumi_command=pulumi_command(self._command_root, self.env_vars["PATH"]),
             )
-        if create:
-            return auto.Stack.create_or_select(self.env, self._workspace)
-        return auto.Stack.select(self.env, self._workspace)
+        try:
+            if create:
+                return auto.Stack.create_or_select(self.env, self._workspace)
+            return auto.Stack.select(self.env, self._workspace)
+        except auto.CommandError as error:
+            problem = secrets_provider_problem(str(error), provider)
+            if problem is None:
+                raise
+            raise StackError(problem) from None
+
+    def init(self) -> str | None:
+        """Make the stack in its backend (`pulumi stack init`) with the secrets provider chosen for
+        this object (`secrets_provider=`), else the default (see `secrets_provider_in_use`); a stack
+        that exists is left as it is. Returns the provider the stack uses."""
+        self._stack()
+        return self.secrets_provider_in_use()
 
     def unlock(self, *, confirm: bool = False, only: Sequence[LockHolder] | None = None) -> UnlockReport:
         """The stack's Pulumi locks, each holder and age; with `confirm`, removed. For the run
@@ -654,6 +692,9 @@ class ClusterStack:
             raise StackBusyError(self.env, holders_from_message(str(error)), "held by a Pulumi run") from None
         except auto.CommandError as error:
             text = "\n".join(tail) or str(error)
+            problem = secrets_provider_problem(f"{text}\n{error}", self.secrets_provider_in_use())
+            if problem is not None:
+                raise StackError(problem) from None
             raise record.to_error(command, text) from None
 
     @contextlib.contextmanager

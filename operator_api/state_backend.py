@@ -1,7 +1,7 @@
-"""`StateBackend`: where one stack's state is kept, and everything this API does with the backend
-itself rather than through a Pulumi run: which backend it is, the checks made before anything
-runs, who holds the stack (Pulumi's locks, this API's own), the states the backend kept after
-each run, and reading one of them back for a restore.
+"""`StateBackend`: where one stack's state is kept, and everything this API does with the
+backend itself rather than through a Pulumi run: which backend and secrets provider the stack
+uses, the checks made before anything runs, who holds the stack (Pulumi's locks, this API's
+own), the states the backend kept after each run, and reading one of them back for a restore.
 
 Which backend: PULUMI_BACKEND_URL when set, else the one the user's Pulumi CLI is logged in to
 (operator_api.workspace.resolve_backend), the local default only for a user who never logged in.
@@ -29,7 +29,7 @@ from typing import Any
 from pulumi import automation as auto
 
 from .backend_lock import hold_file_lock, hold_s3_lock
-from .errors import LockHolder, StackBusyError, StackError
+from .errors import LockHolder, StackBusyError, StackError, shown
 from .locks import OperatorLock, backend_directory, keep_state_private, read_pulumi_locks
 from .s3_backend import S3Backend, s3_backend
 from .workspace import check_backend_lasts
@@ -49,6 +49,70 @@ class Checkpoint:
     taken: str
     kind: str
     result: str
+
+
+PASSPHRASE = "passphrase"
+
+
+def secrets_provider_to_use(backend_url: str, named: str | None, chosen: str | None) -> str | None:
+    """The secrets provider of a stack: the one its stack file names (`named`: the CLI opens the
+    stack with it, whatever is chosen now), else the one the user chose for the stack's creation,
+    else the passphrase for a local (`file://`) backend, the only one a person alone needs. A
+    shared backend takes the passphrase only when the user set one (a team shares a key service
+    better: scripts/hk3s init --secrets-provider); a service backend (Pulumi Cloud) its own (None)."""
+    if named:
+        return named
+    if chosen:
+        return chosen
+    if backend_url.startswith(("file://", "s3://", "gs://", "azblob://")):
+        return PASSPHRASE
+    return None
+
+
+def check_secrets_provider_url(url: str) -> None:
+    """Refuse, by name, a secrets provider the Pulumi CLI does not know (before a stack is made)."""
+    known = ("passphrase", "default", "awskms://", "gcpkms://", "azurekeyvault://", "hashivault://", "base64key://")
+    if not url.startswith(known):
+        raise StackError(
+            f"secrets provider {shown(url)} is not one Pulumi knows: use passphrase, default (Pulumi Cloud's), or "
+            "a key service's URL: awskms://KEY?region=REGION, gcpkms://projects/P/locations/L/keyRings/R/cryptoKeys/K, "
+            "azurekeyvault://VAULT.vault.azure.net/keys/KEY, hashivault://KEY"
+        )
+
+
+def secrets_provider_problem(text: str, provider: str | None) -> str | None:
+    """One line naming the fix for a key service's failure in a Pulumi command's output (no
+    credentials for it, the key not there or not allowed, a wrong passphrase); None for another failure."""
+    which = f"the stack's secrets provider {shown(provider)}" if provider else "the stack's secrets provider"
+    lowered = text.lower()
+    if "incorrect passphrase" in lowered:
+        return (
+            f"{which} refused the passphrase: set PULUMI_CONFIG_PASSPHRASE (or _FILE) to the one the stack was made "
+            "with"
+        )
+    if not provider or provider == PASSPHRASE:
+        return None
+    if any(
+        marker in lowered
+        for marker in (
+            "failed to refresh cached credentials",
+            "nocredentialproviders",
+            "no valid providers in chain",
+            "could not find default credentials",
+            "defaultazurecredential",
+            "missing client token",
+        )
+    ):
+        return (
+            f"{which} has no credentials: give them as its tool wants (for awskms://: AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; gcpkms://: gcloud auth application-default login; "
+            "azurekeyvault://: az login) and run again"
+        )
+    if "notfoundexception" in lowered or "key not found" in lowered or "is not found" in lowered:
+        return f"{which} names a key the key service does not have: correct the key (id, ARN or alias) in its URL"
+    if "accessdenied" in lowered or "permission denied" in lowered or "not authorized" in lowered:
+        return f"{which} refused the key's use: grant encrypt and decrypt on the key to the credentials in use"
+    return None
 
 
 class _NoLock:
@@ -209,3 +273,36 @@ class StateBackend:
         if not isinstance(deployment, dict):
             raise StackError(f"{checkpoint.key} holds no state to restore")
         return auto.Deployment(version=int(document["version"]), deployment=deployment)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m operator_api.state_backend PROJECT_DIR STACK [SECRETS_PROVIDER]`, for
+    scripts/stack.sh: the backend the stack's runs use, why, and the secrets provider the stack is
+    opened (or made) with, one a line (an empty line: the backend service's own); on the first run
+    with the local default, the line that says so on stderr. One line on stderr and exit 2 when
+    the backend cannot be known."""
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from .stack_file import StackFile  # noqa: PLC0415
+    from .workspace import pulumi_command, resolve_backend  # noqa: PLC0415
+
+    project_dir, stack, *chosen = list(sys.argv[1:] if argv is None else argv)
+    try:
+        choice = resolve_backend(
+            dict(os.environ), Path(project_dir), lambda: pulumi_command(None, os.environ.get("PATH", ""))
+        )
+    except StackError as error:
+        print(error, file=sys.stderr)
+        return 2
+    if choice.first_use:
+        print(f"hk3s: {choice.notice()}", file=sys.stderr)
+    stack_file = StackFile(Path(project_dir) / f"Pulumi.{stack}.yaml")
+    named = stack_file.document().secrets_provider if stack_file.exists() else None
+    provider = secrets_provider_to_use(choice.url, named, chosen[0] if chosen else None)
+    print(f"{choice.url}\n{choice.source}\n{provider or ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -120,13 +120,14 @@ def pulumi_command(root: str | None, path: str) -> auto.PulumiCommand:
     return auto.PulumiCommand(root=root)
 
 
-def check_passphrase(env_vars: Mapping[str, str]) -> None:
-    """Refuse to start without the passphrase that encrypts the stack's secrets."""
+def check_passphrase(env_vars: Mapping[str, str], stack: str = "ENV") -> None:
+    """Refuse to start a stack that uses the passphrase without it."""
     merged = {**os.environ, **env_vars}
     if not merged.get("PULUMI_CONFIG_PASSPHRASE") and not merged.get("PULUMI_CONFIG_PASSPHRASE_FILE"):
         raise StackError(
             "PULUMI_CONFIG_PASSPHRASE is not set: choose a passphrase that encrypts this stack's secrets, "
-            "export it (or PULUMI_CONFIG_PASSPHRASE_FILE) and run again"
+            "export it (or PULUMI_CONFIG_PASSPHRASE_FILE) and run again, or make the stack with a key service "
+            f"instead (`scripts/hk3s --stack {stack} init --secrets-provider awskms://KEY?region=REGION`)"
         )
 
 
