@@ -164,6 +164,16 @@ class ClusterStack:
         named = self.file.document().secrets_provider if self.file.exists() else None
         return secrets_provider_to_use(self.backend_url, named, self.secrets_provider)
 
+    def _outputs(self, stack: auto.Stack) -> auto.OutputMap:
+        """The stack's outputs (decrypted by its secrets provider: a key service's failure is one line)."""
+        try:
+            return stack.outputs()
+        except auto.CommandError as error:
+            problem = secrets_provider_problem(str(error), self.secrets_provider_in_use())
+            if problem is None:
+                raise
+            raise StackError(problem) from None
+
     def _workspace_stack(self, *, create: bool) -> auto.Stack:
         if not self.file.exists():
             raise StackError(
@@ -268,7 +278,7 @@ class ClusterStack:
         the nodes keep their recorded states (a fenced worker's reads `OutOfService`) and
         `live_error` says why. `live=False`: the recorded states only, without asking the cluster."""
         stack = self._existing_stack()
-        outputs = stack.outputs() if stack is not None else {}
+        outputs = self._outputs(stack) if stack is not None else {}
         value = outputs["nodes"].value if "nodes" in outputs else []
         nodes = [Node.from_output(item) for item in value or []]
         if not live or stack is None or not nodes:
@@ -283,7 +293,7 @@ class ClusterStack:
     def kubeconfig(self) -> str | None:
         """The cluster's kubeconfig (a Pulumi secret: keep it out of logs)."""
         stack = self._existing_stack()
-        outputs = stack.outputs() if stack is not None else {}
+        outputs = self._outputs(stack) if stack is not None else {}
         return str(outputs["kubeconfig"].value) if "kubeconfig" in outputs else None
 
     def status(self, *, check_hosts: bool = False) -> ClusterStatus:
@@ -296,7 +306,7 @@ class ClusterStack:
         clock, the client certificate's expiry); a node that cannot be reached is named in
         `warnings`, not fatal."""
         stack = self._existing_stack()
-        outputs = stack.outputs() if stack is not None else {}
+        outputs = self._outputs(stack) if stack is not None else {}
 
         def output(key: str) -> Any:
             return outputs[key].value if key in outputs and not outputs[key].secret else None

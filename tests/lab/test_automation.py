@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 from pulumi.automation import events as auto_events
 
 from lab.hosts import Host, Lab
+from lab.kms_server import running_kms_server
 from lab.stack_harness import (
     CACHE,
     CliRun,
@@ -381,3 +383,132 @@ def test_the_ci_commands_preview_then_up(cluster: Cluster) -> None:
     assert up.returncode == 0 and "up succeeded" in up.stdout, up.stderr[-3000:]
     cluster.record("up --yes", up)
     assert cluster.api().pending_operations() == []
+
+
+def _pulumi(
+    cluster: Cluster, env: dict[str, str], *args: str, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """`pulumi ARGS` typed by hand in the project copy."""
+    return subprocess.run(
+        ["pulumi", *args],
+        cwd=cluster.stack.project,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_a_pulumi_login_to_a_file_backend_is_the_stack_every_surface_sees(cluster: Cluster, tmp_path: Path) -> None:
+    """A user who ran `pulumi login file://DIR` and never set PULUMI_BACKEND_URL: `pulumi up` typed
+    by hand, then `scripts/hk3s node list`, `status` and `up`, and the API, all see that one stack
+    (not an empty one in ~/.hk3s-state, which is never made)."""
+    backend = cluster.stack.env["PULUMI_BACKEND_URL"]
+    env = {key: value for key, value in cluster.env().items() if key != "PULUMI_BACKEND_URL"}
+    env["HOME"] = str(tmp_path / "home")  # a HOME of its own: its ~/.hk3s-state would be the fallback
+    Path(env["HOME"]).mkdir()
+    login = _pulumi(cluster, env, "login", backend)
+    assert login.returncode == 0, login.stdout + login.stderr
+    try:
+        typed = _pulumi(
+            cluster, env, "up", "--yes", "--skip-preview", "--stack", "lab", "--non-interactive", timeout=900
+        )
+        assert typed.returncode == 0, typed.stdout[-3000:] + typed.stderr[-3000:]
+        api = ClusterStack(
+            "lab",
+            project_dir=cluster.stack.project,
+            env_vars={key: value for key, value in cluster.stack.env.items() if key != "PULUMI_BACKEND_URL"}
+            | {"HOME": env["HOME"]},
+            pulumi_command_root=CACHE,
+            pulumi_home=cluster.stack.directory / "pulumi-home",
+        )
+        assert api.backend_choice.source == "pulumi login", api.backend_choice
+        assert backend_directory(api.backend_url) == backend_directory(backend), api.backend_url
+        recorded = sorted(node.name for node in api.nodes(live=False))
+        assert cluster.server.name in recorded and len(recorded) >= 2, recorded
+
+        def hk3s(*args: str) -> CliRun:
+            argv = [str(cluster.stack.project / "scripts" / "hk3s"), "--stack", "lab", *args]
+            return run_killable(argv, cwd=cluster.stack.project, env=env, timeout=900, split_stderr=True)
+
+        listed = hk3s("node", "list", "--json")
+        assert listed.returncode == 0, listed.stderr[-3000:]
+        assert sorted(node["name"] for node in json.loads(listed.stdout)) == recorded, listed.stdout
+        status = hk3s("status", "--json")
+        assert status.returncode == 0, status.stderr[-3000:]
+        assert json.loads(status.stdout)["last_run"]["kind"] == "update", status.stdout
+        up = hk3s("up", "--yes")
+        assert up.returncode == 0 and "up succeeded" in up.stdout, up.stderr[-3000:]
+        assert "no Pulumi login" not in up.stderr + listed.stderr + status.stderr
+        assert not (Path(env["HOME"]) / ".hk3s-state").exists(), "a second, empty state was made"
+    finally:
+        _pulumi(cluster, env, "logout")
+
+
+def test_a_key_service_encrypts_the_stacks_secrets_and_no_passphrase_is_asked(cluster: Cluster, tmp_path: Path) -> None:
+    """A key service (AWS KMS's API, served by moto in the lab) instead of a shared passphrase.
+    A new stack made with `scripts/hk3s init --secrets-provider awskms://...` names the key in its
+    stack file and keeps no passphrase salt. The cluster's passphrase stack is rotated to the key
+    (`pulumi stack change-secrets-provider`, as docs/ci.md shows); from then on `scripts/hk3s`
+    lists, reports and runs `up` with no passphrase set, the state's secrets are the key's, and a
+    missing credential for the key service is one line naming the fix."""
+    with running_kms_server(tmp_path) as kms:
+        url = kms.secrets_provider(kms.create_key())
+        env = {**cluster.env(), **kms.credentials()}
+        with_passphrase = dict(env)
+        env.pop("PULUMI_CONFIG_PASSPHRASE", None)
+
+        def hk3s(stack: str, *args: str, environment: dict[str, str] = env) -> CliRun:
+            argv = [str(cluster.stack.project / "scripts" / "hk3s"), "--stack", stack, *args]
+            return run_killable(argv, cwd=cluster.stack.project, env=environment, timeout=900, split_stderr=True)
+
+        # A new stack made with the key.
+        kms_file = cluster.stack.project / "Pulumi.kms.yaml"
+        # The cluster's settings, without its passphrase salt: a stack not made yet.
+        kms_file.write_text(yaml.safe_dump({"config": yaml.safe_load(cluster.stack_file.read_text())["config"]}))
+        made = hk3s("kms", "init", "--secrets-provider", url)
+        assert made.returncode == 0 and "awskms://" in made.stdout, made.stderr[-3000:]
+        document = yaml.safe_load(kms_file.read_text())
+        assert document["secretsprovider"] == url and document.get("encryptedkey"), document.keys()
+        assert "encryptionsalt" not in document, "a passphrase salt in a key service's stack"
+        secret = _pulumi(
+            cluster, env, "config", "set", "--secret", "hk3s-lab:probe", "kept-by-the-key", "--stack", "kms"
+        )
+        assert secret.returncode == 0, secret.stderr
+        assert "kept-by-the-key" not in kms_file.read_text()
+
+        # The cluster's passphrase stack rotated to the key: the passphrase is needed this once.
+        changed = _pulumi(cluster, with_passphrase, "stack", "change-secrets-provider", url, "--stack", "lab")
+        assert changed.returncode == 0, changed.stdout + changed.stderr
+        document = yaml.safe_load(cluster.stack_file.read_text())
+        assert document["secretsprovider"] == url and "encryptionsalt" not in document, document.keys()
+        listed = hk3s("lab", "node", "list", "--json")
+        assert listed.returncode == 0 and json.loads(listed.stdout), listed.stderr[-3000:]
+        status = hk3s("lab", "status")
+        assert status.returncode == 0, status.stderr[-3000:]
+        up = hk3s("lab", "up", "--yes")
+        assert up.returncode == 0 and "up succeeded" in up.stdout, up.stderr[-3000:]
+        assert "PULUMI_CONFIG_PASSPHRASE" not in listed.stderr + status.stderr + up.stderr
+        backend = backend_directory(cluster.stack.env["PULUMI_BACKEND_URL"])
+        assert backend is not None
+        state = json.loads(next(backend.rglob("stacks/*/hk3s/lab.json")).read_text())
+        providers = state["checkpoint"]["latest"]["secrets_providers"]
+        assert providers["type"] == "cloud" and providers["state"]["url"] == url, providers
+        assert "salt" not in json.dumps(providers), providers
+        assert "ciphertext" in json.dumps(state["checkpoint"]["latest"]["resources"]), "no secret in the state"
+
+        # No credentials for the key service: one line naming the fix, nothing run.
+        bare = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+        bare |= {
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": "/nonexistent",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+        }
+        refused = hk3s("lab", "up", "--yes", environment=bare)
+        assert refused.returncode != 0, refused.stderr[-3000:]
+        last = refused.stderr.strip().splitlines()[-1]
+        assert "secrets provider" in last and "no credentials" in last and "AWS_ACCESS_KEY_ID" in last, refused.stderr[
+            -3000:
+        ]
