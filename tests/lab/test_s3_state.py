@@ -269,6 +269,17 @@ def test_a_pulumi_login_to_the_bucket_with_an_aws_profile_is_the_stack_every_sur
     try:
         typed = pulumi(env, "up", "--yes", "--skip-preview", "--stack", team.b.name, "--non-interactive")
         assert typed.returncode == 0, typed.stdout[-3000:] + typed.stderr[-3000:]
+        output = pulumi(env, "stack", "output", "nodes", "--json", "--stack", team.b.name)
+        assert output.returncode == 0, output.stderr
+        recorded = sorted(node["name"] for node in json.loads(output.stdout))
+        assert team.worker.name in recorded and team.worker2.name in recorded, recorded
+        listed = hk3s(env, "node", "list", "--json")
+        assert listed.returncode == 0, listed.stderr[-3000:]
+        assert sorted(node["name"] for node in json.loads(listed.stdout)) == recorded, listed.stdout
+        status = hk3s(env, "status", "--json")
+        assert status.returncode == 0, status.stderr[-3000:]
+        assert (json.loads(status.stdout)["last_run"] or {}).get("kind") == "update", status.stdout
+        assert not (tmp_path / ".hk3s-state").exists(), "a second, empty state was made"
         api = ClusterStack(
             team.b.name,
             project_dir=team.b.project,
@@ -276,16 +287,8 @@ def test_a_pulumi_login_to_the_bucket_with_an_aws_profile_is_the_stack_every_sur
             pulumi_command_root=CACHE,
             pulumi_home=pulumi_home,
         )
+        assert sorted(node.name for node in api.nodes(live=False)) == recorded
         assert (api.backend_url, api.backend_choice.source) == (url, "pulumi login"), api.backend_choice
-        recorded = sorted(node.name for node in api.nodes(live=False))
-        assert team.worker.name in recorded and team.worker2.name in recorded, recorded
-        listed = hk3s(env, "node", "list", "--json")
-        assert listed.returncode == 0, listed.stderr[-3000:]
-        assert sorted(node["name"] for node in json.loads(listed.stdout)) == recorded, listed.stdout
-        status = hk3s(env, "status", "--json")
-        assert status.returncode == 0, status.stderr[-3000:]
-        assert json.loads(status.stdout)["last_run"]["kind"] == "update", status.stdout
-        assert not (tmp_path / ".hk3s-state").exists(), "a second, empty state was made"
 
         # The profile named in the URL instead of AWS_PROFILE.
         by_url = {k: v for k, v in env.items() if k != "AWS_PROFILE"}
