@@ -4,6 +4,7 @@ the stack's secrets when the stack uses one."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -13,6 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal
 
+import yaml
 from pulumi import automation as auto
 
 from .errors import StackError, shown
@@ -37,11 +39,12 @@ def pulumi_environment(project_dir: Path, given: Mapping[str, str], root: Path |
 
 @dataclasses.dataclass(frozen=True)
 class BackendChoice:
-    """The backend a run uses and why: `PULUMI_BACKEND_URL`, `pulumi login` (what `pulumi whoami`
-    reports), or `default` (the user never logged in: the local directory)."""
+    """The backend a run uses and why: `PULUMI_BACKEND_URL`, `Pulumi.yaml` (the project's
+    `backend.url`), `pulumi login` (what `pulumi whoami` reports), or `default` (the user never
+    logged in: the local directory)."""
 
     url: str
-    source: Literal["PULUMI_BACKEND_URL", "pulumi login", "default"]
+    source: Literal["PULUMI_BACKEND_URL", "Pulumi.yaml", "pulumi login", "default"]
 
     @property
     def first_use(self) -> bool:
@@ -85,12 +88,17 @@ def resolve_backend(
     env: Mapping[str, str], project_dir: Path, command: Callable[[], auto.PulumiCommand]
 ) -> BackendChoice:
     """Which backend the Pulumi CLI would use for this project, so that this API, the scripts and
-    a `pulumi up` typed by hand all see one stack: PULUMI_BACKEND_URL when set; otherwise the
-    backend the user is logged in to (`pulumi whoami --json`'s `url`, which also honours a
-    `backend.url` in Pulumi.yaml); the local default only when the user never logged in."""
+    a `pulumi up` typed by hand all see one stack, in the CLI's order: PULUMI_BACKEND_URL when
+    set; the project's `backend.url` in Pulumi.yaml; the backend the user is logged in to (`pulumi
+    whoami --json`'s `url`); the local default only when the user never logged in."""
     merged = {**os.environ, **env}
     if merged.get("PULUMI_BACKEND_URL"):
         return BackendChoice(merged["PULUMI_BACKEND_URL"], "PULUMI_BACKEND_URL")
+    # The project's own choice comes next for the CLI (workspace.GetCurrentCloudURL).
+    with contextlib.suppress(OSError, yaml.YAMLError, AttributeError):
+        backend = (yaml.safe_load((project_dir / "Pulumi.yaml").read_text()) or {}).get("backend") or {}
+        if isinstance(backend, dict) and backend.get("url"):
+            return BackendChoice(str(backend["url"]), "Pulumi.yaml")
     if not logged_in(merged):
         return BackendChoice(default_backend(merged), "default")
     try:

@@ -98,3 +98,14 @@ def test_a_secrets_provider_pulumi_does_not_know_is_refused_by_name(project: Pat
     with pytest.raises(StackError) as refused:
         ClusterStack("dev", project_dir=project, secrets_provider="vault://key")
     assert "vault://key" in str(refused.value) and "awskms://" in str(refused.value)
+
+
+def test_a_project_that_names_its_backend_in_pulumi_yaml_uses_it(
+    project: Path, backend: Path, never_logged_in: Path
+) -> None:
+    """As the Pulumi CLI: after PULUMI_BACKEND_URL, the project's `backend.url`, before any login."""
+    pulumi_yaml = project / "Pulumi.yaml"
+    pulumi_yaml.write_text(pulumi_yaml.read_text() + f"backend:\n  url: {backend.as_uri()}\n")
+    api = ClusterStack("dev", project_dir=project)
+    assert (api.backend_url, api.backend_choice.source) == (backend.as_uri(), "Pulumi.yaml")
+    assert not api.backend_choice.first_use
