@@ -15,7 +15,7 @@ import pytest
 
 from operator_api import ClusterStack, StackError
 from operator_api.stack_file import StackDocument
-from operator_api.state_backend import secrets_provider_to_use
+from operator_api.state_backend import secrets_provider_problem, secrets_provider_to_use
 from operator_cli.cli import main
 
 KMS = "awskms://1234abcd-12ab-34cd-56ef-1234567890ab?region=eu-central-1"
@@ -109,3 +109,27 @@ def test_a_project_that_names_its_backend_in_pulumi_yaml_uses_it(
     api = ClusterStack("dev", project_dir=project)
     assert (api.backend_url, api.backend_choice.source) == (backend.as_uri(), "Pulumi.yaml")
     assert not api.backend_choice.first_use
+
+
+@pytest.mark.parametrize(
+    ("output", "named"),
+    [
+        # aws-sdk-go-v2 aws/credential_cache.go and credentials/ec2rolecreds, as gocloud's awskms keeper reports them.
+        (
+            "error: get credentials: failed to refresh cached credentials, no EC2 IMDS role found, operation error "
+            "ec2imds: GetMetadata, access disabled to EC2 IMDS via client option",
+            "has no credentials",
+        ),
+        (
+            "operation error KMS: Decrypt, https response error StatusCode: 400, NotFoundException: Key does not exist",
+            "names a key",
+        ),
+        ("operation error KMS: Encrypt, StatusCode: 400, AccessDeniedException: not allowed", "refused the key's use"),
+    ],
+)
+def test_a_key_services_failure_is_one_line_naming_the_fix(output: str, named: str) -> None:
+    problem = secrets_provider_problem(output, KMS)
+    assert problem is not None and named in problem and KMS in problem and "\n" not in problem, problem
+    # Another failure of a run is left to the run's own report; a passphrase stack's too.
+    assert secrets_provider_problem("error: resource failed", KMS) is None
+    assert secrets_provider_problem(output, "passphrase") is None
