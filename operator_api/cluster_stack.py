@@ -146,7 +146,7 @@ class ClusterStack:
 
     # --- setup ---------------------------------------------------------------------------
     def _stack(self) -> auto.Stack:
-        """Select the stack, creating it (passphrase secrets) on first use."""
+        """Select the stack, creating it on first use (with `secrets_provider_in_use()`)."""
         return self._workspace_stack(create=True)
 
     def _existing_stack(self) -> auto.Stack | None:
