@@ -481,7 +481,10 @@ def test_a_passphrase_stack_rotated_to_a_key_service_runs_with_no_passphrase(clu
         assert "PULUMI_CONFIG_PASSPHRASE" not in listed.stderr + status.stderr + up.stderr
         backend = backend_directory(cluster.stack.env["PULUMI_BACKEND_URL"])
         assert backend is not None
-        state = json.loads(next(backend.rglob("stacks/*/hk3s/lab.json")).read_text())
+        # `.pulumi/stacks/[organization/]hk3s/lab.json`, as the backend lays out its stacks.
+        current = [path for path in backend.rglob("lab.json") if path.parent.name == "hk3s" and "stacks" in path.parts]
+        assert len(current) == 1, current
+        state = json.loads(current[0].read_text())
         providers = state["checkpoint"]["latest"]["secrets_providers"]
         assert providers["type"] == "cloud" and providers["state"]["url"] == url, providers
         assert "salt" not in json.dumps(providers), providers
