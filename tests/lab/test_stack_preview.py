@@ -256,6 +256,12 @@ def test_a_key_service_stack_runs_with_no_passphrase(project_copy: Path, tmp_pat
         )
         assert secret.returncode == 0, secret.stderr
         assert "kept-by-the-key" not in (project_copy / "Pulumi.local.yaml").read_text()
+        # The state names the key service, and holds no passphrase salt.
+        state = [p for p in (tmp_path / "state").rglob("local.json") if p.parent.name == "hk3s" and "stacks" in p.parts]
+        assert len(state) == 1, state
+        providers = json.loads(state[0].read_text())["checkpoint"]["latest"]["secrets_providers"]
+        assert providers["type"] == "cloud" and providers["state"]["url"] == url, providers
+        assert "salt" not in json.dumps(providers), providers
         preview = _run(
             ["bash", "scripts/stack.sh", "preview", "--stack", "local", "--non-interactive"], project_copy, env
         )
