@@ -71,6 +71,7 @@ from .errors import (
     StackBusyError,
     StackError,
     TeardownNotConfirmedError,
+    shown,
 )
 from .events import EventCallback, RunRecord
 from .hetzner_power import fenced_hetzner_server, power_on_fenced
@@ -205,9 +206,17 @@ class ClusterStack:
     def init(self) -> str | None:
         """Make the stack in its backend (`pulumi stack init`) with the secrets provider chosen for
         this object (`secrets_provider=`), else the default (see `secrets_provider_in_use`); a stack
-        that exists is left as it is. Returns the provider the stack uses."""
+        that exists is left as it is, and one made with another provider than the one chosen is
+        refused, naming the command that changes it. Returns the provider the stack uses."""
         self._stack()
-        return self.secrets_provider_in_use()
+        in_use = self.secrets_provider_in_use()
+        if self.secrets_provider is not None and in_use != self.secrets_provider:
+            raise StackError(
+                f"stack {self.env} exists with secrets provider {shown(str(in_use))}, "
+                f"not {shown(self.secrets_provider)}: to move it, "
+                f"`pulumi stack change-secrets-provider URL --stack {self.env}` (docs/ci.md)"
+            )
+        return in_use
 
     def unlock(self, *, confirm: bool = False, only: Sequence[LockHolder] | None = None) -> UnlockReport:
         """The stack's Pulumi locks, each holder and age; with `confirm`, removed. For the run

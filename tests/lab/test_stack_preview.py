@@ -249,6 +249,11 @@ def test_a_key_service_stack_runs_with_no_passphrase(project_copy: Path, tmp_pat
         document = yaml.safe_load((project_copy / "Pulumi.local.yaml").read_text())
         assert document["secretsprovider"] == url and document.get("encryptedkey"), list(document)
         assert "encryptionsalt" not in document, "a passphrase salt in a key service's stack"
+        # Asked again for another provider: refused, naming the command that moves it.
+        other = _run(
+            ["scripts/hk3s", "--stack", "local", "init", "--secrets-provider", "passphrase"], project_copy, env
+        )
+        assert other.returncode != 0 and "change-secrets-provider" in other.stderr, other.stderr[-3000:]
         secret = _run(
             ["pulumi", "config", "set", "--secret", "hcloud:token", "kept-by-the-key", "--stack", "local"],
             project_copy,
