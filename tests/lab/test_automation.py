@@ -412,6 +412,9 @@ def test_a_pulumi_login_to_a_file_backend_is_the_stack_every_surface_sees(cluste
     login = _pulumi(cluster, env, "login", backend)
     assert login.returncode == 0, login.stdout + login.stderr
     try:
+        # As the user types it (the stack made first when this test runs alone).
+        selected = _pulumi(cluster, env, "stack", "select", "--create", "lab")
+        assert selected.returncode == 0, selected.stderr
         typed = _pulumi(
             cluster, env, "up", "--yes", "--skip-preview", "--stack", "lab", "--non-interactive", timeout=900
         )
