@@ -267,6 +267,9 @@ def test_a_pulumi_login_to_the_bucket_with_an_aws_profile_is_the_stack_every_sur
     login = pulumi(env, "login", url)
     assert login.returncode == 0, login.stdout + login.stderr
     try:
+        # As the user types it (the stack made first when this test runs alone).
+        selected = pulumi(env, "stack", "select", "--create", team.b.name)
+        assert selected.returncode == 0, selected.stderr
         typed = pulumi(env, "up", "--yes", "--skip-preview", "--stack", team.b.name, "--non-interactive")
         assert typed.returncode == 0, typed.stdout[-3000:] + typed.stderr[-3000:]
         output = pulumi(env, "stack", "output", "nodes", "--json", "--stack", team.b.name)
