@@ -76,9 +76,7 @@ class S3Server:
         return S3Backend.parse(self.backend_url(bucket), env)
 
     def create_bucket(self, bucket: str) -> None:
-        status, body = self.client(bucket).request("PUT")
-        if status != 200:
-            raise RuntimeError(f"versitygw refused to create bucket {bucket}: {status} {body!r}")
+        self.client(bucket).client.create_bucket(Bucket=bucket)
 
     def admin(self, *args: str) -> str:
         """`versitygw admin ARGS` against this gateway's admin port, as its root account."""
@@ -112,10 +110,7 @@ class S3Server:
                 }
             ],
         }
-        body = json.dumps(policy).encode()
-        status, answer = self.client(bucket).request("PUT", "", {"policy": ""}, body=body)
-        if status not in (200, 204):
-            raise RuntimeError(f"versitygw refused the bucket policy: {status} {answer!r}")
+        self.client(bucket).client.put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
         return self.credentials(access, secret)
 
 

@@ -10,7 +10,7 @@
 See docs/python-api.md and docs/cli.md.
 """
 
-from .cluster_stack import REPO, Checkpoint, ClusterStack, Preview, Recovery, RunResult
+from .cluster_stack import REPO, ClusterStack, Preview, Recovery, RunResult
 from .errors import (
     DuplicateWorkerError,
     LockHolder,
@@ -31,6 +31,7 @@ from .locks import UnlockReport
 from .nodes import ClusterStatus, DiskCheck, DownWorker, HostCheck, LastRun, Node, StrandedWorkload
 from .s3_backend import BackendError
 from .stack_file import StackDocument, StackFile
+from .state_backend import Checkpoint, StateBackend
 
 __all__ = [
     "REPO",
@@ -60,6 +61,7 @@ __all__ = [
     "StackDocument",
     "StackError",
     "StackFile",
+    "StateBackend",
     "StrandedWorkload",
     "TeardownNotConfirmedError",
     "UnknownWorkerError",

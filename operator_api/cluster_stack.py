@@ -22,10 +22,9 @@ the stack busy and is never touched), and pending operations are resolved with
 `refresh --clear-pending-creates`; the program's resources adopt what exists, so the run
 then continues where the interrupted one stopped.
 
-A stack kept in an S3 bucket (PULUMI_BACKEND_URL=s3://...) is shared by machines that cannot
-see each other's processes: its lock object is never removed without an operator's
-confirmation (`unlock`), however old; the bucket, the endpoint and the credentials are checked
-before anything runs (operator_api.s3_backend).
+Where the state is kept, and what is done with the backend itself (which backend and secrets
+provider the stack uses, its checks, locks and kept states), is operator_api.state_backend's:
+`ClusterStack` makes the runs and the changes.
 """
 
 from __future__ import annotations
@@ -33,10 +32,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime
 import json
 import os
-import re
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -56,7 +53,6 @@ from node_operations.reboot import (
 from node_operations.workload_start import WorkloadRef
 from remote_access.ssh import SshTarget
 
-from .backend_lock import hold_file_lock, hold_s3_lock
 from .cluster_access import (
     api_forward_during,
     check_probed_disk,
@@ -75,41 +71,26 @@ from .errors import (
     StackBusyError,
     StackError,
     TeardownNotConfirmedError,
+    shown,
 )
 from .events import EventCallback, RunRecord
 from .hetzner_power import fenced_hetzner_server, power_on_fenced
-from .locks import (
-    OperatorLock,
-    UnlockReport,
-    backend_directory,
-    keep_state_private,
-    lock_age,
-    read_pulumi_locks,
-)
+from .locks import UnlockReport, lock_age
 from .nodes import ClusterStatus, DiskCheck, DownWorker, HostCheck, LastRun, Node
 from .runs import Preview, Recovery, RunResult, holders_from_message, keys_recorded_on_first_use
-from .s3_backend import S3Backend, s3_backend
 from .stack_file import StackDocument, StackFile, check_stack_name
-from .workspace import check_backend_lasts, check_passphrase, pulumi_command, pulumi_environment
+from .state_backend import (
+    PASSPHRASE,
+    Checkpoint,
+    StateBackend,
+    check_secrets_provider_url,
+    secrets_provider_problem,
+    secrets_provider_to_use,
+)
+from .workspace import check_passphrase, pulumi_command, pulumi_environment, resolve_backend
 
 REPO = Path(__file__).resolve().parents[1]
-# `.pulumi/history/[organization/]<project>/<stack>/<stack>-<unix nanoseconds>.checkpoint.json`
-_CHECKPOINT = re.compile(
-    r"\.pulumi/history/(?:[^/]+/)?(?P<project>[^/]+)/(?P<stack>[^/]+)/(?P=stack)-(?P<nanos>\d+)\.checkpoint\.json$"
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Checkpoint:
-    """A state the backend kept after one run: where (an object key or a path in the backend),
-    when, and the run's kind and result."""
-
-    key: str
-    taken: str
-    kind: str
-    result: str
-
-
+__all__ = ["REPO", "ClusterStack", "Preview", "Recovery", "RunResult"]
 OutputCallback = Callable[[str], None]
 _OUTPUT_TAIL = 400
 DISK_PROBE_TYPE = "pulumi-python:dynamic/hk3s:DiskProbe"
@@ -119,10 +100,14 @@ class ClusterStack:
     """The stack of one environment (`Pulumi.<env>.yaml`) of this project.
 
     `project_dir` is this repository by default (a copy works too, as the lab tests use).
-    `env_vars` add to the environment of every Pulumi command; `PULUMI_BACKEND_URL` defaults,
-    as in scripts/stack.sh, to `file://$HOME/.hk3s-state`, and `PULUMI_CONFIG_PASSPHRASE` (or
-    `_FILE`) must be set. `pulumi_command_root` picks a Pulumi CLI (`<root>/bin/pulumi`);
-    without it the one on PATH is used.
+    `env_vars` add to the environment of every Pulumi command. The backend is the one the user's
+    Pulumi CLI uses, as in scripts/stack.sh: `PULUMI_BACKEND_URL` when set, else the one `pulumi
+    login` chose, else (never logged in) `file://$HOME/.hk3s-state` (`backend_choice` says which).
+    A new stack is made with `secrets_provider` (a key service's URL, `awskms://...`), by default
+    the passphrase for a file:// or s3:// backend and the service's own for Pulumi Cloud; an
+    existing one is opened with the provider its stack file names, and `PULUMI_CONFIG_PASSPHRASE`
+    (or `_FILE`) is needed only when that is the passphrase. `pulumi_command_root` picks a Pulumi
+    CLI (`<root>/bin/pulumi`); without it the one on PATH is used.
     """
 
     def __init__(
@@ -134,23 +119,35 @@ class ClusterStack:
         pulumi_command_root: Path | str | None = None,
         pulumi_home: Path | str | None = None,
         parallel: int = 32,
+        secrets_provider: str | None = None,
     ) -> None:
         check_stack_name(env)
         self.env = env
+        if secrets_provider is not None:
+            check_secrets_provider_url(secrets_provider)
+        self.secrets_provider = secrets_provider
         self.project_dir = Path(project_dir).resolve()
         self.parallel = parallel
         self.pulumi_home = str(pulumi_home) if pulumi_home is not None else None
         self.file = StackFile(self.project_dir / f"Pulumi.{env}.yaml")
         self.env_vars = pulumi_environment(self.project_dir, dict(env_vars or {}), pulumi_command_root)
-        self.backend_url = self.env_vars["PULUMI_BACKEND_URL"]
         self.project = str(yaml.safe_load((self.project_dir / "Pulumi.yaml").read_text())["name"])
         self._command_root = str(pulumi_command_root) if pulumi_command_root is not None else None
+        # The backend the user's Pulumi CLI uses (PULUMI_BACKEND_URL, else its login, else the
+        # local default), named to every command so that all of them see the same stack.
+        self.backend_choice = resolve_backend(
+            {**self.env_vars, **({"PULUMI_HOME": self.pulumi_home} if self.pulumi_home else {})},
+            self.project_dir,
+            lambda: pulumi_command(self._command_root, self.env_vars["PATH"]),
+        )
+        self.backend_url = self.env_vars["PULUMI_BACKEND_URL"] = self.backend_choice.url
         self._workspace: auto.LocalWorkspace | None = None
-        self._s3: S3Backend | None = None
+        # Which backend, its checks, locks and kept states (operator_api.state_backend).
+        self.backend = StateBackend(self.backend_url, self.env_vars, self.project, env)
 
     # --- setup ---------------------------------------------------------------------------
     def _stack(self) -> auto.Stack:
-        """Select the stack, creating it (passphrase secrets) on first use."""
+        """Select the stack, creating it on first use (with `secrets_provider_in_use()`)."""
         return self._workspace_stack(create=True)
 
     def _existing_stack(self) -> auto.Stack | None:
@@ -161,49 +158,65 @@ class ClusterStack:
         except auto.StackNotFoundError:
             return None
 
+    def secrets_provider_in_use(self) -> str | None:
+        """The secrets provider the stack is opened (or will be made) with: the one its stack file
+        names, else the one given to this object, else the passphrase for a file:// or s3:// backend
+        (operator_api.state_backend.secrets_provider_to_use); None: the service backend's own."""
+        named = self.file.document().secrets_provider if self.file.exists() else None
+        return secrets_provider_to_use(self.backend_url, named, self.secrets_provider)
+
+    def _outputs(self, stack: auto.Stack) -> auto.OutputMap:
+        """The stack's outputs (decrypted by its secrets provider: a key service's failure is one line)."""
+        try:
+            return stack.outputs()
+        except auto.CommandError as error:
+            problem = secrets_provider_problem(str(error), self.secrets_provider_in_use())
+            if problem is None:
+                raise
+            raise StackError(problem) from None
+
     def _workspace_stack(self, *, create: bool) -> auto.Stack:
         if not self.file.exists():
             raise StackError(
                 f"{self.file.path.name} does not exist: copy Pulumi.dev.yaml to it and edit it (docs/configuration.md)"
             )
-        check_passphrase(self.env_vars)
-        check_backend_lasts(self.env_vars)
-        self._s3_backend()
-        backend = backend_directory(self.backend_url)
-        if backend is not None:
-            keep_state_private(backend)
+        provider = self.secrets_provider_in_use()
+        if provider == PASSPHRASE:
+            # Asked for only when the stack uses it: a key service's stack opens without it.
+            check_passphrase(self.env_vars, self.env)
+        self.backend.check()
         if self._workspace is None:
             self._workspace = auto.LocalWorkspace(
                 work_dir=str(self.project_dir),
                 pulumi_home=self.pulumi_home,
                 env_vars=self.env_vars,
-                secrets_provider="passphrase",
+                secrets_provider=provider,
                 pulumi_command=pulumi_command(self._command_root, self.env_vars["PATH"]),
             )
-        if create:
-            return auto.Stack.create_or_select(self.env, self._workspace)
-        return auto.Stack.select(self.env, self._workspace)
+        try:
+            if create:
+                return auto.Stack.create_or_select(self.env, self._workspace)
+            return auto.Stack.select(self.env, self._workspace)
+        except auto.CommandError as error:
+            problem = secrets_provider_problem(str(error), provider)
+            if problem is None:
+                raise
+            raise StackError(problem) from None
 
-    def _s3_backend(self) -> S3Backend | None:
-        """The S3 backend, checked once (reachable, the bucket there, the key accepted and
-        allowed to write) before this object runs anything; None for another backend."""
-        if self._s3 is None:
-            backend = s3_backend(self.backend_url, self.env_vars)
-            if backend is None:
-                return None
-            backend.check()
-            self._s3 = backend
-        return self._s3
-
-    def _lock_holders(self) -> tuple[list[LockHolder], list[str]]:
-        """Every Pulumi lock of the stack and a word on each (live, stale, foreign, in the bucket)."""
-        s3 = self._s3_backend()
-        if s3 is not None:
-            holders = s3.locks(self.project, self.env)
-            return holders, ["in the bucket"] * len(holders)
-        backend = backend_directory(self.backend_url)
-        locks = read_pulumi_locks(backend, self.project, self.env) if backend else []
-        return [lock.holder for lock in locks], [lock.state for lock in locks]
+    def init(self) -> str | None:
+        """Make the stack in its backend (`pulumi stack init`) with the secrets provider chosen for
+        this object (`secrets_provider=`), else the default (see `secrets_provider_in_use`); a stack
+        that exists is left as it is, and one made with another provider than the one chosen is
+        refused, naming the command that changes it. Returns the provider the stack uses."""
+        self._stack()
+        in_use = self.secrets_provider_in_use()
+        if self.secrets_provider is not None and in_use != self.secrets_provider:
+            raise StackError(
+                f"stack {self.env} exists with secrets provider {shown(str(in_use))}, "
+                f"not {shown(self.secrets_provider)}: to move it, "
+                f"`pulumi stack change-secrets-provider URL --stack {self.env}` (docs/ci.md)"
+            )
+        return in_use
 
     def unlock(self, *, confirm: bool = False, only: Sequence[LockHolder] | None = None) -> UnlockReport:
         """The stack's Pulumi locks, each holder and age; with `confirm`, removed. For the run
@@ -213,8 +226,8 @@ class ClusterStack:
         The next change (`up()` and the rest) then clears the interrupted run's pending
         operations and continues. With `only`, just those of the given holders still there
         (the ones an operator was shown) are considered."""
-        with self._operator_lock().hold("unlock"):
-            holders, states = self._lock_holders()
+        with self.backend.operator_lock().hold("unlock"):
+            holders, states = self.backend.holders()
             if only is not None:
                 shown = {holder.path for holder in only}
                 kept = [(h, st) for h, st in zip(holders, states, strict=True) if h.path in shown]
@@ -222,55 +235,13 @@ class ClusterStack:
             live = [holder for holder, state in zip(holders, states, strict=True) if state == "live"]
             if confirm and live:
                 raise StackBusyError(self.env, live, "that process still runs on this machine; it is not removed")
-            removed: list[LockHolder] = []
-            if confirm:
-                s3 = self._s3_backend()
-                for holder in holders:
-                    if s3 is not None:
-                        s3.remove_lock(holder)
-                    else:
-                        Path(holder.path).unlink(missing_ok=True)
-                    removed.append(holder)
+            removed = self.backend.remove(holders) if confirm else []
             return UnlockReport(self.env, holders, [lock_age(holder.since) for holder in holders], removed)
 
     def checkpoints(self) -> list[Checkpoint]:
-        """The states the backend kept after each run of this stack (a `file://` or `s3://`
-        backend keeps one per update, refresh and destroy under `.pulumi/history/`), newest first."""
-        s3 = self._s3_backend()
-        backend = backend_directory(self.backend_url)
-        if s3 is not None:
-            keys = s3.list_keys(f".pulumi/history/{self.project}/{self.env}/")
-        elif backend is not None:
-            root = backend / ".pulumi" / "history" / self.project / self.env
-            keys = [str(path.relative_to(backend)) for path in root.rglob("*.checkpoint.json")] if root.exists() else []
-        else:
-            raise StackError("checkpoints are read from a file:// or s3:// backend; Pulumi Cloud keeps its own history")
-        found = []
-        for key in keys:
-            match = _CHECKPOINT.search(key)
-            if match is None or match["project"] != self.project or match["stack"] != self.env:
-                continue
-            info: dict[str, Any] = {}
-            with contextlib.suppress(ValueError, StackError, OSError):
-                info = json.loads(self._backend_read(key.replace(".checkpoint.json", ".history.json")))
-            taken = datetime.datetime.fromtimestamp(int(match["nanos"]) / 1e9, datetime.UTC)
-            found.append(
-                Checkpoint(
-                    key, taken.isoformat(timespec="seconds"), str(info.get("kind", "")), str(info.get("result", ""))
-                )
-            )
-        return sorted(found, key=lambda checkpoint: checkpoint.key, reverse=True)
-
-    def _backend_read(self, key: str) -> bytes:
-        s3 = self._s3_backend()
-        if s3 is not None:
-            data = s3.get(key)
-            if data is None:
-                raise StackError(f"{key} is not in the bucket")
-            return data
-        backend = backend_directory(self.backend_url)
-        assert backend is not None
-        return (backend / key).read_bytes()
+        """The states the backend kept after each run of this stack, newest first
+        (operator_api.state_backend)."""
+        return self.backend.checkpoints()
 
     def export_state(self) -> dict[str, Any]:
         """The stack's state as `pulumi stack export` writes it, every secret encrypted (never
@@ -295,33 +266,13 @@ class ClusterStack:
                 f"pass confirm={self.env!r} to say you mean it"
             )
         with self._exclusive(f"restoring the state of {checkpoint.taken}", None, clear_pending=False):
-            document = json.loads(self._backend_read(checkpoint.key))
-            deployment = document.get("checkpoint", {}).get("latest")
-            if not isinstance(deployment, dict):
-                raise StackError(f"{checkpoint.key} holds no state to restore")
-            self._stack().import_stack(auto.Deployment(version=int(document["version"]), deployment=deployment))
+            self._stack().import_stack(self.backend.checkpoint_state(checkpoint))
 
     def _backend_lock(self, action: str) -> contextlib.AbstractContextManager[None]:
-        """The stack's lock in its backend (a file:// or s3:// one), the one `pulumi up` takes, for an
-        operation that makes no Pulumi run itself: held while it runs, so no run or operation on any
-        machine sharing the state goes on meanwhile (operator_api.backend_lock). Taken inside
-        `_exclusive`, which has removed a stale lock of this machine and refused a live one already."""
-        s3 = self._s3_backend()
-        if s3 is not None:
-            return hold_s3_lock(s3, self.project, self.env, action)
-        backend = backend_directory(self.backend_url)
-        if backend is not None:
-            return hold_file_lock(backend, self.project, self.env, action)
-        return contextlib.nullcontext()
-
-    def _operator_lock(self) -> OperatorLock | _NoLock:
-        """This API's lock for one change on this machine: in a file backend's directory, or, for
-        a backend elsewhere, under ~/.hk3s-operator (machines are kept apart by Pulumi's lock)."""
-        backend = backend_directory(self.backend_url)
-        if backend is None and self.backend_url.startswith("s3://"):
-            home = Path(self.env_vars.get("HOME") or Path.home())
-            backend = home / ".hk3s-operator" / self.backend_url.removeprefix("s3://").partition("?")[0]
-        return OperatorLock(backend, self.project, self.env) if backend is not None else _NoLock()
+        """The stack's lock in its backend for an operation that makes no Pulumi run itself
+        (StateBackend.hold). Taken inside `_exclusive`, which has removed a stale lock of this
+        machine and refused a live one already."""
+        return self.backend.hold(action)
 
     # --- reading -----------------------------------------------------------------------
     def settings_document(self) -> StackDocument:
@@ -336,7 +287,7 @@ class ClusterStack:
         the nodes keep their recorded states (a fenced worker's reads `OutOfService`) and
         `live_error` says why. `live=False`: the recorded states only, without asking the cluster."""
         stack = self._existing_stack()
-        outputs = stack.outputs() if stack is not None else {}
+        outputs = self._outputs(stack) if stack is not None else {}
         value = outputs["nodes"].value if "nodes" in outputs else []
         nodes = [Node.from_output(item) for item in value or []]
         if not live or stack is None or not nodes:
@@ -351,7 +302,7 @@ class ClusterStack:
     def kubeconfig(self) -> str | None:
         """The cluster's kubeconfig (a Pulumi secret: keep it out of logs)."""
         stack = self._existing_stack()
-        outputs = stack.outputs() if stack is not None else {}
+        outputs = self._outputs(stack) if stack is not None else {}
         return str(outputs["kubeconfig"].value) if "kubeconfig" in outputs else None
 
     def status(self, *, check_hosts: bool = False) -> ClusterStatus:
@@ -364,7 +315,7 @@ class ClusterStack:
         clock, the client certificate's expiry); a node that cannot be reached is named in
         `warnings`, not fatal."""
         stack = self._existing_stack()
-        outputs = stack.outputs() if stack is not None else {}
+        outputs = self._outputs(stack) if stack is not None else {}
 
         def output(key: str) -> Any:
             return outputs[key].value if key in outputs and not outputs[key].secret else None
@@ -379,7 +330,7 @@ class ClusterStack:
                 ended=info.end_time.isoformat() if info.end_time else None,
                 resource_changes={str(k): int(v) for k, v in (info.resource_changes or {}).items()},
             )
-        holders, states = self._lock_holders()
+        holders, states = self.backend.holders()
         # One export of the state serves the pending operations and the hosts to ask or check.
         deployment = Deployment.export(stack) if stack is not None else None
         nodes = [Node.from_output(item) for item in output("nodes") or []]
@@ -760,6 +711,9 @@ class ClusterStack:
             raise StackBusyError(self.env, holders_from_message(str(error)), "held by a Pulumi run") from None
         except auto.CommandError as error:
             text = "\n".join(tail) or str(error)
+            problem = secrets_provider_problem(f"{text}\n{error}", self.secrets_provider_in_use())
+            if problem is not None:
+                raise StackError(problem) from None
             raise record.to_error(command, text) from None
 
     @contextlib.contextmanager
@@ -780,29 +734,9 @@ class ClusterStack:
         self, action: str, on_output: OutputCallback | None, *, clear_pending: bool = True
     ) -> Iterator[Recovery]:
         """Hold the stack for one change; clean up after an interrupted run first."""
-        s3 = self._s3_backend()  # checked before anything is touched
-        backend = backend_directory(self.backend_url)
-        with self._operator_lock().hold(action):
-            stale: list[LockHolder] = []
-            if s3 is not None:
-                # Another machine's run, live or dead, cannot be told apart from here.
-                held = s3.locks(self.project, self.env)
-                if held:
-                    raise StackBusyError(
-                        self.env,
-                        held,
-                        "held by a Pulumi run in the bucket; if that run is dead (a runner that went down), "
-                        f"`scripts/hk3s --stack {self.env} unlock` shows the lock and removes it on your word",
-                    )
-            if backend is not None:
-                locks = read_pulumi_locks(backend, self.project, self.env)
-                busy = [lock.holder for lock in locks if lock.state != "stale"]
-                if busy:
-                    raise StackBusyError(self.env, busy, "held by a Pulumi run")
-                for lock in locks:
-                    lock.path.unlink(missing_ok=True)
-                    stale.append(lock.holder)
-                    _say(on_output, f"removed the lock of an interrupted run: {lock.holder} is no longer running")
+        self.backend.s3()  # checked before anything is touched
+        with self.backend.operator_lock().hold(action):
+            stale = self.backend.take_over(lambda line: _say(on_output, line))
             yield self._recover(self._stack(), stale, clear_pending, on_output)
 
     @contextlib.contextmanager
@@ -846,12 +780,3 @@ class ClusterStack:
 def _say(on_output: OutputCallback | None, message: str) -> None:
     if on_output is not None:
         on_output(f"hk3s: {message}")
-
-
-class _NoLock:
-    """No operator lock (a backend such as Pulumi Cloud, which locks the stack itself)."""
-
-    @contextlib.contextmanager
-    def hold(self, action: str) -> Iterator[None]:
-        del action
-        yield

@@ -4,9 +4,18 @@ URL's parts, the checks made before anything runs, and the lock objects Pulumi w
 The backend URL is the one the Pulumi CLI opens with gocloud.dev's s3blob driver (the version
 the CLI is built with, gocloud.dev v0.46, on the AWS SDK v2): `endpoint=` (a URL, or host:port
 with `disableSSL=true` choosing http), `s3ForcePathStyle=true` (or `use_path_style=true`),
-`region=`; the credentials come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and, for
-short-lived ones, AWS_SESSION_TOKEN. Any other query parameter the driver does not know makes
-the CLI fail, so it is refused here first, by name.
+`region=`, `profile=`. Any other query parameter the driver does not know makes the CLI fail,
+so it is refused here first, by name.
+
+The requests go through botocore, the library the AWS CLI is built on, with the whole AWS
+credential chain the Pulumi CLI's SDK walks too: the environment (AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), the shared config and credentials files with the
+profile `profile=` or AWS_PROFILE names (static keys, SSO, a role to assume, a credential
+process), web identity (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN: a CI job's OIDC token),
+container and instance roles; and AWS's retries. A profile named in the URL or in AWS_PROFILE
+wins over keys in the environment, as in the Pulumi CLI's SDK (aws-sdk-go-v2 config,
+resolveCredentialChain). The chain is read from the environment the Pulumi CLI is given (this
+process's, with the caller's variables over it), so the checks use the credentials the CLI will.
 
 Pulumi's lock: each run writes `.pulumi/locks/<org>/<project>/<stack>/<uuid>.json` with its
 pid, user, host and start time, then lists the directory again and backs off when another
@@ -16,13 +25,12 @@ on: that is the lock across machines. An operation of this API that makes no Pul
 reboot) takes the same lock the same way (operator_api.backend_lock). It reads the objects to
 name the holder, and removes one only when an operator confirms (`unlock`).
 
-The requests are signed here with AWS Signature Version 4 (the documented algorithm: a
-canonical request, the string to sign, the derived key), to keep the API free of an AWS SDK.
 Two rules keep the credentials where the operator sent them:
-- No request follows a redirect. A signed request carries `authorization` and the session token
-  (`x-amz-security-token`), and urllib's redirect handler copies every header to the new
-  address; so a 3xx is refused, naming the endpoint and the fix (the endpoint and region that
-  answer for the bucket), and nothing is sent on.
+- No request follows a redirect to the address it names. A signed request carries
+  `authorization` and the session token (`x-amz-security-token`); botocore never follows a
+  `Location` (its HTTP session sends with redirects off; its S3 region redirect re-signs for the
+  bucket's region at the endpoint the URL names or AWS's own for that region). A 3xx answer is
+  refused, naming the endpoint and the fix (the endpoint and region that answer for the bucket).
 - A plain `http://` endpoint (given so, or `host:port` with `disableSSL=true`) is used only with
   HK3S_S3_ALLOW_HTTP=1: over it the key id, signatures valid for minutes, the session token and
   the state itself cross the network in clear. A server on this machine or a network the
@@ -33,18 +41,21 @@ Two rules keep the credentials where the operator sent them:
 from __future__ import annotations
 
 import contextlib
-import datetime
-import hashlib
-import hmac
+import functools
 import json
 import os
-import urllib.error
+import threading
 import urllib.parse
-import urllib.request
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
-from xml.etree import ElementTree
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import botocore.config
+import botocore.exceptions
+import botocore.loaders
+import botocore.session
+from botocore import UNSIGNED
 
 from .errors import LockHolder, StackError, shown
 
@@ -77,7 +88,6 @@ KNOWN_PARAMETERS = frozenset(
 TIMEOUT = 10.0
 # The acknowledgement that lets a plain-HTTP endpoint be used (see the module's docstring).
 ALLOW_HTTP = "HK3S_S3_ALLOW_HTTP"
-S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
 
 class BackendError(StackError):
@@ -89,19 +99,97 @@ def _true(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes")
 
 
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """Follows no redirect: urllib then raises the 3xx as an HTTPError, which `request` refuses."""
+# botocore reads the credential chain's variables (and the shared files' places, HOME among them)
+# from os.environ; they are put in place only while a session resolves its credentials and makes
+# its client, one session at a time.
+_ENVIRONMENT = threading.Lock()
 
-    def redirect_request(self, *args: object, **kwargs: object) -> None:
-        return None
+
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str]) -> Iterator[None]:
+    with _ENVIRONMENT:
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(env)
+        try:
+            yield
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
 
 
-_OPENER = urllib.request.build_opener(_RefuseRedirects())
+@functools.cache
+def _loader() -> Any:
+    """botocore's reader of its service models, shared by every session: it keeps what it read
+    (S3's model takes a good part of a second to load)."""
+    return botocore.loaders.create_loader()
+
+
+def _no_credentials(profile: str) -> str:
+    chosen = f"profile {profile} gives none, and " if profile else ""
+    return (
+        f"no AWS credentials for the S3 backend in PULUMI_BACKEND_URL ({chosen}AWS_ACCESS_KEY_ID not set): export "
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for short-lived keys), or name a "
+        "profile of ~/.aws/config with AWS_PROFILE or profile= in the URL (`aws sso login --profile NAME` for SSO)"
+    )
+
+
+def _client(
+    env: Mapping[str, str], profile: str, endpoint: str, *, region: str, path_style: bool, params: Mapping[str, str]
+) -> Any:
+    """A botocore S3 client with the credentials the chain finds in `env` (BackendError when none)."""
+    options: dict[str, Any] = {
+        "region_name": region,
+        "connect_timeout": TIMEOUT,
+        "read_timeout": TIMEOUT,
+        "retries": {"mode": "standard", "total_max_attempts": 3},
+        "s3": {"addressing_style": "path" if path_style else "virtual"},
+    }
+    for name in ("request_checksum_calculation", "response_checksum_validation"):
+        if params.get(name):
+            options[name] = params[name]
+    anonymous = _true(params.get("anonymous"))
+    if anonymous:
+        options["signature_version"] = UNSIGNED
+    with _environment(env):
+        try:
+            session = botocore.session.Session(profile=profile or None)
+            session.register_component("data_loader", _loader())
+            if not anonymous:
+                credentials = session.get_credentials()
+                if credentials is None:
+                    raise BackendError(_no_credentials(profile))
+                # SSO, an assumed role and web identity fetch their keys here, while the chain's
+                # variables are in place; they refresh themselves later from what they read now.
+                credentials.get_frozen_credentials()
+            return session.create_client("s3", endpoint_url=endpoint, config=botocore.config.Config(**options))
+        except botocore.exceptions.ProfileNotFound:
+            raise BackendError(
+                f"the AWS profile {shown(profile)} (profile= in PULUMI_BACKEND_URL or AWS_PROFILE) is in neither "
+                "~/.aws/config nor ~/.aws/credentials (AWS_CONFIG_FILE, AWS_SHARED_CREDENTIALS_FILE): add it "
+                "(`aws configure --profile NAME`) or name one that is there"
+            ) from None
+        except botocore.exceptions.PartialCredentialsError as error:
+            raise BackendError(
+                f"{error.kwargs.get('cred_var', 'a credential')} not set: the S3 backend in PULUMI_BACKEND_URL needs "
+                "a key pair that may read and write its bucket; export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                "(and AWS_SESSION_TOKEN for short-lived keys), or name a profile with AWS_PROFILE"
+            ) from None
+        except (botocore.exceptions.TokenRetrievalError, botocore.exceptions.SSOTokenLoadError) as error:
+            raise BackendError(
+                f"the AWS SSO session of profile {shown(profile)} is missing or expired ({shown(str(error))}): "
+                f"run `aws sso login --profile {shown(profile)}`"
+            ) from None
+        except botocore.exceptions.BotoCoreError as error:
+            raise BackendError(
+                f"the AWS credentials for the S3 backend in PULUMI_BACKEND_URL cannot be read "
+                f"({shown(str(error))}): check AWS_PROFILE / profile= and ~/.aws/config"
+            ) from None
 
 
 @dataclass(frozen=True)
 class S3Backend:
-    """An `s3://` backend URL and the credentials it will be opened with."""
+    """An `s3://` backend URL and the client (with its credentials) it will be opened with."""
 
     url: str
     bucket: str
@@ -109,13 +197,13 @@ class S3Backend:
     endpoint: str  # scheme://host[:port], no trailing slash
     path_style: bool
     region: str
-    access_key: str
-    secret_key: str
-    session_token: str
+    profile: str
+    client: Any = field(repr=False, compare=False)
 
     @classmethod
     def parse(cls, url: str, env: Mapping[str, str]) -> S3Backend:
-        """The backend of `url` with the credentials in `env`; BackendError when either cannot work."""
+        """The backend of `url` with the credentials the chain finds in `env`; BackendError when
+        either cannot work."""
         parts = urllib.parse.urlsplit(url)
         query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
         unknown = sorted(set(query) - KNOWN_PARAMETERS)
@@ -130,12 +218,12 @@ class S3Backend:
         def param(name: str) -> str:
             return query.get(name, [""])[-1]
 
-        if param("profile") or param("role") or _true(param("anonymous")):
+        if param("role"):
             raise BackendError(
-                "PULUMI_BACKEND_URL uses profile=, role= or anonymous=: this tool reads the lock and checks "
-                "the bucket with the key pair in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (with "
-                "AWS_SESSION_TOKEN for short-lived keys); export those and drop the parameter"
+                "PULUMI_BACKEND_URL uses role=: name a profile of ~/.aws/config that assumes the role "
+                "(role_arn, source_profile) with profile= instead"
             )
+        profile = param("profile") or env.get("AWS_PROFILE", "")
         region = param("region") or env.get("AWS_REGION", "") or env.get("AWS_DEFAULT_REGION", "")
         if not region:
             raise BackendError(
@@ -148,18 +236,13 @@ class S3Backend:
         if not endpoint:
             endpoint = f"https://s3.{region}.amazonaws.com"
         path_style = _true(param("s3ForcePathStyle")) or _true(param("use_path_style"))
-        access_key = env.get("AWS_ACCESS_KEY_ID", "")
-        secret_key = env.get("AWS_SECRET_ACCESS_KEY", "")
-        missing = [
-            name
-            for name, value in (("AWS_ACCESS_KEY_ID", access_key), ("AWS_SECRET_ACCESS_KEY", secret_key))
-            if not value
-        ]
-        if missing:
+        access_key, secret_key = env.get("AWS_ACCESS_KEY_ID", ""), env.get("AWS_SECRET_ACCESS_KEY", "")
+        if not profile and bool(access_key) != bool(secret_key):
+            missing = "AWS_SECRET_ACCESS_KEY" if access_key else "AWS_ACCESS_KEY_ID"
             raise BackendError(
-                f"{' and '.join(missing)} not set: the S3 backend in PULUMI_BACKEND_URL needs a key pair that may "
-                "read and write its bucket; export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and "
-                "AWS_SESSION_TOKEN for short-lived keys)"
+                f"{missing} not set: the S3 backend in PULUMI_BACKEND_URL needs a key pair that may read and write "
+                "its bucket; export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for "
+                "short-lived keys), or name a profile with AWS_PROFILE"
             )
         session_token = env.get("AWS_SESSION_TOKEN", "")
         if urllib.parse.urlsplit(endpoint).scheme == "http" and not _true(env.get(ALLOW_HTTP)):
@@ -171,145 +254,96 @@ class S3Backend:
                 "would cross the network in clear. Use an https:// endpoint, or, for a server on this machine "
                 f"or a network you trust, set {ALLOW_HTTP}=1"
             )
+        params = {name: param(name) for name in query}
+        endpoint = endpoint.rstrip("/")
         return cls(
             url=url,
             bucket=parts.hostname,
             prefix=parts.path.strip("/") + "/" if parts.path.strip("/") else "",
-            endpoint=endpoint.rstrip("/"),
+            endpoint=endpoint,
             path_style=path_style,
             region=region,
-            access_key=access_key,
-            secret_key=secret_key,
-            session_token=session_token,
+            profile=profile,
+            client=_client(env, profile, endpoint, region=region, path_style=path_style, params=params),
         )
 
     # ---- requests -------------------------------------------------------------------------
-    def _url_and_path(self, key: str) -> tuple[str, str, str]:
-        """(base URL, host header, canonical path) of an object key ('' for the bucket)."""
-        base = urllib.parse.urlsplit(self.endpoint)
-        quoted_key = urllib.parse.quote(key, safe="/~")
-        if self.path_style:
-            path = f"/{self.bucket}/{quoted_key}" if key else f"/{self.bucket}"
-            host = base.netloc
-        else:
-            path = f"/{quoted_key}"
-            host = f"{self.bucket}.{base.netloc}"
-        return f"{base.scheme}://{host}", host, path
-
-    def request(
-        self, method: str, key: str = "", query: Mapping[str, str] | None = None, body: bytes = b""
-    ) -> tuple[int, bytes]:
-        """One signed request: (HTTP status, body). Raises OSError when the endpoint does not answer,
-        BackendError when it answers with a redirect (never followed: see the module's docstring)."""
-        base, host, path = self._url_and_path(key)
-        now = datetime.datetime.now(datetime.UTC)
-        amz_date = now.strftime("%Y%m%dT%H%M%SZ")
-        date = amz_date[:8]
-        payload_hash = hashlib.sha256(body).hexdigest()
-        canonical_query = "&".join(
-            f"{urllib.parse.quote(k, safe='-_.~')}={urllib.parse.quote(v, safe='-_.~')}"
-            for k, v in sorted((query or {}).items())
-        )
-        headers = {"host": host, "x-amz-content-sha256": payload_hash, "x-amz-date": amz_date}
-        if self.session_token:
-            headers["x-amz-security-token"] = self.session_token
-        signed = ";".join(sorted(headers))
-        canonical = "\n".join(
-            [
-                method,
-                path,
-                canonical_query,
-                "".join(f"{name}:{headers[name].strip()}\n" for name in sorted(headers)),
-                signed,
-                payload_hash,
-            ]
-        )
-        scope = f"{date}/{self.region}/s3/aws4_request"
-        to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
-        signing_key = f"AWS4{self.secret_key}".encode()
-        for part in (date, self.region, "s3", "aws4_request"):
-            signing_key = hmac.new(signing_key, part.encode(), hashlib.sha256).digest()
-        signature = hmac.new(signing_key, to_sign.encode(), hashlib.sha256).hexdigest()
-        headers["authorization"] = (
-            f"AWS4-HMAC-SHA256 Credential={self.access_key}/{scope}, SignedHeaders={signed}, Signature={signature}"
-        )
-        url = base + path + (f"?{canonical_query}" if canonical_query else "")
-        http_request = urllib.request.Request(url, data=body if method == "PUT" else None, method=method)
-        for name, value in headers.items():
-            if name != "host":
-                http_request.add_header(name, value)
+    def _call(self, what: str, operation: str, **arguments: Any) -> Any:
+        """One S3 operation of the client; BackendError (one line naming the fix) for an answer it
+        refuses, OSError when the endpoint does not answer."""
         try:
-            with _OPENER.open(http_request, timeout=TIMEOUT) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as error:
-            if 300 <= error.code < 400:
-                location = error.headers.get("Location") or ""
+            return getattr(self.client, operation)(Bucket=self.bucket, **arguments)
+        except botocore.exceptions.ClientError as error:
+            response: dict[str, Any] = error.response
+            status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+            code = str(response.get("Error", {}).get("Code") or "")
+            if what == "read" and (code == "NoSuchKey" or (status == 404 and code != "NoSuchBucket")):
+                return None
+            if 300 <= status < 400:
+                location = str(response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("location") or "")
                 target = f" to {shown(location[:200])}" if location else ""
                 raise BackendError(
-                    f"the S3 endpoint {self.endpoint} of PULUMI_BACKEND_URL answered {method} with a redirect "
-                    f"({error.code}{target}); signed requests are never sent on to another address: set "
+                    f"the S3 endpoint {self.endpoint} of PULUMI_BACKEND_URL answered a {what} with a redirect "
+                    f"({status}{target}); signed requests are never sent on to another address: set "
                     "endpoint= (and region=) in PULUMI_BACKEND_URL to the address that serves bucket "
                     f"{self.bucket}"
                 ) from None
-            return error.code, error.read()
+            raise BackendError(self._explain(status, code, what)) from None
+        except (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError) as error:
+            raise ConnectionError(str(error)) from None
+        except botocore.exceptions.NoCredentialsError:
+            raise BackendError(_no_credentials(self.profile)) from None
+        except botocore.exceptions.BotoCoreError as error:
+            raise BackendError(
+                f"the S3 backend (bucket {self.bucket} at {self.endpoint}) failed a {what} ({shown(str(error))}): "
+                "check PULUMI_BACKEND_URL"
+            ) from None
 
     def list_keys(self, prefix: str) -> list[str]:
         """Every object key under `prefix` (inside the URL's prefix), without the URL's prefix."""
         keys: list[str] = []
         token = ""
         while True:
-            query = {"list-type": "2", "prefix": self.prefix + prefix}
-            if token:
-                query["continuation-token"] = token
-            status, body = self.request("GET", "", query)
-            if status != 200:
-                raise BackendError(self._explain(status, body, "list"))
-            root = ElementTree.fromstring(body)
-            for item in root.iter(f"{S3_NS}Contents"):
-                key = item.findtext(f"{S3_NS}Key") or ""
-                keys.append(key.removeprefix(self.prefix))
-            token = root.findtext(f"{S3_NS}NextContinuationToken") or ""
-            if root.findtext(f"{S3_NS}IsTruncated") != "true" or not token:
+            extra = {"ContinuationToken": token} if token else {}
+            answer = self._call("list", "list_objects_v2", Prefix=self.prefix + prefix, **extra)
+            keys.extend(str(item["Key"]).removeprefix(self.prefix) for item in answer.get("Contents") or [])
+            token = str(answer.get("NextContinuationToken") or "")
+            if not answer.get("IsTruncated") or not token:
                 return keys
 
     def get(self, key: str) -> bytes | None:
-        status, body = self.request("GET", self.prefix + key)
-        if status == 404:
+        answer = self._call("read", "get_object", Key=self.prefix + key)
+        if answer is None:
             return None
-        if status != 200:
-            raise BackendError(self._explain(status, body, "read"))
+        body: bytes = answer["Body"].read()
         return body
 
     def put(self, key: str, body: bytes) -> None:
-        status, answer = self.request("PUT", self.prefix + key, body=body)
-        if status != 200:
-            raise BackendError(self._explain(status, answer, "write"))
+        self._call("write", "put_object", Key=self.prefix + key, Body=body)
 
     def delete(self, key: str) -> None:
-        status, body = self.request("DELETE", self.prefix + key)
-        if status not in (200, 204, 404):
-            raise BackendError(self._explain(status, body, "delete"))
+        self._call("delete", "delete_object", Key=self.prefix + key)
 
     # ---- the checks made before anything runs ----------------------------------------------
-    def _explain(self, status: int, body: bytes, what: str) -> str:
-        code = ""
-        with contextlib.suppress(ElementTree.ParseError):
-            code = shown(ElementTree.fromstring(body).findtext("Code") or "")
+    def _explain(self, status: int, code: str, what: str) -> str:
+        code = shown(code)
         where = f"bucket {self.bucket} at {self.endpoint}"
         if code == "NoSuchBucket" or (status == 404 and what == "list"):
             return (
                 f"PULUMI_BACKEND_URL names bucket {self.bucket}, which does not exist at {self.endpoint}: create "
                 "it (state is never put in a bucket this tool makes itself) or correct the bucket name"
             )
+        whose = f"profile {self.profile}" if self.profile else "AWS_ACCESS_KEY_ID"
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidClientTokenId", "ExpiredToken"):
             return (
                 f"the S3 endpoint {self.endpoint} refused the credentials ({code}): set AWS_ACCESS_KEY_ID and "
-                "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for short-lived keys) to a key pair it knows"
+                "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for short-lived keys), or the profile in AWS_PROFILE "
+                f"or profile=, to a key pair it knows (now: {whose})"
             )
         if status == 403:
             verb = "write to" if what in ("write", "delete") else "read"
             return (
-                f"the key in AWS_ACCESS_KEY_ID may not {verb} {where} ({code or 'AccessDenied'}): grant it "
+                f"the key in {whose} may not {verb} {where} ({code or 'AccessDenied'}): grant it "
                 "s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject on the bucket, or use a key "
                 "that has them"
             )
@@ -321,14 +355,11 @@ class S3Backend:
         try:
             self.list_keys(".pulumi/locks/")
             probe = f".hk3s-write-check/{uuid.uuid4()}"
-            status, body = self.request("PUT", self.prefix + probe, body=b"write check")
-            if status != 200:
-                raise BackendError(self._explain(status, body, "write"))
+            self.put(probe, b"write check")
             self.delete(probe)
         except OSError as error:  # TimeoutError included
-            reason = getattr(error, "reason", error)
             raise BackendError(
-                f"cannot reach the S3 endpoint {self.endpoint} of PULUMI_BACKEND_URL ({reason}): correct "
+                f"cannot reach the S3 endpoint {self.endpoint} of PULUMI_BACKEND_URL ({shown(str(error))}): correct "
                 f"endpoint= in PULUMI_BACKEND_URL (http://HOST:PORT with {ALLOW_HTTP}=1 for a server without TLS) "
                 "or start the server"
             ) from None

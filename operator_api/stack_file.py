@@ -98,6 +98,16 @@ class StackDocument:
         except SettingsError as error:
             raise SettingsRejectedError(error.problems, action=action) from None
 
+    @property
+    def secrets_provider(self) -> str | None:
+        """The secrets provider the Pulumi CLI opens the stack with: the one the file names
+        (`secretsprovider:`), `passphrase` for a file holding a passphrase's salt, None when the
+        file names none (a stack not created yet, or one whose backend keeps its own)."""
+        named = self.root.get("secretsprovider")
+        if isinstance(named, str) and named:
+            return named
+        return "passphrase" if self.root.get("encryptionsalt") else None
+
     def render(self) -> str:
         out = io.StringIO()
         _yaml().dump(self.root, out)

@@ -1,17 +1,23 @@
 """What every Pulumi command the operator API runs is given: its environment, the Pulumi
-CLI it runs, and the passphrase that encrypts the stack's secrets."""
+CLI it runs, the backend (the one the user's Pulumi CLI uses), and the passphrase that encrypts
+the stack's secrets when the stack uses one."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
 import os
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Literal
 
+import yaml
 from pulumi import automation as auto
 
-from .errors import StackError
+from .errors import StackError, shown
 
 
 def pulumi_environment(project_dir: Path, given: Mapping[str, str], root: Path | str | None) -> dict[str, str]:
@@ -24,13 +30,89 @@ def pulumi_environment(project_dir: Path, given: Mapping[str, str], root: Path |
     # Older language hosts (the lab's) run the program with this interpreter.
     env["PULUMI_PYTHON_CMD"] = str(venv_python if venv_python.exists() else Path(sys.executable))
     env.update(given)
-    if not env.get("PULUMI_BACKEND_URL"):
-        env["PULUMI_BACKEND_URL"] = os.environ.get("PULUMI_BACKEND_URL") or (Path.home() / ".hk3s-state").as_uri()
     path = env.get("PATH") or os.environ.get("PATH", "")
     if root is not None:
         path = f"{Path(root) / 'bin'}{os.pathsep}{path}"
     env["PATH"] = path
     return env
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendChoice:
+    """The backend a run uses and why: `PULUMI_BACKEND_URL`, `Pulumi.yaml` (the project's
+    `backend.url`), `pulumi login` (what `pulumi whoami` reports), or `default` (the user never
+    logged in: the local directory)."""
+
+    url: str
+    source: Literal["PULUMI_BACKEND_URL", "Pulumi.yaml", "pulumi login", "default"]
+
+    @property
+    def first_use(self) -> bool:
+        """The local default, and nothing kept there yet."""
+        directory = Path(self.url.removeprefix("file://"))
+        return self.source == "default" and not (directory / ".pulumi").exists()
+
+    def notice(self) -> str:
+        """The line that says, on the first run, where the state goes and how to change it."""
+        return (
+            f"no Pulumi login and PULUMI_BACKEND_URL unset: the state is kept in {self.url} on this machine "
+            "(for one person). To keep it elsewhere, `pulumi login s3://BUCKET?...` (or Pulumi Cloud) or set "
+            "PULUMI_BACKEND_URL (docs/ci.md#keeping-state-for-a-team)"
+        )
+
+
+def default_backend(env: Mapping[str, str]) -> str:
+    home = env.get("HOME") or os.environ.get("HOME") or str(Path.home())
+    return (Path(home) / ".hk3s-state").as_uri()
+
+
+def pulumi_home(env: Mapping[str, str]) -> Path:
+    """The Pulumi CLI's home (PULUMI_HOME, else ~/.pulumi), where `pulumi login` records the backend."""
+    merged = {**os.environ, **env}
+    if merged.get("PULUMI_HOME"):
+        return Path(merged["PULUMI_HOME"]).expanduser()
+    return Path(merged.get("HOME") or Path.home()) / ".pulumi"
+
+
+def logged_in(env: Mapping[str, str]) -> bool:
+    """Whether the user ever ran `pulumi login` (the CLI's credentials name a current backend).
+    Read from the file: asking the CLI would, without a login, try to log in to Pulumi Cloud."""
+    try:
+        credentials = json.loads((pulumi_home(env) / "credentials.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(credentials, dict) and bool(credentials.get("current"))
+
+
+def resolve_backend(
+    env: Mapping[str, str], project_dir: Path, command: Callable[[], auto.PulumiCommand]
+) -> BackendChoice:
+    """Which backend the Pulumi CLI would use for this project, so that this API, the scripts and
+    a `pulumi up` typed by hand all see one stack, in the CLI's order: PULUMI_BACKEND_URL when
+    set; the project's `backend.url` in Pulumi.yaml; the backend the user is logged in to (`pulumi
+    whoami --json`'s `url`); the local default only when the user never logged in."""
+    merged = {**os.environ, **env}
+    if merged.get("PULUMI_BACKEND_URL"):
+        return BackendChoice(merged["PULUMI_BACKEND_URL"], "PULUMI_BACKEND_URL")
+    # The project's own choice comes next for the CLI (workspace.GetCurrentCloudURL).
+    with contextlib.suppress(OSError, yaml.YAMLError, AttributeError):
+        backend = (yaml.safe_load((project_dir / "Pulumi.yaml").read_text()) or {}).get("backend") or {}
+        if isinstance(backend, dict) and backend.get("url"):
+            return BackendChoice(str(backend["url"]), "Pulumi.yaml")
+    if not logged_in(merged):
+        return BackendChoice(default_backend(merged), "default")
+    try:
+        result = command().run(["whoami", "--json"], str(project_dir), dict(merged))
+        url = str(json.loads(result.stdout).get("url") or "")
+    except (auto.CommandError, ValueError, AttributeError) as error:
+        reason = " ".join(str(error).split())[-300:]
+        raise StackError(
+            f"`pulumi whoami` cannot open the backend you are logged in to ({shown(reason)}): run `pulumi login` "
+            "again, or set PULUMI_BACKEND_URL to the backend to use"
+        ) from None
+    if not url:
+        raise StackError("`pulumi whoami --json` names no backend: run `pulumi login URL` or set PULUMI_BACKEND_URL")
+    return BackendChoice(url, "pulumi login")
 
 
 def pulumi_command(root: str | None, path: str) -> auto.PulumiCommand:
@@ -46,13 +128,14 @@ def pulumi_command(root: str | None, path: str) -> auto.PulumiCommand:
     return auto.PulumiCommand(root=root)
 
 
-def check_passphrase(env_vars: Mapping[str, str]) -> None:
-    """Refuse to start without the passphrase that encrypts the stack's secrets."""
+def check_passphrase(env_vars: Mapping[str, str], stack: str = "ENV") -> None:
+    """Refuse to start a stack that uses the passphrase without it."""
     merged = {**os.environ, **env_vars}
     if not merged.get("PULUMI_CONFIG_PASSPHRASE") and not merged.get("PULUMI_CONFIG_PASSPHRASE_FILE"):
         raise StackError(
             "PULUMI_CONFIG_PASSPHRASE is not set: choose a passphrase that encrypts this stack's secrets, "
-            "export it (or PULUMI_CONFIG_PASSPHRASE_FILE) and run again"
+            "export it (or PULUMI_CONFIG_PASSPHRASE_FILE) and run again, or make the stack with a key service "
+            f"instead (`scripts/hk3s --stack {stack} init --secrets-provider awskms://KEY?region=REGION`)"
         )
 
 

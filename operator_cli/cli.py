@@ -140,6 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     start.add_argument("--yes", action="store_true", help="no question (needed with --accept-stale-data)")
 
+    init = commands.add_parser(
+        "init", parents=[common], help="make the stack in its backend, with the secrets provider you choose"
+    )
+    init.add_argument(
+        "--secrets-provider",
+        metavar="URL",
+        default=None,
+        help="passphrase, default (Pulumi Cloud's) or a key service: awskms://KEY?region=R, gcpkms://..., "
+        "azurekeyvault://..., hashivault://... (default: the passphrase for a file:// or s3:// backend)",
+    )
     status = commands.add_parser("status", parents=[common], help="endpoint, version, nodes, last run, locks")
     status.add_argument(
         "--check", action="store_true", help="also check every node over SSH (k3s, disk, clock, certificate)"
@@ -425,6 +435,15 @@ def _confirm_disruptive_up(console: Console, stack: ClusterStack) -> None:
 
 def run_command(args: argparse.Namespace, console: Console, stack: ClusterStack) -> int:
     runs: dict[str, Callable[[], RunResult]] = {}
+    if args.command == "init":
+        provider = stack.init()
+        data = {"stack": stack.env, "backend": stack.backend_url, "secrets_provider": provider}
+        console.result(
+            data,
+            f"stack {stack.env} in {stack.backend_url}, secrets encrypted by "
+            f"{provider or 'the backend service'} ({stack.backend_choice.source})",
+        )
+        return EXIT_OK
     if args.command == "status":
         data, human = status_text(stack, check_hosts=args.check)
         console.result(data, human)
@@ -598,8 +617,13 @@ def main(argv: Sequence[str] | None = None, *, stdin: TextIO | None = None) -> i
     console = Console(as_json=args.json, out=sys.stdout, err=sys.stderr, stdin=stdin or sys.stdin)
     try:
         stack = ClusterStack(
-            args.stack, project_dir=args.project_dir, parallel=int(os.environ.get("HK3S_PARALLEL", "32"))
+            args.stack,
+            project_dir=args.project_dir,
+            parallel=int(os.environ.get("HK3S_PARALLEL", "32")),
+            secrets_provider=getattr(args, "secrets_provider", None),
         )
+        if stack.backend_choice.first_use:
+            console.say(f"hk3s: {stack.backend_choice.notice()}")
         return run_command(args, console, stack)
     except ConfirmationMissingError as error:
         return _fail(console, error, EXIT_REFUSED)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs the program against one stack: `scripts/stack.sh preview|up|refresh|destroy [--stack NAME] [pulumi args...]`.
-# Prepares the Python environment, uses a local state backend unless PULUMI_BACKEND_URL
-# says otherwise, and creates the stack on first use. Secrets are encrypted with
-# PULUMI_CONFIG_PASSPHRASE, which you choose and must keep.
+# Prepares the Python environment and keeps the state where your Pulumi CLI does: PULUMI_BACKEND_URL
+# when set, else the backend `pulumi login` chose, else (never logged in) file://$HOME/.hk3s-state.
+# Creates the stack on first use with HK3S_SECRETS_PROVIDER when set (a key service's URL), else the
+# passphrase for a file:// or s3:// backend: PULUMI_CONFIG_PASSPHRASE, which you choose and must keep,
+# asked for only when the stack uses it.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,11 +29,6 @@ if [ "${1:-}" = "--stack" ]; then
   shift 2
 fi
 
-if [ -z "${PULUMI_CONFIG_PASSPHRASE:-}" ] && [ -z "${PULUMI_CONFIG_PASSPHRASE_FILE:-}" ]; then
-  echo "PULUMI_CONFIG_PASSPHRASE is not set: choose a passphrase that encrypts this stack's secrets," >&2
-  echo "export it (or PULUMI_CONFIG_PASSPHRASE_FILE) and run again. Keep it: the secrets cannot be read without it." >&2
-  exit 2
-fi
 if [ ! -f "$repo/Pulumi.$stack.yaml" ]; then
   echo "Pulumi.$stack.yaml does not exist: copy Pulumi.dev.yaml to it and edit it (see docs/configuration.md)." >&2
   exit 2
@@ -53,7 +50,16 @@ export PULUMI_SKIP_UPDATE_CHECK=true
 # Older Python language hosts (such as the lab's) run the program with this interpreter
 # instead of reading Pulumi.yaml's virtualenv; current ones ignore it.
 export PULUMI_PYTHON_CMD="$repo/venv/bin/python"
-export PULUMI_BACKEND_URL=${PULUMI_BACKEND_URL:-file://$HOME/.hk3s-state}
+# The backend and secrets provider, by the rule the operator API follows (operator_api.state_backend).
+chosen=$("$repo/venv/bin/python" -c 'import sys; sys.path.insert(0, sys.argv[1]); from operator_api.state_backend import main; sys.exit(main(sys.argv[1:]))' "$repo" "$stack" ${HK3S_SECRETS_PROVIDER:+"$HK3S_SECRETS_PROVIDER"}) || exit 2
+{ read -r backend_url; read -r _source; read -r secrets_provider; } <<<"$chosen"
+export PULUMI_BACKEND_URL=$backend_url
+if [ "$secrets_provider" = passphrase ] && [ -z "${PULUMI_CONFIG_PASSPHRASE:-}" ] && [ -z "${PULUMI_CONFIG_PASSPHRASE_FILE:-}" ]; then
+  echo "PULUMI_CONFIG_PASSPHRASE is not set: choose a passphrase that encrypts this stack's secrets," >&2
+  echo "export it (or PULUMI_CONFIG_PASSPHRASE_FILE) and run again. Keep it: the secrets cannot be read without it." >&2
+  echo "Or make the stack with a key service: HK3S_SECRETS_PROVIDER='awskms://KEY?region=REGION' (docs/ci.md)." >&2
+  exit 2
+fi
 # A CI run keeps no state on its runner: the runner's disk goes with it, and with it the record
 # of every server and the pinned host keys (HK3S_ALLOW_LOCAL_STATE=1: a runner that keeps its disk).
 truthy() { case "$(printf '%s' "${1:-}" | tr '[:upper:]' '[:lower:]')" in "" | 0 | false | no) return 1 ;; *) return 0 ;; esac; }
@@ -76,8 +82,8 @@ fi
 
 cd "$repo"
 if ! pulumi stack select "$stack" 2>/dev/null; then
-  echo "Creating stack $stack in $PULUMI_BACKEND_URL" >&2
-  pulumi stack init "$stack" --secrets-provider passphrase
+  echo "Creating stack $stack in $PULUMI_BACKEND_URL (secrets: ${secrets_provider:-the backend service})" >&2
+  pulumi stack init "$stack" ${secrets_provider:+--secrets-provider "$secrets_provider"}
 fi
 # The engine's default of 8 operations at once would queue the joins of a larger batch of
 # workers; node operations are spread over provider processes to run side by side.

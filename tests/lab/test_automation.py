@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 from pulumi.automation import events as auto_events
 
 from lab.hosts import Host, Lab
+from lab.kms_server import running_kms_server
 from lab.stack_harness import (
     CACHE,
     CliRun,
@@ -388,3 +390,112 @@ def test_the_ci_commands_preview_then_up(cluster: Cluster) -> None:
     assert up.returncode == 0 and "up succeeded" in up.stdout, up.stderr[-3000:]
     cluster.record("up --yes", up)
     assert cluster.api().pending_operations() == []
+
+
+def _pulumi(
+    cluster: Cluster, env: dict[str, str], *args: str, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """`pulumi ARGS` typed by hand in the project copy."""
+    return subprocess.run(
+        ["pulumi", *args],
+        cwd=cluster.stack.project,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_a_pulumi_login_to_a_file_backend_is_the_stack_every_surface_sees(cluster: Cluster, tmp_path: Path) -> None:
+    """A user who ran `pulumi login file://DIR` and never set PULUMI_BACKEND_URL: `pulumi up` typed
+    by hand, then `scripts/hk3s node list`, `status` and `up`, and the API, all see that one stack
+    (not an empty one in ~/.hk3s-state, which is never made)."""
+    backend = cluster.stack.env["PULUMI_BACKEND_URL"]
+    env = {key: value for key, value in cluster.env().items() if key != "PULUMI_BACKEND_URL"}
+    env["HOME"] = str(tmp_path / "home")  # a HOME of its own: its ~/.hk3s-state would be the fallback
+    Path(env["HOME"]).mkdir()
+    login = _pulumi(cluster, env, "login", backend)
+    assert login.returncode == 0, login.stdout + login.stderr
+    try:
+        # As the user types it (the stack made first when this test runs alone).
+        selected = _pulumi(cluster, env, "stack", "select", "--create", "lab")
+        assert selected.returncode == 0, selected.stderr
+        typed = _pulumi(
+            cluster, env, "up", "--yes", "--skip-preview", "--stack", "lab", "--non-interactive", timeout=900
+        )
+        assert typed.returncode == 0, typed.stdout[-3000:] + typed.stderr[-3000:]
+        # What the stack records, as the Pulumi CLI reads it from the backend of the login.
+        output = _pulumi(cluster, env, "stack", "output", "nodes", "--json", "--stack", "lab")
+        assert output.returncode == 0, output.stderr
+        recorded = sorted(node["name"] for node in json.loads(output.stdout))
+        assert cluster.server.name in recorded, recorded
+
+        def hk3s(*args: str) -> CliRun:
+            argv = [str(cluster.stack.project / "scripts" / "hk3s"), "--stack", "lab", *args]
+            return run_killable(argv, cwd=cluster.stack.project, env=env, timeout=900, split_stderr=True)
+
+        listed = hk3s("node", "list", "--json")
+        assert listed.returncode == 0, listed.stderr[-3000:]
+        assert sorted(node["name"] for node in json.loads(listed.stdout)) == recorded, listed.stdout
+        status = hk3s("status", "--json")
+        assert status.returncode == 0, status.stderr[-3000:]
+        assert (json.loads(status.stdout)["last_run"] or {}).get("kind") == "update", status.stdout
+        up = hk3s("up", "--yes")
+        assert up.returncode == 0 and "up succeeded" in up.stdout, up.stderr[-3000:]
+        assert "no Pulumi login" not in up.stderr + listed.stderr + status.stderr
+        assert not (Path(env["HOME"]) / ".hk3s-state").exists(), "a second, empty state was made"
+        # The API, made as another service makes it, finds the login's backend too.
+        api = ClusterStack(
+            "lab",
+            project_dir=cluster.stack.project,
+            env_vars={key: value for key, value in cluster.stack.env.items() if key != "PULUMI_BACKEND_URL"}
+            | {"HOME": env["HOME"]},
+            pulumi_command_root=CACHE,
+            pulumi_home=cluster.stack.directory / "pulumi-home",
+        )
+        assert sorted(node.name for node in api.nodes(live=False)) == recorded
+        assert api.backend_choice.source == "pulumi login", api.backend_choice
+        assert backend_directory(api.backend_url) == backend_directory(backend), api.backend_url
+    finally:
+        _pulumi(cluster, env, "logout")
+
+
+def test_a_passphrase_stack_rotated_to_a_key_service_runs_with_no_passphrase(cluster: Cluster, tmp_path: Path) -> None:
+    """The cluster's passphrase stack moved to a key service (AWS KMS's API, served by moto in the
+    lab) with `pulumi stack change-secrets-provider`, as docs/ci.md shows: the passphrase is needed
+    that once; from then on `scripts/hk3s` lists, reports and runs `up` with no passphrase set, and
+    the state's secrets are the key's (no passphrase salt left). A stack made with the key and a
+    key service without credentials: tests/lab/test_stack_preview.py."""
+    with running_kms_server(tmp_path) as kms:
+        url = kms.secrets_provider(kms.create_key())
+        env = {**cluster.env(), **kms.credentials()}
+        with_passphrase = dict(env)
+        env.pop("PULUMI_CONFIG_PASSPHRASE", None)
+
+        def hk3s(*args: str) -> CliRun:
+            argv = [str(cluster.stack.project / "scripts" / "hk3s"), "--stack", "lab", *args]
+            return run_killable(argv, cwd=cluster.stack.project, env=env, timeout=900, split_stderr=True)
+
+        changed = _pulumi(cluster, with_passphrase, "stack", "change-secrets-provider", url, "--stack", "lab")
+        assert changed.returncode == 0, changed.stdout + changed.stderr
+        document = yaml.safe_load(cluster.stack_file.read_text())
+        assert document["secretsprovider"] == url and "encryptionsalt" not in document, list(document)
+        listed = hk3s("node", "list", "--json")
+        assert listed.returncode == 0 and json.loads(listed.stdout), listed.stderr[-3000:]
+        status = hk3s("status")
+        assert status.returncode == 0, status.stderr[-3000:]
+        up = hk3s("up", "--yes")
+        assert up.returncode == 0 and "up succeeded" in up.stdout, up.stderr[-3000:]
+        assert "PULUMI_CONFIG_PASSPHRASE" not in listed.stderr + status.stderr + up.stderr
+        backend = backend_directory(cluster.stack.env["PULUMI_BACKEND_URL"])
+        assert backend is not None
+        # `.pulumi/stacks/[organization/]hk3s/lab.json`, as the backend lays out its stacks.
+        current = [path for path in backend.rglob("lab.json") if path.parent.name == "hk3s" and "stacks" in path.parts]
+        assert len(current) == 1, current
+        state = json.loads(current[0].read_text())
+        providers = state["checkpoint"]["latest"]["secrets_providers"]
+        assert providers["type"] == "cloud" and providers["state"]["url"] == url, providers
+        assert "salt" not in json.dumps(providers), providers
+        assert "ciphertext" in json.dumps(state["checkpoint"]["latest"]["resources"]), "no secret in the state"

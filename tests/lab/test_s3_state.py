@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -219,6 +220,89 @@ def test_a_run_killed_on_machine_a_is_recovered_from_machine_b_with_unlock(team:
     assert [team.node_names().count(name) for name in workers] == [1, 1], team.node_names()
     assert team.in_bucket("NodeJoin") == {f"{name}-join": 1 for name in workers}, team.bucket_urns()
     assert team.api_b().pending_operations() == [] and team.lock_keys() == []
+
+
+def test_a_pulumi_login_to_the_bucket_with_an_aws_profile_is_the_stack_every_surface_sees(
+    team: Team, tmp_path: Path
+) -> None:
+    """A user whose AWS access is a profile (a shared credentials file, no key in the environment)
+    and who ran `pulumi login s3://...`, PULUMI_BACKEND_URL unset: `pulumi up` typed by hand, then
+    `scripts/hk3s node list` and `status` and the API see that stack in the bucket, through the
+    profile named by AWS_PROFILE; then the same with the profile named by profile= in the URL."""
+    credentials = tmp_path / "credentials"
+    credentials.write_text(
+        f"[team]\naws_access_key_id = {team.s3.access_key}\naws_secret_access_key = {team.s3.secret_key}\n"
+    )
+    pulumi_home = team.b.directory / "pulumi-home"
+    env = {
+        key: value
+        for key, value in {**os.environ, **team.b.env}.items()
+        if key not in ("PULUMI_BACKEND_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+    }
+    env |= {
+        "HOME": str(tmp_path),
+        "PULUMI_HOME": str(pulumi_home),
+        "AWS_PROFILE": "team",
+        "AWS_SHARED_CREDENTIALS_FILE": str(credentials),
+        "AWS_CONFIG_FILE": str(tmp_path / "config"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+    def pulumi(environment: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["pulumi", *args],
+            cwd=team.b.project,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+
+    def hk3s(environment: dict[str, str], *args: str) -> CliRun:
+        argv = [str(team.b.project / "scripts" / "hk3s"), "--stack", team.b.name, *args]
+        return run_killable(argv, cwd=team.b.project, env=environment, timeout=900, split_stderr=True)
+
+    url = team.s3.backend_url(BUCKET)
+    login = pulumi(env, "login", url)
+    assert login.returncode == 0, login.stdout + login.stderr
+    try:
+        # As the user types it (the stack made first when this test runs alone).
+        selected = pulumi(env, "stack", "select", "--create", team.b.name)
+        assert selected.returncode == 0, selected.stderr
+        typed = pulumi(env, "up", "--yes", "--skip-preview", "--stack", team.b.name, "--non-interactive")
+        assert typed.returncode == 0, typed.stdout[-3000:] + typed.stderr[-3000:]
+        output = pulumi(env, "stack", "output", "nodes", "--json", "--stack", team.b.name)
+        assert output.returncode == 0, output.stderr
+        recorded = sorted(node["name"] for node in json.loads(output.stdout))
+        assert team.worker.name in recorded and team.worker2.name in recorded, recorded
+        listed = hk3s(env, "node", "list", "--json")
+        assert listed.returncode == 0, listed.stderr[-3000:]
+        assert sorted(node["name"] for node in json.loads(listed.stdout)) == recorded, listed.stdout
+        status = hk3s(env, "status", "--json")
+        assert status.returncode == 0, status.stderr[-3000:]
+        assert (json.loads(status.stdout)["last_run"] or {}).get("kind") == "update", status.stdout
+        assert not (tmp_path / ".hk3s-state").exists(), "a second, empty state was made"
+        api = ClusterStack(
+            team.b.name,
+            project_dir=team.b.project,
+            env_vars={k: v for k, v in env.items() if k != "PULUMI_HOME"},
+            pulumi_command_root=CACHE,
+            pulumi_home=pulumi_home,
+        )
+        assert sorted(node.name for node in api.nodes(live=False)) == recorded
+        assert (api.backend_url, api.backend_choice.source) == (url, "pulumi login"), api.backend_choice
+
+        # The profile named in the URL instead of AWS_PROFILE.
+        by_url = {k: v for k, v in env.items() if k != "AWS_PROFILE"}
+        login = pulumi(by_url, "login", f"{url}&profile=team")
+        assert login.returncode == 0, login.stdout + login.stderr
+        status = hk3s(by_url, "status", "--json")
+        assert status.returncode == 0, status.stderr[-3000:]
+        assert sorted(node["name"] for node in json.loads(status.stdout)["nodes"]) == recorded, status.stdout
+        assert team.lock_keys() == []
+    finally:
+        pulumi(env, "logout")
 
 
 def test_a_live_run_on_machine_a_makes_machine_b_busy_naming_it(team: Team) -> None:

@@ -7,6 +7,7 @@ nothing answers on, which also shows that preview logs in to no host."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -14,8 +15,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from components.provider_shards import shard_of
+from lab.kms_server import running_kms_server
 from lab.stack_harness import BIN, skip_without_lab_binaries
 
 REPO = Path(__file__).resolve().parents[2]
@@ -184,3 +187,102 @@ def test_k3s_below_the_floor_fails_preview_naming_the_setting(project_copy: Path
     assert completed.returncode != 0
     assert "hk3s:cluster.k3s_version: v1.29.15+k3s1 is older than v1.30.0" in output, output[-3000:]
     assert "ValidatingAdmissionPolicy" in output and "Traceback" not in output, output[-3000:]
+
+
+def _run(argv: list[str], project: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=project, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def _unattended(project: Path) -> None:
+    """The stack as a run with no terminal takes it: the documentation hosts' keys trusted on first use."""
+    stack = project / "Pulumi.local.yaml"
+    stack.write_text(stack.read_text().replace("  hk3s:ssh:\n", "  hk3s:ssh:\n    trust_on_first_use: true\n"))
+
+
+def _own_env(tmp_path: Path) -> dict[str, str]:
+    """A user of this machine with a HOME and a Pulumi home of their own and no backend set."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PULUMI_", "AWS_"))}
+    env |= {
+        "HOME": str(tmp_path),
+        "PATH": f"{CACHE_BIN}:{os.environ['PATH']}",
+        "PULUMI_HOME": str(tmp_path / ".pulumi"),
+    }
+    return env
+
+
+def test_a_pulumi_login_is_where_stack_sh_and_hk3s_keep_the_stack(project_copy: Path, tmp_path: Path) -> None:
+    """A user who ran `pulumi login file://DIR`, PULUMI_BACKEND_URL unset: `scripts/stack.sh
+    preview` makes the stack there, and `scripts/hk3s` finds it there (`init` says where and
+    why); no ~/.hk3s-state is made and the first-run line about it is not said."""
+    _unattended(project_copy)
+    env = _own_env(tmp_path) | {"PULUMI_CONFIG_PASSPHRASE": "lab-passphrase"}
+    team_state = tmp_path / "team-state"
+    team_state.mkdir()
+    login = _run(["pulumi", "login", team_state.as_uri()], project_copy, env)
+    assert login.returncode == 0, login.stderr
+    preview = _run(["bash", "scripts/stack.sh", "preview", "--stack", "local", "--non-interactive"], project_copy, env)
+    assert preview.returncode == 0, (preview.stdout + preview.stderr)[-3000:]
+    assert f"Creating stack local in {team_state.as_uri()}" in preview.stderr, preview.stderr[-3000:]
+    assert list(team_state.rglob("local.json*")), "the stack is not in the login's backend"
+    found = _run(["scripts/hk3s", "--stack", "local", "--json", "init"], project_copy, env)
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert json.loads(found.stdout) == {
+        "stack": "local",
+        "backend": team_state.as_uri(),
+        "secrets_provider": "passphrase",
+    }, found.stdout
+    assert "no Pulumi login" not in preview.stderr + found.stderr
+    assert not (tmp_path / ".hk3s-state").exists(), "a second, empty state was made"
+
+
+def test_a_key_service_stack_runs_with_no_passphrase(project_copy: Path, tmp_path: Path) -> None:
+    """A stack made by `scripts/hk3s init --secrets-provider awskms://...` (AWS KMS's API served by
+    moto in the lab): its stack file names the key and holds no passphrase salt, `scripts/stack.sh
+    preview` and `scripts/hk3s status` run with no PULUMI_CONFIG_PASSPHRASE, and without
+    credentials for the key service the run stops with one line naming the fix."""
+    _unattended(project_copy)
+    with running_kms_server(tmp_path) as kms:
+        url = kms.secrets_provider(kms.create_key())
+        env = _own_env(tmp_path) | {"PULUMI_BACKEND_URL": (tmp_path / "state").as_uri(), **kms.credentials()}
+        made = _run(["scripts/hk3s", "--stack", "local", "init", "--secrets-provider", url], project_copy, env)
+        assert made.returncode == 0 and url in made.stdout, made.stderr[-3000:]
+        document = yaml.safe_load((project_copy / "Pulumi.local.yaml").read_text())
+        assert document["secretsprovider"] == url and document.get("encryptedkey"), list(document)
+        assert "encryptionsalt" not in document, "a passphrase salt in a key service's stack"
+        # Asked again for another provider: refused, naming the command that moves it.
+        other = _run(
+            ["scripts/hk3s", "--stack", "local", "init", "--secrets-provider", "passphrase"], project_copy, env
+        )
+        assert other.returncode != 0 and "change-secrets-provider" in other.stderr, other.stderr[-3000:]
+        secret = _run(
+            ["pulumi", "config", "set", "--secret", "hcloud:token", "kept-by-the-key", "--stack", "local"],
+            project_copy,
+            env,
+        )
+        assert secret.returncode == 0, secret.stderr
+        assert "kept-by-the-key" not in (project_copy / "Pulumi.local.yaml").read_text()
+        # The state names the key service, and holds no passphrase salt.
+        state = [p for p in (tmp_path / "state").rglob("local.json") if p.parent.name == "hk3s" and "stacks" in p.parts]
+        assert len(state) == 1, state
+        providers = json.loads(state[0].read_text())["checkpoint"]["latest"]["secrets_providers"]
+        assert providers["type"] == "cloud" and providers["state"]["url"] == url, providers
+        assert "salt" not in json.dumps(providers), providers
+        preview = _run(
+            ["bash", "scripts/stack.sh", "preview", "--stack", "local", "--non-interactive"], project_copy, env
+        )
+        assert preview.returncode == 0, (preview.stdout + preview.stderr)[-3000:]
+        status = _run(["scripts/hk3s", "--stack", "local", "status"], project_copy, env)
+        assert status.returncode == 0, status.stderr[-3000:]
+        assert "PULUMI_CONFIG_PASSPHRASE" not in preview.stderr + status.stderr
+        bare = {key: value for key, value in env.items() if not key.startswith("AWS_")}
+        bare |= {
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": "/nonexistent",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+        }
+        refused = _run(["scripts/hk3s", "--stack", "local", "preview"], project_copy, bare)
+        assert refused.returncode != 0, refused.stderr[-3000:]
+        last = refused.stderr.strip().splitlines()[-1]
+        assert "secrets provider awskms://" in last and "has no credentials" in last and "AWS_ACCESS_KEY_ID" in last, (
+            last
+        )

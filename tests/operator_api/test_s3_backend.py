@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import datetime
 import http.server
+import os
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -74,6 +76,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         server = self.server
         assert isinstance(server, _Server)
         server.received.append({name.lower(): value for name, value in self.headers.items()})
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))  # an upload's body, read before the answer
         status, headers, body = server.answer(self.path)
         self.send_response(status)
         for name, value in headers.items():
@@ -200,3 +203,91 @@ def test_a_lock_written_with_terminal_escapes_prints_none() -> None:
         assert text.isprintable(), repr(text)
         assert "ops\\x1b[2J" in text, repr(text)
     assert holder.user == "ops\x1b[2J\x1b]0;owned\x07", "the record itself is kept as the bucket holds it"
+
+
+# ---- the AWS credential chain (botocore) ----------------------------------------------------
+
+
+@pytest.fixture
+def s3_like() -> Iterator[_Server]:
+    """One loopback server answering like S3 (an empty listing; an empty body, as S3's to an upload
+    or a delete, to anything else), recording each request's headers."""
+    listing = b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><IsTruncated>false</IsTruncated></ListBucketResult>'
+    server = _Server(lambda path: (200, {}, listing if "list-type" in path else b""))
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _key_ids(server: _Server) -> list[str]:
+    """The key id each signed request named (`Credential=<key id>/<scope>`)."""
+    return [h.get("authorization", "").partition("Credential=")[2].partition("/")[0] for h in server.received]
+
+
+@pytest.mark.parametrize("how", ["AWS_PROFILE", "profile="])
+def test_a_profile_of_the_shared_files_signs_the_requests(s3_like: _Server, tmp_path: Path, how: str) -> None:
+    """A user whose access is a profile (`aws configure --profile team`) reaches the bucket the
+    Pulumi CLI reaches: the profile named by AWS_PROFILE or by profile= in the URL is read from the
+    shared credentials file (AWS_SHARED_CREDENTIALS_FILE) and wins over keys in the environment,
+    as in the CLI's SDK. Real botocore against a loopback server that records the signatures."""
+    credentials = tmp_path / "credentials"
+    credentials.write_text("[team]\naws_access_key_id = AKIDTEAMPROFILE\naws_secret_access_key = team-secret\n")
+    env = {
+        **KEYS,
+        ALLOW_HTTP: "1",
+        "AWS_SHARED_CREDENTIALS_FILE": str(credentials),
+        "AWS_CONFIG_FILE": str(tmp_path / "config"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    url = f"s3://team-state?endpoint={s3_like.url}&s3ForcePathStyle=true&region=r"
+    if how == "AWS_PROFILE":
+        env["AWS_PROFILE"] = "team"
+    else:
+        url += "&profile=team"
+    backend = S3Backend.parse(url, env)
+    backend.check()
+    assert backend.profile == "team"
+    assert _key_ids(s3_like) and set(_key_ids(s3_like)) == {"AKIDTEAMPROFILE"}, _key_ids(s3_like)
+
+
+def test_a_profile_that_is_not_there_is_one_line_naming_it(tmp_path: Path) -> None:
+    env = {
+        ALLOW_HTTP: "1",
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials"),
+        "AWS_CONFIG_FILE": str(tmp_path / "config"),
+    }
+    with pytest.raises(BackendError) as refused:
+        S3Backend.parse("s3://b?endpoint=http://127.0.0.1:9&region=r&profile=nobody", env)
+    message = str(refused.value)
+    assert "nobody" in message and "aws configure --profile" in message and "\n" not in message, message
+
+
+def test_no_credentials_anywhere_is_one_line_naming_each_way(tmp_path: Path) -> None:
+    """Neither keys in the environment nor a profile nor a role: refused before any request."""
+    env = {
+        ALLOW_HTTP: "1",
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials"),
+        "AWS_CONFIG_FILE": str(tmp_path / "config"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    with pytest.raises(BackendError) as refused:
+        S3Backend.parse("s3://b?endpoint=http://127.0.0.1:9&region=r", env)
+    message = str(refused.value)
+    assert "AWS_ACCESS_KEY_ID not set" in message and "AWS_PROFILE" in message and "\n" not in message, message
+
+
+def test_the_callers_environment_is_what_the_chain_reads_and_this_process_keeps_its_own(
+    s3_like: _Server, tmp_path: Path
+) -> None:
+    """The credentials come from the environment the caller gives (as the Pulumi CLI gets it), not
+    from this process's, which is left as it was."""
+    before = dict(os.environ)
+    backend = S3Backend.parse(
+        f"s3://b?endpoint={s3_like.url}&s3ForcePathStyle=true&region=r",
+        {"AWS_ACCESS_KEY_ID": "AKIDGIVEN", "AWS_SECRET_ACCESS_KEY": "s", ALLOW_HTTP: "1", "HOME": str(tmp_path)},
+    )
+    backend.list_keys("")
+    assert _key_ids(s3_like) == ["AKIDGIVEN"]
+    assert dict(os.environ) == before
