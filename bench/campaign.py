@@ -232,10 +232,9 @@ class Cluster:
     stack: LabStack
     server: Host
     hosts: dict[str, Host]
-    spares: list[str]
     image: str
-    fenced: dict[str, str] = field(default_factory=dict)  # worker -> how it went down
-    removed: set[str] = field(default_factory=set)
+    ever_joined: set[str] = field(default_factory=set)
+    given_up: set[str] = field(default_factory=set)  # their hosts stay as the fence left them: not reused
     consented: set[str] = field(default_factory=set)  # workloads started with --accept-stale-data
     lifted: set[str] = field(default_factory=set)  # workers whose fence was lifted
     held_seen: dict[str, tuple[str, str]] = field(default_factory=dict)  # workload -> (reason, fenced node)
@@ -262,9 +261,24 @@ class Cluster:
         """The stack file's workers."""
         return [w["name"] for w in self.config().get("workers") or []]
 
+    def fenced(self) -> list[str]:
+        """Workers the stack file fences (hk3s:fences)."""
+        return sorted(self.config().get("fences") or {})
+
     def joined(self) -> list[str]:
-        """Workers of the stack that are neither fenced nor removed."""
-        return [w for w in self.workers() if w not in self.fenced and w not in self.removed]
+        """Workers of the stack file that are not fenced."""
+        fenced = self.fenced()
+        return [w for w in self.workers() if w not in fenced]
+
+    @property
+    def removed(self) -> set[str]:
+        """Workers that joined once and are no longer in the stack file."""
+        return self.ever_joined - set(self.workers())
+
+    @property
+    def spares(self) -> list[str]:
+        """Hosts `node add` may join: never joined, or removed (a removal wipes the host)."""
+        return sorted(set(self.hosts) - set(self.workers()) - self.given_up)
 
     def node_ready(self, name: str) -> bool:
         node = self.get("node", name)
@@ -473,7 +487,7 @@ class Cluster:
                     f"{plan.node}'s plan names {sorted(plan.node_addresses)}, nodes are {sorted(addresses)}"
                 )
             host = self.hosts.get(plan.node) or (self.server if plan.node == self.server.name else None)
-            if plan.node in self.fenced or host is None or not host.is_running or plan.node not in targets:
+            if plan.node in self.fenced() or host is None or not host.is_running or plan.node not in targets:
                 continue
             observed = asyncio.run(read_node_firewall(targets[plan.node], plan))
             spelt = {(r.port, r.protocol, tuple(sorted(r.sources))) for r in observed.rules}
@@ -603,6 +617,7 @@ class Campaign:
             started = time.monotonic()
             try:
                 self.step(step, report)
+                self.cluster.ever_joined |= set(self.cluster.workers())
                 if report.skipped is None:
                     self.cluster.converge(report)
                 self.cluster.check_all(report)
@@ -630,8 +645,6 @@ class Campaign:
                 return
             host = c.hosts[report.target]
             argv = ["node", "add", host.name, "--address", str(host.public_ip), "--label", f"{APP_LABEL}=yes"]
-            c.spares.remove(host.name)
-            c.removed.discard(host.name)
             self.attempt(step, report, argv)
         elif step.op == "remove":
             report.target = pick(joined, step.pick)
@@ -639,27 +652,26 @@ class Campaign:
                 report.skipped = "two workers are kept joined"
                 return
             self.attempt(step, report, ["node", "remove", report.target, "--yes"])
-            c.removed.add(report.target)
-            c.spares.append(report.target)
         elif step.op == "fence":
             self.fence(step, report)
         elif step.op == "lift":
-            report.target = pick(list(c.fenced), step.pick)
+            report.target = pick(c.fenced(), step.pick)
             if report.target is None:
                 report.skipped = "no fenced worker"
                 return
             c.hosts[report.target].power_on(wait=True)
             self.attempt(step, report, ["node", "unfence", report.target])
-            c.fenced.pop(report.target)
-            c.lifted.add(report.target)
+            if report.target not in c.fenced():
+                c.lifted.add(report.target)
         elif step.op == "give_up":
-            report.target = pick(list(c.fenced), step.pick)
+            report.target = pick(c.fenced(), step.pick)
             if report.target is None:
                 report.skipped = "no fenced worker"
                 return
+            c.given_up.add(report.target)
             self.attempt(step, report, ["node", "remove", report.target, "--force", "--yes"])
-            c.fenced.pop(report.target)
-            c.removed.add(report.target)  # its host stays as the fence left it: not used again
+            if report.target in c.workers():
+                c.given_up.discard(report.target)
         elif step.op == "reboot":
             report.target = pick(joined, step.pick)
             if report.target is None:
@@ -705,22 +717,30 @@ class Campaign:
         fault.heal()
         if not retry:
             return result
-        for _ in range(2):
-            if result.returncode == 0:
-                break
-            if result.killed or result.returncode == 4:
-                self.recover_killed(step, report)
-            result = c.run(report, argv)
+        if result.killed or result.returncode == 4:
+            # A killed run: finished as docs/recovery.md says, then the command again (what the
+            # killed run had not yet written into the stack file is done now; what it had is
+            # refused or done again with nothing to change).
+            self.recover_killed(step, report)
+            return c.run(report, argv)
+        if result.returncode == 1:
+            # Failed part-way: fix the cause (the fault healed) and run the same command again.
+            return c.run(report, argv)
         return result
 
     def recover_killed(self, step: Step, report: StepReport) -> None:
-        """After a killed run, as docs/recovery.md and docs/ci.md say."""
+        """After a killed run, one of the ways docs/ say: `scripts/hk3s up --yes` (docs/recovery.md),
+        `scripts/hk3s unlock --yes` first (docs/ci.md), or the three plain Pulumi commands
+        (docs/recovery.md)."""
         c = self.cluster
-        if step.heal == "unlock":
-            c.run(report, ["unlock", "--yes"])
-        elif step.heal == "pulumi":
+        if step.heal == "pulumi":
             c.run(report, ["pulumi", "cancel", "--yes"])
             c.run(report, ["pulumi", "refresh", "--run-program", "--clear-pending-creates", "--yes", "--skip-preview"])
+            c.run(report, ["pulumi", "up", "--yes", "--skip-preview"])
+            return
+        if step.heal == "unlock":
+            c.run(report, ["unlock", "--yes"])
+        c.run(report, ["up", "--yes"])
 
     def edit_and_up(self, step: Step, report: StepReport, edit: Callable[[dict[str, Any]], None]) -> None:
         """A stack-file edit and a plain `pulumi up`, as docs/changing-things.md shows."""
@@ -731,8 +751,9 @@ class Campaign:
         fault = Fault(c, step, report, report.target if report.target in c.hosts else None)
         result = c.run(report, ["pulumi", "up", "--yes", "--skip-preview"], fault)
         fault.heal()
-        if result.returncode != 0:
+        if result.killed:
             self.recover_killed(step, report)
+        elif result.returncode != 0:
             c.run(report, ["pulumi", "up", "--yes", "--skip-preview"])
 
     def fence(self, step: Step, report: StepReport) -> None:
@@ -754,9 +775,8 @@ class Campaign:
         wait_for(f"{host.name} NotReady", lambda: not c.node_ready(host.name), 180)
         wait_for(f"{host.name} NotReady a minute", lambda: c.seconds_not_ready(host.name) >= MIN_DOWN_SECONDS + 2, 180)
         argv = ["node", "fence", host.name] + (["--powered-off"] if how == "powered_off" else [])
-        result = self.attempt(step, report, argv)
-        if result.returncode == 0:
-            c.fenced[host.name] = how
+        self.attempt(step, report, argv)
+        if host.name in c.fenced():
             return
         # Refused or failed for good: the worker comes back as it was (recorded in the report).
         if how == "powered_off":
@@ -849,7 +869,8 @@ def build_cluster(lab: Lab, scratch: Path, workers: int, spares: int, log: Calla
         stack.up()
     except Exception as error:
         raise RuntimeError(f"the first up failed:\n{stack.text()[-6000:]}") from error
-    cluster = Cluster(lab, stack, server, hosts, names[workers:], pod_hosts.busybox_image(), log=log)
+    cluster = Cluster(lab, stack, server, hosts, pod_hosts.busybox_image(), log=log)
+    cluster.ever_joined = set(cluster.workers())
     nodes = {server.name, *(h.name for h in joined)}
     wait_for(
         "a Longhorn node per node",

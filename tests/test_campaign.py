@@ -1,0 +1,39 @@
+"""The fault campaign's schedule and shrinker (bench/campaign.py), without a lab: a seed gives one
+schedule, and the shrinker keeps only the steps the violation needs. The replay the shrinker calls
+is a function of the schedule here (no cluster runs): that is the part under test."""
+
+from __future__ import annotations
+
+from bench.campaign import CI_FAULTS, CI_OPERATIONS, FAULTS, OPERATIONS, Step, Violation, make_schedule, shrink
+
+
+def test_a_seed_gives_one_schedule_with_the_faults_asked_for() -> None:
+    first, again, other = make_schedule(7, 20), make_schedule(7, 20), make_schedule(8, 20)
+    assert first == again and first != other
+    assert sum(step.fault is not None for step in first) == 20
+    assert {step.op for step in first} <= set(OPERATIONS) and {s.fault for s in first} - {None} <= set(FAULTS)
+    cheap = make_schedule(7, 20, CI_OPERATIONS, CI_FAULTS)
+    assert {s.op for s in cheap} <= set(CI_OPERATIONS) and {s.fault for s in cheap} - {None} <= set(CI_FAULTS)
+
+
+def test_a_schedule_round_trips_through_the_json_a_report_prints() -> None:
+    schedule = make_schedule(3, 5)
+    assert [Step(**step.to_json()) for step in schedule] == schedule
+
+
+def test_the_shrinker_keeps_only_the_steps_the_violation_needs() -> None:
+    """The violation shows when a fence and a give-up both happen before the last step; every other
+    step is dropped, the last (where it showed) kept."""
+    ops = ["add", "fence", "labels", "reboot", "give_up", "labels", "remove"]
+    schedule = [Step(op=op, pick=i) for i, op in enumerate(ops)]
+
+    def replay(candidate: list[Step]) -> Violation | None:
+        names = [step.op for step in candidate[:-1]]
+        if "fence" in names and "give_up" in names:
+            return Violation("node_per_worker", "a Node of a given-up worker")
+        if "add" in names:
+            return Violation("firewall", "another invariant: not the same finding")
+        return None
+
+    shortest = shrink(schedule, Violation("node_per_worker", "x"), replay, lambda line: None)
+    assert [step.op for step in shortest] == ["fence", "give_up", "remove"]
