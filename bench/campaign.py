@@ -459,8 +459,7 @@ class Cluster:
             problems.append(f"Nodes {sorted(nodes)} != the stack's {sorted(wanted)}")
         if nodes & self.removed:
             problems.append(f"Nodes of removed workers: {sorted(nodes & self.removed)}")
-        tokens = parse_token_ids(self.kubectl(*TOKENS))
-        live = {token: node for token, node in tokens.items() if node in nodes}
+        live = {token: node for token, node in live_tokens(self.kubectl(*TOKENS)).items() if node in nodes}
         if live:
             problems.append(f"bootstrap tokens of joined nodes still live: {live}")
         if problems:
@@ -490,12 +489,11 @@ class Cluster:
             if plan.node in self.fenced() or host is None or not host.is_running or plan.node not in targets:
                 continue
             observed = asyncio.run(read_node_firewall(targets[plan.node], plan))
-            spelt = {(r.port, r.protocol, tuple(sorted(r.sources))) for r in observed.rules}
-            wanted = {(r.port, r.protocol, tuple(sorted(r.sources))) for r in plan.rules}
+            spelt, wanted = port_sources(observed.rules), port_sources(plan.rules)
             if not observed.present or observed.notes or spelt != wanted:
                 problems.append(
                     f"{plan.node}: present={observed.present} notes={observed.notes} "
-                    f"missing={sorted(wanted - spelt)} extra={sorted(spelt - wanted)}"
+                    f"differs: {sorted(set(spelt.items()) ^ set(wanted.items()))}"
                 )
         if problems:
             raise Violation("firewall", "; ".join(problems))
@@ -520,6 +518,31 @@ class Cluster:
         report.verdicts["converges"] = "ok"
 
 
+def live_tokens(out: str) -> dict[str, str]:
+    """Bootstrap token id -> the node it was made for (its description), of the tokens not expired."""
+    import base64  # noqa: PLC0415
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    found = {}
+    now = datetime.now(UTC)
+    names = parse_token_ids(out)
+    for item in json.loads(out).get("items", []):
+        token = item["metadata"]["name"].removeprefix("bootstrap-token-")
+        expiration = base64.b64decode((item.get("data") or {}).get("expiration", "")).decode()
+        if not expiration or datetime.fromisoformat(expiration.replace("Z", "+00:00")) > now:
+            found[token] = names.get(token, "")
+    return found
+
+
+def port_sources(rules: Any) -> dict[tuple[str, str], tuple[str, ...]]:
+    """(port, protocol) -> every source any rule allows for it: what a firewall enforces, whatever
+    the rules' split or purposes."""
+    found: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        found.setdefault((str(rule.port), str(rule.protocol)), set()).update(rule.sources)
+    return {key: tuple(sorted(value)) for key, value in found.items()}
+
+
 TOKENS = ("get", "secrets", "-n", "kube-system", "--field-selector", "type=bootstrap.kubernetes.io/token", "-o", "json")
 
 
@@ -532,6 +555,7 @@ class Fault:
         self.lines = 0
         self.fired = False
         self.thread: threading.Thread | None = None
+        self.was_ready = False
         running = [n for n, h in cluster.hosts.items() if h.is_running and n in [*cluster.joined(), target]]
         candidates = sorted({n for n in running if n})
         self.host: Host | None = None
@@ -568,6 +592,8 @@ class Fault:
         host = self.host
         assert host is not None
         with contextlib.suppress(Exception):
+            self.was_ready = host is not self.cluster.server and self.cluster.node_ready(host.name)
+        with contextlib.suppress(Exception):
             if self.step.fault == "power_off":
                 host.power_off()
             elif self.step.fault == "link_cut":
@@ -593,7 +619,7 @@ class Fault:
             host.clear_netem()
         elif self.step.fault == "sshd_stop":
             host.run(["systemctl", "start", "ssh.service"], timeout=30)
-        if host is not self.cluster.server and host.name in self.cluster.joined():
+        if self.was_ready and host.name in self.cluster.joined():
             wait_for(f"{host.name} Ready again", lambda: self.cluster.node_ready(host.name), 180)
         wait_for("the API answers", lambda: bool(self.cluster.kubectl("get", "--raw", "/readyz")), 180)
 

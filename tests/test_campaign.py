@@ -4,7 +4,22 @@ is a function of the schedule here (no cluster runs): that is the part under tes
 
 from __future__ import annotations
 
-from bench.campaign import CI_FAULTS, CI_OPERATIONS, FAULTS, OPERATIONS, Step, Violation, make_schedule, shrink
+import base64
+import json
+
+from bench.campaign import (
+    CI_FAULTS,
+    CI_OPERATIONS,
+    FAULTS,
+    OPERATIONS,
+    Step,
+    Violation,
+    live_tokens,
+    make_schedule,
+    port_sources,
+    shrink,
+)
+from node_operations.firewall_plan import PortRule
 
 
 def test_a_seed_gives_one_schedule_with_the_faults_asked_for() -> None:
@@ -37,3 +52,22 @@ def test_the_shrinker_keeps_only_the_steps_the_violation_needs() -> None:
 
     shortest = shrink(schedule, Violation("node_per_worker", "x"), replay, lambda line: None)
     assert [step.op for step in shortest] == ["fence", "give_up", "remove"]
+
+
+def test_a_token_is_live_until_its_expiration() -> None:
+    def secret(token: str, node: str, expiration: str) -> dict[str, object]:
+        data = {"description": node, "expiration": expiration}
+        encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
+        return {"metadata": {"name": f"bootstrap-token-{token}"}, "data": encoded}
+
+    out = json.dumps(
+        {"items": [secret("aaaaaa", "w1", "2999-01-01T00:00:00Z"), secret("bbbbbb", "w2", "2001-01-01T00:00:00Z")]}
+    )
+    assert live_tokens(out) == {"aaaaaa": "w1"}
+
+
+def test_firewall_rules_compare_by_what_they_let_in() -> None:
+    split = [PortRule("10250", "tcp", ("10.0.0.2/32",), "kubelet"), PortRule("10250", "tcp", ("10.0.0.3/32",), "x")]
+    merged = [PortRule("10250", "tcp", ("10.0.0.3/32", "10.0.0.2/32"), "kubelet")]
+    assert port_sources(split) == port_sources(merged)
+    assert port_sources(split) != port_sources(split[:1])
