@@ -1,6 +1,8 @@
-"""The fault campaign's schedule and shrinker (bench/campaign.py), without a lab: a seed gives one
-schedule, and the shrinker keeps only the steps the violation needs. The replay the shrinker calls
-is a function of the schedule here (no cluster runs): that is the part under test."""
+"""The fault campaign's parts that need no lab (bench/campaign.py): a seed gives one schedule, the
+shrinker keeps only the steps the violation needs, a bootstrap token is live until its expiration,
+firewall rules compare by what they let in. The replay the shrinker calls is a function of the
+schedule here (no cluster runs: the lab test tests/lab/test_campaign.py runs one): the shrinking is
+the part under test."""
 
 from __future__ import annotations
 
