@@ -262,8 +262,10 @@ class Cluster:
         return [w["name"] for w in self.config().get("workers") or []]
 
     def fenced(self) -> list[str]:
-        """Workers the stack file fences (hk3s:fences)."""
-        return sorted(self.config().get("fences") or {})
+        """Workers of the stack file it fences (hk3s:fences; a given-up worker's entry stays, with
+        force_remove, after the worker left hk3s:workers)."""
+        workers = self.workers()
+        return sorted(name for name in self.config().get("fences") or {} if name in workers)
 
     def joined(self) -> list[str]:
         """Workers of the stack file that are not fenced."""
