@@ -243,6 +243,7 @@ class Cluster:
     audit_nodes: dict[str, list[tuple[str, dict[str, Any]]]] = field(default_factory=dict)
     audit_deleted_nodes: dict[str, str] = field(default_factory=dict)
     pod_nodes: dict[str, str] = field(default_factory=dict)
+    sampled: list[str] = field(default_factory=list)  # double mounts seen while a run went on
     log: Callable[[str], None] = print
 
     # --- reading ---------------------------------------------------------------------------
@@ -300,10 +301,11 @@ class Cluster:
         "pulumi"; `fault` sees each line (True: SIGKILL the run). Afterwards no process of the
         stack may be left (a few seconds' grace: providers end within a second of their engine)."""
         started = time.monotonic()
-        if argv[0] == "pulumi":
-            result = run_cli(self.stack, argv[1:], timeout=900, on_line=fault)
-        else:
-            result = self.stack.hk3s(*argv, timeout=900, on_line=fault)
+        with self.sampling():
+            if argv[0] == "pulumi":
+                result = run_cli(self.stack, argv[1:], timeout=900, on_line=fault)
+            else:
+                result = self.stack.hk3s(*argv, timeout=900, on_line=fault)
         report.runs.append(
             {
                 "command": " ".join(argv[:3]),
@@ -442,16 +444,42 @@ class Cluster:
                 pv = item["spec"]["source"].get("persistentVolumeName", "")
                 attached.setdefault(pv, []).append(item["spec"]["nodeName"])
         problems = [f"{pv} attached on {nodes}" for pv, nodes in attached.items() if len(nodes) > 1]
-        mounted: dict[str, list[str]] = {}
-        for name, host in self.hosts.items():
-            if not host.is_running:
-                continue
-            out = host.run(["cat", "/proc/self/mountinfo"], check=False).stdout
-            for volume in {part.split("/")[0] for part in out.split("lab-csi/")[1:]}:
-                mounted.setdefault(volume, []).append(name)
-        problems += [f"{volume} mounted on {hosts}" for volume, hosts in mounted.items() if len(hosts) > 1]
+        problems += self.double_mounts() + self.sampled
+        self.sampled = []
         if problems:
             raise Violation("double_attach", "; ".join(problems))
+
+    def double_mounts(self) -> list[str]:
+        """Each volume whose filesystem (the stand-in's CSI data path) is mounted on two running hosts."""
+        mounted: dict[str, list[str]] = {}
+        for name, host in list(self.hosts.items()):
+            if not host.is_running:
+                continue
+            with contextlib.suppress(Exception):
+                out = host.run(["cat", "/proc/self/mountinfo"], check=False, timeout=20).stdout
+                for volume in {part.split("/")[0] for part in out.split("lab-csi/")[1:]}:
+                    mounted.setdefault(volume, []).append(name)
+        return [f"{volume} mounted on {hosts}" for volume, hosts in mounted.items() if len(hosts) > 1]
+
+    @contextlib.contextmanager
+    def sampling(self) -> Iterator[None]:
+        """While a run goes on, the mounts read every few seconds: a volume mounted on two hosts
+        for a while during a run is as bad as after it."""
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(3):
+                found = self.double_mounts()
+                if found and not self.sampled:
+                    self.sampled = [f"during a run: {problem}" for problem in found]
+
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(timeout=30)
 
     def check_nodes(self) -> None:
         nodes = {n["metadata"]["name"] for n in self.get("nodes")["items"]}
