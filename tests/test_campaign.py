@@ -73,3 +73,16 @@ def test_firewall_rules_compare_by_what_they_let_in() -> None:
     merged = [PortRule("10250", "tcp", ("10.0.0.3/32", "10.0.0.2/32"), "kubelet")]
     assert port_sources(split) == port_sources(merged)
     assert port_sources(split) != port_sources(split[:1])
+
+
+def test_a_long_schedule_shrinks_to_the_one_step_that_matters_in_few_tries() -> None:
+    schedule = [Step(op="labels", pick=i) for i in range(40)]
+    tries: list[int] = []
+
+    def replay(candidate: list[Step]) -> Violation | None:
+        tries.append(len(candidate))
+        return Violation("converges", "x") if any(step.pick == 5 for step in candidate[:-1]) else None
+
+    shortest = shrink(schedule, Violation("converges", "x"), replay, lambda line: None)
+    assert [step.pick for step in shortest] == [5, 39]
+    assert len(tries) < 40, tries  # dropping one step at a time would take 39 runs
