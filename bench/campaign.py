@@ -122,7 +122,8 @@ rules:
 """
 AUDIT_POLICY_IN_HOST = "/etc/hk3s-lab/audit-policy.yaml"
 AUDIT_LOG_IN_HOST = "/var/lib/rancher/k3s/server/logs/audit.log"
-AUDIT_DROP_IN = f"""kube-apiserver-arg:
+# `key+` appends to what config.yaml gives (a plain key in a drop-in replaces a list, as in k3s).
+AUDIT_DROP_IN = f"""kube-apiserver-arg+:
   - audit-policy-file={AUDIT_POLICY_IN_HOST}
   - audit-log-path={AUDIT_LOG_IN_HOST}
   - audit-log-format=json
