@@ -135,6 +135,9 @@ FAULTS = ("kill_run", "power_off", "link_cut", "link_lossy", "server_restart", "
 CI_OPERATIONS = ("add", "remove", "labels", "reboot")
 CI_FAULTS = ("kill_run", "server_restart", "sshd_stop", "link_lossy")
 HEALS = ("hk3s_up", "unlock", "pulumi")
+# What a CLI command's refusal says when the change it is asked for is already in the stack file
+# (kept there by the same command's earlier run that failed part-way).
+OWN_CHANGE_REFUSED = ("is already a node of this stack", "there is no worker named")
 
 
 class Violation(Exception):  # noqa: N818 (an invariant's finding, not an error of the campaign)
@@ -781,8 +784,17 @@ class Campaign:
             self.recover_killed(step, report)
             return c.run(report, argv)
         if result.returncode == 1:
-            # Failed part-way: fix the cause (the fault healed) and run the same command again.
-            return c.run(report, argv)
+            # Failed part-way: fix the cause (the fault healed) and run the same command again
+            # (docs/cli.md; the CLI says "run the same command again: it continues").
+            again = c.run(report, argv)
+            said = again.stderr + again.output
+            if again.returncode == 3 and any(text in said for text in OWN_CHANGE_REFUSED):
+                raise Violation(
+                    "documented_retry",
+                    f"`{' '.join(argv)}` failed part-way (exit 1: 'run the same command again: it continues'); "
+                    f"the same command again is refused by the change the first one kept: {said[-1500:]}",
+                )
+            return again
         return result
 
     def recover_killed(self, step: Step, report: StepReport) -> None:
