@@ -42,6 +42,9 @@ invariants, each a promise of docs/:
   (docs/network-and-firewalls.md).
 * ``converges``: after healing, `up` succeeds, the next `up` changes nothing and a plain
   `pulumi preview --expect-no-changes` passes (docs/recovery.md, docs/changing-things.md).
+* ``documented_retry``: a command that failed part-way (exit 1, "Fix the cause above and run the
+  same command again: it continues") is not refused, when run again, by the change its first run
+  kept in the stack file (docs/cli.md's exit codes).
 * ``no_process_left``: no process of the stack's runs is left a few seconds after a run ended or was
   killed (docs/recovery.md: "The killed run's provider processes do not outlive it").
 
