@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
 
 from bench.campaign import (
+    AUDIT_LOG_IN_HOST,
     CI_FAULTS,
     CI_OPERATIONS,
     FAULTS,
     OPERATIONS,
+    Cluster,
     Step,
     Violation,
     live_tokens,
@@ -22,6 +29,7 @@ from bench.campaign import (
     shrink,
 )
 from node_operations.firewall_plan import PortRule
+from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
 
 
 def test_a_seed_gives_one_schedule_with_the_faults_asked_for() -> None:
@@ -86,3 +94,76 @@ def test_a_long_schedule_shrinks_to_the_one_step_that_matters_in_few_tries() -> 
     shortest = shrink(schedule, Violation("converges", "x"), replay, lambda line: None)
     assert [step.pick for step in shortest] == [5, 39]
     assert len(tries) < 40, tries  # dropping one step at a time would take 39 runs
+
+
+def audit_event(verb: str, resource: str, name: str, stamp: str, user: str, **fields: Any) -> dict[str, Any]:
+    """One audit.k8s.io/v1 Event as the kube-apiserver writes it at ResponseComplete (the fields the
+    campaign reads: k8s.io/apiserver pkg/apis/audit/v1 types.go)."""
+    subresource = fields.pop("subresource", "")
+    return {
+        "kind": "Event",
+        "apiVersion": "audit.k8s.io/v1",
+        "level": "RequestResponse",
+        "stage": "ResponseComplete",
+        "verb": verb,
+        "requestURI": f"/api/v1/{resource}/{name}",
+        "user": {"username": user},
+        "objectRef": {"resource": resource, "namespace": "default" if resource == "pods" else "", "name": name}
+        | ({"subresource": subresource} if subresource else {}),
+        "responseStatus": {"metadata": {}, "code": 200},
+        "stageTimestamp": stamp,
+        **fields,
+    }
+
+
+def node_object(name: str, fenced: bool) -> dict[str, Any]:
+    taints = [{"key": OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"}] if fenced else []
+    annotations = {FENCE_ANNOTATION: "2026-12-06T07:00:00Z"} if fenced else {}
+    return {"metadata": {"name": name, "annotations": annotations}, "spec": {"taints": taints}}
+
+
+def pod_delete(name: str, node: str, stamp: str, user: str, grace: int | None) -> dict[str, Any]:
+    options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "meta.k8s.io/__internal"}
+    if grace is not None:
+        options["gracePeriodSeconds"] = grace
+    return audit_event(
+        "delete", "pods", name, stamp, user, requestObject=options, responseObject={"spec": {"nodeName": node}}
+    )
+
+
+def test_the_audit_log_tells_a_force_deletion_on_a_fenced_node_from_one_on_a_node_that_is_not(
+    tmp_path: Path,
+) -> None:
+    """The audit log is written by hand here, in the kube-apiserver's format (the lab test
+    tests/lab/test_campaign.py reads a real one): the judgment of each deletion is under test."""
+    server = SimpleNamespace(name="srv", root=tmp_path)
+    cluster = Cluster(None, None, server, {}, "image")  # type: ignore[arg-type]
+    gc = "system:serviceaccount:kube-system:pod-garbage-collector"
+    events = [
+        audit_event(
+            "patch", "nodes", "w1", "2026-12-06T07:00:01.000000Z", "admin", responseObject=node_object("w1", True)
+        ),
+        pod_delete("a", "w1", "2026-12-06T07:00:02.000000Z", gc, 0),  # fenced: the pod GC's part
+        pod_delete("b", "w2", "2026-12-06T07:00:03.000000Z", "system:node:w2", 0),  # the kubelet's confirmation
+        pod_delete("c", "w2", "2026-12-06T07:00:04.000000Z", "admin", None),  # graceful
+        audit_event("delete", "nodes", "w3", "2026-12-06T07:00:05.000000Z", "admin"),
+        pod_delete("d", "w3", "2026-12-06T07:00:06.000000Z", gc, 0),  # an orphan of a deleted Node
+    ]
+    log = tmp_path / AUDIT_LOG_IN_HOST.lstrip("/")
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(json.dumps(event) + "\n" for event in events))
+    cluster.check_force_deletes()
+    with log.open("a") as handle:
+        handle.write(json.dumps(pod_delete("e", "w2", "2026-12-06T07:00:07.000000Z", "admin", 0)) + "\n")
+        lifted = audit_event(
+            "patch", "nodes", "w1", "2026-12-06T07:00:08.000000Z", "admin", responseObject=node_object("w1", False)
+        )
+        handle.write(json.dumps(lifted) + "\n")
+        handle.write(json.dumps(pod_delete("f", "w1", "2026-12-06T07:00:09.000000Z", gc, 0)) + "\n")
+    with pytest.raises(Violation) as found:
+        cluster.check_force_deletes()
+    assert found.value.invariant == "force_delete"
+    lines = found.value.detail.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("pod default/e on w2 deleted with grace 0 by admin"), lines
+    assert lines[1].startswith(f"pod default/f on w1 deleted with grace 0 by {gc}"), lines
