@@ -42,9 +42,8 @@ invariants, each a promise of docs/:
   (docs/network-and-firewalls.md).
 * ``converges``: after healing, `up` succeeds, the next `up` changes nothing and a plain
   `pulumi preview --expect-no-changes` passes (docs/recovery.md, docs/changing-things.md).
-* ``documented_retry``: a command that failed part-way (exit 1, "Fix the cause above and run the
-  same command again: it continues") is not refused, when run again, by the change its first run
-  kept in the stack file (docs/cli.md's exit codes).
+* ``documented_retry``: after a command failed part-way (exit 1), what the CLI then says to run
+  (docs/cli.md's exit codes) is not refused by the change the failed run kept in the stack file.
 * ``no_process_left``: no process of the stack's runs is left a few seconds after a run ended or was
   killed (docs/recovery.md: "The killed run's provider processes do not outlive it").
 
@@ -787,15 +786,17 @@ class Campaign:
             self.recover_killed(step, report)
             return c.run(report, argv)
         if result.returncode == 1:
-            # Failed part-way: fix the cause (the fault healed) and run the same command again
-            # (docs/cli.md; the CLI says "run the same command again: it continues").
-            again = c.run(report, argv)
+            # Failed part-way: fix the cause (the fault healed) and do what the CLI says (docs/cli.md,
+            # exit 1): `up` where it names it, else the same command again.
+            hint = (result.stderr + result.output)[-600:]
+            retry = ["up", "--yes"] if "up --yes" in hint else argv
+            again = c.run(report, retry)
             said = again.stderr + again.output
             if again.returncode == 3 and any(text in said for text in OWN_CHANGE_REFUSED):
                 raise Violation(
                     "documented_retry",
-                    f"`{' '.join(argv)}` failed part-way (exit 1: 'run the same command again: it continues'); "
-                    f"the same command again is refused by the change the first one kept: {said[-1500:]}",
+                    f"`{' '.join(argv)}` failed part-way (exit 1) saying {hint!r}; `{' '.join(retry)}` "
+                    f"is then refused by the change the first run kept: {said[-1500:]}",
                 )
             return again
         return result
