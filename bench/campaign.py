@@ -789,13 +789,13 @@ class Campaign:
             # Failed part-way: fix the cause (the fault healed) and do what the CLI says (docs/cli.md,
             # exit 1): `up` where it names it, else the same command again.
             hint = (result.stderr + result.output)[-600:]
-            retry = ["up", "--yes"] if "up --yes" in hint else argv
-            again = c.run(report, retry)
+            way_on = ["up", "--yes"] if "up --yes" in hint else argv
+            again = c.run(report, way_on)
             said = again.stderr + again.output
             if again.returncode == 3 and any(text in said for text in OWN_CHANGE_REFUSED):
                 raise Violation(
                     "documented_retry",
-                    f"`{' '.join(argv)}` failed part-way (exit 1) saying {hint!r}; `{' '.join(retry)}` "
+                    f"`{' '.join(argv)}` failed part-way (exit 1) saying {hint!r}; `{' '.join(way_on)}` "
                     f"is then refused by the change the first run kept: {said[-1500:]}",
                 )
             return again
