@@ -707,13 +707,14 @@ class Campaign:
                 return
             host = c.hosts[report.target]
             argv = ["node", "add", host.name, "--address", str(host.public_ip), "--label", f"{APP_LABEL}=yes"]
-            self.attempt(step, report, argv)
+            self.attempt(step, report, argv, in_file=lambda: host.name in c.workers())
         elif step.op == "remove":
             report.target = pick(joined, step.pick)
             if report.target is None or len(joined) <= 2:
                 report.skipped = "two workers are kept joined"
                 return
-            self.attempt(step, report, ["node", "remove", report.target, "--yes"])
+            gone = report.target
+            self.attempt(step, report, ["node", "remove", gone, "--yes"], in_file=lambda: gone not in c.workers())
         elif step.op == "fence":
             self.fence(step, report)
         elif step.op == "lift":
@@ -722,7 +723,8 @@ class Campaign:
                 report.skipped = "no fenced worker"
                 return
             c.hosts[report.target].power_on(wait=True)
-            self.attempt(step, report, ["node", "unfence", report.target])
+            lifted = report.target
+            self.attempt(step, report, ["node", "unfence", lifted], in_file=lambda: lifted not in c.fenced())
             if report.target not in c.fenced():
                 c.lifted.add(report.target)
         elif step.op == "give_up":
@@ -731,7 +733,9 @@ class Campaign:
                 report.skipped = "no fenced worker"
                 return
             c.given_up.add(report.target)
-            self.attempt(step, report, ["node", "remove", report.target, "--force", "--yes"])
+            given = report.target
+            argv = ["node", "remove", given, "--force", "--yes"]
+            self.attempt(step, report, argv, in_file=lambda: given not in c.workers())
             if report.target in c.workers():
                 c.given_up.discard(report.target)
         elif step.op == "reboot":
@@ -771,8 +775,17 @@ class Campaign:
         else:
             raise ValueError(f"unknown operation {step.op}")
 
-    def attempt(self, step: Step, report: StepReport, argv: list[str], retry: bool = True) -> CliRun:
-        """The command with the step's fault in it, the fault healed, then the documented retry."""
+    def attempt(
+        self,
+        step: Step,
+        report: StepReport,
+        argv: list[str],
+        retry: bool = True,
+        in_file: Callable[[], bool] | None = None,
+    ) -> CliRun:
+        """The command with the step's fault in it, the fault healed, then the documented retry;
+        `in_file` tells whether the command's change is in the stack file (a killed run may have
+        written it or not)."""
         c = self.cluster
         fault = Fault(c, step, report, report.target)
         result = c.run(report, argv, fault)
@@ -780,10 +793,11 @@ class Campaign:
         if not retry:
             return result
         if result.killed or result.returncode == 4:
-            # A killed run: finished as docs/recovery.md says, then the command again (what the
-            # killed run had not yet written into the stack file is done now; what it had is
-            # refused or done again with nothing to change).
+            # A killed run: finished as docs/recovery.md says; the command again only when the
+            # killed run had not yet written its change into the stack file.
             self.recover_killed(step, report)
+            if in_file is not None and in_file():
+                return result
             return c.run(report, argv)
         if result.returncode == 1:
             # Failed part-way: fix the cause (the fault healed) and do what the CLI says (docs/cli.md,
@@ -848,7 +862,7 @@ class Campaign:
         wait_for(f"{host.name} NotReady", lambda: not c.node_ready(host.name), 180)
         wait_for(f"{host.name} NotReady a minute", lambda: c.seconds_not_ready(host.name) >= MIN_DOWN_SECONDS + 2, 180)
         argv = ["node", "fence", host.name] + (["--powered-off"] if how == "powered_off" else [])
-        self.attempt(step, report, argv)
+        self.attempt(step, report, argv, in_file=lambda: host.name in c.fenced())
         if host.name in c.fenced():
             return
         # Refused or failed for good: the worker comes back as it was (recorded in the report).
