@@ -27,7 +27,8 @@ invariants, each a promise of docs/:
   from the real API server's audit log (pod deletions, bindings, and every change of a Node object
   with the Node as it was after it). The kubelet's own final delete of a pod of its node is its
   confirmation that the pod stopped there, not a force-deletion.
-* ``held_workload``: a workload a fence holds stopped (its Deployment's stop record) has 0 replicas
+* ``held_workload``: no pod made for a Deployment while its last recorded state (audit log) held
+  it stopped; a workload a fence holds stopped (its Deployment's stop record) has 0 replicas
   and no running pod; one held as stale runs again only after `workload start --accept-stale-data`
   (docs/fencing.md, "Starting a workload the fence stopped"), one held as only-copy only after that
   or a lift of its fence.
@@ -120,6 +121,12 @@ rules:
   - level: RequestResponse
     verbs: [create, update, patch, delete]
     resources: [{group: "", resources: [nodes]}]
+  - level: Request
+    verbs: [create]
+    resources: [{group: "", resources: [pods]}]
+  - level: RequestResponse
+    verbs: [create, update, patch]
+    resources: [{group: "apps", resources: [deployments]}]
   - level: None
 """
 AUDIT_POLICY_IN_HOST = "/etc/hk3s-lab/audit-policy.yaml"
@@ -250,6 +257,8 @@ class Cluster:
     audit_deleted_nodes: dict[str, str] = field(default_factory=dict)
     pod_nodes: dict[str, str] = field(default_factory=dict)
     sampled: list[str] = field(default_factory=list)  # double mounts seen while a run went on
+    audit_held: dict[str, list[tuple[str, bool]]] = field(default_factory=dict)  # workload -> (when, held)
+    audit_held_problems: list[str] = field(default_factory=list)
     log: Callable[[str], None] = print
 
     # --- reading ---------------------------------------------------------------------------
@@ -383,8 +392,27 @@ class Cluster:
                 self.pod_nodes[f"{ref.get('namespace')}/{ref.get('name')}"] = target.get("name", "")
             elif ref.get("resource") == "pods" and event["verb"] == "delete":
                 found += self._judge_delete(event, ref, stamp)
+            elif ref.get("resource") == "pods" and event["verb"] == "create" and not ref.get("subresource"):
+                self._judge_create(event, ref, stamp)
+            elif ref.get("resource") == "deployments" and isinstance(event.get("responseObject"), dict):
+                obj = event["responseObject"]
+                name = f"{obj['metadata'].get('namespace')}/Deployment/{obj['metadata']['name']}"
+                self.audit_held.setdefault(name, []).append((stamp, stop_record(obj) is not None))
         if found:
             raise Violation("force_delete", "\n".join(found))
+
+    def _judge_create(self, event: dict[str, Any], ref: dict[str, Any], stamp: str) -> None:
+        """A pod made for a Deployment (through its ReplicaSet, named `<deployment>-<hash>`) while
+        the Deployment's last recorded state held it stopped."""
+        metadata = (event.get("requestObject") or {}).get("metadata") or {}
+        for owner in metadata.get("ownerReferences") or []:
+            if owner.get("kind") != "ReplicaSet":
+                continue
+            workload = f"{ref.get('namespace')}/Deployment/{owner['name'].rsplit('-', 1)[0]}"
+            before = [held for when, held in self.audit_held.get(workload, []) if when <= stamp]
+            if before and before[-1]:
+                name = metadata.get("name") or metadata.get("generateName", "")
+                self.audit_held_problems.append(f"a pod {name} of {workload} created at {stamp} while held stopped")
 
     def _judge_delete(self, event: dict[str, Any], ref: dict[str, Any], stamp: str) -> list[str]:
         options = event.get("requestObject") or {}
@@ -407,7 +435,7 @@ class Cluster:
         return [f"pod {pod} on {node} deleted with grace 0 by {user} at {stamp}; {node} was not fenced"]
 
     def check_held(self) -> None:
-        problems = []
+        problems, self.audit_held_problems = self.audit_held_problems, []
         for deployment in self.get("deployments", "-n", "default")["items"]:
             name = f"default/Deployment/{deployment['metadata']['name']}"
             record = stop_record(deployment)

@@ -28,6 +28,7 @@ from bench.campaign import (
     port_sources,
     shrink,
 )
+from node_operations.fence_workloads import STOPPED_ANNOTATION
 from node_operations.firewall_plan import PortRule
 from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
 
@@ -167,3 +168,43 @@ def test_the_audit_log_tells_a_force_deletion_on_a_fenced_node_from_one_on_a_nod
     assert len(lines) == 2, lines
     assert lines[0].startswith("pod default/e on w2 deleted with grace 0 by admin"), lines
     assert lines[1].startswith(f"pod default/f on w1 deleted with grace 0 by {gc}"), lines
+
+
+def test_the_audit_log_names_a_pod_made_for_a_workload_while_a_fence_held_it(tmp_path: Path) -> None:
+    """As above, an audit log written by hand in the kube-apiserver's format: a pod the ReplicaSet
+    controller makes for app-0 before the fence's stop record and after `workload start` removed it
+    is fine; one made while the record is on is named."""
+    server = SimpleNamespace(name="srv", root=tmp_path)
+    cluster = Cluster(None, None, server, {}, "image")  # type: ignore[arg-type]
+
+    def deployment(stamp: str, held: bool) -> dict[str, Any]:
+        annotations = {STOPPED_ANNOTATION: json.dumps({"node": "w1", "reason": "stale"})} if held else {}
+        obj = {"metadata": {"name": "app-0", "namespace": "default", "annotations": annotations}}
+        return audit_event("patch", "deployments", "app-0", stamp, "admin", responseObject=obj)
+
+    def pod(stamp: str, name: str) -> dict[str, Any]:
+        owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "app-0-5d8f9c7b6", "controller": True}
+        request = {"metadata": {"name": name, "ownerReferences": [owner]}}
+        return audit_event(
+            "create",
+            "pods",
+            name,
+            stamp,
+            "system:serviceaccount:kube-system:replicaset-controller",
+            requestObject=request,
+        )
+
+    events = [
+        pod("2026-12-06T07:00:01.000000Z", "app-0-5d8f9c7b6-aaaaa"),
+        deployment("2026-12-06T07:00:02.000000Z", True),
+        pod("2026-12-06T07:00:03.000000Z", "app-0-5d8f9c7b6-bbbbb"),
+        deployment("2026-12-06T07:00:04.000000Z", False),
+        pod("2026-12-06T07:00:05.000000Z", "app-0-5d8f9c7b6-ccccc"),
+    ]
+    log = tmp_path / AUDIT_LOG_IN_HOST.lstrip("/")
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(json.dumps(event) + "\n" for event in events))
+    cluster.check_force_deletes()
+    assert cluster.audit_held_problems == [
+        "a pod app-0-5d8f9c7b6-bbbbb of default/Deployment/app-0 created at 2026-12-06T07:00:03.000000Z while held stopped"
+    ]
