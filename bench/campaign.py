@@ -695,9 +695,17 @@ def pick(items: list[str], index: int) -> str | None:
 class Campaign:
     """Runs a schedule on a fresh cluster; `run` returns the reports and the first violation."""
 
-    def __init__(self, lab: Lab, scratch: Path, workers: int, spares: int, log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        lab: Lab,
+        scratch: Path,
+        workers: int,
+        spares: int,
+        log: Callable[[str], None] = print,
+        pods: bool = True,
+    ) -> None:
         self.lab, self.scratch, self.log = lab, scratch, log
-        self.cluster = build_cluster(lab, scratch, workers, spares, log)
+        self.cluster = build_cluster(lab, scratch, workers, spares, log, pods)
 
     def run(self, schedule: list[Step]) -> tuple[list[StepReport], Violation | None]:
         reports: list[StepReport] = []
@@ -955,16 +963,20 @@ def workload_objects(image: str, count: int) -> list[dict[str, Any]]:
     return objects
 
 
-def build_cluster(lab: Lab, scratch: Path, workers: int, spares: int, log: Callable[[str], None]) -> Cluster:
+def build_cluster(
+    lab: Lab, scratch: Path, workers: int, spares: int, log: Callable[[str], None], pods: bool = True
+) -> Cluster:
     """The server (auditing on), `workers` joined pod-capable workers, `spares` booted ones, Longhorn's
-    stand-in, the workloads Running."""
+    stand-in, the workloads Running. Without `pods`: plain workers, no Longhorn, no workload (what
+    needs no pod runtime and no Kubernetes provider: the operations and the invariants of nodes,
+    firewalls, runs and the audit log)."""
     started = time.monotonic()
     server = lab.add_host(server_spec(f"{PREFIX}-srv"))
     hosts = {
-        f"{PREFIX}-w{i}": lab.add_host(worker_spec(f"{PREFIX}-w{i}", pods=True)) for i in range(1, workers + spares + 1)
+        f"{PREFIX}-w{i}": lab.add_host(worker_spec(f"{PREFIX}-w{i}", pods=pods)) for i in range(1, workers + spares + 1)
     }
     lab.wait_ssh_ready([server, *hosts.values()])
-    for host in hosts.values():  # before k3s is installed, as k3s's air-gap instructions say
+    for host in hosts.values() if pods else ():  # before k3s is installed, as k3s's air-gap instructions say
         pod_hosts.place_airgap_images(host.root, DEFAULT_CACHE_DIR)
     # Auditing on, as a k3s operator turns it on: a config drop-in before k3s is installed.
     (server.root / AUDIT_POLICY_IN_HOST.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
@@ -975,7 +987,8 @@ def build_cluster(lab: Lab, scratch: Path, workers: int, spares: int, log: Calla
     stack = LabStack(scratch / "stack")
     names = sorted(hosts)
     joined = [hosts[n] for n in names[:workers]]
-    config = base_config(lab, server, joined, storage=STORAGE, firewall={"managed": True})
+    storage = STORAGE if pods else {"install_longhorn": False}
+    config = base_config(lab, server, joined, storage=storage, firewall={"managed": True})
     for entry in config["workers"]:
         entry["labels"] = {APP_LABEL: "yes"}
     stack.write_config(config)
@@ -984,8 +997,11 @@ def build_cluster(lab: Lab, scratch: Path, workers: int, spares: int, log: Calla
         stack.up()
     except Exception as error:
         raise RuntimeError(f"the first up failed:\n{stack.text()[-6000:]}") from error
-    cluster = Cluster(lab, stack, server, hosts, pod_hosts.busybox_image(), log=log)
+    cluster = Cluster(lab, stack, server, hosts, pod_hosts.busybox_image() if pods else "", log=log)
     cluster.ever_joined = set(cluster.workers())
+    if not pods:
+        log(f"cluster ready in {time.monotonic() - started:.0f} s (plain workers): {names}")
+        return cluster
     nodes = {server.name, *(h.name for h in joined)}
     wait_for(
         "a Longhorn node per node",
@@ -1054,15 +1070,15 @@ def missing() -> list[str]:
 
 
 @contextlib.contextmanager
-def fresh_campaign(workers: int, spares: int, log: Callable[[str], None]) -> Iterator[Campaign]:
+def fresh_campaign(workers: int, spares: int, log: Callable[[str], None], pods: bool = True) -> Iterator[Campaign]:
     with tempfile.TemporaryDirectory(prefix="bench-campaign-") as scratch, Lab(DEFAULT_CACHE_DIR) as lab:
-        yield Campaign(lab, Path(scratch), workers, spares, log)
+        yield Campaign(lab, Path(scratch), workers, spares, log, pods)
 
 
 def run_campaign(
-    schedule: list[Step], workers: int, spares: int, log: Callable[[str], None] = print
+    schedule: list[Step], workers: int, spares: int, log: Callable[[str], None] = print, pods: bool = True
 ) -> tuple[list[StepReport], Violation | None]:
-    with fresh_campaign(workers, spares, log) as campaign:
+    with fresh_campaign(workers, spares, log, pods) as campaign:
         return campaign.run(schedule)
 
 
@@ -1092,22 +1108,26 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=4, help="workers joined at the start")
     parser.add_argument("--spares", type=int, default=1, help="hosts booted for `node add`")
     parser.add_argument("--ci", action="store_true", help="the cheap operations and faults only (no fence)")
+    parser.add_argument(
+        "--plain", action="store_true", help="plain workers: no pod runtime, no Longhorn, no workload (no fence)"
+    )
     parser.add_argument("--replay", help="a schedule (JSON list of steps) to run instead of the seed's")
     parser.add_argument("--no-shrink", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if missing():
-        print(f"lab binaries missing ({', '.join(missing())}); run lab/setup.sh", file=sys.stderr)
+    lacking = lab_binaries_missing([*STACK_BINARIES, "k3s-patch"]) if args.plain else missing()
+    if lacking:
+        print(f"lab binaries missing ({', '.join(lacking)}); run lab/setup.sh", file=sys.stderr)
         return 2
     if args.replay:
         schedule = [Step(**s) for s in json.loads(args.replay)]
-    elif args.ci:
+    elif args.ci or args.plain:
         schedule = make_schedule(args.seed, args.faults, CI_OPERATIONS, CI_FAULTS)
     else:
         schedule = make_schedule(args.seed, args.faults)
     print(f"seed {args.seed}: {len(schedule)} steps, {args.faults} faults", flush=True)
     started = time.monotonic()
-    reports, violation = run_campaign(schedule, args.workers, args.spares)
+    reports, violation = run_campaign(schedule, args.workers, args.spares, pods=not args.plain)
     result: dict[str, Any] = summary(args.seed, schedule, reports, time.monotonic() - started)
     result["reports"] = [r.to_json() for r in reports]
     result["violation"] = None
@@ -1117,7 +1137,7 @@ def main() -> int:
         if not args.no_shrink:
 
             def replay(candidate: list[Step]) -> Violation | None:
-                return run_campaign(candidate, args.workers, args.spares, log=lambda line: None)[1]
+                return run_campaign(candidate, args.workers, args.spares, lambda line: None, not args.plain)[1]
 
             shortest = shrink(failing, violation, replay, print)
         result["violation"] = {
