@@ -702,10 +702,11 @@ class Campaign:
         workers: int,
         spares: int,
         log: Callable[[str], None] = print,
+        *,
         pods: bool = True,
     ) -> None:
         self.lab, self.scratch, self.log = lab, scratch, log
-        self.cluster = build_cluster(lab, scratch, workers, spares, log, pods)
+        self.cluster = build_cluster(lab, scratch, workers, spares, log, pods=pods)
 
     def run(self, schedule: list[Step]) -> tuple[list[StepReport], Violation | None]:
         reports: list[StepReport] = []
@@ -964,7 +965,7 @@ def workload_objects(image: str, count: int) -> list[dict[str, Any]]:
 
 
 def build_cluster(
-    lab: Lab, scratch: Path, workers: int, spares: int, log: Callable[[str], None], pods: bool = True
+    lab: Lab, scratch: Path, workers: int, spares: int, log: Callable[[str], None], *, pods: bool = True
 ) -> Cluster:
     """The server (auditing on), `workers` joined pod-capable workers, `spares` booted ones, Longhorn's
     stand-in, the workloads Running. Without `pods`: plain workers, no Longhorn, no workload (what
@@ -1070,15 +1071,15 @@ def missing() -> list[str]:
 
 
 @contextlib.contextmanager
-def fresh_campaign(workers: int, spares: int, log: Callable[[str], None], pods: bool = True) -> Iterator[Campaign]:
+def fresh_campaign(workers: int, spares: int, log: Callable[[str], None], *, pods: bool = True) -> Iterator[Campaign]:
     with tempfile.TemporaryDirectory(prefix="bench-campaign-") as scratch, Lab(DEFAULT_CACHE_DIR) as lab:
-        yield Campaign(lab, Path(scratch), workers, spares, log, pods)
+        yield Campaign(lab, Path(scratch), workers, spares, log, pods=pods)
 
 
 def run_campaign(
-    schedule: list[Step], workers: int, spares: int, log: Callable[[str], None] = print, pods: bool = True
+    schedule: list[Step], workers: int, spares: int, log: Callable[[str], None] = print, *, pods: bool = True
 ) -> tuple[list[StepReport], Violation | None]:
-    with fresh_campaign(workers, spares, log, pods) as campaign:
+    with fresh_campaign(workers, spares, log, pods=pods) as campaign:
         return campaign.run(schedule)
 
 
@@ -1137,7 +1138,7 @@ def main() -> int:
         if not args.no_shrink:
 
             def replay(candidate: list[Step]) -> Violation | None:
-                return run_campaign(candidate, args.workers, args.spares, lambda line: None, not args.plain)[1]
+                return run_campaign(candidate, args.workers, args.spares, lambda line: None, pods=not args.plain)[1]
 
             shortest = shrink(failing, violation, replay, print)
         result["violation"] = {
