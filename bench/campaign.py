@@ -1108,6 +1108,7 @@ def summary(seed: int | None, schedule: list[Step], reports: list[StepReport], s
         "operations": ops,
         "faults_fired": fired,
         "faults_planned": sum(s.fault is not None for s in schedule),
+        "pulumi_language_hosts_left_by_a_kill": sum(len(r.leftovers) for r in reports),
         "seconds": round(seconds, 1),
     }
 
