@@ -358,13 +358,22 @@ class LabStack:
             pulumi_home=self.directory / "pulumi-home",
         )
 
-    def hk3s(self, *args: str, timeout: float = 600, kill_when: str | None = None) -> CliRun:
+    def hk3s(
+        self,
+        *args: str,
+        timeout: float = 600,
+        kill_when: str | None = None,
+        on_line: Callable[[str], bool] | None = None,
+    ) -> CliRun:
         """The operator CLI (`scripts/hk3s --stack <name> ARGS`) in the project copy, as a person
-        runs it: stdin not a terminal, stderr apart; with `kill_when`, SIGKILLed at that line."""
+        runs it: stdin not a terminal, stderr apart; with `kill_when`, SIGKILLed at that line
+        (`on_line`: see `run_killable`)."""
         env = {**os.environ, **self.env, "PULUMI_HOME": str(self.directory / "pulumi-home")}
         env.pop("HK3S_NON_INTERACTIVE", None)  # the CLI sets it itself
         argv = [str(self.project / "scripts" / "hk3s"), "--stack", self.name, *args]
-        return run_killable(argv, cwd=self.project, env=env, timeout=timeout, split_stderr=True, kill_when=kill_when)
+        return run_killable(
+            argv, cwd=self.project, env=env, timeout=timeout, split_stderr=True, kill_when=kill_when, on_line=on_line
+        )
 
 
 @dataclass(frozen=True)
@@ -391,6 +400,7 @@ def run_killable(
     timeout: float = 900,
     split_stderr: bool = False,
     crash: bool = False,
+    on_line: Callable[[str], bool] | None = None,
 ) -> CliRun:
     """Run `argv` in its own process group, stdin not a terminal; with `kill_when`, SIGKILL
     its process group as soon as a line containing that text appears (on stderr with
@@ -398,7 +408,9 @@ def run_killable(
     host, provider processes) in a process group of its own (Pulumi's
     cmdutil.RegisterProcessGroup), so the kill reaches the CLI alone, as a `kill -9` of the CLI
     does; its provider processes then end by themselves (providers/engine_watch.py), their
-    operations stopping where they were. With `crash`, every process the run started is
+    operations stopping where they were. `on_line` is called with each watched line as it
+    arrives (a fault campaign injects its faults there); its True kills the run as `kill_when`
+    does. With `crash`, every process the run started is
     SIGKILLed at once, as when the machine running it goes down."""
     import signal  # noqa: PLC0415
     import threading  # noqa: PLC0415
@@ -427,7 +439,7 @@ def run_killable(
     doomed: list[int] = []
     for line in watched:
         lines.append(line)
-        if kill_when is not None and kill_when in line:
+        if (kill_when is not None and kill_when in line) or (on_line is not None and on_line(line)):
             doomed = _descendants(process.pid) if crash else []
             os.killpg(process.pid, signal.SIGKILL)
             for pid in doomed:
@@ -473,9 +485,17 @@ def _descendants(pid: int) -> list[int]:
 
 
 def run_cli(
-    stack: LabStack, args: Sequence[str], *, kill_when: str | None = None, timeout: float = 900, crash: bool = False
+    stack: LabStack,
+    args: Sequence[str],
+    *,
+    kill_when: str | None = None,
+    timeout: float = 900,
+    crash: bool = False,
+    on_line: Callable[[str], bool] | None = None,
 ) -> CliRun:
     """Run `pulumi <args> --stack <name>` in the project copy (see `run_killable`)."""
     env = {**os.environ, **stack.env, "PULUMI_HOME": str(stack.directory / "pulumi-home")}
     argv = ["pulumi", *args, "--stack", stack.name, "--non-interactive", "--color", "never"]
-    return run_killable(argv, cwd=stack.project, env=env, kill_when=kill_when, timeout=timeout, crash=crash)
+    return run_killable(
+        argv, cwd=stack.project, env=env, kill_when=kill_when, timeout=timeout, crash=crash, on_line=on_line
+    )

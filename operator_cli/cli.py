@@ -640,7 +640,15 @@ def main(argv: Sequence[str] | None = None, *, stdin: TextIO | None = None) -> i
     except StackBusyError as error:
         return _fail(console, error, EXIT_BUSY)
     except ResourceFailedError as error:
-        return _fail(console, error, EXIT_FAILED, "Fix the cause above and run the same command again: it continues.")
+        # The stack file keeps the change (`node add`'s worker, `node remove`'s absence), so the
+        # same command again would be refused by its own change: `up` continues towards the file.
+        return _fail(
+            console,
+            error,
+            EXIT_FAILED,
+            f"Fix the cause above and run `scripts/hk3s --stack {args.stack} up --yes`: the stack file keeps "
+            "the change, and the run continues where it stopped.",
+        )
     except StackError as error:
         return _fail(console, error, EXIT_FAILED)
     except KeyboardInterrupt:

@@ -336,3 +336,23 @@ def test_workload_start_refuses_a_bad_name_and_stale_data_without_yes(
         True,
     )
     assert (project / "Pulumi.dev.yaml").read_bytes() == before
+
+
+def test_a_change_that_failed_part_way_names_up_as_the_way_on(
+    project: Path, cli_env: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`node add` (or `node remove`) that fails part-way keeps its change in the stack file, so the
+    same command again is refused ("already a node of this stack", "there is no worker named"):
+    the way on is `up`, which continues towards the file. The run itself is replaced here by its
+    failure (no Pulumi CLI in the unit tests); on the lab, the fault campaign's `documented_retry`
+    invariant (bench/campaign.py) runs the same command again after such a failure."""
+    from operator_api import ResourceFailedError  # noqa: PLC0415
+    from operator_cli import cli  # noqa: PLC0415
+
+    def failing(*_args: object, **_kwargs: object) -> int:
+        raise ResourceFailedError("up failed")
+
+    monkeypatch.setattr(cli, "run_command", failing)
+    code, _, err = run(project, capsys, "--stack", "dev", "node", "add", "w9", "--address", "10.0.0.9")
+    assert code == 1, err
+    assert "run `scripts/hk3s --stack dev up --yes`" in err and "same command" not in err, err
