@@ -14,6 +14,10 @@
 #   - the Debian base tree lab hosts boot from (lab.hosts.base_tree.ensure_base)
 #   - a real S3 server, versitygw, for stacks whose state is kept in a bucket (lab/build/versitygw.sh;
 #     87 CPU-seconds cold on 2 cores, 141 s wall at nice 19 beside other builds)
+#   - an hcloud provider plugin, pulumi-resource-hcloud, bridged from Hetzner's Terraform provider and
+#     installed into the lab's plugin cache for the pulumi-hcloud version requirements.txt pins
+#     (lab/build/hcloud_provider.sh; about 200 CPU-seconds cold beside the other builds, 256 from an
+#     empty Go build cache: docs/lab.md; skipped while its stamp matches)
 # Prints each step and its time; `--timings FILE` also writes them as JSON.
 set -euo pipefail
 
@@ -88,7 +92,11 @@ print(ensure_base(pathlib.Path(os.environ["HK3S_LAB_CACHE"])))
 ' &&
     # Here, not beside Pulumi: it shares no package versions with the other Go builds, and
     # this chain otherwise waits on the mirror and the disk, leaving a core free.
-    step "s3 server (versitygw)" bash lab/build/versitygw.sh
+    step "s3 server (versitygw)" bash lab/build/versitygw.sh &&
+    # Here too: its Pulumi modules are the bridge's (pulumi/pkg/v3 v3.218.0), not the CLI's, so
+    # it shares almost no compiled package with the Pulumi chain; it waits for the CLI only
+    # to install the plugin.
+    step "hcloud provider plugin" bash lab/build/hcloud_provider.sh
 }
 chain=pulumi run_chain pulumi pulumi_chain &
 pulumi_pid=$!

@@ -60,6 +60,21 @@ def kubernetes_plugins() -> list[Path]:
     return sorted(LAB_PLUGINS.glob("resource-kubernetes-v*/pulumi-resource-kubernetes"))
 
 
+def hcloud_plugins() -> list[Path]:
+    """The hcloud provider plugins lab/build/hcloud_provider.sh installed into LAB_PLUGINS."""
+    return sorted(LAB_PLUGINS.glob("resource-hcloud-v*/pulumi-resource-hcloud"))
+
+
+def skip_without_hcloud_provider() -> None:
+    """Skip (a failure under HK3S_LAB_REQUIRED) when lab/setup.sh has not built and installed the
+    hcloud provider plugin bridged from Hetzner's Terraform provider (lab/build/hcloud_provider.sh)."""
+    import pytest  # noqa: PLC0415
+
+    skip_without_lab_binaries("pulumi", "pulumi-language-python")
+    if not hcloud_plugins():
+        pytest.skip(f"no hcloud provider plugin in {LAB_PLUGINS}; run lab/setup.sh")
+
+
 def skip_without_kubernetes_provider() -> None:
     """Skip (a failure under HK3S_LAB_REQUIRED) when lab/setup.sh has not built and installed the
     real Kubernetes provider plugin (lab/build/k8s_provider.sh)."""
@@ -234,6 +249,20 @@ def link_lab_plugins(plugins: Path) -> None:
                 link.symlink_to(item)
 
 
+def lab_pulumi_env(state: Path) -> dict[str, str]:
+    """The environment a lab stack's Pulumi CLI runs in: the lab's CLI first on PATH, a local
+    file backend in `state`, the lab's passphrase, no plugin downloads (the lab's plugins are
+    linked in, see `link_lab_plugins`), the project's venv python for the program."""
+    return {
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PULUMI_SKIP_UPDATE_CHECK": "true",
+        "PULUMI_CONFIG_PASSPHRASE": "hk3s-lab-passphrase",
+        "PULUMI_BACKEND_URL": state.as_uri(),
+        "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+        "PULUMI_PYTHON_CMD": str(REPO / "venv" / "bin" / "python"),
+    }
+
+
 @dataclass
 class LabStack:
     """A copy of the project and one stack of it."""
@@ -257,21 +286,14 @@ class LabStack:
             ).stdout.split()
             for name in listed:
                 source = REPO / name
-                if source.is_file() and not name.startswith(("lab/k3s_standin/", "tests/")):
+                if source.is_file() and not name.startswith(("lab/k3s_standin/", "lab/hcloud_provider/", "tests/")):
                     (project / name).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(source, project / name)
             (project / "venv").symlink_to(REPO / "venv")
         (self.directory / "state").mkdir(exist_ok=True)
         link_lab_plugins(self.directory / "pulumi-home" / "plugins")
         self.project = project
-        self.env = {
-            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            "PULUMI_SKIP_UPDATE_CHECK": "true",
-            "PULUMI_CONFIG_PASSPHRASE": "hk3s-lab-passphrase",
-            "PULUMI_BACKEND_URL": (self.directory / "state").as_uri(),
-            "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
-            "PULUMI_PYTHON_CMD": str(REPO / "venv" / "bin" / "python"),
-        }
+        self.env = lab_pulumi_env(self.directory / "state")
 
     def write_config(self, config: dict[str, Any]) -> None:
         document = {"config": {f"hk3s:{key}": value for key, value in config.items()}}
