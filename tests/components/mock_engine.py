@@ -10,8 +10,9 @@ providers are pickled by the SDK exactly as in a real deployment.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,10 @@ import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 
-from components import storage_copies
+from components import hetzner_project, storage_copies
+from lab import hcloud_catalog
+from lab.hcloud_standin import HcloudStandin, SwitchedMachine, running_standin
+from remote_access.hetzner_api import HetznerAccess
 from remote_access.api_forward import ApiForward
 from remote_access.ssh import SshTarget
 
@@ -339,6 +343,83 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         return response
 
 
+def _deprecation(unavailable_after: str) -> dict[str, str] | None:
+    return {"announced": "2025-10-16T00:00:00Z", "unavailable_after": unavailable_after} if unavailable_after else None
+
+
+def api_server_type(name: str, architecture: str, locations: tuple[str, ...], removed_after: str) -> dict[str, Any]:
+    """One of HETZNER_SERVER_TYPES as Hetzner's API ("Server Types") hands it over: per location
+    `available` and `deprecation` (a removed type: deprecated, unavailable after `removed_after`)."""
+    return {
+        **hcloud_catalog.server_type_view("cx23"),
+        "id": int(fake_id(name)),
+        "name": name,
+        "description": name.upper(),
+        "architecture": architecture,
+        "deprecated": bool(removed_after),
+        "deprecation": _deprecation(removed_after),
+        "locations": [
+            {
+                "id": index + 1,
+                "name": location,
+                "deprecation": _deprecation(removed_after),
+                "available": True,
+                "recommended": not removed_after,
+            }
+            for index, location in enumerate(locations)
+        ],
+    }
+
+
+def api_image(name: str, architecture: str, unavailable_after: str = "") -> dict[str, Any]:
+    """One of HETZNER_IMAGES as Hetzner's API ("Images") hands it over; deprecated when
+    `unavailable_after` (the date Hetzner stops creating servers from it) is given."""
+    return {
+        **hcloud_catalog.image_view("debian-12"),
+        "id": int(fake_id(f"{name}-{architecture}")),
+        "name": name,
+        "description": name,
+        "os_flavor": name.split("-", maxsplit=1)[0],
+        "os_version": name.split("-")[1],
+        "architecture": architecture,
+        "deprecated": "2025-10-16T00:00:00Z" if unavailable_after else None,
+        "deprecation": _deprecation(unavailable_after),
+    }
+
+
+def seed_standin(standin: HcloudStandin, mocks: ClusterMocks) -> None:
+    """Give the Hetzner API stand-in the catalogue and holdings `mocks` describe."""
+    standin.catalog["server_types"] = [api_server_type(*item) for item in mocks.hetzner_server_types]
+    standin.catalog["images"] = [
+        api_image(*image, mocks.hetzner_deprecated_images.get(image[0], "")) for image in HETZNER_IMAGES
+    ]
+    for name, labels in mocks.hetzner_servers:
+        standin.add_server(name, SwitchedMachine(), public_ipv4=fake_ipv4(name), private_ips=(), labels=labels)
+    # The rest as a user makes them: through the API.
+    client = HetznerAccess(standin.token, standin.url).client()
+    for name, labels in mocks.hetzner_networks:
+        client.networks.create(name=name, ip_range="10.0.0.0/16", labels=labels)
+    for name, labels in mocks.hetzner_firewalls:
+        client.firewalls.create(name=name, labels=labels)
+    for name, labels in mocks.hetzner_placement_groups:
+        client.placement_groups.create(name=name, type="spread", labels=labels)
+
+
+@contextlib.contextmanager
+def hetzner_reads(mocks: ClusterMocks) -> Iterator[HcloudStandin]:
+    """The program's reads of the Hetzner project go to the lab's Hetzner API stand-in (a real
+    HTTP server, read through Hetzner's own library) seeded with what `mocks` describe."""
+    with running_standin() as standin:
+        seed_standin(standin, mocks)
+        access = HetznerAccess(standin.token, standin.url)
+        original = hetzner_project.read_hetzner_project
+        hetzner_project.read_hetzner_project = lambda access=access: original(access)  # type: ignore[misc]
+        try:
+            yield standin
+        finally:
+            hetzner_project.read_hetzner_project = original
+
+
 def run_with_mocks(
     program: Callable[[], Any],
     recording: Recording | None = None,
@@ -368,7 +449,8 @@ def run_with_mocks(
     original = storage_copies.open_api_forward
     storage_copies.open_api_forward = recording.record_forward
     try:
-        wrapped()
+        with hetzner_reads(mocks):
+            wrapped()
     finally:
         storage_copies.open_api_forward = original
     return recording
