@@ -23,8 +23,8 @@ from pulumi.runtime import rpc
 from components import hetzner_project, storage_copies
 from lab import hcloud_catalog
 from lab.hcloud_standin import HcloudStandin, SwitchedMachine, running_standin
-from remote_access.hetzner_api import HetznerAccess
 from remote_access.api_forward import ApiForward
+from remote_access.hetzner_api import HetznerAccess
 from remote_access.ssh import SshTarget
 
 # The wire marker of a secret value: {SIG_KEY: SECRET_SIG, "value": ...}
@@ -400,7 +400,8 @@ def seed_standin(standin: HcloudStandin, mocks: ClusterMocks) -> None:
     for name, labels in mocks.hetzner_networks:
         client.networks.create(name=name, ip_range="10.0.0.0/16", labels=labels)
     for name, labels in mocks.hetzner_firewalls:
-        client.firewalls.create(name=name, labels=labels)
+        # hcloud 2.27 annotates this `labels` as str; the API (and the library) take the object.
+        client.firewalls.create(name=name, labels=labels)  # type: ignore[arg-type]
     for name, labels in mocks.hetzner_placement_groups:
         client.placement_groups.create(name=name, type="spread", labels=labels)
 
@@ -413,7 +414,7 @@ def hetzner_reads(mocks: ClusterMocks) -> Iterator[HcloudStandin]:
         seed_standin(standin, mocks)
         access = HetznerAccess(standin.token, standin.url)
         original = hetzner_project.read_hetzner_project
-        hetzner_project.read_hetzner_project = lambda access=access: original(access)  # type: ignore[misc]
+        hetzner_project.read_hetzner_project = lambda access=access: original(access)
         try:
             yield standin
         finally:
