@@ -1,7 +1,9 @@
 """Pulumi mocks for component wiring tests.
 
-Mocks stand in for the engine and for Hetzner Cloud, which cannot be reached
-from the test machine. The monitor records every RegisterResource request as
+Mocks stand in for the engine. The program's own reads of the Hetzner project go, through
+Hetzner's library, to the lab's Hetzner API stand-in (a real HTTP server in this process),
+seeded with the catalogue and holdings a test gives ClusterMocks; the Pulumi provider's
+data sources and resources are mocked. The monitor records every RegisterResource request as
 the engine would receive it: type, name, parent, dependencies, and the raw
 property struct (where secrets are still marked secret). The dynamic
 providers are pickled by the SDK exactly as in a real deployment.
@@ -42,7 +44,7 @@ def fake_id(name: str) -> str:
 
 
 EU = ("fsn1", "nbg1", "hel1")
-# Hetzner's catalogue as the mocks answer it (the API cannot be reached from here), after
+# Hetzner's catalogue as the Hetzner API stand-in serves it to the runs (`hetzner_reads`), after
 # Hetzner removed the CX Gen 2 and CPX Gen 1 types at the end of 2025 (its changelog): CX and
 # CAX are offered in the EU locations only. (name, architecture, locations, removed after)
 HETZNER_SERVER_TYPES: list[tuple[str, str, tuple[str, ...], str]] = [
@@ -57,100 +59,6 @@ HETZNER_SERVER_TYPES: list[tuple[str, str, tuple[str, ...], str]] = [
 HETZNER_IMAGES: list[tuple[str, str]] = [
     (name, arch) for name in ("ubuntu-24.04", "ubuntu-22.04", "debian-12", "debian-13") for arch in ("x86", "arm")
 ]
-
-
-def _server_type(name: str, architecture: str, locations: tuple[str, ...], removed_after: str) -> dict[str, Any]:
-    return {
-        "architecture": architecture,
-        "category": "shared",
-        "cores": 2,
-        "cpuType": "shared",
-        "deprecationAnnounced": "2025-10-16T00:00:00Z" if removed_after else "",
-        "description": name.upper(),
-        "disk": 40,
-        "id": int(fake_id(name)),
-        "includedTraffic": 0,
-        "isDeprecated": bool(removed_after),
-        "locations": [
-            {
-                "available": True,
-                "deprecationAnnounced": "2025-10-16T00:00:00Z" if removed_after else "",
-                "id": index + 1,
-                "isDeprecated": bool(removed_after),
-                "name": location,
-                "recommended": not removed_after,
-                "unavailableAfter": removed_after,
-            }
-            for index, location in enumerate(locations)
-        ],
-        "memory": 4,
-        "name": name,
-        "storageType": "local",
-        "unavailableAfter": removed_after,
-    }
-
-
-def _image(name: str, architecture: str, unavailable_after: str = "") -> dict[str, Any]:
-    """An image of the catalogue; deprecated when `unavailable_after` (the date Hetzner stops
-    creating servers from it) is given."""
-    return {
-        "architecture": architecture,
-        "created": "2025-01-01T00:00:00Z",
-        "deprecated": "2025-10-16T00:00:00Z" if unavailable_after else "",
-        "deprecationAnnounced": "2025-10-16T00:00:00Z" if unavailable_after else "",
-        "description": name,
-        "id": int(fake_id(f"{name}-{architecture}")),
-        "isDeprecated": bool(unavailable_after),
-        "labels": {},
-        "name": name,
-        "osFlavor": name.split("-", maxsplit=1)[0],
-        "osVersion": name.split("-")[1],
-        "rapidDeploy": True,
-        "type": "system",
-        "unavailableAfter": unavailable_after,
-    }
-
-
-def _server(name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {
-        "backupWindow": "",
-        "backups": False,
-        "datacenter": "fsn1-dc14",
-        "deleteProtection": False,
-        "firewallIds": [],
-        "id": int(fake_id(name)),
-        "image": "ubuntu-24.04",
-        "iso": "",
-        "labels": labels,
-        "location": "fsn1",
-        "name": name,
-        "primaryDiskSize": 40,
-        "rebuildProtection": False,
-        "rescue": False,
-        "serverType": "cx23",
-        "status": "running",
-        "networks": [],
-        "placementGroupId": 0,
-    }
-
-
-def _network(name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {
-        "deleteProtection": False,
-        "exposeRoutesToVswitch": False,
-        "id": int(fake_id(name)),
-        "ipRange": "10.0.0.0/16",
-        "labels": labels,
-        "name": name,
-    }
-
-
-def _placement_group(name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {"id": int(fake_id(name)), "labels": labels, "name": name, "servers": [], "type": "spread"}
-
-
-def _firewall(name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {"name": name, "applyTos": [], "id": int(fake_id(name)), "labels": labels, "rules": []}
 
 
 @dataclass
@@ -294,23 +202,6 @@ class ClusterMocks(pulumi.runtime.Mocks):
                 for key in self.hetzner_ssh_keys
             ]
             return {"id": "ssh-keys", "sshKeys": keys}, []
-        if args.token == "hcloud:index/getServerTypes:getServerTypes":
-            return {"id": "server-types", "serverTypes": [_server_type(*t) for t in self.hetzner_server_types]}, []
-        if args.token == "hcloud:index/getImages:getImages":
-            # Hetzner's "List Images": deprecated images only with `include_deprecated=true`.
-            images = [_image(*image, self.hetzner_deprecated_images.get(image[0], "")) for image in HETZNER_IMAGES]
-            if not args.args.get("includeDeprecated"):
-                images = [image for image in images if not image["isDeprecated"]]
-            return {"id": "images", "images": images}, []
-        if args.token == "hcloud:index/getServers:getServers":
-            return {"id": "servers", "servers": [_server(*held) for held in self.hetzner_servers]}, []
-        if args.token == "hcloud:index/getNetworks:getNetworks":
-            return {"id": "networks", "networks": [_network(*held) for held in self.hetzner_networks]}, []
-        if args.token == "hcloud:index/getFirewalls:getFirewalls":
-            return {"id": "firewalls", "firewalls": [_firewall(*held) for held in self.hetzner_firewalls]}, []
-        if args.token == "hcloud:index/getPlacementGroups:getPlacementGroups":
-            groups = [_placement_group(*held) for held in self.hetzner_placement_groups]
-            return {"id": "placement-groups", "placementGroups": groups}, []
         return {}, []
 
 
