@@ -628,7 +628,8 @@ class HcloudStandin:
         self._threads: list[threading.Thread] = []
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._http.daemon_threads = True
-        self._serving = threading.Thread(target=self._http.serve_forever, daemon=True)
+        # A short poll: stop() (shutdown) waits for the serving loop's next poll (0.5 s by default).
+        self._serving = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property
     def url(self) -> str:
