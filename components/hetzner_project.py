@@ -1,6 +1,6 @@
 """What the Hetzner project must offer and hold before the stack makes its machines.
 
-Read at every preview and `up` through Hetzner's API (data sources: reads only),
+Read at every preview and `up` from Hetzner's API with Hetzner's library (GET calls only),
 before any resource is registered, so a setting Hetzner would refuse fails the
 run naming the setting, and nothing changes:
 
@@ -40,12 +40,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pulumi
-import pulumi_hcloud as hcloud
 
 from cluster_settings.loading import SettingsError
 from cluster_settings.models import HostSettings, StackSettings
 from cluster_settings.rules import SettingProblem, host_setting_key
 from components.hetzner_ssh_key import OWNER_LABEL, stack_owner
+from remote_access.hetzner_api import DEFAULT_ENDPOINT, HetznerAccess
 
 HETZNER_NAME_MAX = 63
 STACK_LABEL = "hk3s-stack"
@@ -312,19 +312,89 @@ def control_plane_problems(
 HetznerReads = Callable[[], tuple[Sequence[Any], Sequence[Any], Mapping[str, Sequence[Any]]]]
 
 
-def read_hetzner_project() -> tuple[Sequence[Any], Sequence[Any], Mapping[str, Sequence[Any]]]:
-    """Server types, images, and the servers, networks, firewalls and placement groups the project holds."""
-    return (
-        hcloud.get_server_types().server_types,
+def _deprecation(item: Any) -> dict[str, Any]:
+    """`is_deprecated` and `unavailable_after` (RFC 3339, "" when none) of an API object that
+    carries Hetzner's `deprecation` {announced, unavailable_after} (an image's older `deprecated`
+    timestamp is being removed from the API in its favour: Hetzner's changelog of 2026-09-08)."""
+    deprecation = getattr(item, "deprecation", None)
+    after = getattr(deprecation, "unavailable_after", None)
+    return {
+        "is_deprecated": deprecation is not None,
+        "unavailable_after": after.isoformat() if isinstance(after, datetime) else str(after or ""),
+    }
+
+
+def read_hetzner_project(
+    access: HetznerAccess | None = None,
+) -> tuple[Sequence[Any], Sequence[Any], Mapping[str, Sequence[Any]]]:
+    """Server types, images, and the servers, networks, firewalls and placement groups the project
+    holds, read from Hetzner's API itself with Hetzner's library (GET calls only, so a preview
+    changes nothing). Read there and not through the Pulumi provider's data sources: what is judged
+    is what the API says (a type's per-location `available`, an image's `deprecation`) whatever
+    version of the provider plugin a user has (an older one leaves those fields out).
+    `access`: the token and endpoint (default: where the Hetzner provider reads them)."""
+    from hcloud import APIException  # noqa: PLC0415 - loaded on first use, as remote_access does
+    from requests import RequestException  # noqa: PLC0415 - loaded on first use
+
+    access = access or hetzner_access()
+    client = access.client()
+    try:
+        server_types = [
+            {
+                "name": server_type.name,
+                "architecture": server_type.architecture,
+                "locations": [
+                    {
+                        "name": entry.location.name if entry.location is not None else None,
+                        "available": entry.available,
+                        **_deprecation(entry),
+                    }
+                    for entry in server_type.locations or []
+                ],
+            }
+            for server_type in client.server_types.get_all()
+        ]
         # Deprecated images too: Hetzner still creates servers from them until `unavailable_after`.
-        hcloud.get_images(include_deprecated=True).images,
-        {
-            "server": hcloud.get_servers().servers,
-            "network": hcloud.get_networks().networks,
-            "firewall": hcloud.get_firewalls().firewalls,
-            "placement group": hcloud.get_placement_groups().placement_groups,
-        },
-    )
+        images = [
+            {"name": image.name, "id": image.id, "architecture": image.architecture, **_deprecation(image)}
+            for image in client.images.get_all(include_deprecated=True)
+        ]
+        held: dict[str, Sequence[Any]] = {
+            kind: [{"name": item.name, "labels": dict(item.labels or {})} for item in listing.get_all()]
+            for kind, listing in (
+                ("server", client.servers),
+                ("network", client.networks),
+                ("firewall", client.firewalls),
+                ("placement group", client.placement_groups),
+            )
+        }
+    except APIException as error:
+        raise SettingsError([SettingProblem(*_read_failed(access, error))]) from None
+    except RequestException as error:
+        # requests names the URL, never the header holding the token.
+        raise SettingsError(
+            [
+                SettingProblem(
+                    "hcloud:endpoint",
+                    f"the Hetzner API at {access.endpoint} did not answer ({type(error).__name__}); check "
+                    "hcloud:endpoint (unset: Hetzner's own) and this machine's network, then run again",
+                )
+            ]
+        ) from None
+    return server_types, images, held
+
+
+def _read_failed(access: HetznerAccess, error: Any) -> tuple[str, str]:
+    """The setting to blame and the line saying so, for Hetzner refusing the project's reads."""
+    answer = f"Hetzner's API at {access.endpoint} answered {error.code}: {error.message}"
+    if error.code in ("unauthorized", 401):
+        return "hcloud:token", (
+            f"{answer}; the token is wrong or revoked: pulumi config set --secret hcloud:token <a token of the "
+            "Hetzner project> (or HCLOUD_TOKEN), and check hcloud:endpoint"
+        )
+    if error.code in ("forbidden", 403):
+        return "hcloud:token", f"{answer}; give a token of the Hetzner project that may read it (hcloud:token)"
+    return "hcloud:endpoint", f"{answer}; reading the project's catalogue failed: check hcloud:endpoint, then run again"
 
 
 def existing_servers(
@@ -356,18 +426,19 @@ def check_hetzner_project(
     settings: StackSettings,
     stack: str,
     planned: Sequence[PlannedName],
-    read: HetznerReads = read_hetzner_project,
+    read: HetznerReads | None = None,
     owner: str | None = None,
 ) -> None:
     """Refuse, before anything is registered, what Hetzner would refuse halfway through a run,
     and a control plane named other than the one this stack made. Only servers the run will
     create are held to what Hetzner offers now; servers that exist get at most one warning line.
-    `owner` is this stack's owner label value (default: `stack_owner()`)."""
+    `read` reads the project (default: `read_hetzner_project`, through Hetzner's API); `owner` is
+    this stack's owner label value (default: `stack_owner()`)."""
     hosts = settings.hetzner_hosts()
     if not hosts and not planned:
         return
     owner = owner or stack_owner()
-    server_types, images, held = read()
+    server_types, images, held = read() if read is not None else read_hetzner_project()
     to_create, made = existing_servers(settings, stack, held.get("server", []), owner)
     problems = control_plane_problems(settings, stack, owner, held.get("server", []))
     deprecations: dict[tuple[str, str, str], list[str]] = {}
@@ -390,12 +461,35 @@ def check_hetzner_project(
         )
 
 
+def _token_and_endpoint() -> tuple[str | None, str | None]:
+    """Where the Hetzner Pulumi provider reads them: hcloud:token and hcloud:endpoint, else
+    HCLOUD_TOKEN and HCLOUD_ENDPOINT in the environment."""
+    config = pulumi.Config("hcloud")
+    token = config.get("token") or os.environ.get("HCLOUD_TOKEN") or None
+    return token, config.get("endpoint") or os.environ.get("HCLOUD_ENDPOINT") or None
+
+
+def hetzner_access() -> HetznerAccess:
+    """The token and endpoint of the program's own reads of the Hetzner API (the token stays out
+    of every message: HetznerAccess keeps it out of its repr, Hetzner's library puts it only in
+    the Authorization header)."""
+    token, endpoint = _token_and_endpoint()
+    if not token:
+        raise SettingsError(
+            [
+                SettingProblem(
+                    "hcloud:token",
+                    "the Hetzner project is read before anything is made, and there is no token: pulumi config "
+                    "set --secret hcloud:token <token> (or set HCLOUD_TOKEN)",
+                )
+            ]
+        )
+    return HetznerAccess(token, endpoint or DEFAULT_ENDPOINT)
+
+
 def hetzner_api_token() -> tuple[pulumi.Output[str] | None, str | None]:
     """The Hetzner API's token (a secret) and endpoint for the program's own calls, read where the
     Hetzner Pulumi provider reads them: hcloud:token and hcloud:endpoint, else HCLOUD_TOKEN and
     HCLOUD_ENDPOINT in the environment; (None, ...) when there is no token."""
-    config = pulumi.Config("hcloud")
-    token = config.get_secret("token")
-    if token is None and os.environ.get("HCLOUD_TOKEN"):
-        token = pulumi.Output.secret(os.environ["HCLOUD_TOKEN"])
-    return token, config.get("endpoint") or os.environ.get("HCLOUD_ENDPOINT") or None
+    token, endpoint = _token_and_endpoint()
+    return (pulumi.Output.secret(token) if token else None), endpoint

@@ -617,6 +617,9 @@ class HcloudStandin:
         self.networks: dict[int, StandinNetwork] = {}
         self.placement_groups: dict[int, StandinPlacementGroup] = {}
         self.deprecated_images: dict[str, str] = {}
+        # A test's own catalogue: "server_types" and/or "images" as lists of API objects (shaped as
+        # lab/hcloud_catalog.py's views), served instead of lab/hcloud_catalog.py's.
+        self.catalog: dict[str, list[dict[str, Any]]] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) of every authenticated request
         self._bucket = _Bucket(rate_limit, float(rate_limit), time.time())
         self._ids = itertools.count(4711)
@@ -625,7 +628,8 @@ class HcloudStandin:
         self._threads: list[threading.Thread] = []
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._http.daemon_threads = True
-        self._serving = threading.Thread(target=self._http.serve_forever, daemon=True)
+        # A short poll: stop() (shutdown) waits for the serving loop's next poll (0.5 s by default).
+        self._serving = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property
     def url(self) -> str:
@@ -1492,6 +1496,8 @@ class HcloudStandin:
         kind = parts[0]
         if kind == "images":
             entries = [(i[0], i[1], catalog.image_view(i[1], self.deprecated_images.get(i[1]))) for i in catalog.IMAGES]
+            if "images" in self.catalog:
+                entries = [(i["id"], i["name"], i) for i in self.catalog["images"]]
             if len(parts) == 1:
                 # "List Images": deprecated images only with include_deprecated=true.
                 include = query.get("include_deprecated", ["false"])[0].lower() == "true"
@@ -1507,6 +1513,8 @@ class HcloudStandin:
             }
             known, view = views[kind]
             entries = [(id_, name, view(name)) for id_, name in known]
+            if kind in self.catalog:
+                entries = [(item["id"], item["name"], item) for item in self.catalog[kind]]
             if len(parts) == 1 and "name" in query:
                 entries = [e for e in entries if e[1] == query["name"][0]]
         if len(parts) == 1:

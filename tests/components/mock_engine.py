@@ -1,7 +1,9 @@
 """Pulumi mocks for component wiring tests.
 
-Mocks stand in for the engine and for Hetzner Cloud, which cannot be reached
-from the test machine. The monitor records every RegisterResource request as
+Mocks stand in for the engine. The program's own reads of the Hetzner project go, through
+Hetzner's library, to the lab's Hetzner API stand-in (a real HTTP server in this process),
+seeded with the catalogue and holdings a test gives ClusterMocks; the Pulumi provider's
+data sources and resources are mocked. The monitor records every RegisterResource request as
 the engine would receive it: type, name, parent, dependencies, and the raw
 property struct (where secrets are still marked secret). The dynamic
 providers are pickled by the SDK exactly as in a real deployment.
@@ -10,8 +12,9 @@ providers are pickled by the SDK exactly as in a real deployment.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +22,11 @@ import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 
-from components import storage_copies
+from components import hetzner_project, storage_copies
+from lab import hcloud_catalog
+from lab.hcloud_standin import HcloudStandin, SwitchedMachine, running_standin
 from remote_access.api_forward import ApiForward
+from remote_access.hetzner_api import HetznerAccess
 from remote_access.ssh import SshTarget
 
 # The wire marker of a secret value: {SIG_KEY: SECRET_SIG, "value": ...}
@@ -38,7 +44,7 @@ def fake_id(name: str) -> str:
 
 
 EU = ("fsn1", "nbg1", "hel1")
-# Hetzner's catalogue as the mocks answer it (the API cannot be reached from here), after
+# Hetzner's catalogue as the Hetzner API stand-in serves it to the runs (`hetzner_reads`), after
 # Hetzner removed the CX Gen 2 and CPX Gen 1 types at the end of 2025 (its changelog): CX and
 # CAX are offered in the EU locations only. (name, architecture, locations, removed after)
 HETZNER_SERVER_TYPES: list[tuple[str, str, tuple[str, ...], str]] = [
@@ -53,100 +59,6 @@ HETZNER_SERVER_TYPES: list[tuple[str, str, tuple[str, ...], str]] = [
 HETZNER_IMAGES: list[tuple[str, str]] = [
     (name, arch) for name in ("ubuntu-24.04", "ubuntu-22.04", "debian-12", "debian-13") for arch in ("x86", "arm")
 ]
-
-
-def _server_type(name: str, architecture: str, locations: tuple[str, ...], removed_after: str) -> dict[str, Any]:
-    return {
-        "architecture": architecture,
-        "category": "shared",
-        "cores": 2,
-        "cpuType": "shared",
-        "deprecationAnnounced": "2025-10-16T00:00:00Z" if removed_after else "",
-        "description": name.upper(),
-        "disk": 40,
-        "id": int(fake_id(name)),
-        "includedTraffic": 0,
-        "isDeprecated": bool(removed_after),
-        "locations": [
-            {
-                "available": True,
-                "deprecationAnnounced": "2025-10-16T00:00:00Z" if removed_after else "",
-                "id": index + 1,
-                "isDeprecated": bool(removed_after),
-                "name": location,
-                "recommended": not removed_after,
-                "unavailableAfter": removed_after,
-            }
-            for index, location in enumerate(locations)
-        ],
-        "memory": 4,
-        "name": name,
-        "storageType": "local",
-        "unavailableAfter": removed_after,
-    }
-
-
-def _image(name: str, architecture: str, unavailable_after: str = "") -> dict[str, Any]:
-    """An image of the catalogue; deprecated when `unavailable_after` (the date Hetzner stops
-    creating servers from it) is given."""
-    return {
-        "architecture": architecture,
-        "created": "2025-01-01T00:00:00Z",
-        "deprecated": "2025-10-16T00:00:00Z" if unavailable_after else "",
-        "deprecationAnnounced": "2025-10-16T00:00:00Z" if unavailable_after else "",
-        "description": name,
-        "id": int(fake_id(f"{name}-{architecture}")),
-        "isDeprecated": bool(unavailable_after),
-        "labels": {},
-        "name": name,
-        "osFlavor": name.split("-", maxsplit=1)[0],
-        "osVersion": name.split("-")[1],
-        "rapidDeploy": True,
-        "type": "system",
-        "unavailableAfter": unavailable_after,
-    }
-
-
-def _server(name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {
-        "backupWindow": "",
-        "backups": False,
-        "datacenter": "fsn1-dc14",
-        "deleteProtection": False,
-        "firewallIds": [],
-        "id": int(fake_id(name)),
-        "image": "ubuntu-24.04",
-        "iso": "",
-        "labels": labels,
-        "location": "fsn1",
-        "name": name,
-        "primaryDiskSize": 40,
-        "rebuildProtection": False,
-        "rescue": False,
-        "serverType": "cx23",
-        "status": "running",
-        "networks": [],
-        "placementGroupId": 0,
-    }
-
-
-def _network(name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {
-        "deleteProtection": False,
-        "exposeRoutesToVswitch": False,
-        "id": int(fake_id(name)),
-        "ipRange": "10.0.0.0/16",
-        "labels": labels,
-        "name": name,
-    }
-
-
-def _placement_group(name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {"id": int(fake_id(name)), "labels": labels, "name": name, "servers": [], "type": "spread"}
-
-
-def _firewall(name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {"name": name, "applyTos": [], "id": int(fake_id(name)), "labels": labels, "rules": []}
 
 
 @dataclass
@@ -290,23 +202,6 @@ class ClusterMocks(pulumi.runtime.Mocks):
                 for key in self.hetzner_ssh_keys
             ]
             return {"id": "ssh-keys", "sshKeys": keys}, []
-        if args.token == "hcloud:index/getServerTypes:getServerTypes":
-            return {"id": "server-types", "serverTypes": [_server_type(*t) for t in self.hetzner_server_types]}, []
-        if args.token == "hcloud:index/getImages:getImages":
-            # Hetzner's "List Images": deprecated images only with `include_deprecated=true`.
-            images = [_image(*image, self.hetzner_deprecated_images.get(image[0], "")) for image in HETZNER_IMAGES]
-            if not args.args.get("includeDeprecated"):
-                images = [image for image in images if not image["isDeprecated"]]
-            return {"id": "images", "images": images}, []
-        if args.token == "hcloud:index/getServers:getServers":
-            return {"id": "servers", "servers": [_server(*held) for held in self.hetzner_servers]}, []
-        if args.token == "hcloud:index/getNetworks:getNetworks":
-            return {"id": "networks", "networks": [_network(*held) for held in self.hetzner_networks]}, []
-        if args.token == "hcloud:index/getFirewalls:getFirewalls":
-            return {"id": "firewalls", "firewalls": [_firewall(*held) for held in self.hetzner_firewalls]}, []
-        if args.token == "hcloud:index/getPlacementGroups:getPlacementGroups":
-            groups = [_placement_group(*held) for held in self.hetzner_placement_groups]
-            return {"id": "placement-groups", "placementGroups": groups}, []
         return {}, []
 
 
@@ -339,6 +234,84 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         return response
 
 
+def _deprecation(unavailable_after: str) -> dict[str, str] | None:
+    return {"announced": "2025-10-16T00:00:00Z", "unavailable_after": unavailable_after} if unavailable_after else None
+
+
+def api_server_type(name: str, architecture: str, locations: tuple[str, ...], removed_after: str) -> dict[str, Any]:
+    """One of HETZNER_SERVER_TYPES as Hetzner's API ("Server Types") hands it over: per location
+    `available` and `deprecation` (a removed type: deprecated, unavailable after `removed_after`)."""
+    return {
+        **hcloud_catalog.server_type_view("cx23"),
+        "id": int(fake_id(name)),
+        "name": name,
+        "description": name.upper(),
+        "architecture": architecture,
+        "deprecated": bool(removed_after),
+        "deprecation": _deprecation(removed_after),
+        "locations": [
+            {
+                "id": index + 1,
+                "name": location,
+                "deprecation": _deprecation(removed_after),
+                "available": True,
+                "recommended": not removed_after,
+            }
+            for index, location in enumerate(locations)
+        ],
+    }
+
+
+def api_image(name: str, architecture: str, unavailable_after: str = "") -> dict[str, Any]:
+    """One of HETZNER_IMAGES as Hetzner's API ("Images") hands it over; deprecated when
+    `unavailable_after` (the date Hetzner stops creating servers from it) is given."""
+    return {
+        **hcloud_catalog.image_view("debian-12"),
+        "id": int(fake_id(f"{name}-{architecture}")),
+        "name": name,
+        "description": name,
+        "os_flavor": name.split("-", maxsplit=1)[0],
+        "os_version": name.split("-")[1],
+        "architecture": architecture,
+        "deprecated": "2025-10-16T00:00:00Z" if unavailable_after else None,
+        "deprecation": _deprecation(unavailable_after),
+    }
+
+
+def seed_standin(standin: HcloudStandin, mocks: ClusterMocks) -> None:
+    """Give the Hetzner API stand-in the catalogue and holdings `mocks` describe."""
+    standin.catalog["server_types"] = [api_server_type(*item) for item in mocks.hetzner_server_types]
+    standin.catalog["images"] = [
+        api_image(*image, mocks.hetzner_deprecated_images.get(image[0], "")) for image in HETZNER_IMAGES
+    ]
+    for name, labels in mocks.hetzner_servers:
+        standin.add_server(name, SwitchedMachine(), public_ipv4=fake_ipv4(name), private_ips=(), labels=labels)
+    # The rest as a user makes them: through the API.
+    client = HetznerAccess(standin.token, standin.url).client()
+    for name, labels in mocks.hetzner_networks:
+        client.networks.create(name=name, ip_range="10.0.0.0/16", labels=labels)
+    for name, labels in mocks.hetzner_firewalls:
+        # hcloud 2.27 annotates this `labels` as str; the API (and the library) take the object.
+        client.firewalls.create(name=name, labels=labels)  # type: ignore[arg-type]
+    for name, labels in mocks.hetzner_placement_groups:
+        client.placement_groups.create(name=name, type="spread", labels=labels)
+
+
+@contextlib.contextmanager
+def hetzner_reads(mocks: ClusterMocks) -> Iterator[HcloudStandin]:
+    """The program's reads of the Hetzner project go to the lab's Hetzner API stand-in (a real
+    HTTP server, read through Hetzner's own library) seeded with what `mocks` describe."""
+    with running_standin() as standin:
+        seed_standin(standin, mocks)
+        access = HetznerAccess(standin.token, standin.url)
+        original = hetzner_project.read_hetzner_project
+        hetzner_project.read_hetzner_project = lambda access=access: original(access)
+        try:
+            yield standin
+        finally:
+            hetzner_project.read_hetzner_project = original
+
+
 def run_with_mocks(
     program: Callable[[], Any],
     recording: Recording | None = None,
@@ -368,7 +341,8 @@ def run_with_mocks(
     original = storage_copies.open_api_forward
     storage_copies.open_api_forward = recording.record_forward
     try:
-        wrapped()
+        with hetzner_reads(mocks):
+            wrapped()
     finally:
         storage_copies.open_api_forward = original
     return recording

@@ -1,26 +1,43 @@
 """What the Hetzner project must offer and hold, checked before anything is registered,
 and the names and firewalls the stack's Hetzner resources get.
 
-Hetzner's API cannot be reached from here, so the engine and Hetzner are Pulumi
-mocks: the data sources (server types, images, servers, networks, firewalls) answer
-from tests/components/mock_engine.py's catalogue, which follows Hetzner's changelog
-(CX Gen 2 and CPX Gen 1 removed at the end of 2025; CX and CAX offered in the EU
-only). The mocks plan no replacements; what is tested is what the program asks for.
+The engine is Pulumi's mocks (no resource is really made: the mocks plan no replacements; what
+is tested is what the program asks for). Hetzner is the lab's Hetzner API stand-in
+(lab/hcloud_standin.py, a real HTTP server), read through Hetzner's own library as in a real
+run, seeded with tests/components/mock_engine.py's catalogue, which follows Hetzner's changelog
+(CX Gen 2 and CPX Gen 1 removed at the end of 2025; CX and CAX offered in the EU only), and with
+the servers, networks and firewalls each test puts in the project.
 """
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import pytest
 import yaml
 
 from cluster_settings import SettingsError, load_settings
+from cluster_settings.models import StackSettings
+from components import hetzner_project
 from components.hetzner_project import NODE_LABEL, check_hetzner_project, hetzner_name, planned_names
 from components.hetzner_ssh_key import OWNER_LABEL
 from components.program import build_cluster, read_credentials
-from tests.components.mock_engine import HETZNER_SERVER_TYPES, ClusterMocks, Recording, run_with_mocks
+from lab.hcloud_standin import HcloudStandin, SwitchedMachine, running_standin
+from remote_access.hetzner_api import HetznerAccess
+from tests.components.mock_engine import (
+    HETZNER_SERVER_TYPES,
+    ClusterMocks,
+    Recording,
+    api_image,
+    api_server_type,
+    run_with_mocks,
+)
+
+# The reads themselves (the mock engine's runs swap this module's for one bound to their stand-in).
+read_hetzner_project = hetzner_project.read_hetzner_project
 
 REPO = Path(__file__).resolve().parents[2]
 K3S = "v1.36.1+k3s1"
@@ -255,10 +272,15 @@ def test_a_server_the_run_will_create_is_still_refused_beside_existing_ones(ssh_
 # (resourceServerUpdate), so a renamed cluster keeps every server; a new hk3s:server.name is a new
 # Pulumi resource, which Pulumi creates before it refuses the protected old one's delete.
 OWNER = "hk3s.dev"
-CATALOGUE = (
-    [{"name": "cx23", "architecture": "x86", "locations": [{"name": "fsn1", "available": True}]}],
-    [{"name": "ubuntu-24.04", "architecture": "x86", "id": 1}],
-)
+
+
+def _seeded(standin: HcloudStandin, servers: list[dict[str, Any]]) -> HetznerAccess:
+    """One type (cx23 in fsn1), one image, and `servers`, in the stand-in; how to read it."""
+    standin.catalog["server_types"] = [api_server_type("cx23", "x86", ("fsn1",), "")]
+    standin.catalog["images"] = [api_image("ubuntu-24.04", "x86")]
+    for server in servers:
+        standin.add_server(server["name"], SwitchedMachine(), private_ips=(), labels=server["labels"])
+    return HetznerAccess(standin.token, standin.url)
 
 
 def _check(key_file: Path, servers: list[dict[str, Any]], **overrides: Any) -> list[str]:
@@ -266,11 +288,14 @@ def _check(key_file: Path, servers: list[dict[str, Any]], **overrides: Any) -> l
     overrides["cluster"] = {"server_type": "cx23", "image": "ubuntu-24.04", **overrides.get("cluster", {})}
     config = _config(key_file, **overrides)
     settings = load_settings(config)
-    read = lambda: (*CATALOGUE, {"server": servers})  # noqa: E731
-    try:
-        check_hetzner_project(settings, "dev", planned_names(settings, "dev", False), read, owner=OWNER)
-    except SettingsError as refused:
-        return [str(problem) for problem in refused.problems]
+    with running_standin() as standin:
+        access = _seeded(standin, servers)
+        try:
+            check_hetzner_project(
+                settings, "dev", planned_names(settings, "dev", False), lambda: read_hetzner_project(access), OWNER
+            )
+        except SettingsError as refused:
+            return [str(problem) for problem in refused.problems]
     return []
 
 
@@ -316,3 +341,79 @@ def test_renaming_the_server_is_refused_before_anything_is_registered(ssh_key_fi
     message, recording = _refused(_config(ssh_key_file, server={"name": "cp"}), mocks)
     assert "hk3s:server.name" in message and "back to 'srv'" in message
     assert recording.registrations == []
+
+
+def _settings(key_file: Path) -> StackSettings:
+    return load_settings(_config(key_file, workers=[], cluster={"server_type": "cx23", "image": "ubuntu-24.04"}))
+
+
+def test_the_project_is_read_from_hetzners_api_with_get_calls_only(ssh_key_file: Path) -> None:
+    """A type location Hetzner marks not `available` (sold out, or withdrawn there) cannot be
+    ordered, whatever its deprecation says; the check only reads (a preview changes nothing)."""
+    settings = _settings(ssh_key_file)
+    with running_standin() as standin:
+        access = _seeded(standin, [])
+        standin.catalog["server_types"].append(api_server_type("cx33", "x86", ("fsn1",), ""))
+        standin.catalog["server_types"][0]["locations"][0]["available"] = False
+        with pytest.raises(SettingsError) as refused:
+            check_hetzner_project(settings, "dev", [], lambda: read_hetzner_project(access), OWNER)
+        assert "hk3s:cluster.server_type: server type 'cx23' cannot be ordered now in fsn1 (for srv); " in str(
+            refused.value
+        )
+        assert "fsn1 offers: cx33" in str(refused.value)
+        assert {method for method, _ in standin.requests} == {"GET"}, standin.requests
+        assert ("GET", "/v1/server_types") in standin.requests and ("GET", "/v1/images") in standin.requests
+
+
+def test_a_wrong_token_is_refused_naming_the_setting_and_the_fix(ssh_key_file: Path) -> None:
+    settings = _settings(ssh_key_file)
+    with running_standin() as standin:
+        _seeded(standin, [])
+        wrong = HetznerAccess("not-the-projects-token-0123456789", standin.url)
+        with pytest.raises(SettingsError) as refused:
+            check_hetzner_project(settings, "dev", [], lambda: read_hetzner_project(wrong), OWNER)
+    (problem,) = refused.value.problems
+    assert str(problem).startswith("hcloud:token: Hetzner's API at ")
+    assert "answered unauthorized" in str(problem)
+    assert "pulumi config set --secret hcloud:token" in str(problem)
+    assert "not-the-projects-token" not in str(refused.value)
+
+
+def test_an_unreachable_endpoint_is_refused_naming_the_setting(ssh_key_file: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    unreachable = HetznerAccess("a-token-0123456789", f"http://127.0.0.1:{port}/v1")
+    with pytest.raises(SettingsError) as refused:
+        check_hetzner_project(_settings(ssh_key_file), "dev", [], lambda: read_hetzner_project(unreachable), OWNER)
+    (problem,) = refused.value.problems
+    assert str(problem).startswith(f"hcloud:endpoint: the Hetzner API at http://127.0.0.1:{port}/v1 did not answer")
+    assert "check hcloud:endpoint" in str(problem)
+    assert "a-token-0123456789" not in str(refused.value)
+
+
+def test_without_a_token_the_check_names_the_setting(ssh_key_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HCLOUD_TOKEN", raising=False)
+    with pytest.raises(SettingsError) as refused:
+        check_hetzner_project(_settings(ssh_key_file), "dev", [], hetzner_project.read_hetzner_project, OWNER)
+    assert "hcloud:token: the Hetzner project is read before anything is made, and there is no token" in str(
+        refused.value
+    )
+
+
+def test_the_token_and_endpoint_are_the_providers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hcloud:token and hcloud:endpoint, else HCLOUD_TOKEN and HCLOUD_ENDPOINT, as the provider reads them."""
+    monkeypatch.setenv("HCLOUD_TOKEN", "env-token")
+    monkeypatch.setenv("HCLOUD_ENDPOINT", "http://127.0.0.1:1/v1")
+    access = hetzner_project.hetzner_access()
+    assert (access.token, access.endpoint) == ("env-token", "http://127.0.0.1:1/v1")
+    monkeypatch.delenv("HCLOUD_ENDPOINT")
+    assert hetzner_project.hetzner_access().endpoint == "https://api.hetzner.cloud/v1"
+    # The stack's configuration comes first.
+    pulumi.runtime.set_all_config({"hcloud:token": "config-token", "hcloud:endpoint": "http://h/v1"}, ["hcloud:token"])
+    try:
+        access = hetzner_project.hetzner_access()
+    finally:
+        pulumi.runtime.set_all_config({}, [])
+    assert (access.token, access.endpoint) == ("config-token", "http://h/v1")
+    assert "config-token" not in repr(access)
