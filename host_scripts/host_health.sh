@@ -45,4 +45,26 @@ if [ -r "$cert" ]; then
     result cert_expires_epoch "$(date -d "$end" +%s)"
   fi
 fi
+# The server's own certificates (its API's serving certificate, the admin, controller-manager,
+# scheduler and supervisor clients): k3s renews them only when it starts within 90 days of their
+# end (k3s's deps.go), so a server that runs on, or restarts earlier, keeps them to their end.
+# The one that ends first, and its file.
+if [ -f /etc/systemd/system/k3s.service ]; then
+  first_end='' first_file=''
+  for name in serving-kube-apiserver client-admin client-controller client-scheduler client-supervisor \
+    client-kube-apiserver client-auth-proxy; do
+    file=/var/lib/rancher/k3s/server/tls/$name.crt
+    [ -r "$file" ] || continue
+    end=$(openssl x509 -enddate -noout -in "$file" 2>/dev/null | sed 's/^notAfter=//')
+    [ -n "$end" ] || continue
+    end=$(date -d "$end" +%s)
+    if [ -z "$first_end" ] || [ "$end" -lt "$first_end" ]; then
+      first_end=$end first_file=$name.crt
+    fi
+  done
+  if [ -n "$first_end" ]; then
+    result server_cert_expires_epoch "$first_end"
+    result server_cert_file "$first_file"
+  fi
+fi
 result now_epoch "$(date +%s)"

@@ -1,5 +1,6 @@
 """Read-only health checks of the nodes, over SSH: k3s running, disk space, the clock,
-and how long the node's k3s client certificate has left.
+how long the node's k3s client certificate has left, and on the server how long its own
+certificates (the API's serving certificate, the admin and control-plane clients) have left.
 
 k3s's certificates last a year; k3s renews one that expires within 90 days when it
 starts (docs.k3s.io, "Certificate rotation"), so a node that has run for most of a year
@@ -22,6 +23,36 @@ from remote_access.ssh import SshError, SshTarget, open_session
 HEALTH_DEADLINE_SECONDS = 60.0
 CERT_WARN_DAYS = 30
 DISK_WARN_FREE_PERCENT = 10
+# k3s renews a server certificate only when it starts within this many days of the certificate's
+# end (config.CertificateRenewDays, read by deps.go's expired()): from then on a restart renews it.
+SERVER_CERT_RENEW_DAYS = 90
+
+
+def time_left(seconds: int) -> str:
+    """A certificate's time left, in the largest whole unit that is not zero."""
+    if seconds <= 0:
+        return "expired"
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= size:
+            return f"expires in {seconds // size} {unit}"
+    return f"expires in {seconds} seconds"
+
+
+def server_certificate_warning(node: str, seconds_left: int, file: str) -> str | None:
+    """The warning for the server's own certificates, once the first of them to end is within
+    k3s's renewal window; None before. k3s renews them only at a start inside the window, so a
+    server that keeps running (or was restarted earlier) reaches their end: then its API refuses
+    every client, the program's own among them."""
+    if seconds_left >= SERVER_CERT_RENEW_DAYS * 86400:
+        return None
+    return (
+        f"{node}: the k3s server's certificate {file} {time_left(seconds_left)} (k3s renews the server's "
+        f"certificates only when it starts within {SERVER_CERT_RENEW_DAYS} days of their end); renew them: "
+        "run `up` with hk3s:network.approve_server_restart: true (it rotates them: k3s is stopped, "
+        "`k3s certificate rotate` run and k3s started, the API down for 10-30 s), or on the server run "
+        "`systemctl stop k3s; k3s certificate rotate; systemctl start k3s`, or restart k3s (a start "
+        "within the window renews them); then `refresh` or `up` stores the new kubeconfig"
+    )
 
 
 @dataclass(frozen=True)
@@ -67,6 +98,11 @@ def judge(node: str, results: dict[str, str]) -> HostHealth:
                 f"{node}: its k3s client certificate expires in {days} days; reboot it (k3s renews a certificate "
                 "that expires within 90 days when it starts)"
             )
+    if results.get("server_cert_expires_epoch", "").isdigit() and results.get("now_epoch", "").isdigit():
+        left = int(results["server_cert_expires_epoch"]) - int(results["now_epoch"])
+        warning = server_certificate_warning(node, left, results.get("server_cert_file", "?"))
+        if warning:
+            warnings.append(warning)
     if results.get("secrets_encryption") == "no":
         warnings.append(
             f"{node}: Kubernetes Secrets are stored unencrypted in k3s's datastore: this server started "
