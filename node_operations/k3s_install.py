@@ -81,6 +81,9 @@ class ServerSpec:
     # currently not supported", docs.k3s.io/cli/secrets-encrypt): on for servers this program
     # creates, never switched on for a server that started without it.
     secrets_encryption: bool = False
+    # hk3s:network.approve_server_restart: the run may restart k3s, so server certificates inside
+    # k3s's renewal window are rotated (rotate_server_certificates).
+    may_restart: bool = False
 
 
 # k3s's bundled components the program turns off without hk3s:cluster.ingress: ServiceLB publishes
@@ -320,15 +323,101 @@ async def install_server(target: SshTarget, spec: ServerSpec, progress: Progress
                 "previous configuration was restored and k3s is running with it again. Find the cause in the log "
                 "lines above, then run again",
             ) from None
-        kubeconfig = await session.run(["cat", "/etc/rancher/k3s/k3s.yaml"], deadline=30, what="reading the kubeconfig")
+        api_endpoint = f"https://{spec.external_ip}:6443"
+        credentials = await _credentials_renewed(session, api_endpoint, rotate=spec.may_restart, progress=progress)
         ca_hash = await served_ca_hash(session)
-    api_endpoint = f"https://{spec.external_ip}:6443"
     return ServerInstalled(
         version=results["version"],
         ca_hash=ca_hash,
         api_endpoint=api_endpoint,
-        kubeconfig=kubeconfig.stdout.replace("https://127.0.0.1:6443", api_endpoint),
+        kubeconfig=credentials.kubeconfig,
     )
+
+
+KUBECONFIG_PATH = "/etc/rancher/k3s/k3s.yaml"
+
+
+@dataclass(frozen=True)
+class ServerCredentials:
+    """What the server's certificates say now: the kubeconfig k3s wrote at its last start (with
+    the API endpoint the program records; secret) and the first of its own certificates to end."""
+
+    node: str
+    kubeconfig: str
+    seconds_left: int | None
+    first_file: str | None
+
+    def expiring(self) -> str | None:
+        """The warning when the first certificate to end is inside k3s's renewal window."""
+        from node_operations.health import server_certificate_warning  # noqa: PLC0415 - avoids a cycle
+
+        if self.seconds_left is None:
+            return None
+        return server_certificate_warning(self.node, self.seconds_left, self.first_file or "?")
+
+    def first_end(self) -> str:
+        from node_operations.health import time_left  # noqa: PLC0415 - avoids a cycle
+
+        return f"{self.first_file} {time_left(self.seconds_left or 0)}"
+
+
+async def _read_credentials(session: SshSession, api_endpoint: str) -> ServerCredentials:
+    kubeconfig = await session.run(["cat", KUBECONFIG_PATH], deadline=30, what="reading the kubeconfig")
+    health = parse_results((await session.run_script(script_path("host_health.sh"), deadline=60)).stdout)
+    left = None
+    if health.get("server_cert_expires_epoch", "").isdigit() and health.get("now_epoch", "").isdigit():
+        left = int(health["server_cert_expires_epoch"]) - int(health["now_epoch"])
+    return ServerCredentials(
+        node=session.target.node,
+        kubeconfig=kubeconfig.stdout.replace("https://127.0.0.1:6443", api_endpoint),
+        seconds_left=left,
+        first_file=health.get("server_cert_file"),
+    )
+
+
+async def read_server_credentials(target: SshTarget, api_endpoint: str) -> ServerCredentials:
+    """The server's kubeconfig and its certificates' end, read-only (every `up` and `refresh`: k3s
+    writes a new kubeconfig whenever it signs a new admin certificate, so a stored one goes stale)."""
+    async with open_session(target, shared=True) as session:
+        return await _read_credentials(session, api_endpoint)
+
+
+async def _rotate_certificates(session: SshSession) -> None:
+    """k3s's documented rotation (docs.k3s.io/cli/certificate): stop k3s, `k3s certificate rotate`
+    (it backs up server/tls and removes the leaf certificates), start k3s, which signs new ones
+    and writes a new kubeconfig; then wait for the API. The CAs stay, so agents are unaffected."""
+    await session.run(["systemctl", "stop", "k3s"], deadline=120)
+    await session.run([K3S_BIN, "certificate", "rotate"], deadline=60, what="rotating the server's certificates")
+    await session.run(["systemctl", "start", "--no-block", "k3s"], deadline=60)
+    await session.run_script(
+        script_path("k3s_server_ready.sh"),
+        [str(SERVER_READY_DEADLINE_SECONDS)],
+        deadline=SERVER_READY_DEADLINE_SECONDS + 30,
+    )
+
+
+async def refresh_server_credentials(
+    target: SshTarget, api_endpoint: str, *, rotate: bool, progress: Progress
+) -> ServerCredentials:
+    """The server's kubeconfig read again, after rotating its certificates when `rotate` and they
+    are inside k3s's renewal window (the stack allows a server restart)."""
+    async with open_session(target, shared=True) as session:
+        return await _credentials_renewed(session, api_endpoint, rotate=rotate, progress=progress)
+
+
+async def _credentials_renewed(
+    session: SshSession, api_endpoint: str, *, rotate: bool, progress: Progress
+) -> ServerCredentials:
+    credentials = await _read_credentials(session, api_endpoint)
+    if rotate and credentials.expiring() is not None:
+        progress(
+            f"rotating the server's certificates ({credentials.first_end()}, inside k3s's renewal window): "
+            "k3s restarts, the Kubernetes API is down for 10-30 s"
+        )
+        await _rotate_certificates(session)
+        credentials = await _read_credentials(session, api_endpoint)
+        progress(f"certificates rotated: the first to end now {credentials.first_end()}")
+    return credentials
 
 
 async def _wait_ready(session: SshSession, spec: ServerSpec, deadline: int = SERVER_READY_DEADLINE_SECONDS) -> dict:
