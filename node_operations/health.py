@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -70,6 +71,21 @@ class HostHealth:
     warnings: tuple[str, ...] = ()
 
 
+# k3s makes the server's CA and its encryption config in one start (deps.go GenServerDeps): a
+# config written later than this after the CA was written by a later start.
+ENCRYPTION_LATE_SECONDS = 10
+
+
+def encrypted_since(results: dict[str, str]) -> int | None:
+    """When secrets-encryption was turned on (epoch seconds), if that was after the server's
+    first start and the Secrets stored before were never re-encrypted since (k3s's rotation
+    stage is still `start`); None otherwise."""
+    began, cluster = results.get("secrets_encryption_began", ""), results.get("cluster_began", "")
+    if results.get("secrets_encryption_stage") != "start" or not (began.isdigit() and cluster.isdigit()):
+        return None
+    return int(began) if int(began) - int(cluster) > ENCRYPTION_LATE_SECONDS else None
+
+
 def judge(node: str, results: dict[str, str]) -> HostHealth:
     """The checks' verdicts from the facts `host_health.sh` printed."""
     warnings: list[str] = []
@@ -103,11 +119,25 @@ def judge(node: str, results: dict[str, str]) -> HostHealth:
         warning = server_certificate_warning(node, left, results.get("server_cert_file", "?"))
         if warning:
             warnings.append(warning)
-    if results.get("secrets_encryption") == "no":
+    encryption = results.get("secrets_encryption")
+    if encryption == "no":
         warnings.append(
-            f"{node}: Kubernetes Secrets are stored unencrypted in k3s's datastore: this server started "
-            "without secrets-encryption, and k3s does not support turning it on later; keep its disk and "
-            "backups private, or move the cluster to a new server the program creates (those start with it)"
+            f"{node}: Kubernetes Secrets are stored unencrypted in k3s's datastore (k3s secrets-encrypt status: "
+            "Disabled): this server runs without secrets-encryption. Turn it on: run `up` with "
+            "hk3s:network.approve_server_restart: true (k3s restarts with secrets-encryption, then the Secrets "
+            "already stored are re-encrypted with `k3s secrets-encrypt rotate-keys`)"
+        )
+    elif encryption == "unknown" and active:
+        warnings.append(
+            f"{node}: `k3s secrets-encrypt status` did not answer, so whether Secrets are encrypted is not known"
+        )
+    began = encrypted_since(results)
+    if encryption == "yes" and began is not None:
+        warnings.append(
+            f"{node}: Kubernetes Secrets stored before secrets-encryption was turned on "
+            f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(began))}) are still unencrypted in k3s's datastore "
+            "(never re-encrypted since); re-encrypt them: `k3s secrets-encrypt rotate-keys` on the server, or "
+            "run `up` (it does that)"
         )
     return HostHealth(
         node=node,

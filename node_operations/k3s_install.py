@@ -4,6 +4,7 @@ installer. Shared by the server set-up and the join."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import shlex
@@ -324,7 +325,11 @@ async def install_server(target: SshTarget, spec: ServerSpec, progress: Progress
                 "lines above, then run again",
             ) from None
         api_endpoint = f"https://{spec.external_ip}:6443"
+        if spec.secrets_encryption:
+            await _wait_encryption_stage(session)
         credentials = await _credentials_renewed(session, api_endpoint, rotate=spec.may_restart, progress=progress)
+        if spec.secrets_encryption:
+            await _reencrypt_stored_secrets(session, credentials.facts, progress)
         ca_hash = await served_ca_hash(session)
     return ServerInstalled(
         version=results["version"],
@@ -346,6 +351,8 @@ class ServerCredentials:
     kubeconfig: str
     seconds_left: int | None
     first_file: str | None
+    facts: dict[str, str] = dataclasses.field(default_factory=dict)
+    """All that host_health.sh printed."""
 
     def expiring(self) -> str | None:
         """The warning when the first certificate to end is inside k3s's renewal window."""
@@ -372,6 +379,7 @@ async def _read_credentials(session: SshSession, api_endpoint: str) -> ServerCre
         kubeconfig=kubeconfig.stdout.replace("https://127.0.0.1:6443", api_endpoint),
         seconds_left=left,
         first_file=health.get("server_cert_file"),
+        facts=health,
     )
 
 
@@ -393,6 +401,56 @@ async def _rotate_certificates(session: SshSession) -> None:
         script_path("k3s_server_ready.sh"),
         [str(SERVER_READY_DEADLINE_SECONDS)],
         deadline=SERVER_READY_DEADLINE_SECONDS + 30,
+    )
+
+
+ENCRYPTION_STAGE_SECONDS = 60
+REENCRYPT_SECONDS = 300
+
+
+async def _wait_encryption_stage(session: SshSession) -> None:
+    """Until `k3s secrets-encrypt status` names a rotation stage: k3s annotates its Node with the
+    stage once the Node registers, a moment after the API is ready."""
+    await session.run(
+        [
+            "sh",
+            "-c",
+            f'for i in $(seq {ENCRYPTION_STAGE_SECONDS}); do "$0" secrets-encrypt status 2>/dev/null | '
+            "grep -q '^Current Rotation Stage: ' && exit 0; sleep 1; done",
+            K3S_BIN,
+        ],
+        deadline=ENCRYPTION_STAGE_SECONDS + 30,
+        check=False,
+    )
+
+
+async def _reencrypt_stored_secrets(session: SshSession, facts: dict[str, str], progress: Progress) -> None:
+    """k3s encrypts the Secrets written after a start with secrets-encryption; those a server stored
+    before (an adopted server that ran without it, or one turned on later) stay as they were until
+    rewritten. `k3s secrets-encrypt rotate-keys` (docs.k3s.io/cli/secrets-encrypt) rewrites every
+    Secret with a new key; done when k3s reports the stage reencrypt_finished. It restarts nothing.
+    When it fails the run says the Secrets are not re-encrypted (and status --check keeps saying so)."""
+    from node_operations.health import encrypted_since  # noqa: PLC0415 - avoids a cycle
+
+    since = encrypted_since(facts)
+    if since is None:
+        return
+    progress(
+        "re-encrypting the Secrets stored before secrets-encryption was turned on (k3s secrets-encrypt rotate-keys)"
+    )
+    wait = (
+        f'"$0" secrets-encrypt rotate-keys || exit 1; for i in $(seq {REENCRYPT_SECONDS}); do '
+        '"$0" secrets-encrypt status | grep -qx "Current Rotation Stage: reencrypt_finished" && exit 0; sleep 1; '
+        "done; echo 'the stage did not reach reencrypt_finished' >&2; exit 1"
+    )
+    done = await session.run(["sh", "-c", wait, K3S_BIN], deadline=REENCRYPT_SECONDS + 120, check=False)
+    if done.exit_status == 0:
+        progress("Secrets re-encrypted: every Secret is stored encrypted (k3s stage reencrypt_finished)")
+        return
+    why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    progress(
+        f"warning: the Secrets stored before secrets-encryption was turned on are NOT re-encrypted ({why}); "
+        "run `k3s secrets-encrypt rotate-keys` on the server, or run up again"
     )
 
 

@@ -166,8 +166,12 @@ class K3sServerProvider(NodeProvider):
                 )
             )
         checked = pin_recorded_host_key(olds, dict(news))
-        # A server this stack already runs keeps what it started with (an earlier release's: off).
-        checked["secrets_encryption"] = olds.get("secrets_encryption") if olds.get("node") else True
+        # A server this stack already runs keeps what it runs with (an earlier release's: off) unless
+        # the stack allows a restart: k3s turns secrets-encryption on at a start with the flag, and
+        # the install then re-encrypts the Secrets stored before (node_operations.k3s_install).
+        runs = bool(olds.get("node"))
+        turn_on = not runs or news.get("approve_restart") is True
+        checked["secrets_encryption"] = True if turn_on else olds.get("secrets_encryption")
         return CheckResult(checked, failures)
 
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
@@ -187,6 +191,12 @@ class K3sServerProvider(NodeProvider):
                 node,
                 f"plan: {', '.join(undecided)} follow the network decision made during the run; if they change, "
                 "k3s restarts on the server (the API is down for 10-30 s; needs hk3s:network.approve_server_restart)",
+            )
+        if olds.get("node") and not olds.get("secrets_encryption") and news.get("secrets_encryption") is True:
+            progress(
+                node,
+                "plan: secrets-encryption is turned on: k3s restarts on the server (the API is down for 10-30 s), "
+                "then the Secrets it already stores are re-encrypted (k3s secrets-encrypt rotate-keys)",
             )
         if not result.replaces and self._server_changed(olds, news):
             return DiffResult(changes=True, replaces=[], delete_before_replace=False)

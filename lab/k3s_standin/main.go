@@ -113,7 +113,8 @@
 // kube-proxy, no network policy, no CoreDNS/Traefik/local-path/metrics-server/helm
 // add-ons, no cloud controller (a pod-mode Node has no ExternalIP address). No embedded etcd or external datastores, no HA servers,
 // no server list learned by the agent's load balancer (lb.go), no websocket (the tunnel opens one connection per stream),
-// no `k3s certificate check` or CA rotation, no secrets encryption, no etcd snapshots.
+// no `k3s certificate check` or CA rotation, no etcd snapshots. Secrets encryption: the server's
+// --secrets-encryption, `k3s secrets-encrypt status` and `rotate-keys` (secretsencrypt.go).
 //
 // Certificates (certlife.go): leaf certificates last a year and are renewed only at a start
 // within 90 days of their expiry, as k3s's deps.go does; $HK3S_LAB_CERT_LIFETIME and
@@ -228,7 +229,9 @@ func main() {
 		os.Exit(runBundled(cmd, rest))
 	case "certificate":
 		os.Exit(runCertificateCommand(rest))
-	case "etcd-snapshot", "secrets-encrypt", "check-config", "completion":
+	case "secrets-encrypt":
+		os.Exit(runSecretsEncryptCommand(rest))
+	case "etcd-snapshot", "check-config", "completion":
 		fmt.Fprintf(os.Stderr, "k3s %s: not available in this build\n", cmd)
 		os.Exit(1)
 	default:
