@@ -77,10 +77,10 @@ class ServerSpec:
     # Traefik and ServiceLB: off unless the stack asks for ingress, and then ServiceLB publishes
     # on the server alone (a node labelled enablelb restricts it to the labelled nodes).
     ingress: bool = False
-    # Kubernetes Secrets encrypted at rest in k3s's datastore. k3s supports it only from the
-    # server's first start ("Starting K3s without encryption and enabling it at a later time is
-    # currently not supported", docs.k3s.io/cli/secrets-encrypt): on for servers this program
-    # creates, never switched on for a server that started without it.
+    # Kubernetes Secrets encrypted at rest in k3s's datastore. k3s turns it on at any start with
+    # the flag (deps.go genEncryptionConfigAndState writes its config when missing), but encrypts
+    # only what is written from then on: a server that ran without it has its stored Secrets
+    # re-encrypted after the start (_reencrypt_stored_secrets).
     secrets_encryption: bool = False
     # hk3s:network.approve_server_restart: the run may restart k3s, so server certificates inside
     # k3s's renewal window are rotated (rotate_server_certificates).

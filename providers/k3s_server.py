@@ -63,8 +63,9 @@ class K3sServerInputs(NodeInputs):
     no_firewall_acknowledged: pulumi.Input[bool] = False
     """hk3s:firewall.none_acknowledged: a server whose firewall the operator runs may have none."""
     secrets_encryption: pulumi.Input[bool | None] = None
-    """Decided by check, never by the program: on for a server k3s starts here for the first
-    time, and for one that already runs what it started with (k3s cannot switch it on later)."""
+    """Decided by check: on for a server k3s starts here for the first time (or one it adopts);
+    a server this stack already runs keeps what it runs with unless the stack allows a restart (k3s
+    turns it on at a start with the flag; the install then re-encrypts the Secrets stored before)."""
 
 
 FIRST_INSTALL_ONLY = K3sServerInputs.names("firewall_managed", "no_firewall_acknowledged")
