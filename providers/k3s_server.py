@@ -36,7 +36,7 @@ from providers.base import (
     ssh_target,
 )
 from providers.inputs import K3sRelease, NodeInputs, checkable, flat, is_known, known
-from remote_access.ssh import SshError
+from remote_access.ssh import HostKeyChangedError, SshError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -225,7 +225,10 @@ class K3sServerProvider(NodeProvider):
             found = run_operation(
                 read_server_credentials(ssh_target(pin_recorded_host_key(olds, dict(news))), str(olds["api_endpoint"]))
             )
+        except HostKeyChangedError:
+            raise
         except SshError as error:
+            # The run goes on: anything it changes on the server logs in again, and fails there.
             progress(node, f"the server's kubeconfig and certificates could not be read: {error}")
             return False
         changed = found.kubeconfig != olds.get("kubeconfig")
