@@ -70,11 +70,15 @@ def run_k3s_without_encryption(server: Host) -> None:
     (server.root / "usr/local/bin/k3s").write_bytes(binary.read_bytes())
     (server.root / "usr/local/bin/k3s").chmod(0o755)
     (server.root / "etc/rancher/k3s").mkdir(parents=True, exist_ok=True)
-    (server.root / "etc/rancher/k3s/config.yaml").write_text("write-kubeconfig-mode: '0600'\n")
+    (server.root / "etc/rancher/k3s/config.yaml").write_text(
+        f"write-kubeconfig-mode: '0600'\nnode-ip: {server.public_ip}\n"
+    )
     unit = "[Unit]\nDescription=k3s\n[Service]\nType=notify\nExecStart=/usr/local/bin/k3s server\nKillMode=process\n"
     (server.root / "etc/systemd/system/k3s.service").write_text(unit)
     server.run(["systemctl", "daemon-reload"])
-    server.run(["systemctl", "start", "k3s"], timeout=300)
+    started = server.run(["systemctl", "start", "k3s"], timeout=300, check=False)
+    journal = server.run(["journalctl", "-u", "k3s", "-n", "30", "--no-pager"], check=False).stdout
+    assert started.returncode == 0, f"k3s did not start:\n{journal}"
     server.run(["sh", "-c", f"until {K3S} kubectl get --raw /readyz >/dev/null 2>&1; do sleep 1; done"], timeout=120)
     name = SECRET_BEFORE.rsplit("/", 1)[1]
     server.run([K3S, "kubectl", "create", "secret", "generic", name, "--from-literal=password=written-before"])
