@@ -395,6 +395,7 @@ async def _rotate_certificates(session: SshSession) -> None:
     (it backs up server/tls and removes the leaf certificates), start k3s, which signs new ones
     and writes a new kubeconfig; then wait for the API. The CAs stay, so agents are unaffected."""
     await session.run(["systemctl", "stop", "k3s"], deadline=120)
+    stopped = (await session.run(["date", "+%s"], deadline=30)).stdout.strip()
     await session.run([K3S_BIN, "certificate", "rotate"], deadline=60, what="rotating the server's certificates")
     await session.run(["systemctl", "start", "--no-block", "k3s"], deadline=60)
     await session.run_script(
@@ -402,6 +403,10 @@ async def _rotate_certificates(session: SshSession) -> None:
         [str(SERVER_READY_DEADLINE_SECONDS)],
         deadline=SERVER_READY_DEADLINE_SECONDS + 30,
     )
+    # k3s writes the kubeconfig with the new admin certificate during its start, not necessarily
+    # before its API answers: the one read must be that start's.
+    written = f'until [ "$(stat -c %Y {KUBECONFIG_PATH} 2>/dev/null || echo 0)" -ge {stopped} ]; do sleep 1; done'
+    await session.run(["sh", "-c", written], deadline=120, what="waiting for k3s to write its new kubeconfig")
 
 
 ENCRYPTION_STAGE_SECONDS = 60

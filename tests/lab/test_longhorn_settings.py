@@ -164,9 +164,15 @@ def _server_admin_certificate(server: Host) -> x509.Certificate:
 
 
 def _stored_kubeconfig(stack: LabStack) -> tuple[str, bool]:
-    """The stack's kubeconfig output and whether it is still a secret."""
-    output = stack.stack().outputs()["kubeconfig"]
-    return str(output.value), bool(output.secret)
+    """The server's kubeconfig as the state records it (the K3sServer resource's output, what the
+    Kubernetes provider and the API forward are given; a refresh updates it, not the stack's
+    outputs, which only an up sets) and whether it is still a secret."""
+    deployment = stack.stack().export_stack().deployment or {}
+    (server,) = [r for r in deployment["resources"] if r["urn"].endswith("-k3s") and "ca_hash" in r.get("outputs", {})]
+    value = server["outputs"]["kubeconfig"]
+    if isinstance(value, dict) and "plaintext" in value:
+        return str(json.loads(value["plaintext"])), True
+    return str(value), False
 
 
 def _serial(path: str, server: Host) -> str:
