@@ -139,6 +139,7 @@ func runAgent(ctx context.Context, o *options) error {
 	// As k3s's agent: the flannel backend is the server's, read once here; a change on the
 	// server reaches this node only when the agent starts again.
 	setFlannelBackend(&spec, control.FlannelBackend)
+	stageBundle(o.str("data-dir"))
 	installNodeRules(control.ClusterCIDR, spec.flannelBackend)
 	pass, ok := waitNodePassword(ctx, localURL, caBundle, auth, spec.name)
 	if !ok {

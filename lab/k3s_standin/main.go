@@ -89,7 +89,9 @@
 //     agent configuration and read by the agent once, at its start (pkg/agent/config
 //     get()); every node publishes it as flannel.alpha.coreos.com/backend-type (podnet.go).
 //     Every node (server and agents) makes kube-proxy's, the kubelet's and flannel's
-//     iptables/ip6tables chains and rules at start and leaves them at stop (netrules.go).
+//     iptables/ip6tables chains and rules at start and leaves them at stop (netrules.go),
+//     with the host's iptables or, on a host without one, k3s's bundled copy extracted into
+//     <data-dir>/data/<hash>/bin/aux and put at the end of PATH as k3s does (bundle.go).
 //     READY=1 goes to systemd once the Node is Ready; on
 //     SIGTERM it stops heartbeating and exits, so the Node goes NotReady after the
 //     grace period.
@@ -101,8 +103,9 @@
 //     agent does, with the client certificate it obtained; it imports the image
 //     tarballs of k3s's air-gap folder <data-dir>/agent/images at start and whenever
 //     one changes; stopping the agent kills containerd and the kubelet but leaves the
-//     containers running (KillMode=process), as on k3s; /usr/local/bin/k3s-killall.sh
-//     (k3s-killall.sh here, install.sh's) stops them. The supervisor serves
+//     containers running (KillMode=process), as on k3s; the product's fence and wipe stop
+//     them (the lab's hosts, like the hosts the product installs, have no k3s-killall.sh:
+//     only k3s's install script writes one). The supervisor serves
 //     /v1-k3s/client-ca.crt to nodes (their certificate), as k3s does.
 //
 // What it does not reproduce: on hosts without the bundled runtime, no containers (no

@@ -158,6 +158,7 @@ func (s *server) run(parent context.Context) error {
 		}
 		setFlannelBackend(&ns, o.str("flannel-backend"))
 		s.node = &ns
+		stageBundle(s.dataDir)
 		installNodeRules(o.str("cluster-cidr"), ns.flannelBackend)
 	}
 	s.advertise = o.str("advertise-address")
