@@ -56,7 +56,8 @@
 //     token's credentials (agentauth.go: a refused token logged at info level every 5 s,
 //     "failed to retrieve configuration from server: not authorized" from v1.31, the URL
 //     and "401 Unauthorized" before), then the node password is presented and the kubelet
-//     client certificate obtained from the supervisor's /v1-k3s/client-kubelet.crt, whose
+//     client certificate obtained from the supervisor's /v1-k3s/client-kubelet.crt (a new one at
+//     every start, as k3s's pkg/agent/config get() asks for one each time), whose
 //     handler verifies the node password before it signs (as k3s's ClientKubeletCert with
 //     its node auth validator; signed by the client CA, CN system:node:<name>). The
 //     credentials are kept in <data-dir>/agent, so a restart needs no live token (a deleted one is enough:
