@@ -166,7 +166,7 @@ func runAgent(ctx context.Context, o *options) error {
 	// "agent"), dialled to the server itself, not through the load balancer.
 	go runTunnel(ctx, serverURL, caBundle, cfg.CertData, cfg.KeyData, spec.kubeletPort)
 	infof("Running kubelet stand-in for node %s (server %s)", spec.name, serverURL)
-	err = runNode(ctx, cfg, spec, func(*corev1.Node) { sdNotify("READY=1") })
+	err = runNode(ctx, cfg, spec, func(*corev1.Node) { notifyAgentReady(ctx, cfg, spec) })
 	infof("k3s agent stopped")
 	return err
 }

@@ -93,7 +93,8 @@
 //     iptables/ip6tables chains and rules at start and leaves them at stop (netrules.go),
 //     with the host's iptables or, on a host without one, k3s's bundled copy extracted into
 //     <data-dir>/data/<hash>/bin/aux and put at the end of PATH as k3s does (bundle.go).
-//     READY=1 goes to systemd once the Node is Ready; on
+//     READY=1 goes to systemd once the Node is Ready and has its PodCIDR (readiness.go: k3s's
+//     agent notifies only after flannel got the PodCIDR, so without one it stays activating); on
 //     SIGTERM it stops heartbeating and exits, so the Node goes NotReady after the
 //     grace period.
 //   - Pod mode of the agent (runtime.go), only on a host where k3s's bundled runtime is

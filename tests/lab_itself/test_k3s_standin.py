@@ -188,6 +188,9 @@ class Cluster:
         ]
 
 
+NODE_CIDR_MASK = 20
+
+
 def _ready(node: dict[str, Any] | None) -> str | None:
     if not node:
         return None
@@ -262,7 +265,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     server_dir.mkdir()
     (tmp / "server-config.yaml").write_text(
         "tls-san:\n  - k3s-standin.test\n"
-        f"kube-controller-manager-arg:\n  - secure-port={free_port()}\n"
+        # Pod CIDRs of /20 in the cluster's /16: 16 nodes' worth, so a test can use them all up.
+        f"kube-controller-manager-arg:\n  - secure-port={free_port()}\n  - node-cidr-mask-size={NODE_CIDR_MASK}\n"
         "flannel-backend: wireguard-native\n"
         "flannel-ipv6-masq: true\n"
     )
@@ -585,6 +589,8 @@ def test_stopped_agent_goes_not_ready_and_restarts_without_its_token(cluster: Cl
     assert took >= 5, f"NotReady after {took:.0f}s: faster than any heartbeat gap"
 
     # The join token is gone now; the stored credentials are enough for a restart.
+    cert_file = cluster.tmp / "worker-1" / "agent" / "client-kubelet.crt"
+    before = x509.load_pem_x509_certificate(cert_file.read_bytes())
     tid = TOKEN_RE.fullmatch(cluster.state["token"]).group(2)  # type: ignore[union-attr]
     cluster.run("token", "delete", "--data-dir", str(cluster.tmp / "server"), tid)
     again = cluster.spawn("worker-1-restart", *cluster.state["worker-1-args"])
@@ -594,7 +600,11 @@ def test_stopped_agent_goes_not_ready_and_restarts_without_its_token(cluster: Cl
         90,
         again,
     )
-    assert "Using the kubelet client certificate stored in" in again.text(), again.tail()
+    # As k3s (pkg/agent/config get: getNodeNamedHostFile at every start): a new client
+    # certificate, asked for with the one it holds (its token is gone).
+    assert "Kubelet client certificate for system:node:worker-1 stored in" in again.text(), again.tail()
+    renewed = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    assert renewed.serial_number != before.serial_number
     assert again.stop() == 0
 
 
@@ -616,7 +626,7 @@ def test_restart_with_an_empty_token_is_refused_even_with_stored_credentials(clu
     lines = [line for line in agent.text().splitlines() if "token must not be empty" in line]
     assert all("level=error" in line and refused in line for line in lines), lines
     assert "Running kubelet stand-in" not in agent.text(), agent.tail()
-    assert "Using the kubelet client certificate" not in agent.text(), agent.tail()
+    assert "Kubelet client certificate for" not in agent.text(), agent.tail()
     assert agent.stop() == 0
 
 
@@ -667,6 +677,43 @@ def test_another_hosts_password_is_refused_until_the_node_is_deleted(cluster: Cl
         "node worker-1 Ready from the rebuilt host", lambda: _ready(cluster.node("worker-1")) == "True", 90, again
     )
     assert again.stop() == 0
+
+
+def test_an_agent_whose_node_gets_no_pod_cidr_does_not_notify_ready(cluster: Cluster) -> None:
+    """As k3s (pkg/agent/run.go: READY=1 only after startNetwork, whose flannel waits for the
+    Node's PodCIDR): with every pod CIDR of the cluster taken (Node objects no kubelet runs), a
+    new agent registers its Node, which goes Ready, but its unit would stay `activating`."""
+    nodes = cluster.get("nodes")
+    assert nodes is not None
+    free = 2 ** (NODE_CIDR_MASK - 16) - sum(1 for n in nodes["items"] if n["spec"].get("podCIDR"))
+    fillers = [f"cidr-filler-{i}" for i in range(free)]
+    listing = {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}} for n in fillers],
+    }
+    manifest = cluster.tmp / "cidr-fillers.json"
+    manifest.write_text(json.dumps(listing))
+    cluster.kubectl("create", "-f", str(manifest))
+    try:
+        _wait_for(
+            "every pod CIDR taken",
+            lambda: all((n := cluster.node(f)) and n["spec"].get("podCIDR") for f in fillers),
+            60,
+        )
+        token = cluster.run("token", "create", "--data-dir", str(cluster.tmp / "server"), "--ttl", "10m").stdout.strip()
+        notify = cluster.state["nocidr-notify"] = _notify_socket(cluster.tmp / "nocidr-notify.sock")
+        agent = cluster.spawn("nocidr", *cluster.agent_args("nocidr", token), notify=notify)
+        _wait_for("node nocidr Ready", lambda: _ready(cluster.node("nocidr")) == "True", 120, agent)
+        waiting = "Waiting for node nocidr CIDR not assigned yet"
+        _wait_for("the agent to wait for its pod CIDR twice", lambda: agent.text().count(waiting) >= 2, 30, agent)
+        node = cluster.node("nocidr")
+        assert node is not None and not node["spec"].get("podCIDR"), node
+        assert _notifications(notify) == [], agent.tail()
+        assert "k3s agent is up and running" not in agent.text(), agent.tail()
+        assert agent.stop() == 0
+    finally:
+        cluster.kubectl("delete", "node", "--ignore-not-found", "nocidr", *fillers)
 
 
 def test_server_sigterm_leaves_no_child_process(cluster: Cluster) -> None:
