@@ -78,7 +78,9 @@
 //     /etc/rancher/node/password checked against kube-system/<node>.node-password.k3s
 //     at every start, in the handlers that issue the agent's certificates and before they
 //     issue anything, another host's refused ("Node password rejected, ..." every 5 s at
-//     info level), the Secret deleted with its Node (nodepassword.go says how). A request
+//     info level), the Secret deleted with its Node (nodepassword.go says how), or, when its Node
+//     never came, once older than $HK3S_LAB_NODE_PASSWORD_ORPHAN_AGE (default 10m, k3s's
+//     MinOrphanSecretAge; nodepassword_orphans.go). A request
 //     authenticated by a node certificate whose Node was deleted is refused with 401
 //     "unable to verify node identity" (pkg/nodepassword/validate.go verifyNode); the agent
 //     then logs "Node authorization rejected, retrying without client certificate

@@ -255,6 +255,7 @@ func (s *server) run(parent context.Context) error {
 	}
 	if core, err := corev1client.NewForConfig(clientConfig(s.adminCfg, "node-controller")); err == nil {
 		go removeNodePasswords(ctx, core.Nodes(), core.Secrets(metav1.NamespaceSystem))
+		go sweepOrphanedNodePasswords(ctx, core.Nodes(), core.Secrets(metav1.NamespaceSystem))
 	}
 
 	kcm, err := s.startControllerManager()

@@ -189,6 +189,7 @@ class Cluster:
 
 
 NODE_CIDR_MASK = 20
+ORPHAN_AGE = 20
 
 
 def _ready(node: dict[str, Any] | None) -> str | None:
@@ -256,6 +257,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     env["HK3S_LAB_NODE_MONITOR_GRACE_PERIOD"] = f"{GRACE_PERIOD}s"
     # The agents' node password (k3s: /etc/rancher/node/password), kept off this machine's /etc.
     env["HK3S_LAB_NODE_PASSWORD_FILE"] = str(tmp / "node-password")
+    # k3s's MinOrphanSecretAge (10 minutes), shortened for the orphan sweep's test.
+    env["HK3S_LAB_NODE_PASSWORD_ORPHAN_AGE"] = f"{ORPHAN_AGE}s"
     # Nodes run on this machine itself: no kube-proxy/flannel iptables rules in its network.
     env["HK3S_LAB_NO_HOST_RULES"] = "1"
     c = Cluster(tmp=tmp, env=env)
@@ -446,6 +449,27 @@ def test_agent_joins_with_the_bootstrap_token(cluster: Cluster) -> None:
         40,
         agent,
     )
+
+
+def test_a_node_password_secret_without_its_node_is_deleted_once_old_enough(cluster: Cluster) -> None:
+    """As recent k3s (pkg/nodepassword/controller.go sync, every minute): a node-password Secret
+    whose Node does not exist is deleted once older than MinOrphanSecretAge (here ORPHAN_AGE);
+    one whose Node exists stays."""
+    ghost = "ghost.node-password.k3s"
+    cluster.kubectl("create", "secret", "generic", ghost, "-n", "kube-system", "--from-literal=hash=none")
+    created = cluster.get("secret", "-n", "kube-system", ghost)
+    assert created is not None
+    born = dt.datetime.fromisoformat(created["metadata"]["creationTimestamp"])
+    _wait_for(
+        "the orphaned secret to be deleted",
+        lambda: cluster.get("secret", "-n", "kube-system", ghost) is None,
+        ORPHAN_AGE * 3 + 30,
+        cluster.server,  # type: ignore[arg-type]
+    )
+    gone = dt.datetime.now(dt.UTC)
+    assert (gone - born).total_seconds() >= ORPHAN_AGE, f"deleted {gone - born} after its creation"
+    assert f"Deleted orphaned node-password secret {ghost} created" in cluster.server.text()  # type: ignore[union-attr]
+    assert cluster.get("secret", "-n", "kube-system", "worker-1.node-password.k3s") is not None
 
 
 def test_agent_holds_a_tunnel_the_api_server_reaches_kubelets_through(cluster: Cluster) -> None:
