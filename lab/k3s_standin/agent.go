@@ -133,11 +133,11 @@ func runAgent(ctx context.Context, o *options) error {
 	if !ok {
 		return nil
 	}
-	// As k3s's agent: the flannel backend is the server's, read once here; a change on the
-	// server reaches this node only when the agent starts again.
-	setFlannelBackend(&spec, control.FlannelBackend)
+	// As k3s's agent: the flannel backend and the other settings of the server's it uses are
+	// read once here; a change on the server reaches this node only when the agent starts again.
+	applyAgentSettings(&spec, control)
 	stageBundle(o.str("data-dir"))
-	installNodeRules(control.ClusterCIDR, spec.flannelBackend)
+	installNodeRules(control.ClusterCIDR, spec.flannelBackend, spec.kubeProxy)
 	pass, ok := waitNodePassword(ctx, localURL, caBundle, auth, spec.name)
 	if !ok {
 		return nil

@@ -156,10 +156,10 @@ func (s *server) run(parent context.Context) error {
 		if err != nil {
 			return err
 		}
-		setFlannelBackend(&ns, o.str("flannel-backend"))
 		s.node = &ns
+		applyAgentSettings(&ns, s.agentSettings())
 		stageBundle(s.dataDir)
-		installNodeRules(o.str("cluster-cidr"), ns.flannelBackend)
+		installNodeRules(o.str("cluster-cidr"), ns.flannelBackend, ns.kubeProxy)
 	}
 	s.advertise = o.str("advertise-address")
 	if s.advertise == "" {

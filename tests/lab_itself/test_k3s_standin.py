@@ -271,6 +271,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         # Pod CIDRs of /20 in the cluster's /16: 16 nodes' worth, so a test can use them all up.
         f"kube-controller-manager-arg:\n  - secure-port={free_port()}\n  - node-cidr-mask-size={NODE_CIDR_MASK}\n"
         "flannel-backend: wireguard-native\n"
+        "flannel-external-ip: true\n"
         "flannel-ipv6-masq: true\n"
     )
     c.state["server-notify"] = _notify_socket(tmp / "server-notify.sock")
@@ -449,6 +450,29 @@ def test_agent_joins_with_the_bootstrap_token(cluster: Cluster) -> None:
         40,
         agent,
     )
+
+
+def test_the_agent_configuration_carries_what_agents_read_only_at_start(cluster: Cluster) -> None:
+    """As k3s's /v1-k3s/config (config.Control, read by pkg/agent/config get() once, at the
+    agent's start): besides the flannel backend, flannel-external-ip, the cluster DNS (the tenth
+    address of the service CIDR) and whether kube-proxy is disabled. worker-1 read
+    flannel-external-ip and, having no external address, said so as k3s's agent does."""
+    token = cluster.state["token"]
+    tid, secret = TOKEN_RE.fullmatch(token).group(2, 3)  # type: ignore[union-attr]
+    conn = http.client.HTTPSConnection("127.0.0.1", cluster.https_port, context=_unverified(), timeout=10)
+    try:
+        conn.request("GET", "/v1-k3s/config", headers={"Authorization": f"Bearer {tid}.{secret}"})
+        resp = conn.getresponse()
+        status, body = resp.status, resp.read()
+    finally:
+        conn.close()
+    assert status == 200, body
+    served = json.loads(body)
+    assert served["FlannelBackend"] == "wireguard-native", served
+    assert served["FlannelExternalIP"] is True and served["DisableKubeProxy"] is False, served
+    assert served["ClusterDNS"] == "10.43.0.10", served
+    warning = "Server has flannel-external-ip flag set but this node does not set node-external-ip"
+    assert warning in cluster.state["worker-1"].text(), cluster.state["worker-1"].tail()
 
 
 def test_a_node_password_secret_without_its_node_is_deleted_once_old_enough(cluster: Cluster) -> None:
