@@ -742,7 +742,8 @@ def test_an_agent_whose_node_gets_no_pod_cidr_does_not_notify_ready(cluster: Clu
     }
     manifest = cluster.tmp / "cidr-fillers.json"
     manifest.write_text(json.dumps(listing))
-    cluster.kubectl("create", "-f", str(manifest))
+    created = cluster.kubectl("create", "-f", str(manifest), check=False)
+    assert created.returncode == 0, created.stderr
     try:
         _wait_for(
             "every pod CIDR taken",
