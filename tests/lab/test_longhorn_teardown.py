@@ -34,6 +34,7 @@ from lab.stack_harness import (
     run_killable,
     server_spec,
     skip_without_kubernetes_provider,
+    stop_longhorn_manager,
     up_or_fail,
     worker_spec,
 )
@@ -246,6 +247,7 @@ def test_a_lost_control_plane_is_torn_down_with_its_loss_declared(longhorn_stack
 
     A new stack on the hosts the teardown above wiped, so no host is booted for it."""
     base = longhorn_stack
+    stop_longhorn_manager(base.lab)  # the torn-down cluster's; the new one starts its own
     stack = Stack(base.lab, base.server, base.worker, LabStack(tmp_path / "lost"))
     stack.stack.write_config(stack.config([stack.worker]))
     up_or_fail(stack.stack)
