@@ -149,6 +149,20 @@ class ClusterSettings(StrictModel):
         "at that `up`); no volume's data is moved or kept.",
     )
 
+    # A server lost for good (its host dead or rebuilt, k3s's data gone) leaves the stack's
+    # in-cluster objects (Longhorn's release, namespace, settings, storage classes) with no API to
+    # delete them through: pulumi-kubernetes refuses to delete a Helm release on an unreachable
+    # cluster. Declaring the loss lets the teardown forget them instead; the program checks the
+    # server really does not answer, so a server that is only slow is never mistaken for lost.
+    control_plane_lost: bool = Field(
+        False,
+        description="Only with teardown: allowed. True declares the control plane's server lost for good: "
+        "the program checks that neither its SSH nor (through it) its Kubernetes API answers, opens no "
+        "forward, and the teardown forgets the stack's in-cluster objects (Longhorn's release and "
+        "namespace, its settings, the storage classes) instead of deleting them through the API; every "
+        "host and Hetzner resource is still wiped or deleted.",
+    )
+
     # Kubernetes' documented upgrade procedure drains a node before its kubelet moves to a new
     # minor release (kubelet state such as the pod and CPU manager files may not carry over); a
     # patch release only swaps the binary. True keeps to that procedure at the cost of moving pods.

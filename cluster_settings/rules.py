@@ -289,6 +289,15 @@ def _check_ssh(settings: StackSettings) -> Iterator[SettingProblem]:
 
 def _check_cluster(settings: StackSettings) -> Iterator[SettingProblem]:
     cluster = settings.cluster
+    if cluster.control_plane_lost and not cluster.teardown_allowed:
+        # The loss is declared only to tear the stack down: a run that forgot the cluster's
+        # objects and then went on building would leave a stack whose state names nothing real.
+        yield SettingProblem(
+            _key("cluster", "control_plane_lost"),
+            "is true but hk3s:cluster.teardown is not 'allowed': a lost control plane is only torn down; set "
+            'hk3s:cluster.teardown: allowed too (docs/teardown.md, "When the control plane is lost"), or '
+            "remove control_plane_lost",
+        )
     if cluster.k3s_binary is not None:
         if cluster.k3s_sha256 is None:
             yield SettingProblem(

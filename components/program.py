@@ -155,6 +155,7 @@ def _storage(
             server_login=server.endpoint.login(credentials),
             forward_port=_api_forward_port(settings),
             teardown_allowed=settings.cluster.teardown_allowed,
+            control_plane_lost=settings.cluster.control_plane_lost,
             cluster_identity=cluster_identity(
                 settings.server.name, server.endpoint.hcloud_server_id or server.endpoint.ssh_address
             ),
@@ -292,7 +293,10 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
         TeardownGuardInputs(
             teardown_allowed=settings.cluster.teardown_allowed,
             stack=pulumi.get_stack(),
-            api_forward_port=_api_forward_port(settings) if settings.storage.install_longhorn else 0,
+            # No forward serves a lost control plane: the destroy forgets Longhorn's objects instead.
+            api_forward_port=_api_forward_port(settings)
+            if settings.storage.install_longhorn and not settings.cluster.control_plane_lost
+            else 0,
         ),
         opts=pulumi.ResourceOptions(depends_on=list(registered)),
     )

@@ -17,11 +17,18 @@ import pulumi_kubernetes as k8s
 from cluster_settings.models import StorageSettings
 from components.longhorn_network import longhorn_network_policies
 from components.longhorn_settings import LONGHORN_NAMESPACE, LonghornSettingPatch, kept_settings, teardown_setting
+from node_operations.control_plane_lost import (
+    ControlPlaneAnswersError,
+    answers_refusal,
+    control_plane_answer,
+    lost_hint,
+)
 from node_operations.longhorn_node_role import COPIES_TAG, SERVER_TAG
+from providers.base import run_operation
 from providers.copies_offer import CopiesOffer, CopiesOfferInputs
 from providers.inputs import NodeLogin
-from remote_access.api_forward import ApiForward, forwarded_kubeconfig, open_api_forward
-from remote_access.ssh import SshTarget
+from remote_access.api_forward import ApiForward, ApiForwardError, forwarded_kubeconfig, open_api_forward
+from remote_access.ssh import SshError, SshTarget
 
 LONGHORN_CHART_REPO = "https://charts.longhorn.io"
 STORAGE_CLASS_BY_COPIES = {1: "hk3s-one-copy", 2: "hk3s-two-copies"}
@@ -78,6 +85,10 @@ class StorageCopiesArgs:
     cluster_identity: pulumi.Input[str] | None = None
     """What names the cluster the Kubernetes provider talks to (`cluster_identity`); None: the
     provider's own rule (a changed or unknown kubeconfig replaces it)."""
+    control_plane_lost: bool = False
+    """hk3s:cluster.control_plane_lost (only with a teardown allowed): no forward is opened, the
+    server is checked to answer no more, and the in-cluster objects are forgotten by the destroy
+    (retain_on_delete) instead of deleted through an API that is gone."""
     wiped_after: Sequence[pulumi.Resource] = ()
     """What wipes a worker when a teardown deletes it (each worker's join): Longhorn's namespace,
     and with it its release, depend on them, so a destroy uninstalls Longhorn before any worker
@@ -116,7 +127,20 @@ def forwarded(args: StorageCopiesArgs) -> pulumi.Output[str]:
             private_key=str(private_key),
             recorded_host_key=host_key or None,
         )
-        forward = (args.open_forward or open_api_forward)(target, args.forward_port)
+        if args.control_plane_lost:
+            # Nothing is opened: the provider meets a closed port, takes the cluster as unreachable
+            # and, with delete_unreachable, lets the destroy go on past Longhorn's objects.
+            answer = run_operation(control_plane_answer(target))
+            if answer is not None:
+                raise ControlPlaneAnswersError(answers_refusal(answer))
+            return forwarded_kubeconfig(str(kubeconfig), args.forward_port)
+        try:
+            forward = (args.open_forward or open_api_forward)(target, args.forward_port)
+        except SshError as error:
+            if not args.teardown_allowed:
+                raise
+            # A teardown stopped by a server that does not answer: say the one way on if it is gone.
+            raise ApiForwardError(error.node, lost_hint(str(error).removeprefix(f"{error.node}: "))) from None
         return forwarded_kubeconfig(str(kubeconfig), forward.port)
 
     return pulumi.Output.secret(
@@ -140,6 +164,11 @@ class StorageCopies(pulumi.ComponentResource):
         self.logins: list[pulumi.Resource] = []
         """Its resources that log in to the server (a rotated login key waits for them)."""
         if storage.install_longhorn:
+            # With the control plane lost, a delete of these objects could only fail on the API that
+            # is gone: the destroy removes them from the state alone (they went with the server).
+            forget = args.control_plane_lost
+            # Nor can they change: the run that records the loss keeps each as the state holds it.
+            kept = ["*"] if forget else None
             provider = k8s.Provider(
                 f"{name}-kubernetes",
                 kubeconfig=forwarded(args),
@@ -170,7 +199,13 @@ class StorageCopies(pulumi.ComponentResource):
             namespace = k8s.core.v1.Namespace(
                 f"{name}-namespace",
                 metadata=k8s.meta.v1.ObjectMetaArgs(name=LONGHORN_NAMESPACE),
-                opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[*offer, *args.wiped_after]),
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    provider=provider,
+                    depends_on=[*offer, *args.wiped_after],
+                    retain_on_delete=forget,
+                    ignore_changes=kept,
+                ),
             )
             # Before Longhorn's pods exist: its API and UI have no authentication
             # (components/longhorn_network.py says who may reach them).
@@ -179,7 +214,13 @@ class StorageCopies(pulumi.ComponentResource):
                     f"{name}-{policy_name}",
                     metadata=k8s.meta.v1.ObjectMetaArgs(name=policy_name, namespace=LONGHORN_NAMESPACE),
                     spec=spec,
-                    opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace]),
+                    opts=pulumi.ResourceOptions(
+                        parent=self,
+                        provider=provider,
+                        depends_on=[namespace],
+                        retain_on_delete=forget,
+                        ignore_changes=kept,
+                    ),
                 )
                 for policy_name, spec in longhorn_network_policies(storage.longhorn_api_clients).items()
             ]
@@ -189,7 +230,13 @@ class StorageCopies(pulumi.ComponentResource):
                 version=storage.longhorn_version,
                 namespace=LONGHORN_NAMESPACE,
                 values=longhorn_values(storage),
-                opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace, *policies]),
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    provider=provider,
+                    depends_on=[namespace, *policies],
+                    retain_on_delete=forget,
+                    ignore_changes=kept,
+                ),
                 **longhorn_chart_source(storage),
             )
             self.release = release
@@ -200,7 +247,9 @@ class StorageCopies(pulumi.ComponentResource):
                     # Retained: deleting a patch gives its field back, which would empty the setting
                     # (Longhorn's manager set it before the program took it over). A setting the
                     # program stops keeping keeps its last value; a teardown removes it with Longhorn.
-                    pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[release], retain_on_delete=True),
+                    pulumi.ResourceOptions(
+                        parent=self, provider=provider, depends_on=[release], retain_on_delete=True, ignore_changes=kept
+                    ),
                 )
             for copies in range(1, storage.max_copies + 1):
                 class_name = STORAGE_CLASS_BY_COPIES[copies]
@@ -213,7 +262,13 @@ class StorageCopies(pulumi.ComponentResource):
                     allow_volume_expansion=True,
                     volume_binding_mode="Immediate",
                     parameters=storage_class_parameters(copies),
-                    opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[release, *offer]),
+                    opts=pulumi.ResourceOptions(
+                        parent=self,
+                        provider=provider,
+                        depends_on=[release, *offer],
+                        retain_on_delete=forget,
+                        ignore_changes=kept,
+                    ),
                 )
                 classes.append(class_name)
         self.storage_classes = pulumi.Output.from_input(classes)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -189,6 +190,23 @@ def ensure_longhorn_manager(lab: Lab, server: Host) -> Path:
         )
     pid_file.write_text(str(process.pid))
     return log_file
+
+
+def stop_longhorn_manager(lab: Lab, timeout: float = 30) -> None:
+    """Stop the Longhorn manager stand-in `ensure_longhorn_manager` started, if it runs: its
+    cluster was torn down, and a new cluster on the same server gets a manager of its own."""
+    from lab.hosts.processes import _pid_alive  # noqa: PLC0415
+
+    pid_file = lab.run_dir / "longhorn-manager" / "manager.pid"
+    if not pid_file.exists():
+        return
+    pid = int(pid_file.read_text())
+    if _pid_alive(pid):
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    pid_file.unlink()
 
 
 def base_config(lab: Lab, server: Host, workers: Sequence[Host], **sections: Any) -> dict[str, Any]:

@@ -285,6 +285,12 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     ("too-many-hetzner-servers", {"workers": [{"name": f"w{i}"} for i in range(100)]}, "hk3s:workers", "at most 100"),
     (
+        "control-plane-lost-without-the-teardown",
+        {"cluster.control_plane_lost": True},
+        "hk3s:cluster.control_plane_lost",
+        "set hk3s:cluster.teardown: allowed too",
+    ),
+    (
         "vxlan-in-public-mode",
         {"cluster.pod_network": "vxlan", "network.mode": "public"},
         "hk3s:cluster.pod_network",

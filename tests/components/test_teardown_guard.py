@@ -130,3 +130,20 @@ def test_the_guard_refuses_a_destroy_of_a_longhorn_stack_that_reaches_no_api() -
         provider.delete("teardown-guard", {"teardown_allowed": False, "stack": "prod", "api_forward_port": port})
     # A stack without Longhorn (port 0) needs no forward.
     provider.delete("teardown-guard", {"teardown_allowed": True, "stack": "prod", "api_forward_port": 0})
+
+
+def test_a_declared_loss_of_the_control_plane_forgets_the_clusters_objects(ssh_key_file: Path) -> None:
+    """hk3s:cluster.control_plane_lost: the in-cluster objects are kept as the state holds them
+    (ignore_changes) and forgotten by the destroy (retain_on_delete), and the guard asks for no
+    forward (none serves a lost server). Without it, the same objects are deleted through the API."""
+    allowed = _run(_config(ssh_key_file, teardown="allowed"))
+    lost = _run(_config(ssh_key_file, teardown="allowed", control_plane_lost=True))
+    in_cluster = [r.name for r in lost.registrations if r.type.startswith("kubernetes:") and "providers" not in r.type]
+    assert {"storage-namespace", "storage-longhorn", "storage-hk3s-one-copy"} <= set(in_cluster), in_cluster
+    for name in in_cluster:
+        assert lost.by_name(name).retain_on_delete, name
+        assert lost.by_name(name).ignore_changes == ["*"], name
+        assert allowed.by_name(name).ignore_changes == [], name
+    assert not allowed.by_name("storage-longhorn").retain_on_delete
+    assert lost.by_name("teardown-guard").inputs["api_forward_port"] == 0
+    assert allowed.by_name("teardown-guard").inputs["api_forward_port"] > 0

@@ -34,6 +34,7 @@ from lab.stack_harness import (
     run_killable,
     server_spec,
     skip_without_kubernetes_provider,
+    stop_longhorn_manager,
     up_or_fail,
     worker_spec,
 )
@@ -232,3 +233,64 @@ def test_the_documented_stack_rm_keeps_the_stack_file(longhorn_stack: Stack) -> 
     plain = stack.type("pulumi stack rm --yes --stack other", timeout=120)
     assert plain.returncode == 0, plain.output[-3000:]
     assert not other.exists()
+
+
+def test_a_lost_control_plane_is_torn_down_with_its_loss_declared(longhorn_stack: Stack, tmp_path: Path) -> None:
+    """A Longhorn stack whose server is gone for good (here powered off) has no API to delete
+    Longhorn's release through: pulumi-kubernetes refuses "can't delete Helm Release with
+    unreachable cluster" (provider.go Delete), and the program cannot open its forward. The way
+    out docs/teardown.md's "When the control plane is lost" shows: hk3s:cluster.control_plane_lost
+    with the teardown allowed, then the documented `up` and destroy. It refuses while the server
+    still answers, and without the teardown allowed, changing nothing either time; once the server
+    is gone the destroy forgets Longhorn's objects, wipes the worker, names the server as not
+    reached, and leaves an empty state.
+
+    A new stack on the hosts the teardown above wiped, so no host is booted for it."""
+    base = longhorn_stack
+    stop_longhorn_manager(base.lab)  # the torn-down cluster's; the new one starts its own
+    stack = Stack(base.lab, base.server, base.worker, LabStack(tmp_path / "lost"))
+    stack.stack.write_config(stack.config([stack.worker]))
+    up_or_fail(stack.stack)
+    count = len(stack.resources())
+    assert RELEASE in stack.resources()
+    commands = docs_commands("teardown.md", "When the control plane is lost")
+    assert commands == [
+        "pulumi up --yes --stack <env>",
+        "pulumi destroy --run-program --yes --stack <env>",
+    ], commands
+
+    # Declared without the teardown allowed: refused by the settings check, before anything runs.
+    stack.stack.write_config(stack.config([stack.worker], control_plane_lost=True))
+    refused = stack.type("pulumi preview --stack <env>")
+    assert refused.returncode != 0
+    assert "hk3s:cluster.control_plane_lost" in refused.output and "teardown: allowed" in refused.output, (
+        refused.output[-3000:]
+    )
+    # Declared while the server answers: refused, nothing changed (Longhorn's guard stays on).
+    stack.stack.write_config(stack.config([stack.worker], teardown="allowed", control_plane_lost=True))
+    answers = stack.type(commands[0])
+    assert answers.returncode != 0
+    assert "the control plane answers" in answers.output and "Nothing was changed" in answers.output, answers.output[
+        -3000:
+    ]
+    assert stack.flag() == "false" and len(stack.resources()) == count
+
+    # The server is gone for good. The teardown alone cannot go on, and says the way that does.
+    stack.server.power_off()
+    try:
+        stack.stack.write_config(stack.config([stack.worker], teardown="allowed"))
+        stuck = stack.type(commands[0], timeout=900)
+        assert stuck.returncode != 0
+        assert "hk3s:cluster.control_plane_lost: true" in stuck.output, stuck.output[-3000:]
+        stack.stack.write_config(stack.config([stack.worker], teardown="allowed", control_plane_lost=True))
+        for line in commands:
+            run = stack.type(line, timeout=900)
+            assert run.returncode == 0, f"{line}:\n{run.output[-5000:]}"
+        assert stack.resources() == []
+        assert "lt-server" in run.output and "by hand" in run.output, run.output[-4000:]
+        left = stack.worker.run(
+            ["sh", "-c", f"ls -d {K3S} /var/lib/rancher/k3s /etc/rancher/k3s 2>/dev/null"], check=False
+        )
+        assert left.stdout.strip() == "", f"lt-w1 keeps: {left.stdout}"
+    finally:
+        stack.server.power_on(wait=True)
