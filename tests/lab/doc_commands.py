@@ -43,6 +43,10 @@ RUN_BY: dict[str, RunBy] = {
     "pulumi destroy --run-program --yes --stack <env>": RunBy(
         "tests/lab/test_longhorn_teardown.py", '"pulumi destroy --run-program --yes --stack <env>"'
     ),
+    # docs/teardown.md: read from the page and typed, in test_a_lost_control_plane_is_torn_down_with_its_loss_declared.
+    "pulumi up --yes --stack <env>": RunBy(
+        "tests/lab/test_longhorn_teardown.py", 'docs_commands("teardown.md", "When the control plane is lost")'
+    ),
     # docs/teardown.md: read from the page and typed, in test_the_documented_stack_rm_keeps_the_stack_file.
     "pulumi stack rm --preserve-config --yes --stack <env>": RunBy(
         "tests/lab/test_longhorn_teardown.py", 'docs_commands("teardown.md", "Removing the stack")'
