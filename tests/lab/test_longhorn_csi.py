@@ -17,7 +17,6 @@ minimal-available rule allows), and a pod-capable worker.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import time
@@ -235,93 +234,3 @@ def test_without_the_node_plugin_the_pod_waits_and_its_volume_is_not_attached(cl
     assert written.split() == ["writer", "reader"], written
     cluster.kubectl("delete", "pod", "-n", "default", "reader", "--wait=true", "--timeout=120s")
     wait_for("the VolumeAttachment gone", lambda: not cluster.attachments(), 120, cluster.diagnose)
-
-
-# A pod of the worker: NAME in NAMESPACE with LABELS, serving /v1/volumes on 9500 (as Longhorn's
-# manager API does) or only waiting.
-PROBE_POD = """apiVersion: v1
-kind: Pod
-metadata: {name: NAME, namespace: NAMESPACE, labels: LABELS}
-spec:
-  nodeSelector: {kubernetes.io/hostname: WORKER}
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: app
-      image: IMAGE
-      imagePullPolicy: Never
-      command: ["sh", "-c", "mkdir -p /www/v1 && echo NAME-volumes > /www/v1/volumes && exec httpd -f -p 9500 -h /www"]
-"""
-
-
-def test_a_plain_pod_gets_no_answer_from_longhorns_api_and_longhorns_own_pods_do(cluster: Cluster) -> None:
-    """Longhorn's manager API (9500) has no authentication, so the program keeps NetworkPolicies
-    in longhorn-system (components/longhorn_network.py): its manager, UI and instance managers
-    admit Longhorn's own pods, the local node and the namespaces the operator names. Real pods on
-    the pod-capable worker, real NetworkPolicies made by the program's `up`; the enforcement is the
-    k3s stand-in's model of k3s's network-policy controller (lab/k3s_standin/netpol.go: kube-router's
-    ingress chains, REJECT for what no policy permits).
-
-    What the lab does not show: Longhorn's real manager (a busybox httpd labelled as Longhorn's
-    manager answers /v1/volumes on 9500 in its place), the `longhorn-backend` Service name (the lab
-    has no kube-proxy and no cluster DNS: the plain pod asks the pod's address, which is where
-    kube-proxy would send it), and the pods are on one node (bridged traffic, which reaches
-    iptables through br_netfilter as on k3s; traffic from other nodes meets the same chain)."""
-    pods = [
-        ("lh-manager", "longhorn-system", "{app: longhorn-manager}"),
-        ("lh-ui", "longhorn-system", "{app: longhorn-ui}"),
-        ("lh-share", "longhorn-system", "{app: longhorn-share-manager}"),  # no policy selects it
-        ("plain", "default", "{}"),
-    ]
-    manifest = "---\n".join(
-        PROBE_POD.replace("NAMESPACE", ns).replace("LABELS", labels).replace("NAME", name) for name, ns, labels in pods
-    )
-    cluster.apply(manifest.replace("WORKER", cluster.worker.name).replace("IMAGE", cluster.image))
-
-    def ip_of(name: str, ns: str) -> str:
-        found = cluster.get("pods", "-n", ns, "--field-selector", f"metadata.name={name}")["items"]
-        status = found[0]["status"] if found else {}
-        return str(status.get("podIP", "")) if status.get("phase") == "Running" else ""
-
-    def fetch(source: str, ns: str, address: str) -> str:
-        """What `source` gets for Longhorn's volume list at `address` ("" for no answer)."""
-        argv = [K3S, "kubectl", "exec", "-n", ns, source, "--", "wget", "-q", "-T", "3", "-O", "-"]
-        done = cluster.server.run([*argv, f"http://{address}:9500/v1/volumes"], timeout=60, check=False)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    try:
-        ips: dict[str, str] = {}
-        for name, ns, _ in pods:
-            ips[name] = wait_for(f"pod {name} running", functools.partial(ip_of, name, ns), 120, cluster.diagnose)
-        # The path works: a pod no policy selects answers the plain pod (default allow).
-        wait_for("the plain pod reaches an unselected pod", lambda: fetch("plain", "default", ips["lh-share"]), 30)
-        # The manager's API answers Longhorn's own pods (once the node's rules list the UI pod's
-        # address), and the plain pod gets no answer.
-        wait_for(
-            "the UI pod answered by the manager",
-            lambda: fetch("lh-ui", "longhorn-system", ips["lh-manager"]) == "lh-manager-volumes",
-            20,
-        )
-        wait_for(
-            "the plain pod refused by the manager's policy",
-            lambda: not fetch("plain", "default", ips["lh-manager"]),
-            20,
-            lambda: cluster.worker.run(["iptables", "-S"], check=False).stdout,
-        )
-        assert not fetch("plain", "default", ips["lh-manager"])
-        assert not fetch("plain", "default", ips["lh-ui"]), "the UI answers a plain pod"
-        assert fetch("lh-ui", "longhorn-system", ips["lh-manager"]) == "lh-manager-volumes"
-        # The node itself still reaches the manager (kube-router admits the pod's local node).
-        assert (
-            "lh-manager-volumes"
-            in cluster.worker.run(
-                [
-                    "bash",
-                    "-c",
-                    f"exec 3<>/dev/tcp/{ips['lh-manager']}/9500; printf 'GET /v1/volumes HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3",
-                ],
-                timeout=30,
-            ).stdout
-        )
-    finally:
-        for name, ns, _ in pods:
-            cluster.kubectl("delete", "pod", "-n", ns, name, "--ignore-not-found", "--wait=false", check=False)
