@@ -158,10 +158,9 @@ func (s *server) run(parent context.Context) error {
 		if err != nil {
 			return err
 		}
+		setFlannelBackend(&ns, o.str("flannel-backend"))
 		s.node = &ns
-		applyAgentSettings(&ns, s.agentSettings())
-		stageBundle(s.dataDir)
-		installNodeRules(o.str("cluster-cidr"), ns.flannelBackend, ns.kubeProxy)
+		installNodeRules(o.str("cluster-cidr"), ns.flannelBackend)
 	}
 	s.advertise = o.str("advertise-address")
 	if s.advertise == "" {
@@ -262,7 +261,6 @@ func (s *server) run(parent context.Context) error {
 	}
 	if core, err := corev1client.NewForConfig(clientConfig(s.adminCfg, "node-controller")); err == nil {
 		go removeNodePasswords(ctx, core.Nodes(), core.Secrets(metav1.NamespaceSystem))
-		go sweepOrphanedNodePasswords(ctx, core.Nodes(), core.Secrets(metav1.NamespaceSystem))
 	}
 
 	kcm, err := s.startControllerManager()
