@@ -49,11 +49,22 @@ RELEASE = "kubernetes:helm.sh/v3:Release"
 def docs_commands(page: str, section: str) -> list[str]:
     """The command lines of the ```bash blocks of docs/`page`'s section `section` (its heading's
     text, up to the next heading of its level or above), comments dropped, in order."""
-    text = (REPO / "docs" / page).read_text()
-    match = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^#{{1,2}} |\Z)", text, re.MULTILINE | re.DOTALL)
-    assert match, f"docs/{page} has no section {section!r}"
+    body: list[str] | None = None
+    fenced = False  # a "# ..." line inside a code block is a comment, not a heading
+    for line in (REPO / "docs" / page).read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#{1,2} ", line):
+            if body is not None:
+                break
+            if line == f"## {section}":
+                body = []
+                continue
+        if body is not None:
+            body.append(line)
+    assert body is not None, f"docs/{page} has no section {section!r}"
     lines: list[str] = []
-    for block in re.findall(r"```bash\n(.*?)```", match.group(1), re.DOTALL):
+    for block in re.findall(r"```bash\n(.*?)```", "\n".join(body) + "\n", re.DOTALL):
         for line in block.splitlines():
             command = line.split("#", 1)[0].strip()
             if command:
