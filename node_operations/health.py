@@ -1,5 +1,6 @@
 """Read-only health checks of the nodes, over SSH: k3s running, disk space, the clock,
-and how long the node's k3s client certificate has left.
+how long the node's k3s client certificate has left, and on the server how long its own
+certificates (the API's serving certificate, the admin and control-plane clients) have left.
 
 k3s's certificates last a year; k3s renews one that expires within 90 days when it
 starts (docs.k3s.io, "Certificate rotation"), so a node that has run for most of a year
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +24,36 @@ from remote_access.ssh import SshError, SshTarget, open_session
 HEALTH_DEADLINE_SECONDS = 60.0
 CERT_WARN_DAYS = 30
 DISK_WARN_FREE_PERCENT = 10
+# k3s renews a server certificate only when it starts within this many days of the certificate's
+# end (config.CertificateRenewDays, read by deps.go's expired()): from then on a restart renews it.
+SERVER_CERT_RENEW_DAYS = 90
+
+
+def time_left(seconds: int) -> str:
+    """A certificate's time left, in the largest whole unit that is not zero."""
+    if seconds <= 0:
+        return "expired"
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= size:
+            return f"expires in {seconds // size} {unit}"
+    return f"expires in {seconds} seconds"
+
+
+def server_certificate_warning(node: str, seconds_left: int, file: str) -> str | None:
+    """The warning for the server's own certificates, once the first of them to end is within
+    k3s's renewal window; None before. k3s renews them only at a start inside the window, so a
+    server that keeps running (or was restarted earlier) reaches their end: then its API refuses
+    every client, the program's own among them."""
+    if seconds_left >= SERVER_CERT_RENEW_DAYS * 86400:
+        return None
+    return (
+        f"{node}: the k3s server's certificate {file} {time_left(seconds_left)} (k3s renews the server's "
+        f"certificates only when it starts within {SERVER_CERT_RENEW_DAYS} days of their end); renew them: "
+        "run `up` with hk3s:network.approve_server_restart: true (it rotates them: k3s is stopped, "
+        "`k3s certificate rotate` run and k3s started, the API down for 10-30 s), or on the server run "
+        "`systemctl stop k3s; k3s certificate rotate; systemctl start k3s`, or restart k3s (a start "
+        "within the window renews them); then `refresh` or `up` stores the new kubeconfig"
+    )
 
 
 @dataclass(frozen=True)
@@ -37,6 +69,21 @@ class HostHealth:
     time_synced: bool | None = None
     cert_expires_in_days: int | None = None
     warnings: tuple[str, ...] = ()
+
+
+# k3s makes the server's CA and its encryption config in one start (deps.go GenServerDeps): a
+# config written later than this after the CA was written by a later start.
+ENCRYPTION_LATE_SECONDS = 10
+
+
+def encrypted_since(results: dict[str, str]) -> int | None:
+    """When secrets-encryption was turned on (epoch seconds), if that was after the server's
+    first start and the Secrets stored before were never re-encrypted since (k3s's rotation
+    stage is still `start`); None otherwise."""
+    began, cluster = results.get("secrets_encryption_began", ""), results.get("cluster_began", "")
+    if results.get("secrets_encryption_stage") != "start" or not (began.isdigit() and cluster.isdigit()):
+        return None
+    return int(began) if int(began) - int(cluster) > ENCRYPTION_LATE_SECONDS else None
 
 
 def judge(node: str, results: dict[str, str]) -> HostHealth:
@@ -67,11 +114,30 @@ def judge(node: str, results: dict[str, str]) -> HostHealth:
                 f"{node}: its k3s client certificate expires in {days} days; reboot it (k3s renews a certificate "
                 "that expires within 90 days when it starts)"
             )
-    if results.get("secrets_encryption") == "no":
+    if results.get("server_cert_expires_epoch", "").isdigit() and results.get("now_epoch", "").isdigit():
+        left = int(results["server_cert_expires_epoch"]) - int(results["now_epoch"])
+        warning = server_certificate_warning(node, left, results.get("server_cert_file", "?"))
+        if warning:
+            warnings.append(warning)
+    encryption = results.get("secrets_encryption")
+    if encryption == "no":
         warnings.append(
-            f"{node}: Kubernetes Secrets are stored unencrypted in k3s's datastore: this server started "
-            "without secrets-encryption, and k3s does not support turning it on later; keep its disk and "
-            "backups private, or move the cluster to a new server the program creates (those start with it)"
+            f"{node}: Kubernetes Secrets are stored unencrypted in k3s's datastore (k3s secrets-encrypt status: "
+            "Disabled): this server runs without secrets-encryption. Turn it on: run `up` with "
+            "hk3s:network.approve_server_restart: true (k3s restarts with secrets-encryption, then the Secrets "
+            "already stored are re-encrypted with `k3s secrets-encrypt rotate-keys`)"
+        )
+    elif encryption == "unknown" and active:
+        warnings.append(
+            f"{node}: `k3s secrets-encrypt status` did not answer, so whether Secrets are encrypted is not known"
+        )
+    began = encrypted_since(results)
+    if encryption == "yes" and began is not None:
+        warnings.append(
+            f"{node}: Kubernetes Secrets stored before secrets-encryption was turned on "
+            f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(began))}) are still unencrypted in k3s's datastore "
+            "(never re-encrypted since); re-encrypt them: `k3s secrets-encrypt rotate-keys` on the server, or "
+            "run `up` (it does that)"
         )
     if results.get("deny_service_external_ips") == "no":
         warnings.append(

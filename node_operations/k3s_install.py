@@ -4,6 +4,7 @@ installer. Shared by the server set-up and the join."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import shlex
@@ -76,16 +77,19 @@ class ServerSpec:
     # Traefik and ServiceLB: off unless the stack asks for ingress, and then ServiceLB publishes
     # on the server alone (a node labelled enablelb restricts it to the labelled nodes).
     ingress: bool = False
-    # Kubernetes Secrets encrypted at rest in k3s's datastore. k3s supports it only from the
-    # server's first start ("Starting K3s without encryption and enabling it at a later time is
-    # currently not supported", docs.k3s.io/cli/secrets-encrypt): on for servers this program
-    # creates, never switched on for a server that started without it.
+    # Kubernetes Secrets encrypted at rest in k3s's datastore. k3s turns it on at any start with
+    # the flag (deps.go genEncryptionConfigAndState writes its config when missing), but encrypts
+    # only what is written from then on: a server that ran without it has its stored Secrets
+    # re-encrypted after the start (_reencrypt_stored_secrets).
     secrets_encryption: bool = False
     # The DenyServiceExternalIPs admission plugin: a Service's externalIPs make kube-proxy on every
     # node send what is addressed to them (the server's 6443 or 22, say) to the Service's pods
     # (CVE-2020-8554), and any user who may create a Service may name any address. On for servers
     # this program starts; on a running server only when its restart is approved.
     deny_service_external_ips: bool = False
+    # hk3s:network.approve_server_restart: the run may restart k3s, so server certificates inside
+    # k3s's renewal window are rotated (rotate_server_certificates).
+    may_restart: bool = False
 
 
 # k3s runs the API server with --enable-admission-plugins=NodeRestriction; a kube-apiserver-arg of
@@ -331,15 +335,163 @@ async def install_server(target: SshTarget, spec: ServerSpec, progress: Progress
                 "previous configuration was restored and k3s is running with it again. Find the cause in the log "
                 "lines above, then run again",
             ) from None
-        kubeconfig = await session.run(["cat", "/etc/rancher/k3s/k3s.yaml"], deadline=30, what="reading the kubeconfig")
+        api_endpoint = f"https://{spec.external_ip}:6443"
+        if spec.secrets_encryption:
+            await _wait_encryption_stage(session)
+        credentials = await _credentials_renewed(session, api_endpoint, rotate=spec.may_restart, progress=progress)
+        if spec.secrets_encryption:
+            await _reencrypt_stored_secrets(session, credentials.facts, progress)
         ca_hash = await served_ca_hash(session)
-    api_endpoint = f"https://{spec.external_ip}:6443"
     return ServerInstalled(
         version=results["version"],
         ca_hash=ca_hash,
         api_endpoint=api_endpoint,
-        kubeconfig=kubeconfig.stdout.replace("https://127.0.0.1:6443", api_endpoint),
+        kubeconfig=credentials.kubeconfig,
     )
+
+
+KUBECONFIG_PATH = "/etc/rancher/k3s/k3s.yaml"
+
+
+@dataclass(frozen=True)
+class ServerCredentials:
+    """What the server's certificates say now: the kubeconfig k3s wrote at its last start (with
+    the API endpoint the program records; secret) and the first of its own certificates to end."""
+
+    node: str
+    kubeconfig: str
+    seconds_left: int | None
+    first_file: str | None
+    facts: dict[str, str] = dataclasses.field(default_factory=dict)
+    """All that host_health.sh printed."""
+
+    def expiring(self) -> str | None:
+        """The warning when the first certificate to end is inside k3s's renewal window."""
+        from node_operations.health import server_certificate_warning  # noqa: PLC0415 - avoids a cycle
+
+        if self.seconds_left is None:
+            return None
+        return server_certificate_warning(self.node, self.seconds_left, self.first_file or "?")
+
+    def first_end(self) -> str:
+        from node_operations.health import time_left  # noqa: PLC0415 - avoids a cycle
+
+        return f"{self.first_file} {time_left(self.seconds_left or 0)}"
+
+
+async def _read_credentials(session: SshSession, api_endpoint: str) -> ServerCredentials:
+    kubeconfig = await session.run(["cat", KUBECONFIG_PATH], deadline=30, what="reading the kubeconfig")
+    health = parse_results((await session.run_script(script_path("host_health.sh"), deadline=60)).stdout)
+    left = None
+    if health.get("server_cert_expires_epoch", "").isdigit() and health.get("now_epoch", "").isdigit():
+        left = int(health["server_cert_expires_epoch"]) - int(health["now_epoch"])
+    return ServerCredentials(
+        node=session.target.node,
+        kubeconfig=kubeconfig.stdout.replace("https://127.0.0.1:6443", api_endpoint),
+        seconds_left=left,
+        first_file=health.get("server_cert_file"),
+        facts=health,
+    )
+
+
+async def read_server_credentials(target: SshTarget, api_endpoint: str) -> ServerCredentials:
+    """The server's kubeconfig and its certificates' end, read-only (every `up` and `refresh`: k3s
+    writes a new kubeconfig whenever it signs a new admin certificate, so a stored one goes stale)."""
+    async with open_session(target, shared=True) as session:
+        return await _read_credentials(session, api_endpoint)
+
+
+async def _rotate_certificates(session: SshSession) -> None:
+    """k3s's documented rotation (docs.k3s.io/cli/certificate): stop k3s, `k3s certificate rotate`
+    (it backs up server/tls and removes the leaf certificates), start k3s, which signs new ones
+    and writes a new kubeconfig; then wait for the API. The CAs stay, so agents are unaffected."""
+    await session.run(["systemctl", "stop", "k3s"], deadline=120)
+    stopped = (await session.run(["date", "+%s"], deadline=30)).stdout.strip()
+    await session.run([K3S_BIN, "certificate", "rotate"], deadline=60, what="rotating the server's certificates")
+    await session.run(["systemctl", "start", "--no-block", "k3s"], deadline=60)
+    await session.run_script(
+        script_path("k3s_server_ready.sh"),
+        [str(SERVER_READY_DEADLINE_SECONDS)],
+        deadline=SERVER_READY_DEADLINE_SECONDS + 30,
+    )
+    # k3s writes the kubeconfig with the new admin certificate during its start, not necessarily
+    # before its API answers: the one read must be that start's.
+    written = f'until [ "$(stat -c %Y {KUBECONFIG_PATH} 2>/dev/null || echo 0)" -ge {stopped} ]; do sleep 1; done'
+    await session.run(["sh", "-c", written], deadline=120, what="waiting for k3s to write its new kubeconfig")
+
+
+ENCRYPTION_STAGE_SECONDS = 60
+REENCRYPT_SECONDS = 300
+
+
+async def _wait_encryption_stage(session: SshSession) -> None:
+    """Until `k3s secrets-encrypt status` names a rotation stage: k3s annotates its Node with the
+    stage once the Node registers, a moment after the API is ready."""
+    await session.run(
+        [
+            "sh",
+            "-c",
+            f'for i in $(seq {ENCRYPTION_STAGE_SECONDS}); do "$0" secrets-encrypt status 2>/dev/null | '
+            "grep -q '^Current Rotation Stage: ' && exit 0; sleep 1; done",
+            K3S_BIN,
+        ],
+        deadline=ENCRYPTION_STAGE_SECONDS + 30,
+        check=False,
+    )
+
+
+async def _reencrypt_stored_secrets(session: SshSession, facts: dict[str, str], progress: Progress) -> None:
+    """k3s encrypts the Secrets written after a start with secrets-encryption; those a server stored
+    before (an adopted server that ran without it, or one turned on later) stay as they were until
+    rewritten. `k3s secrets-encrypt rotate-keys` (docs.k3s.io/cli/secrets-encrypt) rewrites every
+    Secret with a new key; done when k3s reports the stage reencrypt_finished. It restarts nothing.
+    When it fails the run says the Secrets are not re-encrypted (and status --check keeps saying so)."""
+    from node_operations.health import encrypted_since  # noqa: PLC0415 - avoids a cycle
+
+    since = encrypted_since(facts)
+    if since is None:
+        return
+    progress(
+        "re-encrypting the Secrets stored before secrets-encryption was turned on (k3s secrets-encrypt rotate-keys)"
+    )
+    wait = (
+        f'"$0" secrets-encrypt rotate-keys || exit 1; for i in $(seq {REENCRYPT_SECONDS}); do '
+        '"$0" secrets-encrypt status | grep -qx "Current Rotation Stage: reencrypt_finished" && exit 0; sleep 1; '
+        "done; echo 'the stage did not reach reencrypt_finished' >&2; exit 1"
+    )
+    done = await session.run(["sh", "-c", wait, K3S_BIN], deadline=REENCRYPT_SECONDS + 120, check=False)
+    if done.exit_status == 0:
+        progress("Secrets re-encrypted: every Secret is stored encrypted (k3s stage reencrypt_finished)")
+        return
+    why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    progress(
+        f"warning: the Secrets stored before secrets-encryption was turned on are NOT re-encrypted ({why}); "
+        "run `k3s secrets-encrypt rotate-keys` on the server, or run up again"
+    )
+
+
+async def refresh_server_credentials(
+    target: SshTarget, api_endpoint: str, *, rotate: bool, progress: Progress
+) -> ServerCredentials:
+    """The server's kubeconfig read again, after rotating its certificates when `rotate` and they
+    are inside k3s's renewal window (the stack allows a server restart)."""
+    async with open_session(target, shared=True) as session:
+        return await _credentials_renewed(session, api_endpoint, rotate=rotate, progress=progress)
+
+
+async def _credentials_renewed(
+    session: SshSession, api_endpoint: str, *, rotate: bool, progress: Progress
+) -> ServerCredentials:
+    credentials = await _read_credentials(session, api_endpoint)
+    if rotate and credentials.expiring() is not None:
+        progress(
+            f"rotating the server's certificates ({credentials.first_end()}, inside k3s's renewal window): "
+            "k3s restarts, the Kubernetes API is down for 10-30 s"
+        )
+        await _rotate_certificates(session)
+        credentials = await _read_credentials(session, api_endpoint)
+        progress(f"certificates rotated: the first to end now {credentials.first_end()}")
+    return credentials
 
 
 async def _wait_ready(session: SshSession, spec: ServerSpec, deadline: int = SERVER_READY_DEADLINE_SECONDS) -> dict:

@@ -15,7 +15,15 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
 from node_operations.firewall_plan import listening_ports, port_rules_from
-from node_operations.k3s_install import ServerSpec, install_server, read_server_state, stop_server
+from node_operations.k3s_install import (
+    ServerCredentials,
+    ServerSpec,
+    install_server,
+    read_server_credentials,
+    read_server_state,
+    refresh_server_credentials,
+    stop_server,
+)
 from node_operations.k3s_release import K3S_VERSION
 from node_operations.teardown import wipe_node
 from providers.base import (
@@ -29,6 +37,7 @@ from providers.base import (
     ssh_target,
 )
 from providers.inputs import K3sRelease, NodeInputs, checkable, flat, is_known, known
+from remote_access.ssh import HostKeyChangedError, SshError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -58,8 +67,9 @@ class K3sServerInputs(NodeInputs):
     """The server's rules (the plan's), checked against its firewall where the operator runs it:
     nothing missing, nothing open wider. Absent in a state written before the input existed."""
     secrets_encryption: pulumi.Input[bool | None] = None
-    """Decided by check, never by the program: on for a server k3s starts here for the first
-    time, and for one that already runs what it started with (k3s cannot switch it on later)."""
+    """Decided by check: on for a server k3s starts here for the first time (or one it adopts);
+    a server this stack already runs keeps what it runs with unless the stack allows a restart (k3s
+    turns it on at a start with the flag; the install then re-encrypts the Secrets stored before)."""
     deny_service_external_ips: pulumi.Input[bool | None] = None
     """Decided by check: on for a server k3s starts here for the first time; a running server
     keeps what it runs unless hk3s:network.approve_server_restart approves turning it on (k3s
@@ -165,22 +175,19 @@ class K3sServerProvider(NodeProvider):
                 )
             )
         checked = pin_recorded_host_key(olds, dict(news))
-        # A server this stack already runs keeps what it started with (an earlier release's: off).
-        checked["secrets_encryption"] = olds.get("secrets_encryption") if olds.get("node") else True
+        # A server this stack already runs keeps what it runs with (an earlier release's: off) unless
+        # the stack allows a restart: k3s turns secrets-encryption on at a start with the flag, and
+        # the install then re-encrypts the Secrets stored before (node_operations.k3s_install).
+        runs = bool(olds.get("node"))
+        turn_on = not runs or news.get("approve_restart") is True
+        checked["secrets_encryption"] = True if turn_on else olds.get("secrets_encryption")
         # Turning the admission plugin on restarts k3s: a running server gets it with approval only.
-        running = bool(olds.get("node"))
-        approved = news.get("approve_restart") is True
-        checked["deny_service_external_ips"] = (
-            True if not running or approved else olds.get("deny_service_external_ips")
-        )
+        checked["deny_service_external_ips"] = True if turn_on else olds.get("deny_service_external_ips")
         return CheckResult(checked, failures)
 
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         """Also says, in preview, when applying the change restarts k3s (the API goes down)."""
-        # Who runs the server's firewall is checked at its first install only: never a reason
-        # to reinstall a running server.
-        ignored = (*FIRST_INSTALL_ONLY, "recorded_host_key")
-        result = diff_inputs(olds, news, replace_on=self.replace_on, ignore=ignored)
+        result = self._diff_inputs(olds, news)
         node = str(news.get("node"))
         restarting = [key for key in RESTARTING_INPUTS if olds.get(key) and is_known(news.get(key))]
         restarting = [key for key in restarting if olds[key] != news.get(key)]
@@ -207,7 +214,58 @@ class K3sServerProvider(NodeProvider):
                 "6443 or 22) to a pod (CVE-2020-8554); hk3s:network.approve_server_restart: true turns on "
                 "DenyServiceExternalIPs (k3s restarts on the server; the API is down for 10-30 s)",
             )
+        if olds.get("node") and not olds.get("secrets_encryption") and news.get("secrets_encryption") is True:
+            progress(
+                node,
+                "plan: secrets-encryption is turned on: k3s restarts on the server (the API is down for 10-30 s), "
+                "then the Secrets it already stores are re-encrypted (k3s secrets-encrypt rotate-keys)",
+            )
+        if not result.replaces and self._server_changed(olds, news):
+            return DiffResult(changes=True, replaces=[], delete_before_replace=False)
         return result
+
+    def _diff_inputs(self, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        # Who runs the server's firewall is checked at its first install only: never a reason
+        # to reinstall a running server.
+        return diff_inputs(olds, news, replace_on=self.replace_on, ignore=(*FIRST_INSTALL_ONLY, "recorded_host_key"))
+
+    def _server_changed(self, olds: dict[str, Any], news: dict[str, Any]) -> bool:
+        """Every run asks the running server, read-only, what the stored state cannot know: the
+        kubeconfig k3s wrote at its last start (a new one whenever it signed a new admin
+        certificate: a rotation, or a start inside the renewal window), and how long its own
+        certificates have left. A changed kubeconfig is stored by this run (the Kubernetes provider
+        and the API forward use it); certificates inside k3s's renewal window are named with the
+        fix, and rotated by this run when hk3s:network.approve_server_restart allows a restart."""
+        if not olds.get("kubeconfig") or not olds.get("api_endpoint"):
+            return False
+        login = {key: news.get(key) for key in ("node", "address", "ssh_port", "ssh_user", "private_key")}
+        if not is_known(list(login.values())):
+            return False
+        node = str(news.get("node"))
+        try:
+            found = run_operation(
+                read_server_credentials(ssh_target(pin_recorded_host_key(olds, dict(news))), str(olds["api_endpoint"]))
+            )
+        except HostKeyChangedError:
+            raise
+        except SshError as error:
+            # The run goes on: anything it changes on the server logs in again, and fails there.
+            progress(node, f"the server's kubeconfig and certificates could not be read: {error}")
+            return False
+        changed = found.kubeconfig != olds.get("kubeconfig")
+        if changed:
+            progress(
+                node,
+                "plan: the server's kubeconfig changed since the last run (k3s signed a new admin certificate); "
+                "this run stores the new one",
+            )
+        warning = found.expiring()
+        if warning and news.get("approve_restart") is True:
+            progress(node, f"plan: the server's certificates are rotated: {found.first_end()}; k3s restarts (10-30 s)")
+            return True
+        if warning:
+            progress(node, f"warning: {warning}")
+        return changed
 
     def _install(self, props: dict[str, Any]) -> dict[str, Any]:
         from node_operations.host_preparation import prepare_host  # noqa: PLC0415 - loaded on first use
@@ -231,6 +289,7 @@ class K3sServerProvider(NodeProvider):
             binary=inputs.k3s.binary(),
             secrets_encryption=known(inputs.secrets_encryption) is True,
             deny_service_external_ips=known(inputs.deny_service_external_ips) is True,
+            may_restart=known(inputs.approve_restart) is True,
         )
         # The server gets the workers' host preparation and hardening before k3s runs on it.
         pod_network = known(inputs.pod_network) or ("wireguard" if "wireguard" in flannel_backend else "vxlan")
@@ -270,8 +329,22 @@ class K3sServerProvider(NodeProvider):
         # Deterministic id: a create retried after a crash adopts the k3s it installed.
         return CreateResult(id_=f"{props['node']}-k3s", outs=self._install(props))
 
-    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        return UpdateResult(outs=self._install(news))
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        if self._diff_inputs(olds, news).changes or not olds.get("api_endpoint"):
+            return UpdateResult(outs=self._install(news))
+        # Only the server changed (diff: a new kubeconfig, certificates to rotate): no reinstall.
+        inputs = K3sServerInputs.from_props(news)
+        node = str(known(inputs.login.node))
+        found = run_operation(
+            refresh_server_credentials(
+                ssh_target(inputs.login),
+                str(olds["api_endpoint"]),
+                rotate=known(inputs.approve_restart) is True,
+                progress=lambda line: progress(node, line),
+            )
+        )
+        outputs = {key: olds.get(key) for key in ("version", "ca_hash", "api_endpoint")}
+        return UpdateResult(outs={**news, **outputs, "kubeconfig": found.kubeconfig})
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         login = K3sServerInputs.from_props(props).login
@@ -280,7 +353,15 @@ class K3sServerProvider(NodeProvider):
         if state is None:
             progress(node, "k3s is not running on the server")
             return ReadResult(id_=id_, outs={**props, "version": None})
-        return ReadResult(id_=id_, outs={**props, "version": state.version, "ca_hash": state.ca_hash})
+        outs = {**props, "version": state.version, "ca_hash": state.ca_hash}
+        if props.get("api_endpoint"):
+            # The kubeconfig k3s wrote at its last start: a rotation or a start inside the renewal
+            # window signs a new admin certificate, and the stored one would go stale.
+            found: ServerCredentials = run_operation(read_server_credentials(ssh_target(login), props["api_endpoint"]))
+            outs["kubeconfig"] = found.kubeconfig
+            if found.expiring():
+                progress(node, f"warning: {found.expiring()}")
+        return ReadResult(id_=id_, outs=outs)
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         inputs = K3sServerInputs.from_props(props)

@@ -544,7 +544,7 @@ func serverFlags() []*flagDef {
 		ignoredBool("disable-helm-controller"),
 		ignoredBool("embedded-registry"),
 		ignoredBool("supervisor-metrics"),
-		ignoredBool("secrets-encryption"),
+		boolean("secrets-encryption", nil, "Enable secret encryption at rest (secretsencrypt.go)"),
 		ignoredStr("secrets-encryption-provider"),
 		ignoredBool("disable-apiserver"),
 		ignoredBool("disable-controller-manager"),

@@ -15,7 +15,8 @@
 //     `k3s kubectl ...` (also when called through a symlink named kubectl), `k3s crictl`
 //     and `k3s ctr` (the bundled binaries pointed at k3s's containerd socket, ctr in the
 //     k8s.io namespace; only where the runtime is installed, see below) and
-//     `k3s --version` ("k3s version v1.X.Y+k3s1 (<hash>)" and "go version ...").
+//     `k3s --version` ("k3s version v1.X.Y+k3s1 (<hash>)" and "go version ..."), and
+//     `k3s certificate rotate` (certlife.go).
 //     The config file (--config/-c or $K3S_CONFIG_FILE, default
 //     /etc/rancher/k3s/config.yaml, plus config.yaml.d/*.yaml drop-ins; keys are flag
 //     names without dashes) is merged with the command line as k3s does: the command
@@ -119,7 +120,12 @@
 // kube-proxy, no egress network policy, no CoreDNS/Traefik/local-path/metrics-server/helm
 // add-ons, no cloud controller (a pod-mode Node has no ExternalIP address). No embedded etcd or external datastores, no HA servers,
 // no server list learned by the agent's load balancer (lb.go), no websocket (the tunnel opens one connection per stream),
-// no certificate rotation, no secrets encryption, no etcd snapshots. The server's own
+// no `k3s certificate check` or CA rotation, no etcd snapshots. Secrets encryption: the server's
+// --secrets-encryption, `k3s secrets-encrypt status` and `rotate-keys` (secretsencrypt.go).
+//
+// Certificates (certlife.go): leaf certificates last a year and are renewed only at a start
+// within 90 days of their expiry, as k3s's deps.go does; $HK3S_LAB_CERT_LIFETIME and
+// $HK3S_LAB_CERT_RENEW_WINDOW shorten both for the lab's tests (LAB ONLY). The server's own
 // node presents no node password.
 package main
 
@@ -228,7 +234,11 @@ func main() {
 		fmt.Print(usage)
 	case "crictl", "ctr":
 		os.Exit(runBundled(cmd, rest))
-	case "etcd-snapshot", "secrets-encrypt", "certificate", "check-config", "completion":
+	case "certificate":
+		os.Exit(runCertificateCommand(rest))
+	case "secrets-encrypt":
+		os.Exit(runSecretsEncryptCommand(rest))
+	case "etcd-snapshot", "check-config", "completion":
 		fmt.Fprintf(os.Stderr, "k3s %s: not available in this build\n", cmd)
 		os.Exit(1)
 	default:

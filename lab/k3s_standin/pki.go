@@ -205,16 +205,16 @@ func signCert(ca *keyPair, pub crypto.PublicKey, self crypto.Signer, spec certSp
 	if err != nil {
 		return nil, err
 	}
-	days := spec.days
-	if days == 0 {
-		days = 365
+	lifetime := certLifetime()
+	if spec.days != 0 {
+		lifetime = time.Duration(spec.days) * 24 * time.Hour
 	}
 	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
 		Subject:      pkix.Name{CommonName: spec.cn, Organization: spec.orgs},
 		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.AddDate(0, 0, days),
+		NotAfter:     now.Add(lifetime),
 		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
 		DNSNames:     spec.dns,
 		IPAddresses:  spec.ips,
@@ -231,10 +231,11 @@ func signCert(ca *keyPair, pub crypto.PublicKey, self crypto.Signer, spec certSp
 	return x509.CreateCertificate(rand.Reader, tmpl, ca.cert, pub, ca.key)
 }
 
-// certMatches: the certificate was issued by ca (nil: any), is valid for another
-// 30 days, and has the spec's subject and at least its names.
+// certMatches: the certificate was issued by ca (nil: any), does not expire within the
+// renewal window (certlife.go: deps.go's expired()), and has the spec's subject and at least
+// its names (deps.go's fieldsChanged()).
 func certMatches(c *x509.Certificate, ca *keyPair, spec certSpec) bool {
-	if time.Until(c.NotAfter) < 30*24*time.Hour {
+	if certExpiring(c.NotAfter) {
 		return false
 	}
 	if ca != nil && c.CheckSignatureFrom(ca.cert) != nil {

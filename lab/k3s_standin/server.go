@@ -84,6 +84,7 @@ type server struct {
 	caBundle                     []byte
 	node                         *nodeSpec
 	adminCfg                     *rest.Config // direct to the apiserver (127.0.0.1:apiPort)
+	encryptionConfig             string       // --secrets-encryption: the kube-apiserver's encryption config
 
 	mu       sync.Mutex
 	children []*child
@@ -179,6 +180,11 @@ func (s *server) run(parent context.Context) error {
 
 	if err := s.certificates(); err != nil {
 		return fmt.Errorf("certificates: %w", err)
+	}
+	if o.boolean("secrets-encryption") {
+		if s.encryptionConfig, err = genEncryptionConfigAndState(s.serverDir); err != nil {
+			return fmt.Errorf("secrets encryption: %w", err)
+		}
 	}
 	serverToken, err := readToken(ctx, o, "token", "token-file")
 	if err != nil {
@@ -651,6 +657,9 @@ func (s *server) startAPIServer() (*child, error) {
 		"--tls-cert-file=" + t("serving-kube-apiserver.crt"),
 		"--tls-private-key-file=" + t("serving-kube-apiserver.key"),
 	}
+	if s.encryptionConfig != "" {
+		args = append(args, "--encryption-provider-config="+s.encryptionConfig, "--encryption-provider-config-automatic-reload=true")
+	}
 	return s.startChild("kube-apiserver", mergeArgs(args, s.o.list("kube-apiserver-arg")))
 }
 
@@ -882,6 +891,13 @@ func (s *server) labelServerNode(ctx context.Context, name string) {
 		return
 	}
 	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"true",%q:"true"}}}`, controlPlaneLabel, masterLabel)
+	if s.encryptionConfig != "" {
+		// The encryption stage, from encryption-state.json (BootstrapEncryptionHashAnnotation).
+		if state, err := os.ReadFile(encryptionStatePath(s.serverDir)); err == nil {
+			patch = fmt.Sprintf(`{"metadata":{"labels":{%q:"true",%q:"true"},"annotations":{%q:%q}}}`,
+				controlPlaneLabel, masterLabel, encryptionHashAnnotation, string(state))
+		}
+	}
 	for {
 		_, err := core.Nodes().Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 		if err == nil {

@@ -587,3 +587,64 @@ func TestComponentArgsKeepTheirCommas(t *testing.T) {
 		t.Errorf("tls-san = %q", got)
 	}
 }
+
+// A start renews a server certificate only within the renewal window (deps.go expired()):
+// outside it the stored one is kept, inside it a new one is signed for the lifetime.
+func TestServerCertificatesRenewOnlyWithinTheWindow(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(certLifetimeEnv, "2h")
+	t.Setenv(certRenewWindowEnv, "10m")
+	ca, err := loadOrCreateCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"), "k3s-client-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := certSpec{cn: "system:admin", orgs: []string{"system:masters"}, client: true}
+	crt, key := filepath.Join(dir, "client-admin.crt"), filepath.Join(dir, "client-admin.key")
+	first, err := ensureCert(ca, crt, key, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := time.Until(first.cert.NotAfter); left < 119*time.Minute || left > 2*time.Hour {
+		t.Fatalf("lifetime %s, want 2h", left)
+	}
+	again, err := ensureCert(ca, crt, key, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.cert.SerialNumber.Cmp(first.cert.SerialNumber) != 0 {
+		t.Fatal("a certificate outside its renewal window was renewed")
+	}
+	t.Setenv(certRenewWindowEnv, "3h") // now it expires within the window
+	renewed, err := ensureCert(ca, crt, key, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if renewed.cert.SerialNumber.Cmp(first.cert.SerialNumber) == 0 {
+		t.Fatal("a certificate inside its renewal window was kept")
+	}
+}
+
+// `k3s certificate rotate` backs server/tls up, removes the leaf certificates (never a CA) and
+// signs nothing.
+func TestCertificateRotateRemovesLeavesKeepsCAs(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"server/tls/client-ca.crt", "server/tls/client-ca.key", "server/tls/client-admin.crt",
+		"server/tls/client-admin.key", "server/tls/serving-kube-apiserver.crt", "agent/client-kubelet.crt"} {
+		writeFile(t, filepath.Join(dir, f), "x")
+	}
+	now := time.Unix(1700000000, 0)
+	if err := rotateCertificates(dir, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, gone := range []string{"server/tls/client-admin.crt", "server/tls/client-admin.key", "server/tls/serving-kube-apiserver.crt", "agent/client-kubelet.crt"} {
+		if _, err := os.Stat(filepath.Join(dir, gone)); !os.IsNotExist(err) {
+			t.Errorf("%s not removed", gone)
+		}
+	}
+	for _, kept := range []string{"server/tls/client-ca.crt", "server/tls/client-ca.key", "server/tls/dynamic-cert-regenerate",
+		"server/tls-1700000000/client-admin.crt", "server/tls-1700000000/client-kubelet.crt"} {
+		if _, err := os.Stat(filepath.Join(dir, kept)); err != nil {
+			t.Errorf("%s: %v", kept, err)
+		}
+	}
+}

@@ -10,13 +10,16 @@ forward a refresh needs) and put back by the next `up`."""
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import yaml
+from cryptography import x509
 
 from lab.hosts import Host, Lab
 from lab.stack_harness import (
@@ -76,20 +79,40 @@ def _recorded_settings(stack: LabStack) -> dict[str, str]:
     return {r["outputs"]["metadata"]["name"]: r["outputs"]["value"] for r in resources if r["type"] == SETTING_PATCH}
 
 
-def test_longhorn_settings_are_kept_and_put_back(lab: Lab, tmp_path: Path) -> None:
+@dataclass
+class LonghornStack:
+    lab: Lab
+    server: Host
+    stack: LabStack
+    storage: dict[str, Any]
+
+    def config(self, **network: Any) -> dict[str, Any]:
+        config = base_config(self.lab, self.server, [], storage=self.storage)
+        config.setdefault("network", {}).update(network)
+        return config
+
+
+@pytest.fixture(scope="module")
+def longhorn_stack(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> LonghornStack:
+    """One server running Longhorn (the stand-in chart) through the Kubernetes provider; the tests
+    share it and run in order."""
     skip_without_kubernetes_provider()
     server = lab.add_host(server_spec("lh-server"))
     lab.wait_ssh_ready([server])
-    stack = LabStack(tmp_path)
     storage = {
         "install_longhorn": True,
         "longhorn_chart": str(LONGHORN_STANDIN_CHART),
         "reserved_percent": 20,
         "minimal_available_percent": 15,
     }
-    stack.write_config(base_config(lab, server, [], storage=storage))
-    up_or_fail(stack)
+    found = LonghornStack(lab, server, LabStack(tmp_path_factory.mktemp("longhorn-settings")), storage)
+    found.stack.write_config(found.config())
+    up_or_fail(found.stack)
+    return found
 
+
+def test_longhorn_settings_are_kept_and_put_back(longhorn_stack: LonghornStack) -> None:
+    server, stack = longhorn_stack.server, longhorn_stack.stack
     live = _live_settings(server)
     assert {name: live.get(name) for name in EXPECTED} == EXPECTED
     # A setting the program does not keep stays at Longhorn's default.
@@ -123,3 +146,129 @@ def test_longhorn_settings_are_kept_and_put_back(lab: Lab, tmp_path: Path) -> No
     assert changes.get("update") == 1, changes
     assert _live_settings(server)["default-replica-count"] == "1"
     assert _recorded_settings(stack) == EXPECTED
+
+
+K3S = "/usr/local/bin/k3s"
+SHORT_CERTS = "/etc/systemd/system/k3s.service.d/lab-short-certificates.conf"
+SERVER_TLS = "/var/lib/rancher/k3s/server/tls"
+
+
+def _admin_certificate(kubeconfig: str) -> x509.Certificate:
+    """The client certificate a kubeconfig authenticates with (the first of its chain)."""
+    user = yaml.safe_load(kubeconfig)["users"][0]["user"]
+    return x509.load_pem_x509_certificate(base64.b64decode(user["client-certificate-data"]))
+
+
+def _server_admin_certificate(server: Host) -> x509.Certificate:
+    return _admin_certificate(server.run(["cat", "/etc/rancher/k3s/k3s.yaml"]).stdout)
+
+
+def _stored_kubeconfig(stack: LabStack) -> tuple[str, bool]:
+    """The server's kubeconfig as the state records it (the K3sServer resource's output, what the
+    Kubernetes provider and the API forward are given; a refresh updates it, not the stack's
+    outputs, which only an up sets) and whether it is still a secret."""
+    deployment = stack.stack().export_stack().deployment or {}
+    (server,) = [r for r in deployment["resources"] if r["urn"].endswith("-k3s") and "ca_hash" in r.get("outputs", {})]
+    value = server["outputs"]["kubeconfig"]
+    if isinstance(value, dict) and "plaintext" in value:
+        return str(json.loads(value["plaintext"])), True
+    return str(value), False
+
+
+def _serial(path: str, server: Host) -> str:
+    return server.run(["openssl", "x509", "-serial", "-noout", "-in", path]).stdout.strip()
+
+
+def _rotate_by_hand(server: Host) -> None:
+    """As k3s's documentation has it: stop k3s, `k3s certificate rotate`, start k3s."""
+    server.run(["systemctl", "stop", "k3s"], timeout=120)
+    server.run([K3S, "certificate", "rotate"])
+    server.run(["systemctl", "start", "k3s"], timeout=300)
+
+
+def _short_certificates(server: Host) -> None:
+    """The stand-in's lab setting (lab/k3s_standin/certlife.go): certificates signed from now on last
+    3 hours and are renewed at a start within 10 minutes of their end (k3s: a year and 90 days)."""
+    server.run(
+        [
+            "sh",
+            "-c",
+            f"mkdir -p {SHORT_CERTS.rsplit('/', 1)[0]} && printf '%s\\n' '[Service]' "
+            "'Environment=HK3S_LAB_CERT_LIFETIME=3h' 'Environment=HK3S_LAB_CERT_RENEW_WINDOW=10m' "
+            f"> {SHORT_CERTS} && systemctl daemon-reload",
+        ]
+    )
+
+
+def test_refresh_and_every_up_store_the_kubeconfig_the_server_wrote(longhorn_stack: LonghornStack) -> None:
+    """k3s writes a new kubeconfig (a new admin client certificate) whenever it signs one: after a
+    rotation, or at a start within the renewal window. The next `up` stores it without being asked
+    (before the Kubernetes provider and the API forward use it), and so does a `refresh`; it stays
+    a Pulumi secret."""
+    server, stack = longhorn_stack.server, longhorn_stack.stack
+    before = _server_admin_certificate(server)
+    assert _admin_certificate(_stored_kubeconfig(stack)[0]).serial_number == before.serial_number
+    _rotate_by_hand(server)
+    rotated = _server_admin_certificate(server)
+    assert rotated.serial_number != before.serial_number
+    up_or_fail(stack)
+    stored, secret = _stored_kubeconfig(stack)
+    assert _admin_certificate(stored).serial_number == rotated.serial_number, "up kept the stale kubeconfig"
+    assert secret, "the stored kubeconfig is no longer a secret"
+    # Longhorn's settings are read and kept through the Kubernetes provider, on the new credentials.
+    assert {name: _live_settings(server).get(name) for name in EXPECTED} == EXPECTED
+
+    # Rotated again, now with the lab's short-lived certificates (the next test's starting point).
+    _short_certificates(server)
+    _rotate_by_hand(server)
+    again = _server_admin_certificate(server)
+    stack.api().refresh()
+    stored, secret = _stored_kubeconfig(stack)
+    assert _admin_certificate(stored).serial_number == again.serial_number, "refresh kept the stale kubeconfig"
+    assert secret, "the refreshed kubeconfig is no longer a secret"
+
+
+def test_the_server_certificates_are_named_before_their_end_and_rotated_when_allowed(
+    longhorn_stack: LonghornStack,
+) -> None:
+    """k3s signs the server's own certificates for a year and renews them only at a start within 90
+    days of their end (deps.go); the lab's stand-in does the same with hours and minutes. Certificates
+    three hours from their end are inside k3s's window: `status --check` and `up` name them and the
+    fix; an `up` that may restart the server rotates them and stores the new kubeconfig in the same
+    run."""
+    server, stack = longhorn_stack.server, longhorn_stack.stack
+    _short_certificates(server)
+    if _server_admin_certificate(server).not_valid_after_utc.timestamp() - time.time() > 3 * 3600:
+        _rotate_by_hand(server)  # the previous test did not get this far
+    short = _server_admin_certificate(server)
+    hours_left = (short.not_valid_after_utc.timestamp() - time.time()) / 3600
+    assert 2 < hours_left <= 3, hours_left
+
+    # status --check names the server's certificates and the fix.
+    status = stack.api().status(check_hosts=True)
+    warnings = "\n".join(status.warnings)
+    assert "lh-server: the k3s server's certificate " in warnings, warnings
+    assert "expires in 2 hours" in warnings and "k3s certificate rotate" in warnings, warnings
+    assert "approve_server_restart" in warnings, warnings
+
+    # An up that may not restart the server warns, naming the fix, and changes nothing on it.
+    serving = _serial(f"{SERVER_TLS}/serving-kube-apiserver.crt", server)
+    output = stack.up_output()
+    assert output == "", output
+    text = stack.text()
+    assert "lh-server: the k3s server's certificate " in text and "k3s certificate rotate" in text, text[-3000:]
+    assert _serial(f"{SERVER_TLS}/serving-kube-apiserver.crt", server) == serving
+
+    # With server restarts allowed, the run rotates them itself and stores the kubeconfig.
+    stack.write_config(longhorn_stack.config(approve_server_restart=True))
+    try:
+        up_or_fail(stack)
+        after = _server_admin_certificate(server)
+        assert after.serial_number != short.serial_number, "up did not rotate the certificates"
+        assert _serial(f"{SERVER_TLS}/serving-kube-apiserver.crt", server) != serving
+        stored, secret = _stored_kubeconfig(stack)
+        assert _admin_certificate(stored).serial_number == after.serial_number and secret
+        assert {name: _live_settings(server).get(name) for name in EXPECTED} == EXPECTED
+    finally:
+        stack.write_config(longhorn_stack.config())
+        server.run(["sh", "-c", f"rm -f {SHORT_CERTS} && systemctl daemon-reload"])

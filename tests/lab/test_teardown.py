@@ -4,7 +4,9 @@ module share one stack (a server and two workers) and run in order."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from lab.stack_harness import (
     CliRun,
     LabStack,
     base_config,
+    k3s_snapshot,
     run_cli,
     server_spec,
     skip_without_lab_binaries,
@@ -56,6 +59,41 @@ class Stack:
         return config
 
 
+SECRET_BEFORE = "/registry/secrets/default/before-the-stack"
+ENCRYPTED = b"k8s:enc:aescbc:v1:"
+
+
+def run_k3s_without_encryption(server: Host) -> None:
+    """The server as its operator ran it before this stack existed: k3s started by hand, without
+    secrets-encryption, holding a Secret (stored as it came: unencrypted)."""
+    binary, _ = k3s_snapshot()
+    (server.root / "usr/local/bin/k3s").write_bytes(binary.read_bytes())
+    (server.root / "usr/local/bin/k3s").chmod(0o755)
+    (server.root / "etc/rancher/k3s").mkdir(parents=True, exist_ok=True)
+    (server.root / "etc/rancher/k3s/config.yaml").write_text(
+        f"write-kubeconfig-mode: '0600'\nnode-ip: {server.public_ip}\n"
+    )
+    unit = "[Unit]\nDescription=k3s\n[Service]\nType=notify\nExecStart=/usr/local/bin/k3s server\nKillMode=process\n"
+    (server.root / "etc/systemd/system/k3s.service").write_text(unit)
+    server.run(["systemctl", "daemon-reload"])
+    started = server.run(["systemctl", "start", "k3s"], timeout=300, check=False)
+    journal = server.run(["journalctl", "-u", "k3s", "-n", "30", "--no-pager"], check=False).stdout
+    assert started.returncode == 0, f"k3s did not start:\n{journal}"
+    server.run(["sh", "-c", f"until {K3S} kubectl get --raw /readyz >/dev/null 2>&1; do sleep 1; done"], timeout=120)
+    name = SECRET_BEFORE.rsplit("/", 1)[1]
+    server.run([K3S, "kubectl", "create", "secret", "generic", name, "--from-literal=password=written-before"])
+    assert stored_value(server, SECRET_BEFORE).find(b"written-before") >= 0
+
+
+def stored_value(server: Host, key: str) -> bytes:
+    """The newest value k3s's datastore (kine on SQLite) holds for `key`, as stored on disk."""
+    db = server.root / "var/lib/rancher/k3s/server/db/state.db"
+    with contextlib.closing(sqlite3.connect(db, timeout=30)) as conn:
+        row = conn.execute("SELECT value FROM kine WHERE name = ? ORDER BY id DESC LIMIT 1", (key,)).fetchone()
+    assert row is not None, f"{key} is not in the datastore"
+    return bytes(row[0])
+
+
 @pytest.fixture(scope="module")
 def teardown_stack(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     skip_without_lab_binaries()
@@ -63,6 +101,8 @@ def teardown_stack(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     w1, w2 = lab.add_host(worker_spec("td-w1")), lab.add_host(worker_spec("td-w2"))
     outsider = lab.add_host(worker_spec("td-outsider"))  # not in the stack: probes from outside
     lab.wait_ssh_ready([server, w1, w2, outsider])
+    # The stack adopts a server that already runs k3s (without secrets-encryption).
+    run_k3s_without_encryption(server)
     stack = Stack(lab, server, w1, w2, outsider, LabStack(tmp_path_factory.mktemp("teardown-stack")))
     stack.stack.write_config(stack.config())
     up_or_fail(stack.stack)
@@ -118,6 +158,22 @@ def resources_in_state(stack: LabStack) -> list[str]:
     return [r["type"] for r in (deployment or {}).get("resources", []) if r["type"] != "pulumi:pulumi:Stack"]
 
 
+def test_an_adopted_server_has_secrets_encryption_and_its_old_secrets_reencrypted(teardown_stack: Stack) -> None:
+    """k3s turns secrets-encryption on at a start with the flag (deps.go genEncryptionConfigAndState),
+    and Secrets stored before stay unencrypted until rewritten. The adopted server's Secret from
+    before the stack is encrypted in the datastore itself once the run is done, the run said so,
+    and k3s reports the re-encryption finished."""
+    server = teardown_stack.server
+    value = stored_value(server, SECRET_BEFORE)
+    assert value.startswith(ENCRYPTED) and b"written-before" not in value, value[:60]
+    status = server.run([K3S, "secrets-encrypt", "status"]).stdout
+    assert "Encryption Status: Enabled" in status and "Current Rotation Stage: reencrypt_finished" in status, status
+    assert "Secrets re-encrypted" in teardown_stack.stack.text()
+    # A Secret written now is encrypted as it is stored.
+    server.run([K3S, "kubectl", "create", "secret", "generic", "after-the-stack", "--from-literal=password=x"])
+    assert stored_value(server, "/registry/secrets/default/after-the-stack").startswith(ENCRYPTED)
+
+
 def test_status_checks_every_host_over_ssh(teardown_stack: Stack) -> None:
     """`status(check_hosts=True)` reads each node's health over SSH, read-only, and names
     what is wrong: a stopped agent, a certificate close to expiry, a host it cannot reach."""
@@ -146,13 +202,14 @@ def test_status_checks_every_host_over_ssh(teardown_stack: Stack) -> None:
     )
     w1.run(["systemctl", "stop", "k3s-agent"])
     w2.power_off()
-    # As a server an earlier release started (no secrets-encryption) reads.
-    kept_config = config.read_text()
-    config.write_text(kept_config.replace("secrets-encryption: true\n", ""))
+    # As a server that runs without secrets-encryption reads: k3s finds no encryption configuration
+    # (its status reads the file at each request; the running API server keeps what it loaded).
+    encryption = "/var/lib/rancher/k3s/server/cred/encryption-config.json"
+    teardown_stack.server.run(["mv", encryption, f"{encryption}.kept"])
     try:
         status = api.status(check_hosts=True)
     finally:
-        config.write_text(kept_config)
+        teardown_stack.server.run(["mv", f"{encryption}.kept", encryption])
         # Both hosts are put back whatever happens, so the module's later tests find the cluster
         # as it was: the agent's start is not waited on here (under load its first start may
         # fail; the unit's Restart=always starts it again), the loop below waits for it.
@@ -166,7 +223,7 @@ def test_status_checks_every_host_over_ssh(teardown_stack: Stack) -> None:
     assert "td-w1: its k3s client certificate expires in 11 days; reboot it" in warnings, warnings
     assert "td-w2: could not be checked" in warnings, warnings
     assert "td-server: Kubernetes Secrets are stored unencrypted in k3s's datastore" in warnings, warnings
-    assert "does not support turning it on later" in warnings
+    assert "(k3s secrets-encrypt status: Disabled)" in warnings and "approve_server_restart: true" in warnings
     assert not [
         w for w in status.warnings if w.startswith("td-server") and "clock" not in w and "unencrypted" not in w
     ], warnings

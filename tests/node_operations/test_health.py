@@ -70,3 +70,21 @@ def test_a_node_with_the_fence_record_is_out_of_service_before_its_taint_and_unt
     # lift's checks): a node carrying it is fenced, Ready or not.
     recorded = NodeStatus(name="w1", ready=True, annotations={"hk3s.dev/fenced-at": "2026-12-05T02:00:00Z"})
     assert live_state(recorded) == "OutOfService"
+
+
+def test_the_server_certificates_warn_from_k3s_renewal_window_on() -> None:
+    """k3s renews the server's certificates only at a start within 90 days of their end
+    (deps.go): outside that window nothing is said, inside it the first to end is named with the
+    fixes, and a day's rounding never hides one that ends within hours."""
+    server = {**HEALTHY, "unit": "k3s", "server_cert_file": "client-admin.crt"}
+    outside = judge("srv", {**server, "server_cert_expires_epoch": str(NOW + 90 * 86400)})
+    assert outside.warnings == ()
+    inside = judge("srv", {**server, "server_cert_expires_epoch": str(NOW + 90 * 86400 - 1)}).warnings
+    assert len(inside) == 1 and inside[0].startswith(
+        "srv: the k3s server's certificate client-admin.crt expires in 89 days"
+    )
+    assert "k3s certificate rotate" in inside[0] and "approve_server_restart: true" in inside[0]
+    hours = judge("srv", {**server, "server_cert_expires_epoch": str(NOW + 3 * 3600 - 5)}).warnings
+    assert "client-admin.crt expires in 2 hours" in hours[0]
+    gone = judge("srv", {**server, "server_cert_expires_epoch": str(NOW - 1)}).warnings
+    assert "client-admin.crt expired" in gone[0]
