@@ -29,8 +29,18 @@ WIPED_PATHS=(
 # Removed only where they point at k3s: an operator's own kubectl stays.
 K3S_LINKS=(/usr/local/bin/kubectl /usr/local/bin/crictl /usr/local/bin/ctr)
 
+# k3s's bundled tools, after the host's own, as k3s-killall.sh finds them (install.sh
+# create_killall: every $K3S_DATA_DIR/data/*/bin and its aux on the PATH). On a host without
+# iptables tools k3s made its rules with the iptables it extracted into data/<hash>/bin/aux (k3s
+# puts that folder at the end of its own PATH), so only that copy can remove them; it goes with
+# /var/lib/rancher/k3s, which is why the rules are removed, and checked, before the files.
+for bundled in /var/lib/rancher/k3s/data/*/bin/; do
+  [ -d "$bundled" ] && PATH="$PATH:$bundled:${bundled}aux"
+done
+export PATH
+
 if [ "${1:-}" = --by-hand ]; then
-  result by_hand "systemctl disable --now k3s k3s-agent; kill k3s's containerd-shim processes (those under /var/lib/rancher/k3s/data; another container engine's stay); rm -rf ${WIPED_PATHS[*]} /usr/local/bin/k3s (and ${K3S_LINKS[*]} where they link to it); remove the iptables and ip6tables chains KUBE-*, CNI-*, FLANNEL-* and the rules that jump to them or carry a \"flanneld\" comment; nft delete table ip kube-proxy; nft delete table ip6 kube-proxy"
+  result by_hand "systemctl disable --now k3s k3s-agent; kill k3s's containerd-shim processes (those under /var/lib/rancher/k3s/data; another container engine's stay); remove the iptables and ip6tables chains KUBE-*, CNI-*, FLANNEL-* and the rules that jump to them or carry a \"flanneld\" comment (on a host without iptables tools, with k3s's own copy: PATH=\$PATH:\$(echo /var/lib/rancher/k3s/data/*/bin/aux | tr ' ' :)); nft delete table ip kube-proxy; nft delete table ip6 kube-proxy; then rm -rf ${WIPED_PATHS[*]} /usr/local/bin/k3s (and ${K3S_LINKS[*]} where they link to it)"
   exit 0
 fi
 
@@ -122,6 +132,34 @@ if command -v nft >/dev/null 2>&1; then
 fi
 result packet_filter "rules and chains removed: $xtables_rules_removed; nftables tables removed:${nft_tables_removed:- none}"
 
+# k3s's rules still there, by the iptables tools (the host's, else k3s's bundled copy) and, where
+# nft is, by the ruleset itself (iptables-nft's chains are nftables chains of the same name), so
+# that a host whose tools are all gone does not pass unchecked. Checked before the files go: a
+# wipe that stops here keeps k3s's bundled tools for the next run.
+rules_left() {
+  local tool found=""
+  for tool in iptables ip6tables; do
+    if command -v "$tool-save" >/dev/null 2>&1 && "$tool-save" 2>/dev/null | grep -Eq '^:(KUBE-|CNI-|FLANNEL-)'; then
+      found="$found $tool-chains"
+    fi
+  done
+  if command -v nft >/dev/null 2>&1; then
+    for family in ip ip6; do
+      nft list table "$family" kube-proxy >/dev/null 2>&1 && found="$found nft-$family-kube-proxy"
+    done
+    if nft list ruleset 2>/dev/null | grep -Eq '^[[:space:]]*chain (KUBE-|CNI-|FLANNEL-)'; then
+      case "$found" in *-chains*) ;; *) found="$found nft-chains" ;; esac
+    fi
+  fi
+  echo "${found# }"
+}
+left_rules=$(rules_left)
+if [ -n "$left_rules" ]; then
+  result left "$left_rules"
+  printf 'error k3s packet filter rules still on the host after the wipe: %s (no iptables tool of the host or of k3s could remove them: install iptables and run the wipe again)\n' "$left_rules" >&2
+  exit 1
+fi
+
 # --- files: k3s's data and config, the binary and its links, the program's ---
 removed=""
 for path in "${WIPED_PATHS[@]}"; do
@@ -140,14 +178,8 @@ pgrep -x k3s-server >/dev/null 2>&1 && left="$left k3s-server"
 pgrep -f '^/usr/local/bin/k3s ' >/dev/null 2>&1 && left="$left k3s"
 pgrep -f "$K3S_SHIM_PATTERN" >/dev/null 2>&1 && left="$left containerd-shim"
 [ -e /var/lib/rancher/k3s ] && left="$left /var/lib/rancher/k3s"
-for tool in iptables ip6tables; do
-  if command -v "$tool-save" >/dev/null 2>&1 && "$tool-save" 2>/dev/null | grep -Eq '^:(KUBE-|CNI-|FLANNEL-)'; then
-    left="$left $tool-chains"
-  fi
-done
-if command -v nft >/dev/null 2>&1; then
-  for family in ip ip6; do nft list table "$family" kube-proxy >/dev/null 2>&1 && left="$left nft-$family-kube-proxy"; done
-fi
+left_rules=$(rules_left)
+[ -n "$left_rules" ] && left="$left $left_rules"
 result left "${left# }"
 if [ -n "$left" ]; then
   printf 'error still on the host after the wipe:%s\n' "$left" >&2

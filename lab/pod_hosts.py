@@ -19,8 +19,6 @@ see ``../shared/guide/lab-pods.md``) that needs, beyond a plain host:
   joins a session keyring), and files holding the values the kubelet insists on, bound over
   ``/proc/sys/kernel/panic``, ``kernel/panic_on_oops`` and ``vm/overcommit_memory`` at boot by
   a unit inside the host (the real entries are machine-wide and stay read-only).
-* ``/usr/local/bin/k3s-killall.sh`` (``lab/k3s_standin/k3s-killall.sh``), as k3s's install
-  script writes it.
 * **the runtime**: the binaries ``lab/build/pod_runtime.sh`` and ``lab/build/kube.sh`` built,
   bound read-only at ``/var/lib/rancher/k3s/data/current/bin``, where a real k3s binary
   extracts its bundled containerd, runc, CNI plugins and tools. The k3s stand-in runs the
@@ -29,8 +27,10 @@ see ``../shared/guide/lab-pods.md``) that needs, beyond a plain host:
   ``lab/build/pod_runtime.sh``), bound read-only at ``/usr/local/lib/hk3s-lab/`` and run by the
   unit ``hk3s-lab-longhorn-csi@<k3s unit>.service``, bound to ``k3s.service`` and
   ``k3s-agent.service`` (``BindsTo=`` and ``After=``, pulled in by each through a ``.wants``
-  link): it runs while k3s runs and stops with it, so ``k3s-killall.sh`` and a fence leave none
-  of it behind, as they leave no pod. On a real node it is a DaemonSet pod (``longhorn-csi-plugin``);
+  link): it runs while k3s runs and stops with it, so a fence and a wipe leave none of it
+  behind, as they leave no pod. There is no ``/usr/local/bin/k3s-killall.sh``: only k3s's install
+  script writes one, and the product installs k3s without it, so its fence and wipe do that work
+  with their own steps, here as on its hosts. On a real node it is a DaemonSet pod (``longhorn-csi-plugin``);
   here it is not, because that pod would need Longhorn's images, and a DaemonSet would never be
   ready on the lab's plain hosts, which run no pods.
 """
@@ -190,18 +190,6 @@ def install_kernel_files(root: Path) -> None:
     link = wants / KERNEL_FILES_UNIT
     if not link.is_symlink():
         link.symlink_to(f"/etc/systemd/system/{KERNEL_FILES_UNIT}")
-
-
-KILLALL_SCRIPT = Path(__file__).resolve().parent / "k3s_standin" / "k3s-killall.sh"
-
-
-def install_killall(root: Path) -> None:
-    """``/usr/local/bin/k3s-killall.sh`` as k3s's install script writes it (the product
-    installs k3s air-gapped, without that script)."""
-    target = root / "usr/local/bin/k3s-killall.sh"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(KILLALL_SCRIPT, target)
-    target.chmod(0o755)
 
 
 def install_csi_plugin_unit(root: Path) -> None:

@@ -31,7 +31,12 @@ such a worker), waits until the agent holds a new certificate, and deletes the t
 
 A worker fenced across an upgrade was left at its release (its agent held down): the lift restarts
 the binary it has, and the last line says to run `up` again, whose K3sUpgrade moves it to the
-server's release as an upgrade moves any worker (providers/k3s_upgrade.py, `left_behind`).
+server's release as an upgrade moves any worker (providers/k3s_upgrade.py, `left_behind`). A worker
+left behind by more than Kubernetes' version-skew policy allows (its kubelet more than three minor
+releases older than the API server: fenced across several upgrades) is not started at its release:
+the lift is refused before anything changes, naming the fix (give it up and add it back, so that
+its join installs the server's release). The plan of an upgrade that takes the server that far from
+a fenced worker says so (providers/k3s_upgrade.py).
 
 Before anything changes, the host must still carry the address its Node was recorded with (the
 cluster address every peer's firewall admits and the agent's configured node IP). In public mode
@@ -73,6 +78,7 @@ from node_operations.join import TOKEN_FILE, join_token_ttl
 from node_operations.join_host import client_certificate_dead, private_file
 from node_operations.join_validation import TaintedNodeValidation, ValidatedNode, ValidationError
 from node_operations.k3s_install import CONFIG_PATH, parse_results
+from node_operations.k3s_release import beyond_skew
 from node_operations.reboot import BOOT_MARKER_COMMAND
 from node_operations.refusal import tagged
 from node_operations.volume_copies import NODE_UNHELD_ANNOTATION
@@ -411,6 +417,8 @@ async def lift_fence(
         raise FenceLiftRefusedError(worker.node, refusal)
     async with open_session(server) as server_session:
         cluster = ClusterApi(server_session, progress=progress, api_wait=api_wait)
+        if (skew := await skew_refusal(cluster, worker.node, server.node)) is not None:
+            raise FenceLiftRefusedError(worker.node, skew)
         await reboot_unless_booted(worker, cluster, progress)
         async with open_session(worker) as worker_session:
             lift = FenceLift(
@@ -423,6 +431,21 @@ async def lift_fence(
                 external_ip=external_ip,
             )
             await lift.run()
+
+
+async def skew_refusal(cluster: ClusterApi, node: str, server_node: str) -> str | None:
+    """Why the worker's agent may not be started at the release its Node last ran (Kubernetes'
+    version-skew policy, against the server's release), or None. Read before anything changes."""
+    worker, server = await cluster.get_node(node), await cluster.get_node(server_node)
+    if worker is None or server is None:
+        return None
+    why = beyond_skew(worker.kubelet_version, server.kubelet_version)
+    if why is None:
+        return None
+    return (
+        f"its {why}: its agent is not started at that release. Give it up (hk3s node remove {node} --force) and "
+        f"add it back to hk3s:workers: its join installs {server.kubelet_version}"
+    )
 
 
 async def _node_gone(server: SshTarget, node: str, api_wait: float, progress: Progress) -> bool:

@@ -93,6 +93,8 @@ class UpgradeReport:
     fenced: tuple[str, ...] = ()
     # The fenced workers whose Node runs another release than `version`: moved once unfenced.
     behind: tuple[str, ...] = ()
+    # Each of those with the release its Node runs (for the skew check of the next upgrade's plan).
+    behind_releases: tuple[tuple[str, str], ...] = ()
 
     def summary(self) -> str:
         parts = [f"{len(self.upgraded)} worker(s) moved to {self.version}"]
@@ -375,8 +377,9 @@ async def upgrade_workers(
         workers = [worker for worker in workers if worker.node not in fenced]
         plans, already, not_joined = plan_moves(nodes, workers, settings)
         if not plans:
+            behind = behind_release(nodes, fenced, version)
             return UpgradeReport(
-                version, (), tuple(already), tuple(not_joined), tuple(fenced), behind_release(nodes, fenced, version)
+                version, (), tuple(already), tuple(not_joined), tuple(fenced), behind, releases_of(nodes, behind)
             )
         permits = ["get", "configmap", PERMITS_CONFIGMAP, "-n", "kube-system", "--ignore-not-found", "-o", "name"]
         if (await api.kubectl(permits, repeat=Repeat.READ)).strip():
@@ -432,7 +435,14 @@ async def upgrade_workers(
             await WorkerUpgrade(api, worker, settings, progress).run(record, resumed=resumed)
             moved.append(worker.node)
     behind = behind_release(nodes, fenced, version)
-    return UpgradeReport(version, tuple(moved), tuple(already), tuple(not_joined), tuple(fenced), behind)
+    return UpgradeReport(
+        version, tuple(moved), tuple(already), tuple(not_joined), tuple(fenced), behind, releases_of(nodes, behind)
+    )
+
+
+def releases_of(nodes: dict[str, dict[str, Any]], names: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """Each named node with the release its Node runs (its kubelet's version)."""
+    return tuple((name, NodeStatus.from_object(nodes[name]).kubelet_version) for name in names if name in nodes)
 
 
 def behind_release(nodes: dict[str, dict[str, Any]], fenced: Sequence[str], version: str) -> tuple[str, ...]:

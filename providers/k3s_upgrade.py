@@ -102,6 +102,27 @@ def upgrade_plan(olds: dict[str, Any], news: dict[str, Any]) -> str | None:
     return (
         f"plan: k3s {old} -> {new}: the server first, then one worker at a time, each Ready at {new} before the "
         f"next: {', '.join(workers) or '(no workers)'}; {how}. A worker not joined yet joins at {new}{left}"
+        + beyond_skew_after(olds, fenced, new)
+    )
+
+
+def beyond_skew_after(olds: dict[str, Any], fenced: list[str], new: str) -> str:
+    """What the plan says of the fenced workers the upgrade to `new` takes beyond Kubernetes'
+    version-skew policy: each runs the release an upgrade left it at (`behind_releases`), else the
+    one before this upgrade; its fence's lift will be refused at that release."""
+    from node_operations.k3s_release import beyond_skew  # noqa: PLC0415 - loaded on first use
+
+    releases = dict(olds.get("behind_releases") or {})
+    old = str(olds.get("k3s_version") or "")
+    lines = [
+        f"{name}: {why}" for name in fenced if (why := beyond_skew(str(releases.get(name) or old), new)) is not None
+    ]
+    if not lines:
+        return ""
+    return (
+        f". Beyond the version-skew policy after this upgrade, fenced: {'; '.join(lines)}. Its fence cannot be "
+        "lifted at that release: lift it before upgrading this far (an upgrade moves it once it is back), or give "
+        "it up (hk3s node remove NAME --force) and add it back, so that its join installs the new release"
     )
 
 
@@ -149,6 +170,7 @@ class K3sUpgradeProvider(NodeProvider):
             "version": report.version,
             "upgraded": list(report.upgraded),
             "left_behind": list(report.behind),
+            "behind_releases": dict(report.behind_releases),
         }
 
     def create(self, props: dict[str, Any]) -> CreateResult:

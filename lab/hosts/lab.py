@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab import pod_hosts, slow_disk
+from lab import k3s_bundle, pod_hosts, slow_disk
 from lab.hosts import base_tree, network
 from lab.hosts.addressing import (
     REGISTRY_HOSTS,
@@ -433,6 +433,7 @@ class Lab:
             "--link-journal=no",
             "--console=read-only",
         ]
+        argv += k3s_bundle.nspawn_args(self.base_path(host.spec.extra_packages))
         for src, dst in host.spec.extra_binds:
             argv.append(f"--bind-ro={Path(src).resolve()}:{dst}")
         for src, dst in host.spec.extra_binds_rw:
@@ -453,7 +454,6 @@ class Lab:
         for sub in ("containerd", "kubelet"):
             (host.dir / sub).mkdir(parents=True, exist_ok=True)
         pod_hosts.install_kernel_files(host.root)
-        pod_hosts.install_killall(host.root)
         pod_hosts.install_csi_plugin_unit(host.root)
         host.cgroup_dirs = pod_hosts.create_cgroups(f"{self.lab_id}-{host.name}")
         self._save_state()

@@ -2,7 +2,7 @@ package main
 
 // `k3s agent`: start the client-side load balancer, check the server's CA against the
 // token, fetch the agent configuration, present the node password, get a kubelet client
-// certificate from the supervisor (or reuse the stored one), then run the node.
+// certificate from the supervisor (a new one at every start, as k3s), then run the node.
 
 import (
 	"bytes"
@@ -26,9 +26,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 )
 
@@ -136,10 +133,11 @@ func runAgent(ctx context.Context, o *options) error {
 	if !ok {
 		return nil
 	}
-	// As k3s's agent: the flannel backend is the server's, read once here; a change on the
-	// server reaches this node only when the agent starts again.
-	setFlannelBackend(&spec, control.FlannelBackend)
-	installNodeRules(control.ClusterCIDR, spec.flannelBackend)
+	// As k3s's agent: the flannel backend and the other settings of the server's it uses are
+	// read once here; a change on the server reaches this node only when the agent starts again.
+	applyAgentSettings(&spec, control)
+	stageBundle(o.str("data-dir"))
+	installNodeRules(control.ClusterCIDR, spec.flannelBackend, spec.kubeProxy)
 	pass, ok := waitNodePassword(ctx, localURL, caBundle, auth, spec.name)
 	if !ok {
 		return nil
@@ -168,7 +166,7 @@ func runAgent(ctx context.Context, o *options) error {
 	// "agent"), dialled to the server itself, not through the load balancer.
 	go runTunnel(ctx, serverURL, caBundle, cfg.CertData, cfg.KeyData, spec.kubeletPort)
 	infof("Running kubelet stand-in for node %s (server %s)", spec.name, serverURL)
-	err = runNode(ctx, cfg, spec, func(*corev1.Node) { sdNotify("READY=1") })
+	err = runNode(ctx, cfg, spec, func(*corev1.Node) { notifyAgentReady(ctx, cfg, spec) })
 	infof("k3s agent stopped")
 	return err
 }
@@ -294,22 +292,18 @@ func waitForCA(ctx context.Context, serverURL, requestURL, token string, storedC
 	}
 }
 
-// agentCredentials returns a client config with the node's kubelet client
-// certificate: the stored one when it is still valid for this CA and node, otherwise a new
-// one from the supervisor (its handler checks the node password again before it signs).
+// agentCredentials returns a client config with a kubelet client certificate the supervisor
+// signs now: as k3s's agent, which asks for a new client-kubelet.crt at every start
+// (pkg/agent/config/config.go get: getNodeNamedHostFile, authenticated by the token and the
+// certificate it holds; its handler checks the node password again before it signs), so every
+// start renews it, and one that has expired can no longer get its successor (the supervisor
+// refuses it, and a spent token with it).
 func agentCredentials(ctx context.Context, serverURL string, auth agentAuth, pass string, caBundle []byte, spec nodeSpec) (*rest.Config, bool, error) {
 	dir := spec.dataDir
 	kubeconfig := filepath.Join(dir, "kubelet.kubeconfig")
 	certPath, keyPath := filepath.Join(dir, "client-kubelet.crt"), filepath.Join(dir, "client-kubelet.key")
 	caPath := filepath.Join(dir, "server-ca.crt")
-
-	if cfg, reason := storedCredentials(ctx, kubeconfig, certPath, keyPath, caPath, serverURL, caBundle, spec.name); cfg != nil {
-		infof("Using the kubelet client certificate stored in %s", certPath)
-		return cfg, true, nil
-	} else if reason != "" {
-		infof("Stored kubelet credentials not used: %s", reason)
-	}
-	if auth.token.creds == "" {
+	if auth.token.creds == "" && auth.cert == nil {
 		return nil, false, errors.New("--token is required")
 	}
 	for {
@@ -336,52 +330,6 @@ func agentCredentials(ctx context.Context, serverURL string, auth agentAuth, pas
 		infof("Waiting to retrieve agent configuration; server is not ready: %v", err)
 		if !sleepCtx(ctx, nodePasswordRetry) {
 			return nil, false, nil
-		}
-	}
-}
-
-// storedCredentials checks the stored kubeconfig: same server, same CA, a client
-// certificate for this node that has not expired and that the API still accepts.
-func storedCredentials(ctx context.Context, kubeconfig, certPath, keyPath, caPath, serverURL string, caBundle []byte, node string) (*rest.Config, string) {
-	cfg, err := restConfigFromKubeconfig(kubeconfig)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, ""
-		}
-		return nil, err.Error()
-	}
-	if strings.TrimRight(cfg.Host, "/") != serverURL {
-		return nil, fmt.Sprintf("they are for server %s", cfg.Host)
-	}
-	if !pemEqual(cfg.CAData, caBundle) {
-		return nil, "the cluster CA changed"
-	}
-	certs, err := parseCertsPEM(cfg.CertData)
-	if err != nil {
-		return nil, err.Error()
-	}
-	if certs[0].Subject.CommonName != "system:node:"+node {
-		return nil, fmt.Sprintf("the certificate is for %s", certs[0].Subject.CommonName)
-	}
-	if time.Now().After(certs[0].NotAfter) {
-		return nil, "the certificate has expired"
-	}
-	// Ask the API whether it still accepts the certificate.
-	core, err := corev1client.NewForConfig(clientConfig(cfg, "kubelet"))
-	if err != nil {
-		return nil, err.Error()
-	}
-	for {
-		_, err = core.Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err == nil || apierrors.IsNotFound(err) {
-			return cfg, ""
-		}
-		if apierrors.IsUnauthorized(err) {
-			return nil, "the API server rejects the certificate (Unauthorized)"
-		}
-		errorf("Failed to validate connection to cluster at %s: %v", serverURL, err)
-		if !sleepCtx(ctx, caRetryInterval) {
-			return nil, "stopped"
 		}
 	}
 }

@@ -29,7 +29,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -148,7 +147,7 @@ func rotateCertificates(dataDir string, now time.Time) error {
 		for _, ext := range []string{".crt", ".key"} {
 			path := filepath.Join(agentDir, name+ext)
 			if _, err := os.Stat(path); err == nil {
-				if err := copyFile(path, filepath.Join(backup, name+ext)); err != nil {
+				if err := copyFile(path, filepath.Join(backup, name+ext), keepMode(path)); err != nil {
 					return err
 				}
 			}
@@ -163,27 +162,6 @@ func rotateCertificates(dataDir string, now time.Time) error {
 	}
 	infof("Successfully backed up certificates to %s, please restart k3s server or agent to rotate certificates", backup)
 	return nil
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	fi, err := in.Stat()
-	if err != nil {
-		return err
-	}
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, fi.Mode().Perm())
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 // copyTree copies the regular files under src into dst (k3s copies server/tls whole).
@@ -203,6 +181,15 @@ func copyTree(src, dst string) error {
 		if !fi.Mode().IsRegular() {
 			return nil
 		}
-		return copyFile(path, target)
+		return copyFile(path, target, fi.Mode().Perm())
 	})
+}
+
+// keepMode is the permission bits of the file at path (0600 when it cannot be read): a backup
+// keeps the mode of what it copies, keys staying private.
+func keepMode(path string) os.FileMode {
+	if fi, err := os.Stat(path); err == nil {
+		return fi.Mode().Perm()
+	}
+	return 0o600
 }

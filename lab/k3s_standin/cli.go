@@ -539,7 +539,7 @@ func serverFlags() []*flagDef {
 		ignoredList("disable"),
 		ignoredBool("disable-scheduler"),
 		ignoredBool("disable-cloud-controller"),
-		ignoredBool("disable-kube-proxy"),
+		boolean("disable-kube-proxy", nil, "(components) Disable running kube-proxy (here: its packet filter rules are not made)"),
 		ignoredBool("disable-network-policy"),
 		ignoredBool("disable-helm-controller"),
 		ignoredBool("embedded-registry"),

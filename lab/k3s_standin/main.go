@@ -62,7 +62,8 @@
 //     token's credentials (agentauth.go: a refused token logged at info level every 5 s,
 //     "failed to retrieve configuration from server: not authorized" from v1.31, the URL
 //     and "401 Unauthorized" before), then the node password is presented and the kubelet
-//     client certificate obtained from the supervisor's /v1-k3s/client-kubelet.crt, whose
+//     client certificate obtained from the supervisor's /v1-k3s/client-kubelet.crt (a new one at
+//     every start, as k3s's pkg/agent/config get() asks for one each time), whose
 //     handler verifies the node password before it signs (as k3s's ClientKubeletCert with
 //     its node auth validator; signed by the client CA, CN system:node:<name>). The
 //     credentials are kept in <data-dir>/agent, so a restart needs no live token (a deleted one is enough:
@@ -83,7 +84,9 @@
 //     /etc/rancher/node/password checked against kube-system/<node>.node-password.k3s
 //     at every start, in the handlers that issue the agent's certificates and before they
 //     issue anything, another host's refused ("Node password rejected, ..." every 5 s at
-//     info level), the Secret deleted with its Node (nodepassword.go says how). A request
+//     info level), the Secret deleted with its Node (nodepassword.go says how), or, when its Node
+//     never came, once older than $HK3S_LAB_NODE_PASSWORD_ORPHAN_AGE (default 10m, k3s's
+//     MinOrphanSecretAge; nodepassword_orphans.go). A request
 //     authenticated by a node certificate whose Node was deleted is refused with 401
 //     "unable to verify node identity" (pkg/nodepassword/validate.go verifyNode); the agent
 //     then logs "Node authorization rejected, retrying without client certificate
@@ -95,8 +98,11 @@
 //     agent configuration and read by the agent once, at its start (pkg/agent/config
 //     get()); every node publishes it as flannel.alpha.coreos.com/backend-type (podnet.go).
 //     Every node (server and agents) makes kube-proxy's, the kubelet's and flannel's
-//     iptables/ip6tables chains and rules at start and leaves them at stop (netrules.go).
-//     READY=1 goes to systemd once the Node is Ready; on
+//     iptables/ip6tables chains and rules at start and leaves them at stop (netrules.go),
+//     with the host's iptables or, on a host without one, k3s's bundled copy extracted into
+//     <data-dir>/data/<hash>/bin/aux and put at the end of PATH as k3s does (bundle.go).
+//     READY=1 goes to systemd once the Node is Ready and has its PodCIDR (readiness.go: k3s's
+//     agent notifies only after flannel got the PodCIDR, so without one it stays activating); on
 //     SIGTERM it stops heartbeating and exits, so the Node goes NotReady after the
 //     grace period.
 //   - Pod mode of the agent (runtime.go), only on a host where k3s's bundled runtime is
@@ -107,8 +113,9 @@
 //     agent does, with the client certificate it obtained; it imports the image
 //     tarballs of k3s's air-gap folder <data-dir>/agent/images at start and whenever
 //     one changes; stopping the agent kills containerd and the kubelet but leaves the
-//     containers running (KillMode=process), as on k3s; /usr/local/bin/k3s-killall.sh
-//     (k3s-killall.sh here, install.sh's) stops them. The supervisor serves
+//     containers running (KillMode=process), as on k3s; the product's fence and wipe stop
+//     them (the lab's hosts, like the hosts the product installs, have no k3s-killall.sh:
+//     only k3s's install script writes one). The supervisor serves
 //     /v1-k3s/client-ca.crt to nodes (their certificate), as k3s does. In pod mode the agent
 //     also enforces NetworkPolicies' ingress rules with iptables as k3s's network-policy
 //     controller (kube-router's) does (netpol.go says what it reproduces and what not).

@@ -75,7 +75,7 @@ func kubeRules(clusterCIDR string) (v4, v6 []ruleSpec, chains4, chains6 [][2]str
 
 // installNodeRules makes the chains and rules above (idempotent: a chain or rule already
 // there is left as it is, as the components' own syncs do).
-func installNodeRules(clusterCIDR, backend string) {
+func installNodeRules(clusterCIDR, backend string, kubeProxy bool) {
 	if os.Getenv("HK3S_LAB_NO_HOST_RULES") != "" || os.Getenv(kubeBinEnv) != "" {
 		return // a node on the build machine itself (below)
 	}
@@ -89,6 +89,16 @@ func installNodeRules(clusterCIDR, backend string) {
 			return strings.Contains(strings.Join(r.args, " "), "FLANNEL-") || strings.HasPrefix(r.chain, "FLANNEL-")
 		})
 		chains4 = slices.DeleteFunc(chains4, func(tc [2]string) bool { return strings.HasPrefix(tc[1], "FLANNEL-") })
+	}
+	if !kubeProxy {
+		// --disable-kube-proxy: no kube-proxy, so none of its chains (the kubelet's stay).
+		isProxy := func(chain string) bool {
+			return chain == "KUBE-SERVICES" || chain == "KUBE-POSTROUTING" || chain == "KUBE-MARK-MASQ" || chain == "KUBE-NODEPORTS" || chain == "KUBE-FORWARD"
+		}
+		v4 = slices.DeleteFunc(v4, func(r ruleSpec) bool {
+			return isProxy(r.chain) || (len(r.args) > 1 && isProxy(r.args[len(r.args)-1]))
+		})
+		chains4 = slices.DeleteFunc(chains4, func(tc [2]string) bool { return isProxy(tc[1]) })
 	}
 	apply := func(bin string, chains [][2]string, rules []ruleSpec) {
 		if _, err := exec.LookPath(bin); err != nil {

@@ -49,11 +49,15 @@ type nodeSpec struct {
 	labels         map[string]string
 	annotations    map[string]string
 	flannelBackend string // the server's, read by an agent at its start (podnet.go)
-	taints         []corev1.Taint
-	internalIPs    []string
-	externalIPs    []string
-	kubeletPort    int
-	dataDir        string // the node's own directory (<data-dir>/agent)
+	// The server's, read by an agent at its start (agentsettings.go).
+	flannelExternalIP bool
+	clusterDNS        string
+	kubeProxy         bool
+	taints            []corev1.Taint
+	internalIPs       []string
+	externalIPs       []string
+	kubeletPort       int
+	dataDir           string // the node's own directory (<data-dir>/agent)
 }
 
 // nodeOptions turns the common node flags into a nodeSpec (name, labels, taints,

@@ -13,9 +13,11 @@ package main
 //     duplicate hostname or contents of '/etc/rancher/node/password' may not match
 //     server node-passwd entry, try enabling a unique node name with the --with-node-id
 //     flag", and never starts its kubelet;
-//   - the Secret is deleted when its Node is deleted, not before: a host rebuilt under
-//     the name of a live Node, or a node whose registration was refused after the
-//     Secret was written, meets the refusal.
+//   - the Secret is deleted when its Node is deleted: a host rebuilt under the name of a
+//     live Node meets the refusal; a Secret whose Node never came (a node whose
+//     registration was refused or interrupted after the Secret was written) is deleted
+//     once it is older than k3s's MinOrphanSecretAge (nodepassword_orphans.go), and until
+//     then another host under that name meets the refusal too.
 //
 // As in k3s, the password is checked in the handlers that issue the agent's certificates
 // (the serving certificate first, then the client certificate), before anything is issued:

@@ -133,7 +133,7 @@ func startPodNetwork(ctx context.Context, pa *podAgent, podCIDR string) error {
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
 		annPrefix + "backend-type":        pa.spec.flannelBackend,
 		annPrefix + "backend-data":        string(backend),
-		annPrefix + "public-ip":           local,
+		annPrefix + "public-ip":           flannelPublicIP(pa.spec),
 		annPrefix + "kube-subnet-manager": "true",
 	}}})
 	if _, err := pa.nodes.Patch(ctx, pa.spec.name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {

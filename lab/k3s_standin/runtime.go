@@ -27,6 +27,7 @@ package main
 // flannel would make, set up by the agent itself (podnet.go).
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -54,7 +55,8 @@ const (
 	containerdState  = "/run/k3s/containerd"
 	containerdSocket = "/run/k3s/containerd/containerd.sock"
 	clientCAPath     = "/v1-k3s/client-ca.crt"
-	// The sandbox image k3s pins, and the cluster DNS address of k3s's default service CIDR.
+	// The sandbox image k3s pins, and the cluster DNS address of k3s's default service CIDR
+	// (the server's, from the agent configuration, wins: agentsettings.go).
 	pauseImage  = "docker.io/rancher/mirrored-pause:3.6"
 	clusterDNS  = "10.43.0.10"
 	imagePoll   = 5 * time.Second
@@ -332,7 +334,7 @@ serializeImagePulls: false
 evictionHard: {"memory.available": "50Mi", "nodefs.available": "1%%", "imagefs.available": "1%%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-`, port, filepath.Join(pa.spec.dataDir, "client-ca.crt"), filepath.Join(pa.spec.dataDir, "serving-kubelet.crt"), filepath.Join(pa.spec.dataDir, "serving-kubelet.key"), containerdSocket, clusterDNS)
+`, port, filepath.Join(pa.spec.dataDir, "client-ca.crt"), filepath.Join(pa.spec.dataDir, "serving-kubelet.crt"), filepath.Join(pa.spec.dataDir, "serving-kubelet.key"), containerdSocket, cmp.Or(pa.spec.clusterDNS, clusterDNS))
 	for path, text := range map[string]string{
 		filepath.Join(pa.etcDir, "containerd", "config.toml"):          containerdConfig,
 		filepath.Join(pa.etcDir, "cni", "net.d", "10-bridge.conflist"): cni,

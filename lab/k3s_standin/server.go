@@ -158,9 +158,10 @@ func (s *server) run(parent context.Context) error {
 		if err != nil {
 			return err
 		}
-		setFlannelBackend(&ns, o.str("flannel-backend"))
 		s.node = &ns
-		installNodeRules(o.str("cluster-cidr"), ns.flannelBackend)
+		applyAgentSettings(&ns, s.agentSettings())
+		stageBundle(s.dataDir)
+		installNodeRules(o.str("cluster-cidr"), ns.flannelBackend, ns.kubeProxy)
 	}
 	s.advertise = o.str("advertise-address")
 	if s.advertise == "" {
@@ -261,6 +262,7 @@ func (s *server) run(parent context.Context) error {
 	}
 	if core, err := corev1client.NewForConfig(clientConfig(s.adminCfg, "node-controller")); err == nil {
 		go removeNodePasswords(ctx, core.Nodes(), core.Secrets(metav1.NamespaceSystem))
+		go sweepOrphanedNodePasswords(ctx, core.Nodes(), core.Secrets(metav1.NamespaceSystem))
 	}
 
 	kcm, err := s.startControllerManager()

@@ -326,21 +326,24 @@ func (sup *supervisor) agentAuthorized(w http.ResponseWriter, r *http.Request) (
 }
 
 // agentControlConfig is the part of k3s's config.Control (pkg/daemons/config) that the
-// stand-in's agent reads: the flannel backend, which a k3s agent learns only here, at its start.
+// stand-in's agent reads, only here and only at its start (agentsettings.go).
 type agentControlConfig struct {
 	FlannelBackend string `json:"FlannelBackend"`
 	// k3s serves the cluster CIDR as ClusterIPRange (a net.IPNet); the stand-in as a string.
-	ClusterCIDR string `json:"ClusterCIDR"`
+	ClusterCIDR       string `json:"ClusterCIDR"`
+	FlannelExternalIP bool   `json:"FlannelExternalIP"`
+	ClusterDNS        string `json:"ClusterDNS"`
+	DisableKubeProxy  bool   `json:"DisableKubeProxy"`
 }
 
 // serveAgentConfig: the agent configuration, the first request an agent authenticates (k3s's
-// /v1-k3s/config serves the control-plane settings; the stand-in serves the flannel backend).
+// /v1-k3s/config serves the control-plane settings; the stand-in those its agent reads).
 func (sup *supervisor) serveAgentConfig(w http.ResponseWriter, r *http.Request) {
 	if _, ok := sup.agentAuthorized(w, r); !ok {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(agentControlConfig{FlannelBackend: sup.s.o.str("flannel-backend"), ClusterCIDR: sup.s.o.str("cluster-cidr")})
+	_ = json.NewEncoder(w).Encode(sup.s.agentSettings())
 }
 
 // serveKubeletCert signs a node's kubelet client certificate, as k3s's ClientKubeletCert

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from lab.hosts import Host, Lab
 from lab.stack_harness import LabStack, base_config, server_spec, skip_without_lab_binaries, up_or_fail, worker_spec
@@ -23,6 +24,7 @@ from lab.stack_harness import LabStack, base_config, server_spec, skip_without_l
 pytestmark = pytest.mark.lab
 K3S = "/usr/local/bin/k3s"
 BACK_READY_SECONDS = 120.0
+CLIENT_CERT = "/var/lib/rancher/k3s/agent/client-kubelet.crt"
 
 
 @dataclass
@@ -95,8 +97,17 @@ def test_agent_restarted_alone_comes_back_ready(cluster: Cluster) -> None:
     print(f"{worker.name}: agent restarted, Ready again after {took:.1f}s")
 
 
+def _client_certificate(worker: Host) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(worker.run(["cat", CLIENT_CERT]).stdout.encode())
+
+
 def test_every_worker_rebooted_comes_back_ready(cluster: Cluster) -> None:
+    """Each worker rebooted comes back Ready by itself, with a client certificate the server
+    signed at that start: k3s's agent asks the supervisor for a new client-kubelet.crt at every
+    start (pkg/agent/config/config.go get: getNodeNamedHostFile), authenticated by the one it
+    holds, so a reboot renews a certificate that has not yet expired (docs/changing-things.md)."""
     boots = {w.name: w.boots for w in cluster.workers}
+    before = {w.name: _client_certificate(w) for w in cluster.workers}
     started = time.monotonic()
     for worker in cluster.workers:
         worker.reboot(wait=False)  # returns once the host's new boot has begun
@@ -106,4 +117,8 @@ def test_every_worker_rebooted_comes_back_ready(cluster: Cluster) -> None:
     took = {w.name: cluster.wait_back_ready(w, old_agents_gone, started) for w in cluster.workers}
     for worker in cluster.workers:
         _agent_started_clean(worker, "-b")
+        renewed, old = _client_certificate(worker), before[worker.name]
+        assert renewed.serial_number != old.serial_number, f"{worker.name} kept its client certificate"
+        # Signed now, for a year from now (k3s backdates notBefore to its CA's: no clue there).
+        assert renewed.not_valid_after_utc > old.not_valid_after_utc, (renewed, old)
     print("rebooted, Ready again after: " + ", ".join(f"{name} {s:.1f}s" for name, s in took.items()))

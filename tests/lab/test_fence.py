@@ -190,6 +190,14 @@ def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
     return cluster
 
 
+def test_the_workers_have_no_k3s_killall_script(cluster: Cluster) -> None:
+    """Only k3s's install script writes /usr/local/bin/k3s-killall.sh, and the product installs
+    k3s without it: its fence must stop the agent's containers and mounts with its own steps,
+    so the lab's hosts have no such script either."""
+    for worker in (cluster.w1, cluster.w2, cluster.w3):
+        assert not (worker.root / "usr/local/bin/k3s-killall.sh").exists(), f"{worker.name} has k3s-killall.sh"
+
+
 def test_a_worker_down_for_less_than_a_minute_is_refused(cluster: Cluster) -> None:
     server, w1, w2 = cluster.server, cluster.w1, cluster.w2
     # Both agents stopped; their containers keep running, as on k3s.

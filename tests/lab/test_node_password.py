@@ -22,6 +22,7 @@ from lab.stack_harness import LabStack, base_config, server_spec, skip_without_l
 
 pytestmark = pytest.mark.lab
 K3S = "/usr/local/bin/k3s"
+ORPHAN_AGE = 15
 
 
 def test_rebuilt_host_is_refused_while_its_node_lives_and_rejoins_once_it_is_gone(lab: Lab, tmp_path: Path) -> None:
@@ -29,6 +30,12 @@ def test_rebuilt_host_is_refused_while_its_node_lives_and_rejoins_once_it_is_gon
     server = lab.add_host(server_spec("np-server"))
     worker = lab.add_host(worker_spec("np-worker"))
     lab.wait_ssh_ready([server, worker])
+    # k3s deletes a node-password Secret whose Node is gone once it is older than 10 minutes
+    # (pkg/nodepassword/controller.go, MinOrphanSecretAge); the stand-in's setting shortens that
+    # to seconds here, so the paths below hold with that sweep running as on a real server.
+    drop_in = server.root / "etc/systemd/system/k3s.service.d/lab-orphan-age.conf"
+    drop_in.parent.mkdir(parents=True, exist_ok=True)
+    drop_in.write_text(f"[Service]\nEnvironment=HK3S_LAB_NODE_PASSWORD_ORPHAN_AGE={ORPHAN_AGE}s\n")
     stack = LabStack(tmp_path)
 
     stack.write_config(base_config(lab, server, [worker]))
@@ -103,3 +110,7 @@ def test_rebuilt_host_is_refused_while_its_node_lives_and_rejoins_once_it_is_gon
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"]), node["status"]
     tokens = json.loads(server.run([K3S, "kubectl", "get", "secrets", "-n", "kube-system", "-o", "json"]).stdout)
     assert [t for t in tokens["items"] if t.get("type") == "bootstrap.kubernetes.io/token"] == []
+    # The sweep ran all along (its setting reached the server) and kept the live Node's record.
+    server_env = server.run(["systemctl", "show", "k3s", "-p", "Environment", "--value"]).stdout
+    assert f"HK3S_LAB_NODE_PASSWORD_ORPHAN_AGE={ORPHAN_AGE}s" in server_env, server_env
+    assert server.run([K3S, "kubectl", "get", "secret", "-n", "kube-system", "np-worker.node-password.k3s"])

@@ -1,6 +1,7 @@
 """Tearing a stack down through the real engine, on booted lab hosts with the k3s
 stand-in and a real Kubernetes API server. Nothing is mocked. The tests of this
-module share one stack (a server and two workers) and run in order."""
+module share one stack (a server and two workers) and run in order. td-w1 has no iptables
+package (k3s then makes its rules with the iptables it bundles, lab/k3s_bundle.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from pulumi import automation as auto
 
 from lab.hosts import Host, Lab
+from lab.k3s_bundle import BUNDLED_AUX_GLOB, remove_host_iptables
 from lab.stack_harness import (
     CliRun,
     LabStack,
@@ -101,6 +103,7 @@ def teardown_stack(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     w1, w2 = lab.add_host(worker_spec("td-w1")), lab.add_host(worker_spec("td-w2"))
     outsider = lab.add_host(worker_spec("td-outsider"))  # not in the stack: probes from outside
     lab.wait_ssh_ready([server, w1, w2, outsider])
+    remove_host_iptables(w1)  # before k3s is installed: a host installed without iptables
     # The stack adopts a server that already runs k3s (without secrets-encryption).
     run_k3s_without_encryption(server)
     stack = Stack(lab, server, w1, w2, outsider, LabStack(tmp_path_factory.mktemp("teardown-stack")))
@@ -334,6 +337,28 @@ def test_allowing_the_teardown_changes_nothing_on_any_host(teardown_stack: Stack
 
 
 KUBE_CHAIN = ":KUBE-POSTROUTING"
+# k3s's chains in the host's ruleset, whichever iptables made them: iptables-nft's chains are
+# nftables chains of the same names, so nft sees them on a host without any iptables tool.
+NFT_K3S_CHAINS = "nft list ruleset | grep -E '^[[:space:]]*chain (KUBE-|CNI-|FLANNEL-)'"
+
+
+def xtables_save(host: Host, tool: str, table: str) -> str:
+    """`<tool>-save -t <table>` with the host's tool, else k3s's bundled one (as k3s finds it:
+    after the host's PATH)."""
+    script = f'PATH="$PATH:$(echo {BUNDLED_AUX_GLOB} | tr " " :)" {tool}-save -t {table}'
+    return host.run(["sh", "-c", script]).stdout
+
+
+def test_a_host_without_iptables_gets_k3s_rules_from_k3s_bundled_copy(teardown_stack: Stack) -> None:
+    """As k3s (cmd/k3s/main.go stageAndRun puts <data-dir>/data/<hash>/bin/aux at the end of its
+    PATH): td-w1 has no iptables package, and its node components' chains are there all the
+    same, made by the iptables k3s extracted into its data dir."""
+    w1 = teardown_stack.w1
+    assert w1.run(["sh", "-c", "command -v iptables-save"], check=False).returncode != 0
+    chains = w1.run(["sh", "-c", NFT_K3S_CHAINS], check=False).stdout
+    assert "KUBE-POSTROUTING" in chains and "FLANNEL-FWD" in chains, f"no k3s chains on {w1.name}: {chains!r}"
+    bundled = w1.run(["sh", "-c", f"ls {BUNDLED_AUX_GLOB}/iptables-save"], check=False).stdout
+    assert bundled.strip(), f"no bundled iptables-save under {BUNDLED_AUX_GLOB} on {w1.name}"
 
 
 def test_destroy_with_the_setting_wipes_every_host_despite_a_kill_and_an_unreachable_worker(
@@ -344,11 +369,12 @@ def test_destroy_with_the_setting_wipes_every_host_despite_a_kill_and_an_unreach
     # and flannel's chains, on both address families), and kube-proxy's nftables mode its own
     # tables: the wipe removes them as k3s-killall.sh does. The stand-in makes the chains; the
     # nftables table is made here as kube-proxy's nftables mode names it (the stand-in runs
-    # kube-proxy's iptables mode only).
+    # kube-proxy's iptables mode only). td-w1 has no iptables: its chains were made by k3s's
+    # bundled copy, which only the wipe's use of that copy removes (it goes with k3s's data).
     for host in (teardown_stack.server, teardown_stack.w1):
-        assert KUBE_CHAIN in host.run(["iptables-save", "-t", "nat"]).stdout, host.name
-        assert "FLANNEL-FWD" in host.run(["iptables-save", "-t", "filter"]).stdout, host.name
-        assert ":KUBE-KUBELET-CANARY" in host.run(["ip6tables-save", "-t", "mangle"]).stdout, host.name
+        assert KUBE_CHAIN in xtables_save(host, "iptables", "nat"), host.name
+        assert "FLANNEL-FWD" in xtables_save(host, "iptables", "filter"), host.name
+        assert ":KUBE-KUBELET-CANARY" in xtables_save(host, "ip6tables", "mangle"), host.name
         host.run(["nft", "add table ip kube-proxy"])
     w2.power_off()  # unreachable for the whole teardown
     killed = run_cli(stack, ["destroy", "--yes", "--skip-preview"], kill_when="wiping k3s")
@@ -369,7 +395,8 @@ def test_destroy_with_the_setting_wipes_every_host_despite_a_kill_and_an_unreach
                 "/etc/systemd/system/k3s.service /etc/systemd/system/k3s-agent.service 2>/dev/null; "
                 "pgrep -a k3s; nft list tables | grep -E 'hk3s|kube-proxy'; "
                 "iptables-save | grep -E '^:(KUBE-|CNI-|FLANNEL-)|-j (KUBE-|CNI-|FLANNEL-)|flanneld'; "
-                "ip6tables-save | grep -E '^:(KUBE-|CNI-|FLANNEL-)|-j (KUBE-|CNI-|FLANNEL-)|flanneld'",
+                "ip6tables-save | grep -E '^:(KUBE-|CNI-|FLANNEL-)|-j (KUBE-|CNI-|FLANNEL-)|flanneld'; "
+                f"{NFT_K3S_CHAINS}; nft list ruleset | grep -E 'flanneld|jump (KUBE-|CNI-|FLANNEL-)'",
             ],
             check=False,
         ).stdout

@@ -188,6 +188,10 @@ class Cluster:
         ]
 
 
+NODE_CIDR_MASK = 20
+ORPHAN_AGE = 10
+
+
 def _ready(node: dict[str, Any] | None) -> str | None:
     if not node:
         return None
@@ -253,6 +257,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     env["HK3S_LAB_NODE_MONITOR_GRACE_PERIOD"] = f"{GRACE_PERIOD}s"
     # The agents' node password (k3s: /etc/rancher/node/password), kept off this machine's /etc.
     env["HK3S_LAB_NODE_PASSWORD_FILE"] = str(tmp / "node-password")
+    # k3s's MinOrphanSecretAge (10 minutes), shortened for the orphan sweep's test.
+    env["HK3S_LAB_NODE_PASSWORD_ORPHAN_AGE"] = f"{ORPHAN_AGE}s"
     # Nodes run on this machine itself: no kube-proxy/flannel iptables rules in its network.
     env["HK3S_LAB_NO_HOST_RULES"] = "1"
     c = Cluster(tmp=tmp, env=env)
@@ -262,10 +268,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     server_dir.mkdir()
     (tmp / "server-config.yaml").write_text(
         "tls-san:\n  - k3s-standin.test\n"
-        f"kube-controller-manager-arg:\n  - secure-port={free_port()}\n"
+        # Pod CIDRs of /20 in the cluster's /16: 16 nodes' worth, so a test can use them all up.
+        f"kube-controller-manager-arg:\n  - secure-port={free_port()}\n  - node-cidr-mask-size={NODE_CIDR_MASK}\n"
         # As the program's servers: k3s's NodeRestriction plus DenyServiceExternalIPs.
         "kube-apiserver-arg:\n  - enable-admission-plugins=NodeRestriction,DenyServiceExternalIPs\n"
         "flannel-backend: wireguard-native\n"
+        "flannel-external-ip: true\n"
         "flannel-ipv6-masq: true\n"
     )
     c.state["server-notify"] = _notify_socket(tmp / "server-notify.sock")
@@ -465,6 +473,50 @@ def test_agent_joins_with_the_bootstrap_token(cluster: Cluster) -> None:
     )
 
 
+def test_the_agent_configuration_carries_what_agents_read_only_at_start(cluster: Cluster) -> None:
+    """As k3s's /v1-k3s/config (config.Control, read by pkg/agent/config get() once, at the
+    agent's start): besides the flannel backend, flannel-external-ip, the cluster DNS (the tenth
+    address of the service CIDR) and whether kube-proxy is disabled. worker-1 read
+    flannel-external-ip and, having no external address, said so as k3s's agent does."""
+    token = cluster.state["token"]
+    tid, secret = TOKEN_RE.fullmatch(token).group(2, 3)  # type: ignore[union-attr]
+    conn = http.client.HTTPSConnection("127.0.0.1", cluster.https_port, context=_unverified(), timeout=10)
+    try:
+        conn.request("GET", "/v1-k3s/config", headers={"Authorization": f"Bearer {tid}.{secret}"})
+        resp = conn.getresponse()
+        status, body = resp.status, resp.read()
+    finally:
+        conn.close()
+    assert status == 200, body
+    served = json.loads(body)
+    assert served["FlannelBackend"] == "wireguard-native", served
+    assert served["FlannelExternalIP"] is True and served["DisableKubeProxy"] is False, served
+    assert served["ClusterDNS"] == "10.43.0.10", served
+    warning = "Server has flannel-external-ip flag set but this node does not set node-external-ip"
+    assert warning in cluster.state["worker-1"].text(), cluster.state["worker-1"].tail()
+
+
+def test_a_node_password_secret_without_its_node_is_deleted_once_old_enough(cluster: Cluster) -> None:
+    """As recent k3s (pkg/nodepassword/controller.go sync, every minute): a node-password Secret
+    whose Node does not exist is deleted once older than MinOrphanSecretAge (here ORPHAN_AGE);
+    one whose Node exists stays."""
+    ghost = "ghost.node-password.k3s"
+    cluster.kubectl("create", "secret", "generic", ghost, "-n", "kube-system", "--from-literal=hash=none")
+    created = cluster.get("secret", "-n", "kube-system", ghost)
+    assert created is not None
+    born = dt.datetime.fromisoformat(created["metadata"]["creationTimestamp"])
+    _wait_for(
+        "the orphaned secret to be deleted",
+        lambda: cluster.get("secret", "-n", "kube-system", ghost) is None,
+        ORPHAN_AGE * 3 + 30,
+        cluster.server,  # type: ignore[arg-type]
+    )
+    gone = dt.datetime.now(dt.UTC)
+    assert (gone - born).total_seconds() >= ORPHAN_AGE, f"deleted {gone - born} after its creation"
+    assert f"Deleted orphaned node-password secret {ghost} created" in cluster.server.text()  # type: ignore[union-attr]
+    assert cluster.get("secret", "-n", "kube-system", "worker-1.node-password.k3s") is not None
+
+
 def test_agent_holds_a_tunnel_the_api_server_reaches_kubelets_through(cluster: Cluster) -> None:
     """As k3s's egress-selector mode "agent": the kube-apiserver's "cluster" egress is HTTP
     CONNECT to the supervisor, and each agent keeps a tunnel to it over the server port.
@@ -606,6 +658,8 @@ def test_stopped_agent_goes_not_ready_and_restarts_without_its_token(cluster: Cl
     assert took >= 5, f"NotReady after {took:.0f}s: faster than any heartbeat gap"
 
     # The join token is gone now; the stored credentials are enough for a restart.
+    cert_file = cluster.tmp / "worker-1" / "agent" / "client-kubelet.crt"
+    before = x509.load_pem_x509_certificate(cert_file.read_bytes())
     tid = TOKEN_RE.fullmatch(cluster.state["token"]).group(2)  # type: ignore[union-attr]
     cluster.run("token", "delete", "--data-dir", str(cluster.tmp / "server"), tid)
     again = cluster.spawn("worker-1-restart", *cluster.state["worker-1-args"])
@@ -615,7 +669,11 @@ def test_stopped_agent_goes_not_ready_and_restarts_without_its_token(cluster: Cl
         90,
         again,
     )
-    assert "Using the kubelet client certificate stored in" in again.text(), again.tail()
+    # As k3s (pkg/agent/config get: getNodeNamedHostFile at every start): a new client
+    # certificate, asked for with the one it holds (its token is gone).
+    assert "Kubelet client certificate for system:node:worker-1 stored in" in again.text(), again.tail()
+    renewed = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    assert renewed.serial_number != before.serial_number
     assert again.stop() == 0
 
 
@@ -637,7 +695,7 @@ def test_restart_with_an_empty_token_is_refused_even_with_stored_credentials(clu
     lines = [line for line in agent.text().splitlines() if "token must not be empty" in line]
     assert all("level=error" in line and refused in line for line in lines), lines
     assert "Running kubelet stand-in" not in agent.text(), agent.tail()
-    assert "Using the kubelet client certificate" not in agent.text(), agent.tail()
+    assert "Kubelet client certificate for" not in agent.text(), agent.tail()
     assert agent.stop() == 0
 
 
@@ -688,6 +746,50 @@ def test_another_hosts_password_is_refused_until_the_node_is_deleted(cluster: Cl
         "node worker-1 Ready from the rebuilt host", lambda: _ready(cluster.node("worker-1")) == "True", 90, again
     )
     assert again.stop() == 0
+
+
+def test_an_agent_whose_node_gets_no_pod_cidr_does_not_notify_ready(cluster: Cluster) -> None:
+    """As k3s (pkg/agent/run.go: READY=1 only after startNetwork, whose flannel waits for the
+    Node's PodCIDR): with every pod CIDR of the cluster taken (Node objects no kubelet runs), a
+    new agent registers its Node, which goes Ready, but its unit would stay `activating`."""
+    nodes = cluster.get("nodes")
+    assert nodes is not None
+    free = 2 ** (NODE_CIDR_MASK - 16) - sum(1 for n in nodes["items"] if n["spec"].get("podCIDR"))
+    fillers = [f"cidr-filler-{i}" for i in range(free)]
+    listing = {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}} for n in fillers],
+    }
+    manifest = cluster.tmp / "cidr-fillers.json"
+    manifest.write_text(json.dumps(listing))
+    created = cluster.kubectl("create", "-f", str(manifest), check=False)
+    assert created.returncode == 0, created.stderr
+    try:
+        _wait_for(
+            "every pod CIDR taken",
+            lambda: all((n := cluster.node(f)) and n["spec"].get("podCIDR") for f in fillers),
+            60,
+        )
+        token = cluster.run("token", "create", "--data-dir", str(cluster.tmp / "server"), "--ttl", "10m").stdout.strip()
+        notify = cluster.state["nocidr-notify"] = _notify_socket(cluster.tmp / "nocidr-notify.sock")
+        agent = cluster.spawn("nocidr", *cluster.agent_args("nocidr", token), notify=notify)
+        _wait_for("node nocidr Ready", lambda: _ready(cluster.node("nocidr")) == "True", 120, agent)
+        waiting = "Waiting for node nocidr CIDR not assigned yet"
+        notified: list[bytes] = []
+
+        def settled() -> bool:
+            notified.extend(_notifications(notify))
+            return bool(notified) or agent.text().count(waiting) >= 2
+
+        _wait_for("the agent to notify READY=1 or to wait for its pod CIDR twice", settled, 30, agent)
+        assert notified == [], agent.tail()
+        node = cluster.node("nocidr")
+        assert node is not None and not node["spec"].get("podCIDR"), node
+        assert "k3s agent is up and running" not in agent.text(), agent.tail()
+        assert agent.stop() == 0
+    finally:
+        cluster.kubectl("delete", "node", "--ignore-not-found", "nocidr", *fillers)
 
 
 def test_server_sigterm_leaves_no_child_process(cluster: Cluster) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from pulumi import automation as auto
 
+from host_scripts import script_path
 from lab import pod_hosts
 from lab.hosts import DEFAULT_CACHE_DIR, Host, HostSpec, Lab
 from lab.stack_harness import (
@@ -576,10 +577,16 @@ def test_a_reboot_killed_before_the_host_went_down_is_resumed_by_the_next_call(p
     )
 
 
-def test_killall_stops_every_container_shim_and_pod_mount(pod_cluster: PodCluster) -> None:
+def test_the_fence_script_stops_every_container_shim_and_pod_mount(pod_cluster: PodCluster) -> None:
+    """The product's own stop (host_scripts/k3s_fence.sh) on a pod host, which has no
+    k3s-killall.sh (only k3s's install script writes one): no shim, container or pod mount left."""
     second = pod_cluster.second
+    assert not (second.root / "usr/local/bin/k3s-killall.sh").exists()
     assert second.run(["pgrep", "-x", "httpd"], check=False).returncode == 0
-    second.run(["/usr/local/bin/k3s-killall.sh"], timeout=120)
+    (second.root / "root/k3s_fence.sh").write_bytes(script_path("k3s_fence.sh").read_bytes())
+    stopped = second.run(["bash", "/root/k3s_fence.sh"], timeout=180).stdout
+    left = next(line.split()[2:] for line in stopped.splitlines() if line.startswith("result left"))
+    assert left == [], stopped
     assert second.run(["pgrep", "-f", "containerd-shim"], check=False).returncode != 0
     assert second.run(["pgrep", "-x", "httpd"], check=False).returncode != 0
     mounts = second.run(["cat", "/proc/self/mounts"]).stdout
