@@ -239,6 +239,7 @@ class ClusterServer(pulumi.ComponentResource):
                 firewall_managed=self.endpoint.firewall_managed,
                 no_firewall_acknowledged=settings.firewall.none_acknowledged,
                 operator_firewall_rules=None if self.endpoint.firewall_managed else firewall_rules,
+                kubeconfig_used=settings.storage.install_longhorn,
             ),
             opts=self.endpoint.options(self, [self.endpoint.probe, self.network, *after]),
         )

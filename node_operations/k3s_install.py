@@ -111,6 +111,8 @@ class ServerInstalled:
     ca_hash: str
     api_endpoint: str
     kubeconfig: str
+    certificates_end: int | None = None
+    """When the first of the server's own certificates ends (epoch seconds; None: not read)."""
 
 
 def k3s_ca_hash(bundle: bytes) -> str:
@@ -347,6 +349,7 @@ async def install_server(target: SshTarget, spec: ServerSpec, progress: Progress
         ca_hash=ca_hash,
         api_endpoint=api_endpoint,
         kubeconfig=credentials.kubeconfig,
+        certificates_end=credentials.ends_at(),
     )
 
 
@@ -372,6 +375,11 @@ class ServerCredentials:
         if self.seconds_left is None:
             return None
         return server_certificate_warning(self.node, self.seconds_left, self.first_file or "?")
+
+    def ends_at(self) -> int | None:
+        """When the first of the server's certificates ends, epoch seconds (None: not read)."""
+        end = self.facts.get("server_cert_expires_epoch", "")
+        return int(end) if end.isdigit() else None
 
     def first_end(self) -> str:
         from node_operations.health import time_left  # noqa: PLC0415 - avoids a cycle

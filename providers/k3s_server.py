@@ -9,12 +9,14 @@ idempotent: rerunning them after an interruption adopts what is there.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, Resource, UpdateResult
 
 from node_operations.firewall_plan import listening_ports, port_rules_from
+from node_operations.health import server_certificate_warning, time_left
 from node_operations.k3s_install import (
     ServerCredentials,
     ServerSpec,
@@ -74,9 +76,18 @@ class K3sServerInputs(NodeInputs):
     """Decided by check: on for a server k3s starts here for the first time; a running server
     keeps what it runs unless hk3s:network.approve_server_restart approves turning it on (k3s
     restarts). Absent in a state written before the input existed: off."""
+    kubeconfig_used: pulumi.Input[bool] = False
+    """The run uses the server's kubeconfig (Longhorn, through the Kubernetes provider and the API
+    forward): a stale one fails the run with an x509 error, so every run reads it from the server
+    (a run with Longhorn logs in to the server for the API forward anyway). Without it, a run reads
+    the server only when the recorded certificates are inside k3s's renewal window."""
 
 
 FIRST_INSTALL_ONLY = K3sServerInputs.names("firewall_managed", "no_firewall_acknowledged", "operator_firewall_rules")
+# What decides only whether a run reads the server (diff), never a reason to reinstall it.
+READ_ONLY_INPUTS = K3sServerInputs.names("kubeconfig_used")
+# What ssh_target reads: a run logs in only when every one of them is known.
+LOGIN_INPUTS = ("node", "address", "ssh_port", "ssh_user", "private_key", "recorded_host_key")
 # Changing these on a running server restarts k3s: the API is down for 10-30 s.
 RESTARTING_INPUTS = K3sServerInputs.names("node_ip", "node_external_ip", "flannel_external_ip")
 POD_NETWORK_OF_BACKEND = {"wireguard-native": "wireguard", "vxlan": "vxlan"}
@@ -227,21 +238,41 @@ class K3sServerProvider(NodeProvider):
     def _diff_inputs(self, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # Who runs the server's firewall is checked at its first install only: never a reason
         # to reinstall a running server.
-        return diff_inputs(olds, news, replace_on=self.replace_on, ignore=(*FIRST_INSTALL_ONLY, "recorded_host_key"))
+        return diff_inputs(
+            olds, news, replace_on=self.replace_on, ignore=(*FIRST_INSTALL_ONLY, *READ_ONLY_INPUTS, "recorded_host_key")
+        )
 
     def _server_changed(self, olds: dict[str, Any], news: dict[str, Any]) -> bool:
-        """Every run asks the running server, read-only, what the stored state cannot know: the
-        kubeconfig k3s wrote at its last start (a new one whenever it signed a new admin
-        certificate: a rotation, or a start inside the renewal window), and how long its own
+        """What the stored state cannot know, read from the running server when it can have changed:
+        the kubeconfig k3s wrote at its last start (a new one whenever it signed a new admin
+        certificate: a rotation, or a start inside the renewal window) and how long its own
         certificates have left. A changed kubeconfig is stored by this run (the Kubernetes provider
         and the API forward use it); certificates inside k3s's renewal window are named with the
-        fix, and rotated by this run when hk3s:network.approve_server_restart allows a restart."""
+        fix, and rotated by this run when hk3s:network.approve_server_restart allows a restart.
+
+        A run with nothing to do logs in nowhere: outside the renewal window k3s signs nothing new
+        at a start, so the kubeconfig changes only by a rotation by hand (after which `refresh`
+        reads it) and the server is read only when the run uses the kubeconfig (Longhorn) or the
+        recorded end is inside the window (or not recorded yet). A preview never logs in with an
+        input it does not know yet (a login key or host key this run changes): it decides from
+        the recorded end alone."""
         if not olds.get("kubeconfig") or not olds.get("api_endpoint"):
             return False
-        login = {key: news.get(key) for key in ("node", "address", "ssh_port", "ssh_user", "private_key")}
-        if not is_known(list(login.values())):
-            return False
         node = str(news.get("node"))
+        recorded_end = olds.get("certificates_end")
+        left = int(recorded_end - time.time()) if isinstance(recorded_end, (int, float)) else None
+        in_window = left is not None and server_certificate_warning(node, left, "?") is not None
+        approved = news.get("approve_restart") is True
+        if not (in_window or recorded_end is None or news.get("kubeconfig_used") is True):
+            return False
+        if not all(is_known(news.get(key)) for key in LOGIN_INPUTS):
+            if in_window and left is not None:
+                progress(
+                    node,
+                    f"warning: the first of the k3s server's certificates to end (as last read) {time_left(left)}; "
+                    "the run reads them again once it can log in",
+                )
+            return bool(in_window and approved)
         try:
             found = run_operation(
                 read_server_credentials(ssh_target(pin_recorded_host_key(olds, dict(news))), str(olds["api_endpoint"]))
@@ -251,7 +282,7 @@ class K3sServerProvider(NodeProvider):
         except SshError as error:
             # The run goes on: anything it changes on the server logs in again, and fails there.
             progress(node, f"the server's kubeconfig and certificates could not be read: {error}")
-            return False
+            return bool(in_window and approved)
         changed = found.kubeconfig != olds.get("kubeconfig")
         if changed:
             progress(
@@ -259,8 +290,10 @@ class K3sServerProvider(NodeProvider):
                 "plan: the server's kubeconfig changed since the last run (k3s signed a new admin certificate); "
                 "this run stores the new one",
             )
+        if found.ends_at() != recorded_end:
+            changed = True  # recorded, so the next runs decide from it without logging in
         warning = found.expiring()
-        if warning and news.get("approve_restart") is True:
+        if warning and approved:
             progress(node, f"plan: the server's certificates are rotated: {found.first_end()}; k3s restarts (10-30 s)")
             return True
         if warning:
@@ -302,6 +335,7 @@ class K3sServerProvider(NodeProvider):
             "ca_hash": installed.ca_hash,
             "kubeconfig": installed.kubeconfig,
             "api_endpoint": installed.api_endpoint,
+            "certificates_end": installed.certificates_end,
         }
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -344,7 +378,9 @@ class K3sServerProvider(NodeProvider):
             )
         )
         outputs = {key: olds.get(key) for key in ("version", "ca_hash", "api_endpoint")}
-        return UpdateResult(outs={**news, **outputs, "kubeconfig": found.kubeconfig})
+        return UpdateResult(
+            outs={**news, **outputs, "kubeconfig": found.kubeconfig, "certificates_end": found.ends_at()}
+        )
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         login = K3sServerInputs.from_props(props).login
@@ -359,6 +395,7 @@ class K3sServerProvider(NodeProvider):
             # window signs a new admin certificate, and the stored one would go stale.
             found: ServerCredentials = run_operation(read_server_credentials(ssh_target(login), props["api_endpoint"]))
             outs["kubeconfig"] = found.kubeconfig
+            outs["certificates_end"] = found.ends_at()
             if found.expiring():
                 progress(node, f"warning: {found.expiring()}")
         return ReadResult(id_=id_, outs=outs)
@@ -384,8 +421,9 @@ class K3sServer(Resource, module="hk3s", name="K3sServer"):
     ca_hash: pulumi.Output[str]
     kubeconfig: pulumi.Output[str]
     api_endpoint: pulumi.Output[str]
+    certificates_end: pulumi.Output[int | None]
 
     def __init__(self, resource_name: str, inputs: K3sServerInputs, opts: pulumi.ResourceOptions | None = None) -> None:
-        props = resource_inputs(inputs, ["version", "ca_hash", "kubeconfig", "api_endpoint"])
+        props = resource_inputs(inputs, ["version", "ca_hash", "kubeconfig", "api_endpoint", "certificates_end"])
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["kubeconfig"]))
         super().__init__(K3sServerProvider(), resource_name, props, opts)
