@@ -5,8 +5,9 @@
 #   k3s_server_ready.sh DEADLINE_SECONDS [NODE NODE_IP]
 # With NODE and NODE_IP (the recovery checks after a change of the server's
 # configuration), also waits until the server's Node reports NODE_IP as its
-# InternalIP. A k3s that restarts three times without becoming ready fails at
-# once instead of at the deadline.
+# InternalIP. Only the k3s its unit's last start started counts (an old one still
+# stopping after a `systemctl restart --no-block` does not). A k3s that restarts three
+# times without becoming ready fails at once instead of at the deadline.
 set -euo pipefail
 
 deadline=$1
@@ -23,7 +24,18 @@ give_up() {
   exit 1
 }
 
+# The k3s that answers must be the one the last start or restart started: the install restarts
+# k3s with --no-block, and until systemd has stopped the old process that one still answers
+# /readyz (and then goes away under whatever runs next). A restart is one job on the unit, done
+# when the new process reports READY (Type=notify): no job and the unit active means the k3s
+# running now is the one that job started.
+started() {
+  [ "$(systemctl is-active k3s 2>/dev/null || true)" = active ] || return 1
+  [ -z "$(systemctl show -p Job --value k3s 2>/dev/null)" ]
+}
+
 ready() {
+  started || return 1
   "$bin" kubectl get --raw /readyz >/dev/null 2>&1 || return 1
   [ -z "$node" ] && return 0
   have=$("$bin" kubectl get node "$node" -o 'jsonpath={.status.addresses[?(@.type=="InternalIP")].address}' 2>/dev/null) || return 1
