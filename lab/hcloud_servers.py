@@ -121,8 +121,10 @@ class LabServers:
 
     `extra_binds` and `extra_packages` are the booted hosts' (HostSpec's fields: the lab's k3s
     stand-in needs its control-plane binaries bound in, as `stack_harness.server_spec` gives
-    them); `on_boot(request, server)` is called once a server's host runs (a test starts the
-    lab's stand-ins of what a cluster on that server would run)."""
+    them); `host_name(request)` names a server's lab host (default `hz-<id>`; the lab's Longhorn
+    manager stand-in finds a node's disk by the lab host of the Kubernetes node's name);
+    `on_boot(request, server)` is called once a server's host runs (a test starts the lab's
+    stand-ins of what a cluster on that server would run)."""
 
     def __init__(
         self,
@@ -130,12 +132,14 @@ class LabServers:
         *,
         extra_binds: Sequence[tuple[Path, str]] = (),
         extra_packages: Sequence[str] = (),
+        host_name: Callable[[ServerRequest], str] = lambda request: f"hz-{request.id}",
         on_boot: Callable[[ServerRequest, LabServer], None] | None = None,
     ) -> None:
         self.lab = lab
         self.booted: dict[int, LabServer] = {}
         self.extra_binds = tuple(extra_binds)
         self.extra_packages = tuple(extra_packages)
+        self.host_name = host_name
         self.on_boot = on_boot
 
     def __call__(self, request: ServerRequest) -> LabServer:
@@ -145,7 +149,7 @@ class LabServers:
         if not request.ipv4:
             raise LabError(f"server {request.name}: the lab boots hosts with a public IPv4 address only")
         spec = HostSpec(
-            f"hz-{request.id}",
+            self.host_name(request),
             private_nic=True,
             extra_binds=self.extra_binds,
             extra_packages=self.extra_packages,

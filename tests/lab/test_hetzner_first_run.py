@@ -138,7 +138,13 @@ def first_run(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fi
             ensure_longhorn_manager(lab, server.host)
 
     servers = LabServers(
-        lab, extra_binds=[(BIN, KUBE_BIN_IN_HOST)], extra_packages=LONGHORN_PACKAGES, on_boot=started
+        lab,
+        extra_binds=[(BIN, KUBE_BIN_IN_HOST)],
+        extra_packages=LONGHORN_PACKAGES,
+        # Each host is named as Kubernetes names the node (the Hetzner name without the
+        # `<cluster>-<stack>-` prefix): the Longhorn manager stand-in finds the node's disk there.
+        host_name=lambda request: request.name.removeprefix(f"dev-{STACK}-"),
+        on_boot=started,
     )
     standin = HcloudStandin(boot=servers).start()
     try:
