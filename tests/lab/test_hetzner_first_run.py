@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -116,9 +117,17 @@ class FirstRun:
 
 
 def _changes(output: str) -> list[str]:
-    """The lines of a preview or up that announce a change to a resource."""
+    """The lines of a preview's or up's output that announce or report a change to a resource:
+    a step line (`+`, `-`, `~`, `+-`, ...) or a count of the summary other than `unchanged`."""
     marks = ("+ ", "- ", "~ ", "+-", "-+", "++", "--")
-    return [line for line in output.splitlines() if line.strip().startswith(marks) and "pulumi:pulumi:Stack" not in line]
+    summary = re.compile(
+        r"^\s*[+~-]?\s*\d+ (to create|to update|to delete|to replace|created|updated|deleted|replaced)\b"
+    )
+    return [
+        line
+        for line in output.splitlines()
+        if (line.strip().startswith(marks) and "pulumi:pulumi:Stack" not in line) or summary.match(line)
+    ]
 
 
 @pytest.fixture(scope="module")

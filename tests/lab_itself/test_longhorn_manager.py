@@ -563,7 +563,9 @@ def test_the_manager_runs_on_a_tainted_node_only_when_its_pods_tolerate_the_tain
     ready = {"conditions": [{"type": "Ready", "status": "True"}]}
     batch = {"spec": {"taints": [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}]}, "status": ready}
     assert not runs_manager_pod(batch)
-    assert runs_manager_pod(batch, [{"key": "dedicated", "operator": "Equal", "value": "batch", "effect": "NoSchedule"}])
+    assert runs_manager_pod(
+        batch, [{"key": "dedicated", "operator": "Equal", "value": "batch", "effect": "NoSchedule"}]
+    )
     assert runs_manager_pod(batch, [{"key": "dedicated", "operator": "Exists"}])
     assert runs_manager_pod(batch, [{"operator": "Exists"}])
     assert not runs_manager_pod(batch, [{"key": "dedicated", "operator": "Equal", "value": "gpu"}])
