@@ -49,7 +49,9 @@ from lab.stack_harness import (
     skip_without_hcloud_provider,
     skip_without_kubernetes_provider,
     stop_longhorn_manager,
+    wait_until,
 )
+from lab.stack_processes import processes_under
 from tests.lab.test_longhorn_teardown import docs_commands
 from tests.lab.test_stack_preview import first_run_block
 
@@ -255,4 +257,12 @@ def test_the_documented_teardown_leaves_nothing(first_run: FirstRun) -> None:
     }
     assert left == {k: [] for k in left}, left
     assert not set(hosts) & set(run.lab.hosts), sorted(set(hosts) & set(run.lab.hosts))
+    # Nothing of the runs keeps running: the destroy's forward to the Kubernetes API ends once
+    # its engine has (it checks every second).
+    wait_until(
+        "the stack's processes ended after the destroy",
+        lambda: not processes_under(run.stack.directory),
+        timeout=15,
+        diagnose=lambda: "\n".join(str(p) for p in processes_under(run.stack.directory)),
+    )
     print(f"teardown: {run.seconds}")
