@@ -7,9 +7,12 @@ one worker still in a four-minute module while the others have nothing left: the
 order (the classic LPT schedule) keeps every worker busy until close to the end. scripts/test.sh
 passes ``--no-loadscope-reorder`` so xdist keeps the order given here.
 
-Each module's weight is its wall time in a recorded CI run (MODULE_SECONDS, written by
-``python -m lab.test_order LOG`` from the output of a run with ``--durations=0``). A module not
-in the record (a new one) is taken as long, so it starts early rather than at the end. Tests
+Each module's weight is what it cost in a recorded CI run (MODULE_SECONDS): its wall time where
+pytest's ``--durations=0`` report gave it (``python -m lab.test_order LOG``), else its CPU seconds
+from the run's CPU profile (``python -m lab.test_order PROFILE.json``, written by
+``HK3S_CPU_PROFILE=FILE scripts/test.sh``), which ranks the lab modules nearly as their wall time
+does. A module not in the record (a new one, whose cost nobody has measured) starts first, so a long
+one never ends the run. Tests
 within a module keep their order: a module's tests share its cluster and run in sequence.
 """
 
@@ -24,8 +27,8 @@ from pathlib import Path
 import pytest
 
 MODULE_SECONDS = Path(__file__).resolve().parent.parent / "bench" / "results" / "module_seconds.json"
-# A module without a record: as long as a lab module with a shared cluster usually is.
-UNRECORDED_SECONDS = 200.0
+# A module without a record: before every recorded one.
+UNRECORDED_SECONDS = float("inf")
 _DURATION = re.compile(r"^\s*([\d.]+)s (?:setup|call|teardown)\s+(\S+?)::")
 
 
@@ -66,10 +69,17 @@ def module_seconds(log_lines: list[str]) -> dict[str, float]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m lab.test_order LOG  (the output of a run with --durations=0)", file=sys.stderr)
+        print("usage: python -m lab.test_order LOG|PROFILE.json  (see lab/test_order.py)", file=sys.stderr)
         return 2
-    seconds = module_seconds(Path(argv[0]).read_text(errors="replace").splitlines())
-    record = {"what": "each test module's wall time in one CI run (lab/test_order.py)", "modules": seconds}
+    text = Path(argv[0]).read_text(errors="replace")
+    if argv[0].endswith(".json"):
+        profile = json.loads(text)["test_modules_cpu_seconds"]
+        seconds = {module: round(float(value), 1) for module, value in sorted(profile.items())}
+        what = "each test module's CPU seconds in one CI run's CPU profile (lab/test_order.py)"
+    else:
+        seconds = module_seconds(text.splitlines())
+        what = "each test module's wall time in one CI run (lab/test_order.py)"
+    record = {"what": what, "modules": seconds}
     MODULE_SECONDS.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     print(f"{len(seconds)} modules written to {MODULE_SECONDS}")
     return 0

@@ -49,9 +49,9 @@ def _order(tmp_path: Path, workers: bool) -> list[str]:
 
 def test_modules_run_longest_first_and_keep_their_tests_in_order(tmp_path: Path) -> None:
     assert _order(tmp_path, workers=True) == [
+        "test_new.py::test_c",  # no record: first
         "test_long.py::test_b",
         "test_long.py::test_a",
-        "test_new.py::test_c",  # no record: taken as long (200 s), before the 90 s module
         "test_middle.py::test_z",
         "test_short.py::test_a",
     ]
