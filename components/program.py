@@ -160,6 +160,7 @@ def _storage(
                 settings.server.name, server.endpoint.hcloud_server_id or server.endpoint.ssh_address
             ),
             wiped_after=[worker.join_resource for worker in workers if worker.join_resource is not None],
+            node_taints=[taint for worker in settings.all_workers() for taint in worker.taints],
         ),
     )
 

@@ -34,13 +34,36 @@ LONGHORN_CHART_REPO = "https://charts.longhorn.io"
 STORAGE_CLASS_BY_COPIES = {1: "hk3s-one-copy", 2: "hk3s-two-copies"}
 
 
-def longhorn_values(storage: StorageSettings) -> dict[str, Any]:
+def longhorn_values(storage: StorageSettings, node_taints: Sequence[str] = ()) -> dict[str, Any]:
     """Helm values: the kept settings as the chart's defaultSettings (the values Longhorn's
-    manager starts from), and no default storage class of the chart's own."""
-    return {
+    manager starts from), and no default storage class of the chart's own.
+
+    Longhorn runs on every node, tainted ones too: a node whose Longhorn manager pod does not
+    run gets no Longhorn node (the program's LonghornNodeRole waits for it and fails) and its
+    pods cannot mount a volume. Longhorn's manager is a DaemonSet with no tolerations of its own,
+    and its system components (CSI plugin, instance and engine image managers) tolerate only
+    what the `taint-toleration` setting names (Longhorn's "Taints and Tolerations" docs), so every
+    taint the settings give a node (`node_taints`, `key=value:Effect` or `key:Effect`) is
+    tolerated by both: the chart's `longhornManager.tolerations` and its default setting
+    `taintToleration` (Longhorn's format, the taints joined by `;`)."""
+    values: dict[str, Any] = {
         "defaultSettings": {setting.helm_key: setting.value for setting in kept_settings(storage)},
         "persistence": {"defaultClass": False, "defaultClassReplicaCount": 1},
     }
+    taints = sorted(set(node_taints))
+    if taints:
+        values["longhornManager"] = {"tolerations": [_toleration(taint) for taint in taints]}
+        values["defaultSettings"]["taintToleration"] = ";".join(taints)
+    return values
+
+
+def _toleration(taint: str) -> dict[str, str]:
+    """The Kubernetes toleration of exactly `taint` (`key=value:Effect`, or `key:Effect`: any value)."""
+    head, _, effect = taint.rpartition(":")
+    key, has_value, value = head.partition("=")
+    if has_value:
+        return {"key": key, "operator": "Equal", "value": value, "effect": effect}
+    return {"key": key, "operator": "Exists", "effect": effect}
 
 
 def longhorn_chart_source(storage: StorageSettings) -> dict[str, Any]:
@@ -93,6 +116,9 @@ class StorageCopiesArgs:
     """What wipes a worker when a teardown deletes it (each worker's join): Longhorn's namespace,
     and with it its release, depend on them, so a destroy uninstalls Longhorn before any worker
     is wiped."""
+    node_taints: Sequence[str] = ()
+    """Every taint the settings give a node: Longhorn's manager and components tolerate them
+    (`longhorn_values`)."""
 
 
 def cluster_identity(server_name: str, machine: pulumi.Input[str]) -> pulumi.Output[str]:
@@ -229,7 +255,7 @@ class StorageCopies(pulumi.ComponentResource):
                 name="longhorn",
                 version=storage.longhorn_version,
                 namespace=LONGHORN_NAMESPACE,
-                values=longhorn_values(storage),
+                values=longhorn_values(storage, args.node_taints),
                 opts=pulumi.ResourceOptions(
                     parent=self,
                     provider=provider,

@@ -38,6 +38,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,11 +117,30 @@ class LabServer:
 
 
 class LabServers:
-    """The stand-in's `boot`: a lab host per created server (see the module's docstring)."""
+    """The stand-in's `boot`: a lab host per created server (see the module's docstring).
 
-    def __init__(self, lab: Lab) -> None:
+    `extra_binds` and `extra_packages` are the booted hosts' (HostSpec's fields: the lab's k3s
+    stand-in needs its control-plane binaries bound in, as `stack_harness.server_spec` gives
+    them); `host_name(request)` names a server's lab host (default `hz-<id>`; the lab's Longhorn
+    manager stand-in finds a node's disk by the lab host of the Kubernetes node's name);
+    `on_boot(request, server)` is called once a server's host runs (a test starts the lab's
+    stand-ins of what a cluster on that server would run)."""
+
+    def __init__(
+        self,
+        lab: Lab,
+        *,
+        extra_binds: Sequence[tuple[Path, str]] = (),
+        extra_packages: Sequence[str] = (),
+        host_name: Callable[[ServerRequest], str] = lambda request: f"hz-{request.id}",
+        on_boot: Callable[[ServerRequest, LabServer], None] | None = None,
+    ) -> None:
         self.lab = lab
         self.booted: dict[int, LabServer] = {}
+        self.extra_binds = tuple(extra_binds)
+        self.extra_packages = tuple(extra_packages)
+        self.host_name = host_name
+        self.on_boot = on_boot
 
     def __call__(self, request: ServerRequest) -> LabServer:
         image = request.image
@@ -128,7 +148,12 @@ class LabServers:
             raise LabError(f"the lab boots Debian 12 hosts only, not image {image['name']}")
         if not request.ipv4:
             raise LabError(f"server {request.name}: the lab boots hosts with a public IPv4 address only")
-        spec = HostSpec(f"hz-{request.id}", private_nic=True)
+        spec = HostSpec(
+            self.host_name(request),
+            private_nic=True,
+            extra_binds=self.extra_binds,
+            extra_packages=self.extra_packages,
+        )
         host = self.lab.add_host(spec, start=False)
         root = host.root
         # Not attached to a network yet: the private NIC has no address until the API attaches it.
@@ -149,6 +174,8 @@ class LabServers:
         self.lab._start_container(host)
         server = LabServer(self.lab, host)
         self.booted[request.id] = server
+        if self.on_boot is not None:
+            self.on_boot(request, server)
         return server
 
 

@@ -52,5 +52,7 @@ export HK3S_CPU_ACCOUNT=tests
 # earlier failure with three (an agent start under load) came from a blocking systemctl start,
 # since replaced by --no-block and a wait.
 workers=${HK3S_TEST_WORKERS:-3}
-venv/bin/python -m pytest -n "$workers" --dist loadfile --durations=40 "$@"
+# The longest modules first (lab/test_order.py, from bench/results/module_seconds.json): xdist
+# would otherwise order them by test count and leave the long single-test modules for the end.
+venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder --durations=40 "$@"
 echo "== done in $(($(date +%s) - start)) s"

@@ -19,7 +19,8 @@ from tests.loopback_sshd import SSHD, LoopbackSshd
 
 # One lab (bridges; the base tree is cached) per test module, always torn down.
 # The CI profile's marks (inert unless scripts/test.sh profiles the run).
-pytest_plugins = ["lab.pytest_fixtures", "lab.cpu_profile_plugin"]
+# The longest modules first when they run side by side (lab/test_order.py).
+pytest_plugins = ["lab.pytest_fixtures", "lab.cpu_profile_plugin", "lab.test_order"]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -102,12 +102,13 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import json
 import logging
 import os
 import secrets
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -258,6 +259,8 @@ class World:
     volumes: dict[str, dict[str, Any]]
     replicas: dict[str, dict[str, Any]]
     engines: dict[str, dict[str, Any]] = field(default_factory=dict)  # by its volume's name
+    # The manager pods' tolerations (the chart's ConfigMap longhorn-manager-tolerations).
+    manager_tolerations: list[dict[str, Any]] = field(default_factory=list)
 
     def setting(self, name: str) -> str:
         return self.settings.get(name, SETTING_DEFAULTS[name])
@@ -328,7 +331,17 @@ class Manager:
             by_name(self.kube.items(f"{LONGHORN_GROUP}/volumes")),
             by_name(self.kube.items(f"{LONGHORN_GROUP}/replicas")),
             {str(e.get("spec", {}).get("volumeName")): e for e in self.kube.items(f"{LONGHORN_GROUP}/engines")},
+            self.manager_tolerations(),
         )
+
+    def manager_tolerations(self) -> list[dict[str, Any]]:
+        """The manager DaemonSet pods' tolerations, as the stand-in chart keeps them (none before
+        the chart is installed)."""
+        configmaps = self.kube.items("/api/v1/namespaces/longhorn-system/configmaps")
+        for item in configmaps:
+            if item["metadata"]["name"] == "longhorn-manager-tolerations":
+                return list(json.loads((item.get("data") or {}).get("tolerations") or "[]") or [])
+        return []
 
     def run_once(self) -> None:
         world = self.read_world()
@@ -350,7 +363,7 @@ class Manager:
 
     def sync_nodes(self, world: World) -> None:
         for name, kube_node in world.kube_nodes.items():
-            if name in world.nodes or not runs_manager_pod(kube_node):
+            if name in world.nodes or not runs_manager_pod(kube_node, world.manager_tolerations):
                 continue
             figures = self.disk_figures(name)
             if figures is None:
@@ -768,13 +781,30 @@ def kube_ready(kube_node: dict[str, Any]) -> bool:
     return condition(kube_node.get("status", {}).get("conditions"), "Ready").get("status") == "True"
 
 
-def runs_manager_pod(kube_node: dict[str, Any]) -> bool:
+def tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+    """Kubernetes' rule (k8s.io/api core/v1 toleration.go, `ToleratesTaint`): the effect empty
+    or the taint's; an empty key with `Exists` matches every key; `Exists` matches the key alone,
+    `Equal` (the default operator) the key and the value."""
+    if toleration.get("effect") and toleration.get("effect") != taint.get("effect"):
+        return False
+    key, operator = toleration.get("key") or "", toleration.get("operator") or "Equal"
+    if key and key != taint.get("key"):
+        return False
+    if operator == "Exists":
+        return True
+    return operator == "Equal" and bool(key) and (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def runs_manager_pod(kube_node: dict[str, Any], tolerations: Sequence[dict[str, Any]] = ()) -> bool:
     """Longhorn's manager DaemonSet pod would run on this node: it is Ready, and every
-    NoSchedule/NoExecute taint on it is one a DaemonSet pod tolerates by default."""
+    NoSchedule/NoExecute taint on it is one a DaemonSet pod tolerates by default or one of the
+    pod template's `tolerations` (the chart's `longhornManager.tolerations`) tolerates."""
     if not kube_ready(kube_node):
         return False
     for taint in kube_node.get("spec", {}).get("taints") or []:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and taint.get("key") not in DAEMONSET_TOLERATED:
+        if taint.get("effect") not in ("NoSchedule", "NoExecute") or taint.get("key") in DAEMONSET_TOLERATED:
+            continue
+        if not any(tolerates(toleration, taint) for toleration in tolerations):
             return False
     return True
 

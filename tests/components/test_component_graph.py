@@ -404,6 +404,27 @@ def test_one_copy_offer_has_one_storage_class(ssh_key_file: Path) -> None:
     }
 
 
+def test_longhorn_tolerates_every_taint_the_settings_give_a_node(ssh_key_file: Path) -> None:
+    """Longhorn's manager is a DaemonSet with no tolerations of its own (the chart's
+    `longhornManager.tolerations`), and its CSI plugin and instance managers tolerate what the
+    `taint-toleration` setting names: a tainted worker (a pool's, or its own) gets both, else it
+    gets no Longhorn node and the join's LonghornNodeRole fails after waiting for it."""
+    workers = [{"name": "w1", "taints": ["gpu:NoExecute"]}, {"name": "b1", "pool": "batch"}]
+    pools = [{"name": "batch", "count": 1, "taints": ["dedicated=batch:NoSchedule"]}]
+    graph = _run(_config(ssh_key_file, workers=workers, worker_pools=pools, fences={}))
+    values = graph.by_name("storage-longhorn").inputs["values"]
+    assert values["longhornManager"] == {
+        "tolerations": [
+            {"key": "dedicated", "operator": "Equal", "value": "batch", "effect": "NoSchedule"},
+            {"key": "gpu", "operator": "Exists", "effect": "NoExecute"},
+        ]
+    }
+    assert values["defaultSettings"]["taintToleration"] == "dedicated=batch:NoSchedule;gpu:NoExecute"
+    # A stack without taints keeps the chart's own (none).
+    untainted = _run(_config(ssh_key_file)).by_name("storage-longhorn").inputs["values"]
+    assert "longhornManager" not in untainted and "taintToleration" not in untainted["defaultSettings"]
+
+
 def test_node_operations_are_sharded_over_provider_processes(graph: Recording) -> None:
     """Each node's dynamic resources run in the provider process of its shard, so joins of
     different nodes are not queued behind one process's 4 gRPC workers."""

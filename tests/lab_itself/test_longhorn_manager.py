@@ -552,3 +552,24 @@ def test_an_engine_on_a_node_gone_down_is_unknown_and_no_copy_of_its_volume_fail
         lambda: (engine_of(cluster, "eng") or {}).get("status", {}).get("currentState") == "stopped",
         cluster,
     )
+
+
+def test_the_manager_runs_on_a_tainted_node_only_when_its_pods_tolerate_the_taint() -> None:
+    """Kubernetes' matching of a taint by the manager DaemonSet pods' tolerations (the chart's
+    `longhornManager.tolerations`; k8s.io/api core/v1 toleration.go `ToleratesTaint`). No cluster:
+    the rule alone."""
+    from lab.longhorn_standin.manager import runs_manager_pod  # noqa: PLC0415
+
+    ready = {"conditions": [{"type": "Ready", "status": "True"}]}
+    batch = {"spec": {"taints": [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}]}, "status": ready}
+    assert not runs_manager_pod(batch)
+    assert runs_manager_pod(
+        batch, [{"key": "dedicated", "operator": "Equal", "value": "batch", "effect": "NoSchedule"}]
+    )
+    assert runs_manager_pod(batch, [{"key": "dedicated", "operator": "Exists"}])
+    assert runs_manager_pod(batch, [{"operator": "Exists"}])
+    assert not runs_manager_pod(batch, [{"key": "dedicated", "operator": "Equal", "value": "gpu"}])
+    assert not runs_manager_pod(batch, [{"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}])
+    # A PreferNoSchedule taint never keeps a DaemonSet pod off.
+    soft = {"spec": {"taints": [{"key": "x", "effect": "PreferNoSchedule"}]}, "status": ready}
+    assert runs_manager_pod(soft)
