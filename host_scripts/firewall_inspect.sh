@@ -71,9 +71,12 @@ fi
 # --- firewalld: runtime state, read through firewall-cmd while it runs.
 if have firewall-cmd; then
   fact firewalld installed
-  if firewall-cmd --state >/dev/null 2>&1; then
+  # Every firewall-cmd call starts a Python interpreter: one call both tells
+  # whether firewalld runs (it refuses every query but --state when it does not)
+  # and reads the default zone.
+  if default_zone=$(firewall-cmd --get-default-zone 2>/dev/null); then
     fact firewalld_running yes
-    fact firewalld_default_zone "$(firewall-cmd --get-default-zone)"
+    fact firewalld_default_zone "$default_zone"
     zones=$(firewall-cmd --list-all-zones)
     printf '%s\n' "$zones" | data firewalld_zones
     for ipset in $(firewall-cmd --get-ipsets); do

@@ -19,7 +19,10 @@ from remote_access.ssh import SshSession
 FirewallBackend = Literal["ufw", "firewalld", "nftables"]
 # The comment every UFW rule of the program's starts with.
 UFW_TAG = "hk3s"
-INSPECT_DEADLINE_SECONDS = 60.0
+# A hang detector, not a speed promise: on firewalld hosts the inspection runs
+# several firewall-cmd calls, each a Python start and a D-Bus round trip, which a
+# busy small host can take seconds each for; it gets the time a removal gets.
+INSPECT_DEADLINE_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
