@@ -14,7 +14,13 @@ from cluster_settings.models import StackSettings
 from cluster_settings.values import NETWORK_ZONE_OF_LOCATION
 from components.cluster_server import ClusterServer, ClusterServerArgs
 from components.firewall_rules import FirewallRules, FirewallRulesArgs
-from components.hetzner_project import check_hetzner_project, hetzner_name, ownership_labels, planned_names
+from components.hetzner_project import (
+    check_hetzner_project,
+    hetzner_api_token,
+    hetzner_name,
+    ownership_labels,
+    planned_names,
+)
 from components.login_key_rotation import retire_previous_login_keys
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from components.private_network import PrivateNetwork, PrivateNetworkArgs
@@ -289,11 +295,15 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
     )
     # Very last, depending on everything: in a destroy its delete runs first and alone, and
     # refuses unless hk3s:cluster.teardown allowed it (providers.teardown_guard).
+    # The token the Hetzner resources record now: a destroy checks it is still taken.
+    token, endpoint = hetzner_api_token() if settings.hetzner_hosts() else (None, None)
     TeardownGuard(
         "teardown-guard",
         TeardownGuardInputs(
             teardown_allowed=settings.cluster.teardown_allowed,
             stack=pulumi.get_stack(),
+            hcloud_token=token,
+            hcloud_endpoint=endpoint,
             # No forward serves a lost control plane: the destroy forgets Longhorn's objects instead.
             api_forward_port=_api_forward_port(settings)
             if settings.storage.install_longhorn and not settings.cluster.control_plane_lost

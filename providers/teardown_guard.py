@@ -16,6 +16,12 @@ refuses to delete a Helm release on an unreachable cluster (pulumi-kubernetes pr
 Delete: "can't delete Helm Release with unreachable cluster") after the hosts' own deletes may
 have begun. The guard therefore also refuses, before anything changes, when nothing serves
 that port.
+
+A stack on Hetzner is deleted at Hetzner with the token each resource recorded at its last `up`
+(the program's own resources: the project's SSH key, the servers' firewall release). A token
+rotated or revoked since then would fail those deletes after the hosts were wiped; so the guard
+asks Hetzner's API (one GET) whether the recorded token is still taken, and refuses otherwise,
+before anything changes, saying to record the current token with an `up` first.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider,
 from node_operations.refusal import tagged
 from providers.base import program_error
 from providers.inputs import ResourceInputs, known
+from remote_access.hetzner_api import DEFAULT_ENDPOINT, HetznerAccess, token_refusal
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,6 +48,10 @@ class TeardownGuardInputs(ResourceInputs):
     api_forward_port: pulumi.Input[int] = 0
     """The local port of the stack's forward to the Kubernetes API when it installs Longhorn
     (the Kubernetes provider's kubeconfig names it); 0 when it uses no Kubernetes provider."""
+    hcloud_token: pulumi.Input[str] | None = None
+    """A secret: the Hetzner API token the stack's resources hold (hcloud:token or HCLOUD_TOKEN);
+    None for a stack with nothing at Hetzner."""
+    hcloud_endpoint: pulumi.Input[str] | None = None
 
 
 @program_error
@@ -70,6 +81,18 @@ def no_forward(stack: str, port: int) -> str:
     )
 
 
+def stale_token(stack: str, endpoint: str, answer: str) -> str:
+    return tagged(
+        f"stack {stack}: pulumi destroy is refused: the Hetzner API at {endpoint} does not take the token the "
+        f"stack's resources recorded at its last up ({answer}); it was rotated or revoked. Nothing was changed. "
+        "The destroy deletes the stack's SSH key and firewalls at Hetzner with that token, after the hosts are "
+        "wiped. 1. give the stack the current token: pulumi config set --secret hcloud:token <token> (or export "
+        f"HCLOUD_TOKEN); 2. run pulumi up --yes --stack {stack} (it records the token and changes nothing else); "
+        "3. run the destroy again",
+        "teardown",
+    )
+
+
 def serving(port: int) -> bool:
     """Whether something accepts a TCP connection on 127.0.0.1:`port`."""
     with socket.socket() as probe:
@@ -86,7 +109,9 @@ class TeardownGuardProvider(ResourceProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         changed = any(
             olds.get(key) != news.get(key)
-            for key in TeardownGuardInputs.names("teardown_allowed", "stack", "api_forward_port")
+            for key in TeardownGuardInputs.names(
+                "teardown_allowed", "stack", "api_forward_port", "hcloud_token", "hcloud_endpoint"
+            )
         )
         return DiffResult(changes=changed, replaces=[], delete_before_replace=False)
 
@@ -97,9 +122,16 @@ class TeardownGuardProvider(ResourceProvider):
         inputs = TeardownGuardInputs.from_props(props)
         if known(inputs.teardown_allowed) is not True:
             raise TeardownRefusedError(refusal(str(known(inputs.stack) or "this stack")))
+        stack = str(known(inputs.stack) or "this stack")
         port = int(known(inputs.api_forward_port) or 0)
         if port and not serving(port):
-            raise TeardownRefusedError(no_forward(str(known(inputs.stack) or "this stack"), port))
+            raise TeardownRefusedError(no_forward(stack, port))
+        token = known(inputs.hcloud_token)
+        if token:
+            access = HetznerAccess(token, known(inputs.hcloud_endpoint) or DEFAULT_ENDPOINT)
+            answer = token_refusal(access)
+            if answer is not None:
+                raise TeardownRefusedError(stale_token(stack, access.endpoint, answer))
 
 
 class TeardownGuard(Resource, module="hk3s", name="TeardownGuard"):
@@ -110,4 +142,8 @@ class TeardownGuard(Resource, module="hk3s", name="TeardownGuard"):
     def __init__(
         self, resource_name: str, inputs: TeardownGuardInputs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
-        super().__init__(TeardownGuardProvider(), resource_name, inputs.props(), opts)
+        props = inputs.props()
+        if props.get("hcloud_token") is not None:
+            props["hcloud_token"] = pulumi.Output.secret(props["hcloud_token"])
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["hcloud_token"]))
+        super().__init__(TeardownGuardProvider(), resource_name, props, opts)

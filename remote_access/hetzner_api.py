@@ -161,6 +161,23 @@ def _call_failed(what: str, server: str, error: Exception) -> HetznerApiError:
     )
 
 
+def token_refusal(access: HetznerAccess) -> str | None:
+    """Why Hetzner's API does not take `access`'s token (its answer, or that it did not answer);
+    None when it does. One GET, so it changes nothing; it blocks (no event loop needed)."""
+    from hcloud import APIException  # noqa: PLC0415 - loaded on first use
+    from requests import RequestException  # noqa: PLC0415 - loaded on first use
+
+    try:
+        # Every endpoint needs the token; the locations are the smallest list a project has.
+        access.client().locations.get_all()
+    except APIException as error:
+        return _answer(error)
+    except RequestException as error:
+        # requests names the URL, never the header holding the token.
+        return f"the Hetzner API did not answer ({type(error).__name__})"
+    return None
+
+
 def _find(client: Client, server: str) -> BoundServer:
     """The server `server` names: its id (digits) or its name."""
     from hcloud import APIException  # noqa: PLC0415 - loaded on first use

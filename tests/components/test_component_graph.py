@@ -285,7 +285,12 @@ def test_secrets_stay_secret(graph: Recording) -> None:
         assert reg.is_secret("private_key"), f"{reg.name}: private_key is not secret"
         assert reg.is_secret("__provider"), f"{reg.name}: serialized provider is not secret"
     assert graph.of_type("hk3s:ProjectSshKey")
-    for reg in [*graph.of_type("hk3s:BootstrapFirewallRelease"), *graph.of_type("hk3s:ProjectSshKey")]:
+    assert graph.of_type("hk3s:TeardownGuard")
+    for reg in [
+        *graph.of_type("hk3s:BootstrapFirewallRelease"),
+        *graph.of_type("hk3s:ProjectSshKey"),
+        *graph.of_type("hk3s:TeardownGuard"),
+    ]:
         assert reg.is_secret("hcloud_token") and "hcloud_token" in reg.additional_secret_outputs, reg.name
     assert "kubeconfig" in graph.by_name("srv-k3s").additional_secret_outputs
     assert graph.by_name("w1-fence").is_secret("kubeconfig")

@@ -15,6 +15,7 @@ import pytest
 
 from cluster_settings import load_settings
 from components.program import build_cluster, read_credentials
+from lab.hcloud_standin import running_standin
 from providers.node_join import NodeJoinProvider
 from providers.teardown_guard import TeardownGuardProvider, TeardownRefusedError
 from tests.components.mock_engine import Recording, run_with_mocks
@@ -147,3 +148,36 @@ def test_a_declared_loss_of_the_control_plane_forgets_the_clusters_objects(ssh_k
     assert not allowed.by_name("storage-longhorn").retain_on_delete
     assert lost.by_name("teardown-guard").inputs["api_forward_port"] == 0
     assert allowed.by_name("teardown-guard").inputs["api_forward_port"] > 0
+
+
+def test_the_guard_refuses_a_destroy_whose_recorded_hetzner_token_was_rotated_or_revoked() -> None:
+    """The deletes at Hetzner run with the token each resource recorded at the last `up`. A token
+    rotated or revoked since then is refused before anything changes, saying to record the current
+    one with an `up`. The Hetzner API here is the lab's stand-in (a real HTTP server answering 401
+    `unauthorized` to a token it does not hold, as Hetzner does), reached through Hetzner's library."""
+    provider = TeardownGuardProvider()
+    with running_standin() as standin:
+        held = {"teardown_allowed": True, "stack": "prod", "hcloud_endpoint": standin.url}
+        provider.delete("teardown-guard", {**held, "hcloud_token": standin.token})
+        asked = len(standin.requests)
+        assert asked >= 1 and all(method == "GET" for method, _ in standin.requests), standin.requests
+        revoked = standin.token
+        standin.token = "a-token-made-after-the-rotation"
+        with pytest.raises(TeardownRefusedError) as refused:
+            provider.delete("teardown-guard", {**held, "hcloud_token": revoked})
+        message = str(refused.value)
+        assert message.startswith("stack prod: pulumi destroy is refused: the Hetzner API at"), message
+        assert "unauthorized" in message and "rotated or revoked" in message and "Nothing was changed" in message
+        assert "pulumi config set --secret hcloud:token" in message and "pulumi up --yes --stack prod" in message
+        assert revoked not in message and standin.token not in message
+        assert all(method == "GET" for method, _ in standin.requests), standin.requests
+        # Not allowed: that refusal comes first, and Hetzner is not asked.
+        before = len(standin.requests)
+        with pytest.raises(TeardownRefusedError, match=r"hk3s:cluster\.teardown is not 'allowed'"):
+            provider.delete("teardown-guard", {**held, "teardown_allowed": False, "hcloud_token": revoked})
+        assert len(standin.requests) == before
+        url = standin.url
+    # An API that does not answer: the servers could not be deleted either.
+    with pytest.raises(TeardownRefusedError, match="the Hetzner API did not answer") as refused:
+        provider.delete("teardown-guard", {**held, "hcloud_endpoint": url, "hcloud_token": revoked})
+    assert url in str(refused.value)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shlex
 import subprocess
 import time
@@ -235,7 +236,10 @@ def test_the_next_up_and_a_plain_preview_change_nothing(first_run: FirstRun) -> 
 def test_the_documented_teardown_leaves_nothing(first_run: FirstRun) -> None:
     """`hk3s:cluster.teardown: allowed`, `up`, then docs/teardown.md's destroy: the state is empty,
     the stand-in holds none of the stack's servers, network, firewalls, placement groups or the
-    key it uploaded, and no lab host the servers were is left."""
+    key it uploaded, and no lab host the servers were is left. Before that, the Hetzner token is
+    revoked after the `up`: the destroy is refused before anything changes (with the old token in
+    the shell, and with the new one exported, which the resources have not recorded yet), and the
+    `up` the refusal names lets the documented destroy through."""
     run = first_run
     assert len(run.servers.booted) == 5, "the first run did not finish"
     hosts = [machine.host.name for machine in run.servers.booted.values()]
@@ -243,6 +247,36 @@ def test_the_documented_teardown_leaves_nothing(first_run: FirstRun) -> None:
     up = run.type("pulumi up --yes --stack <env>")
     assert up.returncode == 0, up.output[-6000:]
     commands = docs_commands("teardown.md", "Tearing down")
+    destroy = commands[-1]
+    assert destroy.startswith("pulumi destroy --run-program --yes"), commands
+
+    def untouched() -> dict[str, Any]:
+        return {
+            "state": sorted(run.resources()),  # a run of the program writes them in its own order
+            "servers": sorted(s.name for s in run.standin.servers.values()),
+            "ssh_keys": sorted(k.name for k in run.standin.ssh_keys.values()),
+            "hosts": sorted(m.host.name for m in run.servers.booted.values() if m.is_running),
+            "k3s": [m.host.run(["test", "-x", K3S], check=False).returncode for m in run.servers.booted.values()],
+        }
+
+    before = untouched()
+    # The token revoked after that up (Hetzner no longer takes it) and the shell still holding it:
+    # the destroy's run of the program cannot read the project, and nothing changes.
+    revoked, run.standin.token = run.standin.token, secrets.token_hex(32)
+    refused = run.type(destroy)
+    assert refused.returncode != 0 and "hcloud:token" in refused.output, refused.output[-6000:]
+    assert untouched() == before
+    # The new token exported: the program runs, and the guard finds the resources' recorded token
+    # refused, before anything changes, saying how to record the new one.
+    run.env["HCLOUD_TOKEN"] = run.standin.token
+    refused = run.type(destroy)
+    assert refused.returncode != 0, refused.output[-6000:]
+    assert "does not take the token the stack's resources recorded" in refused.output, refused.output[-6000:]
+    assert f"run pulumi up --yes --stack {STACK}" in refused.output, refused.output[-6000:]
+    assert revoked not in refused.output and run.standin.token not in refused.output
+    assert untouched() == before
+    up = run.type(f"pulumi up --yes --stack {STACK}")
+    assert up.returncode == 0, up.output[-6000:]
     for line in commands:
         typed = run.type(line)
         assert typed.returncode == 0, f"{line}:\n{typed.output[-6000:]}"
