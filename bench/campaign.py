@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from ruamel.yaml import YAML
 
 from lab import pod_hosts
 from lab.hosts import DEFAULT_CACHE_DIR, Host, Lab
@@ -105,6 +105,9 @@ STORAGE = {
     "longhorn_chart": str(LONGHORN_STANDIN_CHART),
     "reserved_percent": 5,
     "minimal_available_percent": 5,
+    # The workloads use both classes (hk3s-one-copy and hk3s-two-copies); a stack offers only one
+    # copy unless it says two.
+    "max_copies": 2,
 }
 # The audit policy: what the invariants read, at the level they need, nothing else (the kubelets'
 # status updates are the subresource nodes/status and are not logged).
@@ -230,14 +233,21 @@ class StepReport:
         return f"step {self.index} {self.step.op}({self.target or '-'}){fault}{fired} {self.seconds:.0f}s: {what}"
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float) -> None:
+def wait_for(what: str, check: Callable[[], bool], timeout: float, diagnose: Callable[[], str] | None = None) -> None:
+    """Wait until `check` holds; past `timeout`, fail naming `what` and what `diagnose` reads."""
     deadline = time.monotonic() + timeout
     while True:
         with contextlib.suppress(Exception):
             if check():
                 return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+            seen = ""
+            if diagnose is not None:
+                try:
+                    seen = "\n" + diagnose()
+                except Exception as error:  # the reading is for the report only
+                    seen = f"\n(reading what was there failed: {error})"
+            raise TimeoutError(f"{what}: not within {timeout:.0f} s{seen}")
         time.sleep(1)
 
 
@@ -274,7 +284,9 @@ class Cluster:
         return found
 
     def config(self) -> dict[str, Any]:
-        document = yaml.safe_load((self.stack.project / f"Pulumi.{self.stack.name}.yaml").read_text())
+        # Read as Pulumi reads the file (YAML 1.2: an unquoted `yes` is a string, as the program's
+        # own `node add` writes a label value). PyYAML reads YAML 1.1, where it is a boolean.
+        document = YAML(typ="safe", pure=True).load((self.stack.project / f"Pulumi.{self.stack.name}.yaml").read_text())
         return {key.removeprefix("hk3s:"): value for key, value in document["config"].items()}
 
     def workers(self) -> list[str]:
@@ -1036,7 +1048,16 @@ def build_cluster(
         pods = cluster.get("pods", "-n", "default")["items"]
         return sum(p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp") for p in pods)
 
-    wait_for("the workloads Running", lambda: running() == 3, 300)
+    def pods_and_events() -> str:
+        return "\n".join(
+            (
+                cluster.kubectl("get", "pods", "-A", "-o", "wide"),
+                cluster.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp")[-4000:],
+                cluster.kubectl("get", "volumes.longhorn.io,volumeattachments", "-A", "-o", "wide"),
+            )
+        )
+
+    wait_for("the workloads Running", lambda: running() == 3, 300, diagnose=pods_and_events)
     log(
         f"cluster ready in {time.monotonic() - started:.0f} s: {server.name}, "
         f"workers {names[:workers]}, spares {names[workers:]}"
