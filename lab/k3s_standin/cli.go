@@ -316,6 +316,20 @@ func yamlScalar(v any) (string, error) {
 }
 
 // applyEnv fills flags that neither the command line nor the config file set.
+// parseSubcommandArgs reads a subcommand's flags, then the K3S_* environment, as k3s's
+// urfave/cli does; on an error it prints it as k3s does and says false (exit status 1).
+func (o *options) parseSubcommandArgs(args []string) bool {
+	if err := o.parseArgs(args, false); err != nil {
+		fmt.Fprintf(os.Stderr, "Incorrect Usage: %v\n", err)
+		return false
+	}
+	if err := o.applyEnv(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return false
+	}
+	return true
+}
+
 func (o *options) applyEnv() error {
 	for _, d := range o.order {
 		if _, ok := o.set[d.name]; ok {

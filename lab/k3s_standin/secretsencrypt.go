@@ -201,12 +201,7 @@ func runSecretsEncryptCommand(args []string) int {
 	}
 	sub := args[0]
 	o := newOptions(secretsEncryptFlags())
-	if err := o.parseArgs(args[1:], false); err != nil {
-		fmt.Fprintf(os.Stderr, "Incorrect Usage: %v\n", err)
-		return 1
-	}
-	if err := o.applyEnv(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	if !o.parseSubcommandArgs(args[1:]) {
 		return 1
 	}
 	dataDir, err := filepath.Abs(o.str("data-dir"))

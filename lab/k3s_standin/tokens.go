@@ -182,12 +182,7 @@ func runTokenCommand(args []string) int {
 		o.printHelp("token " + sub)
 		return 0
 	}
-	if err := o.parseArgs(args[1:], false); err != nil {
-		fmt.Fprintf(os.Stderr, "Incorrect Usage: %v\n", err)
-		return 1
-	}
-	if err := o.applyEnv(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	if !o.parseSubcommandArgs(args[1:]) {
 		return 1
 	}
 	var err error
