@@ -1,7 +1,8 @@
 """How the program's own cost grows with the number of workers: the program of a stack with N
 existing workers run under Pulumi's mocks (tests/components/mock_engine.py: no engine, no
-provider, no host; the program's Python and the Pulumi SDK's work only), its CPU seconds, how many
-resources it registers and the JSON size of their inputs, summed and by resource type. With
+provider, no host; the program's Python and the Pulumi SDK's work only), its CPU seconds (in all
+and per worker), how many resources it registers, the dependencies they declare (as the engine
+receives them) and the JSON size of their inputs, summed and by resource type. With
 `--without-cycle-check` the same run again with the SDK's dependency-cycle check left out (each
 `depends_on` entry and each input's dependency makes the SDK walk every resource reachable from
 it, `pulumi/runtime/resource_cycle_breaker.py`), to show that check's share of the CPU.
@@ -52,7 +53,9 @@ def measure(workers: int, key_file: Path) -> dict[str, Any]:
     return {
         "workers": workers,
         "program_cpu_seconds": round(cpu, 2),
+        "program_cpu_seconds_per_worker": round(cpu / workers, 3),
         "resources": len(recording.registrations),
+        "dependencies": sum(len(registration.dependencies) for registration in recording.registrations),
         "input_bytes": sum(sizes.values()),
         "input_bytes_by_type": dict(sizes.most_common(8)),
     }

@@ -17,6 +17,7 @@ import pulumi
 import pulumi_hcloud as hcloud
 
 from cluster_settings.models import StackSettings
+from components.barrier import Barrier
 from components.hetzner_project import hetzner_api_token, hetzner_name, ownership_labels
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from node_operations.firewall_plan import ICMP_RULE, PortRule, Role, inbound_rules
@@ -185,6 +186,8 @@ class FirewallRules(pulumi.ComponentResource):
                 )
             self.host_firewalls[node.name] = HostFirewall(f"{node.name}-firewall", inputs, opts=opts)
         self._waits.extend(self.host_firewalls.values())
+        # Every firewall change as one dependency: each join and each check waits for all of them.
+        self._in_place = Barrier("firewalls-in-place", self._waits, opts=pulumi.ResourceOptions(parent=self))
         self.register_outputs(
             {
                 "cloud_firewall_ids": self.cloud_firewall_ids,
@@ -218,6 +221,10 @@ class FirewallRules(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[attachment], provider=node.operations),
             )
 
-    def in_place(self) -> list[pulumi.Resource]:
-        """What a join or the server set-up waits for: every firewall change."""
-        return list(self._waits)
+    def in_place(self, node: str) -> list[pulumi.Resource]:
+        """What `node`'s join, its checks or the server's set-up waits for: every firewall change
+        (one barrier), and the node's own host firewall directly, so that when a worker leaves
+        the stack its join's delete (which logs in to it) still runs before its firewall's
+        (components.barrier: a barrier that stays orders no delete)."""
+        own = self.host_firewalls.get(node)
+        return [self._in_place, *([own] if own is not None else [])]

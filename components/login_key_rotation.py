@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import pulumi
 
+from components.barrier import Barrier
 from components.node_endpoint import NodeEndpoint, SshCredentials
 from providers.login_key import RetiredLoginKeys, RetiredLoginKeysInputs
 
@@ -15,18 +16,23 @@ def retire_previous_login_keys(
     endpoints: Sequence[NodeEndpoint], credentials: SshCredentials, after: Sequence[pulumi.Resource]
 ) -> list[RetiredLoginKeys]:
     """One `RetiredLoginKeys` per node, after `after` (the node components, whose every child
-    logs in to some node): until they all hold the new key, the previous one must keep working."""
+    logs in to some node): until they all hold the new key, the previous one must keep working.
+    Each waits for one barrier that waits for all of `after` (components.barrier); a retirement's
+    delete does nothing, so no delete needs ordering beside it."""
+    rotating = [endpoint for endpoint in endpoints if endpoint.login_key is not None]
+    if not rotating:
+        return []
+    holders = Barrier("login-key-holders", after)
     retired = []
-    for endpoint in endpoints:
-        if endpoint.login_key is None:
-            continue
+    for endpoint in rotating:
+        assert endpoint.login_key is not None  # the rotating nodes have a login key
         retired.append(
             RetiredLoginKeys(
                 f"{endpoint.name}-retired-login-keys",
                 RetiredLoginKeysInputs(
                     login=endpoint.login(credentials), retiring_keys=endpoint.login_key.retiring_keys
                 ),
-                opts=pulumi.ResourceOptions(provider=endpoint.operations, depends_on=list(after)),
+                opts=pulumi.ResourceOptions(provider=endpoint.operations, depends_on=[holders]),
             )
         )
     return retired

@@ -274,7 +274,9 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
             bootstrap_firewall_id=server.creation_firewall_id,
         ),
     )
-    server.install_k3s(after=firewall.in_place(), firewall_rules=firewall.node_rules[server.endpoint.name])
+    server.install_k3s(
+        after=firewall.in_place(server.endpoint.name), firewall_rules=firewall.node_rules[server.endpoint.name]
+    )
     # A fenced worker may be off for good: runs that add or remove others never log in to it.
     fenced = settings.fenced_workers()
     node_access = server.check_node_access([w.endpoint for w in workers if w.endpoint.name not in fenced])
@@ -282,7 +284,7 @@ def build_cluster(settings: StackSettings, credentials: SshCredentials) -> Built
     for worker in workers:
         worker.join(
             server,
-            after=[*firewall.in_place(), node_access],
+            after=[*firewall.in_place(worker.endpoint.name), node_access],
             firewall_rules=firewall.node_rules[worker.endpoint.name],
         )
     storage = _storage(settings, credentials, server, workers)

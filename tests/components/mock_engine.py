@@ -108,6 +108,19 @@ class Recording:
     def urn_of(self, name: str) -> str:
         return self.by_name(name).urn
 
+    def dependencies_of(self, name: str) -> set[str]:
+        """Every resource `name` depends on, directly or through others (URNs): what the engine
+        creates or updates before it, and a destroy deletes after it."""
+        by_urn = {r.urn: r for r in self.registrations}
+        found: set[str] = set()
+        pending = list(self.by_name(name).dependencies)
+        while pending:
+            urn = pending.pop()
+            if urn not in found and urn in by_urn:
+                found.add(urn)
+                pending.extend(by_urn[urn].dependencies)
+        return found
+
 
 class ClusterMocks(pulumi.runtime.Mocks):
     """Outputs a real deployment would produce, deterministic per resource name.

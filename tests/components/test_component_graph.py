@@ -105,14 +105,15 @@ def test_dependencies_order_the_join(graph: Recording) -> None:
     for name in (
         "srv-k3s",
         "w1-probe",
-        "srv-firewall",
         "w1-firewall",
-        "metal-firewall",
-        "t-workers-attachment",
         "w1-to-server-api",
         "w1-from-server-ssh",
     ):
         assert graph.urn_of(name) in deps, name
+    # Every firewall, through one barrier (components.barrier); the worker's own directly, so that
+    # when it leaves the stack its join's delete comes before its firewall's.
+    for name in ("srv-firewall", "metal-firewall", "t-workers-attachment"):
+        assert graph.urn_of(name) in graph.dependencies_of("w1-join"), name
     # The fence never waits on the worker's own join (a dead worker's pending change would fail the
     # join first): the join comes after the fence and finds its record.
     assert graph.urn_of("w1-fence") in deps
@@ -610,19 +611,6 @@ def test_a_worker_given_up_leaves_the_roster_as_forced(ssh_key_file: Path) -> No
     assert graph.by_name("k3s-upgrade").inputs["fenced"] == []
 
 
-def _dependencies_of(graph: Recording, name: str) -> set[str]:
-    """Every resource `name` depends on, directly or through others (URNs)."""
-    by_urn = {r.urn: r for r in graph.registrations}
-    found: set[str] = set()
-    pending = list(graph.by_name(name).dependencies)
-    while pending:
-        urn = pending.pop()
-        if urn not in found and urn in by_urn:
-            found.add(urn)
-            pending.extend(by_urn[urn].dependencies)
-    return found
-
-
 def test_longhorn_is_uninstalled_before_any_worker_is_wiped(graph: Recording) -> None:
     """Under Pulumi mocks (wiring only; the engine's delete order is shown in the lab's teardown,
     tests/lab/test_longhorn_teardown.py). In a destroy the engine deletes a resource only once
@@ -632,7 +620,7 @@ def test_longhorn_is_uninstalled_before_any_worker_is_wiped(graph: Recording) ->
     namespace are gone before any worker is wiped."""
     joins = {graph.urn_of(f"{name}-join") for name in ("w1", "w2", "metal")}
     for name in ("storage-longhorn", "storage-namespace"):
-        missing = sorted(urn.rsplit("::", 1)[-1] for urn in joins - _dependencies_of(graph, name))
+        missing = sorted(urn.rsplit("::", 1)[-1] for urn in joins - graph.dependencies_of(name))
         assert not missing, f"{name} does not wait for the joins of {missing}"
 
 
