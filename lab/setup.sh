@@ -6,7 +6,7 @@
 #   - the k3s stand-in (lab/build/k3s_standin.sh)
 #   - the real Kubernetes provider plugin, pulumi-resource-kubernetes, installed into the lab's
 #     plugin cache for the pulumi-kubernetes version requirements.txt pins (lab/build/k8s_provider.sh;
-#     about 7 min cold, skipped while its stamp matches)
+#     about 3 min cold on 2 cores, skipped while its stamp matches)
 #   - the slow disk, a FUSE filesystem whose syncs wait (lab/build/slow_disk.sh)
 #   - the pod runtime of pod-capable hosts: runc, containerd, CNI plugins, crictl, the kubelet and the
 #     pause and test images, and the stand-in for Longhorn's CSI node plugin (lab/build/pod_runtime.sh;

@@ -25,7 +25,8 @@
 # Release, a custom resource), and every custom resource stays upstream's code. A Construct of any
 # type is refused with "unknown resource type", as upstream refuses a type it does not serve.
 #
-# Cost, cold: about 7 min on 2 cores, 4.9 GB peak memory, 4.3 GB of Go build cache. Idempotent:
+# Cost, cold (an empty Go build cache, 2 cores): 334 CPU-seconds, 176 s, 1.2 GB peak memory; with the
+# component resources it was 876 CPU-seconds, 614 s and 4.0 GB (2026-12-06). Idempotent:
 # a stamp records the pins, the Go version and this script's recipe; when it matches and the
 # plugin is installed, nothing is built.
 #

@@ -18,7 +18,7 @@ those they refuse: the settings and the kubelet agree.
 
 from __future__ import annotations
 
-import select
+import selectors
 import subprocess
 import time
 from pathlib import Path
@@ -111,15 +111,19 @@ def _stderr_until(agent: subprocess.Popen[str], marker: str, seconds: float) -> 
     assert agent.stderr is not None
     seen = ""
     deadline = time.monotonic() + seconds
+    # A selector, not select.select: a test process that has opened many files before this one
+    # holds descriptors past select()'s limit of 1024.
+    watch = selectors.DefaultSelector()
+    watch.register(agent.stderr, selectors.EVENT_READ)
     try:
         while marker not in seen and time.monotonic() < deadline:
-            ready, _, _ = select.select([agent.stderr], [], [], 0.2)
-            if ready:
+            if watch.select(0.2):
                 line = agent.stderr.readline()
                 if not line and agent.poll() is not None:
                     break
                 seen += line
     finally:
+        watch.close()
         agent.terminate()
         agent.wait(10)
     return seen
