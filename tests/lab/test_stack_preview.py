@@ -126,10 +126,13 @@ def test_readme_command_reaches_preview(project_copy: Path, tmp_path: Path) -> N
     # decides private); a disk probe for w1 (w2 holds no copies); the network plan; the worker
     # roster and the run's one check of the recorded nodes; the run's k3s upgrade of the workers
     # (K3sUpgrade: it acts only when the version changes); per node its login key and the
-    # retirement of replaced keys; the teardown guard. Plus one provider process per shard the
+    # retirement of replaced keys; the teardown guard; the two barriers (every firewall in place,
+    # every login-key holder done: components/barrier.py). Plus one provider process per shard the
     # three nodes fall in.
     shards = len({shard_of(name) for name in ("srv", "w1", "w2")})
-    assert f"{31 + shards} to create" in output, output[-2000:]
+    assert f"{33 + shards} to create" in output, output[-2000:]
+    for barrier in ("firewalls-in-place", "login-key-holders"):
+        assert f"hk3s:order:Barrier {barrier} create" in output, barrier
     assert "hk3s:WorkerRoster" in output and "hk3s:NodeAccessCheck" in output and "hk3s:K3sUpgrade" in output
     assert "hk3s:TeardownGuard" in output
     assert "hk3s:ConnectivityCheck" in output and "hk3s:NetworkPlan" in output
