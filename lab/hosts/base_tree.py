@@ -1,6 +1,7 @@
 """The base tree: a Debian bookworm tree built once by debootstrap into
 ``<cache>/base-<hash of the package list>`` and shared read-only by every lab host
-(each overlays it with a directory of its own)."""
+(each overlays it with a directory of its own). A tree with extra packages (a host with UFW,
+firewalld, ...) is the plain tree copied, with those packages installed by its own apt."""
 
 from __future__ import annotations
 
@@ -78,23 +79,34 @@ def ensure_base(cache_dir: Path, mirror: str = MIRROR, extra_packages: Iterable[
         _safe_rmtree(tmp)
         for stale in cache_dir.glob(f".{target.name}.tmp-*"):
             _safe_rmtree(stale)
+        extra_only = sorted(set(packages) - set(BASE_PACKAGES))
+        plain = None
+        if extra_only:
+            # A tree with extra packages is the plain tree plus those packages: copied and installed
+            # by apt, not debootstrapped again (about 11 CPU-seconds instead of 90 for one package).
+            plain = ensure_base(cache_dir, mirror)
         debs = cache_dir / "debs"
         debs.mkdir(exist_ok=True)
-        log.info("building base %s (debootstrap %s, %d packages)", target.name, SUITE, len(packages))
         started = time.monotonic()
         try:
-            _run(
-                [
-                    "debootstrap",
-                    "--variant=minbase",
-                    f"--include={','.join(packages)}",
-                    f"--cache-dir={debs}",
-                    SUITE,
-                    tmp,
-                    mirror,
-                ],
-                timeout=1800,
-            )
+            if plain is not None:
+                log.info("building base %s (base %s + %s)", target.name, plain.name, " ".join(extra_only))
+                _run(["cp", "-a", "--reflink=auto", plain, tmp], timeout=600)
+                _install_extra(tmp, extra_only)
+            else:
+                log.info("building base %s (debootstrap %s, %d packages)", target.name, SUITE, len(packages))
+                _run(
+                    [
+                        "debootstrap",
+                        "--variant=minbase",
+                        f"--include={','.join(packages)}",
+                        f"--cache-dir={debs}",
+                        SUITE,
+                        tmp,
+                        mirror,
+                    ],
+                    timeout=1800,
+                )
             _umount_all(tmp)
             _finish_base(tmp, mirror, packages)
         except BaseException:
@@ -104,6 +116,41 @@ def ensure_base(cache_dir: Path, mirror: str = MIRROR, extra_packages: Iterable[
         os.rename(tmp, target)
         log.info("base %s ready in %.0fs", target.name, time.monotonic() - started)
     return target
+
+
+def _install_extra(root: Path, packages: Sequence[str]) -> None:
+    """Install `packages` into the copied tree at `root` with its own apt, as an administrator
+    would on the host: /proc and /dev bound, the machine's resolver, no service started
+    (policy-rc.d answers 101, as debootstrap's chroot does), no recommended packages (debootstrap's
+    --include adds none either). The mounts and the two borrowed files go away after."""
+    resolv = root / "etc/resolv.conf"
+    saved = resolv.read_bytes() if resolv.is_file() and not resolv.is_symlink() else None
+    link = os.readlink(resolv) if resolv.is_symlink() else None
+    policy = root / "usr/sbin/policy-rc.d"
+    try:
+        for mount in ("proc", "dev"):
+            _run(["mount", "--bind", f"/{mount}", root / mount])
+        resolv.unlink(missing_ok=True)
+        resolv.write_bytes(Path("/etc/resolv.conf").read_bytes())
+        policy.write_text("#!/bin/sh\nexit 101\n")
+        policy.chmod(0o755)
+        environment = ["env", "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C"]
+        _run(["chroot", root, *environment, "apt-get", "-q", "update"], timeout=600)
+        _run(
+            ["chroot", root, *environment, "apt-get", "-q", "install", "-y", "--no-install-recommends", *packages],
+            timeout=1200,
+        )
+        _run(["chroot", root, "apt-get", "clean"], timeout=120)
+    finally:
+        _umount_all(root)
+        policy.unlink(missing_ok=True)
+        resolv.unlink(missing_ok=True)
+        if link is not None:
+            resolv.symlink_to(link)
+        elif saved is not None:
+            resolv.write_bytes(saved)
+    for lists in (root / "var/lib/apt/lists").glob("*_dists_*"):
+        lists.unlink()
 
 
 def _finish_base(root: Path, mirror: str, packages: Sequence[str]) -> None:
