@@ -65,12 +65,18 @@ def base_path(cache_dir: Path, mirror: str = MIRROR, extra_packages: Iterable[st
 
 
 def ensure_base(cache_dir: Path, mirror: str = MIRROR, extra_packages: Iterable[str] = ()) -> Path:
-    """The base tree for this package set under `cache_dir`, built by debootstrap the first time."""
+    """The base tree for this package set under `cache_dir`, built the first time: the plain tree by
+    debootstrap, a tree with extra packages from the plain one."""
     extra = tuple(extra_packages)
     target = base_path(cache_dir, mirror, extra)
     if (target / ".hk3s-lab-base.json").exists():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
+    extra_only = sorted(set(base_packages(extra)) - set(BASE_PACKAGES))
+    # A tree with extra packages is the plain tree plus those packages: copied and installed by
+    # apt, not debootstrapped again (about 11 CPU-seconds instead of 90 for one package). The
+    # plain tree first, before the build lock (flock is not re-entrant).
+    plain = ensure_base(cache_dir, mirror) if extra_only else None
     with _flock(cache_dir / ".build.lock"):
         if (target / ".hk3s-lab-base.json").exists():
             return target
@@ -79,12 +85,6 @@ def ensure_base(cache_dir: Path, mirror: str = MIRROR, extra_packages: Iterable[
         _safe_rmtree(tmp)
         for stale in cache_dir.glob(f".{target.name}.tmp-*"):
             _safe_rmtree(stale)
-        extra_only = sorted(set(packages) - set(BASE_PACKAGES))
-        plain = None
-        if extra_only:
-            # A tree with extra packages is the plain tree plus those packages: copied and installed
-            # by apt, not debootstrapped again (about 11 CPU-seconds instead of 90 for one package).
-            plain = ensure_base(cache_dir, mirror)
         debs = cache_dir / "debs"
         debs.mkdir(exist_ok=True)
         started = time.monotonic()
