@@ -19,19 +19,16 @@ def retire_previous_login_keys(
     logs in to some node): until they all hold the new key, the previous one must keep working.
     Each waits for one barrier that waits for all of `after` (components.barrier); a retirement's
     delete does nothing, so no delete needs ordering beside it."""
-    rotating = [endpoint for endpoint in endpoints if endpoint.login_key is not None]
+    rotating = [(endpoint, endpoint.login_key) for endpoint in endpoints if endpoint.login_key is not None]
     if not rotating:
         return []
     holders = Barrier("login-key-holders", after)
     retired = []
-    for endpoint in rotating:
-        assert endpoint.login_key is not None  # the rotating nodes have a login key
+    for endpoint, login_key in rotating:
         retired.append(
             RetiredLoginKeys(
                 f"{endpoint.name}-retired-login-keys",
-                RetiredLoginKeysInputs(
-                    login=endpoint.login(credentials), retiring_keys=endpoint.login_key.retiring_keys
-                ),
+                RetiredLoginKeysInputs(login=endpoint.login(credentials), retiring_keys=login_key.retiring_keys),
                 opts=pulumi.ResourceOptions(provider=endpoint.operations, depends_on=[holders]),
             )
         )

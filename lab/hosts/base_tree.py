@@ -85,8 +85,6 @@ def ensure_base(cache_dir: Path, mirror: str = MIRROR, extra_packages: Iterable[
         _safe_rmtree(tmp)
         for stale in cache_dir.glob(f".{target.name}.tmp-*"):
             _safe_rmtree(stale)
-        debs = cache_dir / "debs"
-        debs.mkdir(exist_ok=True)
         started = time.monotonic()
         try:
             if plain is not None:
@@ -95,6 +93,8 @@ def ensure_base(cache_dir: Path, mirror: str = MIRROR, extra_packages: Iterable[
                 _install_extra(tmp, extra_only)
             else:
                 log.info("building base %s (debootstrap %s, %d packages)", target.name, SUITE, len(packages))
+                debs = cache_dir / "debs"
+                debs.mkdir(exist_ok=True)
                 _run(
                     [
                         "debootstrap",
