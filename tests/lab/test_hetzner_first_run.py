@@ -3,7 +3,8 @@ docs/getting-started-hetzner.md shows, Hetzner's own Terraform provider behind t
 plugin (lab/build/hcloud_provider.sh), the lab's Hetzner API stand-in (lab/hcloud_standin.py)
 whose created servers are lab hosts running real cloud-init (lab/hcloud_servers.py), the real
 Pulumi CLI and engine, the real Kubernetes provider, the k3s stand-in and the lab's Longhorn
-chart. Then the documented teardown (docs/teardown.md) of the same stack.
+chart. Then a created worker that went down, fenced through the Hetzner API and given up with
+docs/fencing.md's commands, and the documented teardown (docs/teardown.md) of the same stack.
 
 The stack file is the shipped one, with what the user sets (docs/getting-started-hetzner.md):
 the token (the first-run block's `HCLOUD_TOKEN`), `hcloud:endpoint` (the stand-in's address) and
@@ -28,6 +29,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,7 @@ from lab.stack_harness import (
     wait_until,
 )
 from lab.stack_processes import processes_under
+from node_operations.health import FENCE_ANNOTATION, OUT_OF_SERVICE_TAINT
 from tests.lab.test_longhorn_teardown import docs_commands
 from tests.lab.test_stack_preview import first_run_block
 
@@ -233,6 +236,58 @@ def test_the_next_up_and_a_plain_preview_change_nothing(first_run: FirstRun) -> 
     print(f"unchanged runs: {run.seconds}")
 
 
+def test_a_created_worker_that_is_down_is_fenced_through_the_api_and_given_up(first_run: FirstRun) -> None:
+    """After the unchanged runs (the test above): dev-worker-2, a server the program created, goes
+    down (its k3s agent stopped, its host still answering SSH). docs/fencing.md's commands, typed:
+    `node fence` finds the Hetzner server the program recorded for it, proves it is the worker's,
+    holds its agent down over SSH and powers the server off through the Hetzner API (one poweroff,
+    the lab host really off), and records the fence on the Node with the out-of-service taint;
+    `node remove --force --yes` then gives it up: its Node is gone, its server deleted at Hetzner,
+    and the next plain preview shows no change. The other servers are left alone."""
+    run = first_run
+    assert len(run.servers.booted) == 5, "the first run did not finish"
+    name = "dev-worker-2"
+    (server,) = [s for s in run.standin.servers.values() if s.name == f"dev-{STACK}-{name}"]
+    worker = run.servers.booted[server.id]
+    others = {s.id: s.name for s in run.standin.servers.values() if s.id != server.id}
+    worker.host.run(["systemctl", "stop", "k3s-agent"])
+    wait_until(f"{name} NotReady", lambda: run.nodes()[name].get("Ready") != "True", timeout=90)
+    # A fence is for a worker NotReady for a minute (node_operations/fence.py: MIN_DOWN_SECONDS).
+    control = run.server_host().host
+    listed = json.loads(control.run([K3S, "kubectl", "get", "node", name, "-o", "json"]).stdout)
+    (ready,) = [c for c in listed["status"]["conditions"] if c["type"] == "Ready"]
+    since = datetime.fromisoformat(ready["lastTransitionTime"]).timestamp()
+    time.sleep(max(0.0, since + 62 - float(control.run(["date", "+%s"]).stdout)))
+
+    fence = run.type(f"scripts/hk3s --stack <env> node fence {name}")
+    assert fence.returncode == 0, fence.output[-6000:]
+    assert f"[{name}] fenced (recorded" in fence.output, fence.output[-6000:]
+    actions = run.standin.power_actions(server.id)
+    assert [(a.command, a.status) for a in actions] == [("stop_server", "success")], actions
+    assert f"powered off through the Hetzner API (dev-{STACK}-{name} (id {server.id})" in fence.output, fence.output[
+        -6000:
+    ]
+    assert not worker.is_running, "the fenced server's host still runs"
+    node = json.loads(control.run([K3S, "kubectl", "get", "node", name, "-o", "json"]).stdout)
+    assert FENCE_ANNOTATION in node["metadata"]["annotations"], node["metadata"]
+    assert OUT_OF_SERVICE_TAINT in [t["key"] for t in node["spec"].get("taints", [])], node["spec"]
+    assert all(run.standin.power_actions(i) == [] for i in others), "another server was powered off"
+    assert run.standin.token not in fence.output
+
+    removed = run.type(f"scripts/hk3s --stack <env> node remove {name} --force --yes")
+    assert removed.returncode == 0, removed.output[-6000:]
+    assert f"[{name}] given up (fenced since" in removed.output, removed.output[-6000:]
+    assert name not in run.nodes()
+    assert sorted(s.name for s in run.standin.servers.values()) == sorted(others.values())
+    assert all(run.servers.booted[i].is_running for i in others)
+    names = [w["name"] for w in yaml.safe_load(run.stack_file.read_text())["config"]["hk3s:workers"]]
+    assert name not in names, names
+    preview = run.type("pulumi preview --stack <env>")
+    assert preview.returncode == 0, preview.output[-6000:]
+    assert _changes(preview.output) == [], preview.output[-6000:]
+    print(f"fence and give-up: {run.seconds}")
+
+
 def test_the_documented_teardown_leaves_nothing(first_run: FirstRun) -> None:
     """`hk3s:cluster.teardown: allowed`, `up`, then docs/teardown.md's destroy: the state is empty,
     the stand-in holds none of the stack's servers, network, firewalls, placement groups or the
@@ -256,7 +311,11 @@ def test_the_documented_teardown_leaves_nothing(first_run: FirstRun) -> None:
             "servers": sorted(s.name for s in run.standin.servers.values()),
             "ssh_keys": sorted(k.name for k in run.standin.ssh_keys.values()),
             "hosts": sorted(m.host.name for m in run.servers.booted.values() if m.is_running),
-            "k3s": [m.host.run(["test", "-x", K3S], check=False).returncode for m in run.servers.booted.values()],
+            "k3s": [
+                m.host.run(["test", "-x", K3S], check=False).returncode
+                for m in run.servers.booted.values()
+                if m.is_running
+            ],
         }
 
     before = untouched()
