@@ -23,6 +23,17 @@ fail() {
   exit 1
 }
 
+# A run killed after it changed the binary, the config or the unit but before it restarted k3s
+# leaves k3s running what it started with (a replaced binary runs on from its deleted file), and
+# the run that resumes finds nothing left to change. So each change is recorded here before it
+# is made, and the record goes only once k3s has been started or restarted after it: a record
+# found means a restart is owed.
+pending=/etc/rancher/k3s/hk3s-restart-pending
+owe_restart() {
+  mkdir -p "${pending%/*}"
+  : >"$pending"
+}
+
 installed_version() {
   if [ -x "$bin" ]; then "$bin" --version 2>/dev/null | awk 'NR == 1 {print $3}'; fi
 }
@@ -40,6 +51,7 @@ if [ -f "$upload" ]; then
   fi
   chmod 0755 "$upload"
   if [ ! -x "$bin" ] || [ "$(sha256sum "$bin" | cut -d' ' -f1)" != "$have" ]; then
+    owe_restart
     mv -f "$upload" "$bin"
     binary_changed=yes
   else
@@ -62,6 +74,7 @@ elif [ "$(installed_version)" != "$version" ]; then
   fi
   have=$(sha256sum "$tmp" | cut -d' ' -f1)
   [ "$have" = "$want_sha" ] || fail "downloaded k3s has SHA-256 $have, expected $want_sha"
+  owe_restart
   install -m 0755 "$tmp" "$bin"
   binary_changed=yes
 fi
@@ -76,6 +89,7 @@ if [ -f "$config.hk3s-new" ]; then
   if [ -f "$config" ] && cmp -s "$config.hk3s-new" "$config"; then
     rm -f "$config.hk3s-new"
   else
+    owe_restart
     mv -f "$config.hk3s-new" "$config"
     config_changed=yes
   fi
@@ -108,6 +122,7 @@ RestartSec=5s
 WantedBy=multi-user.target"
 unit_changed=no
 if [ ! -f "$unit_file" ] || [ "$(cat "$unit_file")" != "$unit_text" ]; then
+  owe_restart
   printf '%s\n' "$unit_text" >"$unit_file"
   systemctl daemon-reload
   unit_changed=yes
@@ -136,9 +151,16 @@ fi
 # read what this run wrote; any other start in progress is stopped and started again. The stop
 # waits for the old process to exit, so the log from log_since on is the new process's alone.
 state=$(systemctl is-active "$unit" || true)
+restart_owed=no
+[ -e "$pending" ] && restart_owed=yes
+# A k3s whose binary was replaced under it by other hands runs on from the deleted file.
+main_pid=$(systemctl show -p MainPID --value "$unit" 2>/dev/null || echo 0)
+if [ "${main_pid:-0}" != 0 ] && [ "$(readlink "/proc/$main_pid/exe" 2>/dev/null || true)" != "$bin" ]; then
+  restart_owed=yes
+fi
 case $state in
   active)
-    if [ "$binary_changed$config_changed$unit_changed" != nonono ]; then
+    if [ "$binary_changed$config_changed$unit_changed$restart_owed" != nononono ]; then
       result log_since "$(date '+%Y-%m-%d %H:%M:%S.%6N')"
       systemctl restart --no-block "$unit"
       result service restarted
@@ -158,3 +180,5 @@ case $state in
     result service restarted
     ;;
 esac
+# The restart or start is under way: it reads the binary, config and unit now in place.
+rm -f "$pending"

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import shutil
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
@@ -27,6 +28,7 @@ from lab.stack_harness import (
     k3s_version,
     server_spec,
     skip_without_lab_binaries,
+    wait_until,
     worker_spec,
 )
 from node_operations.join import (
@@ -43,6 +45,7 @@ from node_operations.k3s_install import (
     K3sBinary,
     ServerInstalled,
     ServerSpec,
+    install_k3s,
     install_server,
 )
 from remote_access.kube import ClusterApi
@@ -621,3 +624,84 @@ def test_a_retried_join_restarts_the_agent_its_failure_left_activating(lab: Lab,
     assert agent_state() == "active"
     worker.run(["systemctl", "disable", "--now", "k3s-agent"])
     cluster.server.run(["/usr/local/bin/k3s", "kubectl", "delete", "node", worker.name, "--ignore-not-found"])
+
+
+def test_a_run_killed_after_the_binary_swap_restarts_k3s_when_resumed(lab: Lab, cluster: Cluster) -> None:
+    """k3s_install.sh moves the wanted binary over /usr/local/bin/k3s, then restarts the unit. A
+    run killed in between (the program's SSH session cut ends its script) leaves k3s running the
+    release it started with, from a file that is gone. The run that resumes it finds the wanted
+    binary in place: the program uploads nothing (the host's SHA-256 matches) and the script has
+    nothing to swap. It must still restart k3s, or the node keeps the old release (an upgrade then
+    waits for a version that never comes). The second server of the module (no test uses it after
+    this one), upgraded to the next patch release as the killed run left it, then the program's
+    install resumed on it: k3s runs the binary on disk and reports the new release."""
+    host = cluster.other_server
+    path, digest = k3s_snapshot("k3s-patch")
+    wanted = K3sBinary(version=k3s_version("k3s-patch"), local_path=path, sha256=digest)
+
+    def running_executable() -> str:
+        pid = host.run(["systemctl", "show", "-p", "MainPID", "--value", "k3s"]).stdout.strip()
+        return host.run(["readlink", f"/proc/{pid}/exe"], check=False).stdout.strip()
+
+    assert running_executable() == "/usr/local/bin/k3s"
+    # The killed run: the program's upload, then the real script, killed as the step after the
+    # swap starts (an `ln` that kills the script that runs it).
+    shutil.copyfile(path, host.root / "usr/local/bin/k3s.hk3s-upload")
+    (host.root / "opt/kill-at-ln").mkdir(parents=True, exist_ok=True)
+    (host.root / "opt/kill-at-ln/ln").write_text("#!/bin/sh\nkill -KILL $PPID\n")
+    (host.root / "opt/kill-at-ln/ln").chmod(0o755)
+    (host.root / "root/k3s_install.sh").write_text(script_path("k3s_install.sh").read_text())
+    path_env = "PATH=/opt/kill-at-ln:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    killed = host.run(["env", path_env, "bash", "/root/k3s_install.sh", "server", wanted.version, digest], check=False)
+    assert killed.returncode != 0 and "result service" not in killed.stdout, killed.stdout
+    assert running_executable().endswith("(deleted)")
+
+    async def resume() -> dict[str, str]:
+        async with open_session(target(lab, host)) as session:
+            return await install_k3s(session, "server", wanted, None, lambda _line: None)
+
+    results = asyncio.run(resume())
+    assert results.get("binary") == "unchanged", results
+    assert results.get("service") == "restarted", results
+
+    def new_release_runs() -> bool:
+        node = host.run(
+            [
+                "/usr/local/bin/k3s",
+                "kubectl",
+                "get",
+                "node",
+                host.name,
+                "-o",
+                "jsonpath={.status.nodeInfo.kubeletVersion}",
+            ],
+            check=False,
+        ).stdout.strip()
+        return running_executable() == "/usr/local/bin/k3s" and node == wanted.version
+
+    wait_until(f"{host.name} runs {wanted.version}", new_release_runs, timeout=120)
+
+    # The same for the config: a run killed just after it moved the new config in place (at the
+    # `chmod` that follows), then resumed with that config: k3s is restarted to read it.
+    config = host.run(["cat", "/etc/rancher/k3s/config.yaml"]).stdout + "# written by the killed run\n"
+    (host.root / "etc/rancher/k3s/config.yaml.hk3s-new").write_text(config)
+    (host.root / "opt/kill-at-ln/ln").unlink()
+    (host.root / "opt/kill-at-ln/chmod").write_text("#!/bin/sh\nkill -KILL $PPID\n")
+    (host.root / "opt/kill-at-ln/chmod").chmod(0o755)
+    killed = host.run(["env", path_env, "bash", "/root/k3s_install.sh", "server", wanted.version, digest], check=False)
+    assert killed.returncode != 0 and "result config" not in killed.stdout, killed.stdout
+    assert host.run(["cat", "/etc/rancher/k3s/config.yaml"]).stdout == config
+    before = host.run(["systemctl", "show", "-p", "MainPID", "--value", "k3s"]).stdout.strip()
+
+    async def resume_config() -> dict[str, str]:
+        async with open_session(target(lab, host)) as session:
+            return await install_k3s(session, "server", wanted, config, lambda _line: None)
+
+    results = asyncio.run(resume_config())
+    assert results.get("config") == "unchanged", results
+    assert results.get("service") == "restarted", results
+    wait_until(
+        f"{host.name}'s k3s started again",
+        lambda: host.run(["systemctl", "show", "-p", "MainPID", "--value", "k3s"]).stdout.strip() not in ("0", before),
+        timeout=60,
+    )
