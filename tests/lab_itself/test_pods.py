@@ -30,6 +30,7 @@ from lab.hosts import DEFAULT_CACHE_DIR, Host, HostSpec, Lab
 from lab.stack_harness import (
     LabStack,
     base_config,
+    k3s_release,
     server_spec,
     skip_without_lab_binaries,
     up_or_fail,
@@ -575,6 +576,34 @@ def test_a_reboot_killed_before_the_host_went_down_is_resumed_by_the_next_call(p
         120,
         pod_cluster.diagnose,
     )
+
+
+def test_a_patch_upgrade_moves_each_pod_workers_kubelet_to_the_new_release(pod_cluster: PodCluster) -> None:
+    """k3s runs the kubelet compiled into its own binary (pkg/daemons/agent/agent.go starts it in
+    the k3s process; there is no kubelet file to pick), so a Node always reports the k3s binary's
+    own version. A patch upgrade through the product (the stand-in stamped as the next patch
+    release) restarts each pod worker's agent on the new binary; its real kubelet must then report
+    that release, Ready, and the workloads run again."""
+    skip_without_lab_binaries("k3s-patch")
+    server = pod_cluster.server
+    release = k3s_release("k3s-patch")
+    new = release["k3s_version"]
+    for worker in pod_cluster.workers:
+        assert _node(server, worker.name)["status"]["nodeInfo"]["kubeletVersion"] != new
+    pod_cluster.config["cluster"].update(release)
+    pod_cluster.stack.write_config(pod_cluster.config)
+    pod_cluster.stack.log.clear()
+    up_or_fail(pod_cluster.stack)
+    text = pod_cluster.stack.text()
+    for worker in pod_cluster.workers:
+        assert f"[{worker.name}] Ready at {new}" in text, text[-4000:]
+        node = _node(server, worker.name)
+        assert node["status"]["nodeInfo"]["kubeletVersion"] == new, node["status"]["nodeInfo"]
+        assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"]), node
+        # The kubelet that runs is the new release's own, answering as such on the host.
+        version = worker.run([f"{RUNTIME}/kubelets/{new}/kubelet", "--version"]).stdout.strip()
+        assert version == f"Kubernetes {new}", version
+    _wait("4 web pods Ready after the upgrade", lambda: sum(map(_ready, _pods(server))) == 4, 120, pod_cluster.diagnose)
 
 
 def test_the_fence_script_stops_every_container_shim_and_pod_mount(pod_cluster: PodCluster) -> None:
