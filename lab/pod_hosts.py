@@ -22,7 +22,11 @@ see ``../shared/guide/lab-pods.md``) that needs, beyond a plain host:
 * **the runtime**: the binaries ``lab/build/pod_runtime.sh`` and ``lab/build/kube.sh`` built,
   bound read-only at ``/var/lib/rancher/k3s/data/current/bin``, where a real k3s binary
   extracts its bundled containerd, runc, CNI plugins and tools. The k3s stand-in runs the
-  runtime only when it finds it there, so plain hosts behave as before.
+  runtime only when it finds it there, so plain hosts behave as before. A real k3s binary
+  runs the kubelet compiled into it, so its Node reports that binary's version; the stand-in
+  cannot embed one, so every release it is stamped with (``lab/build/k3s_standin.sh
+  --print-releases``) has its kubelet at ``kubelets/<k3s version>/kubelet`` there, and the
+  stand-in runs its own release's (and stops with an error when it is missing).
 * **Longhorn's CSI node plugin** (the lab's stand-in, ``lab/longhorn_standin/csi``, built by
   ``lab/build/pod_runtime.sh``), bound read-only at ``/usr/local/lib/hk3s-lab/`` and run by the
   unit ``hk3s-lab-longhorn-csi@<k3s unit>.service``, bound to ``k3s.service`` and
@@ -38,6 +42,7 @@ see ``../shared/guide/lab-pods.md``) that needs, beyond a plain host:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -54,7 +59,9 @@ KUBELET_DIR_IN_HOST = "/var/lib/kubelet"
 # Kernel settings the kubelet reads and refuses to run without (protectKernelDefaults off it
 # still checks them): bound per host as files, never written on the machine.
 KERNEL_FILES = {"kernel/panic": "10", "kernel/panic_on_oops": "1", "vm/overcommit_memory": "1"}
-RUNTIME_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "crictl", "kubelet")
+RUNTIME_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "crictl")
+#: Under the runtime (and the cache's bin/): one directory per k3s release holding its kubelet.
+KUBELETS = "kubelets"
 CSI_PLUGIN = "longhorn-csi-plugin"
 CSI_PLUGIN_DIR_IN_HOST = "/usr/local/lib/hk3s-lab"
 CSI_PLUGIN_UNIT = "hk3s-lab-longhorn-csi@.service"
@@ -233,18 +240,38 @@ def assemble_csi_plugin(cache_dir: Path, target: Path) -> Path:
     return target
 
 
+@functools.cache
+def k3s_releases() -> tuple[str, ...]:
+    """The k3s versions the lab's stand-in binaries are stamped with (k3s, k3s-patch, k3s-minor)."""
+    out = subprocess.run(
+        ["bash", str(Path(__file__).resolve().parent / "build" / "k3s_standin.sh"), "--print-releases"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return tuple(line.split()[1] for line in out.splitlines())
+
+
+def _runtime_files(cache_dir: Path) -> list[tuple[Path, Path]]:
+    """(file in the build cache, its path under the runtime directory) for every runtime file."""
+    bin_dir = cache_dir / "bin"
+    files = [(bin_dir / b, Path(b)) for b in RUNTIME_BINARIES]
+    files += [(cache_dir / "cni" / "bin" / p, Path(p)) for p in CNI_PLUGINS]
+    kubelets = [Path(KUBELETS, release, "kubelet") for release in k3s_releases()]
+    return files + [(bin_dir / kubelet, kubelet) for kubelet in kubelets]
+
+
 def assemble_runtime(cache_dir: Path, target: Path) -> Path:
     """A directory of the runtime's binaries (hard links into the build cache) to bind into hosts."""
-    bin_dir = cache_dir / "bin"
-    sources = [bin_dir / b for b in RUNTIME_BINARIES] + [cache_dir / "cni" / "bin" / p for p in CNI_PLUGINS]
-    missing = [str(s) for s in sources if not s.exists()]
+    files = _runtime_files(cache_dir)
+    missing = [str(source) for source, _ in files if not source.exists()]
     if missing:
         raise PodHostError(
             f"pod runtime not built ({', '.join(missing)} missing): run lab/build/pod_runtime.sh and lab/build/kube.sh"
         )
-    target.mkdir(parents=True, exist_ok=True)
-    for source in sources:
-        dest = target / source.name
+    for source, name in files:
+        dest = target / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
         dest.unlink(missing_ok=True)
         try:
             os.link(source, dest)
@@ -263,9 +290,8 @@ def image_archives(cache_dir: Path) -> list[Path]:
 
 def runtime_missing(cache_dir: Path) -> str | None:
     """Why pod-capable hosts cannot be made here (the runtime or its images not built), or None."""
-    missing = [
-        str(cache_dir / "bin" / b) for b in (*RUNTIME_BINARIES, CSI_PLUGIN) if not (cache_dir / "bin" / b).exists()
-    ]
+    files = [source for source, _ in _runtime_files(cache_dir)] + [cache_dir / "bin" / CSI_PLUGIN]
+    missing = [str(source) for source in files if not source.exists()]
     if missing:
         return f"pod runtime not built: {', '.join(missing)} missing (run lab/setup.sh)"
     try:

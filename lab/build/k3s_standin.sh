@@ -21,6 +21,8 @@
 #
 # Usage: lab/build/k3s_standin.sh           build if needed, then verify
 #        lab/build/k3s_standin.sh --force   rebuild even when the stamp matches
+#        lab/build/k3s_standin.sh --print-releases   print "<binary> <k3s version>" per binary
+#            and exit (lab/build/pod_runtime.sh links a kubelet for each release)
 set -euo pipefail
 # shellcheck source=lab/build/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -35,8 +37,9 @@ readonly RECIPE=1
 case "${1:-}" in
   "") ;;
   --force) FORCE=1 ;;
-  -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
-  *) echo "usage: $0 [--force]" >&2; exit 2 ;;
+  --print-releases) PRINT_RELEASES=1 ;;
+  -h|--help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
+  *) echo "usage: $0 [--force|--print-releases]" >&2; exit 2 ;;
 esac
 
 [[ -f $SRC/go.mod ]] || die "no Go module at $SRC"
@@ -54,6 +57,13 @@ patch=${KUBE_VERSION##*.}
 readonly PATCH_VERSION="v1.${minor}.$((patch + 1))+k3s1"
 readonly MINOR_VERSION="v1.$((minor + 1)).0+k3s1"
 readonly STAGING_VERSION="v0.${KUBE_VERSION#v1.}"
+
+# The binaries: file name and the version it is stamped with.
+readonly STAMPED=("k3s $K3S_VERSION" "k3s-patch $PATCH_VERSION" "k3s-minor $MINOR_VERSION")
+if [[ ${PRINT_RELEASES:-0} -eq 1 ]]; then
+  printf '%s\n' "${STAMPED[@]}"
+  exit 0
+fi
 
 # Every k8s.io module the stand-in requires directly must be at kube.sh's release.
 check_pins() {
@@ -87,9 +97,6 @@ stamp_content() {
 
 mkdir -p "$BIN"
 lock_build k3s-standin
-
-# The binaries: file name and the version it is stamped with.
-readonly STAMPED=("k3s $K3S_VERSION" "k3s-patch $PATCH_VERSION" "k3s-minor $MINOR_VERSION")
 
 up_to_date() {
   local entry name

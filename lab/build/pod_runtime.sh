@@ -4,9 +4,15 @@
 #   runc                         (github.com/opencontainers/runc; cgo + libseccomp, static)
 #   containerd, containerd-shim-runc-v2, ctr   (github.com/containerd/containerd/v2)
 #   crictl                       (sigs.k8s.io/cri-tools)
-#   kubelet                      (k8s.io/kubernetes at lab/build/kube.sh's release, built in
-#                                 kube.sh's tools module; it reports v1.X.Y+k3s1 as the
-#                                 kubelet k3s embeds does)
+#   kubelets/<k3s version>/kubelet   one per k3s release the lab's stand-in ships
+#                                 (lab/build/k3s_standin.sh --print-releases: k3s, k3s-patch,
+#                                 k3s-minor), k8s.io/kubernetes at lab/build/kube.sh's release
+#                                 built in kube.sh's tools module and stamped with that k3s
+#                                 version: k3s embeds its kubelet, so a Node reports the k3s
+#                                 binary's own version, and the stand-in runs its release's
+#                                 kubelet. The compiled packages are the same for every
+#                                 release (only the linker's -X version flags differ), so each
+#                                 release after the first costs a link, not a build
 #   longhorn-csi-plugin          (lab/longhorn_standin/csi: the lab's stand-in for Longhorn's CSI
 #                                 node plugin, built in the same tools module, whose go.sum
 #                                 already holds the CSI spec, gRPC and the kubelet's plugin
@@ -66,8 +72,11 @@ esac
 go_environment "-buildvcs=false"
 KUBE_VERSION=$(bash "$HERE/kube.sh" --print-version)
 readonly KUBE_VERSION
-KUBE_MINOR=${KUBE_VERSION#v1.}
-readonly KUBE_MINOR=${KUBE_MINOR%%.*}
+# The k3s releases the stand-in is stamped with; each gets its own kubelet.
+mapfile -t RELEASES < <(bash "$HERE/k3s_standin.sh" --print-releases | cut -d' ' -f2)
+[[ ${#RELEASES[@]} -gt 0 ]] || die "lab/build/k3s_standin.sh --print-releases listed no release"
+readonly RELEASES
+readonly KUBELETS="$BIN/kubelets"
 
 mkdir -p "$BIN" "$CNI_BIN" "$IMAGES" "$STAMPS"
 lock_build pod-runtime
@@ -99,6 +108,7 @@ step() {
   "$fn" "$STAGE/$name"
   for out in "$@"; do
     [[ -e $STAGE/$name/${out##*/} ]] || die "$name build produced no ${out##*/}"
+    mkdir -p "${out%/*}"
     mv -f "$STAGE/$name/${out##*/}" "$out"
   done
   stamp "$pin" >"$STAMPS/$name"
@@ -134,14 +144,17 @@ build_cni() {
     "$pkg/plugins/meta/portmap@$CNI_PLUGINS_VERSION"
 }
 
+# build_kubelet OUT: the kubelet stamped as the k3s release $RELEASE (v1.X.Y+k3s1), as the
+# kubelet k3s embeds reports it: gitVersion the k3s version, gitMinor its minor.
 build_kubelet() {
-  local tools="$CACHE/src/kube-tools" date pkg flags="-s -w"
+  local tools="$CACHE/src/kube-tools" date pkg flags="-s -w" minor=${RELEASE#v1.}
+  minor=${minor%%.*}
   if ! grep -qs 'k8s.io/kubernetes/cmd/kubelet' "$tools/go.mod"; then
     die "no kube-tools module with the kubelet in $tools: run lab/build/kube.sh first"
   fi
   date=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^[[:space:]]*"Time": "\(.*\)",\{0,1\}$/\1/p')
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    flags+=" -X $pkg.gitVersion=$KUBE_VERSION+k3s1 -X $pkg.gitMajor=1 -X $pkg.gitMinor=$KUBE_MINOR"
+    flags+=" -X $pkg.gitVersion=$RELEASE -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     flags+=" -X $pkg.gitCommit= -X $pkg.gitTreeState=archive -X $pkg.buildDate=${date:-1970-01-01T00:00:00Z}"
   done
   (cd "$tools" && go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$flags" -o "$1/kubelet" k8s.io/kubernetes/cmd/kubelet)
@@ -221,11 +234,14 @@ verify() {
   "$BIN/containerd-shim-runc-v2" -v >/dev/null || die "containerd-shim-runc-v2 -v failed"
   out=$("$BIN/crictl" --version)
   [[ $out == *"${CRICTL_VERSION#v}"* ]] || die "crictl reports '$out'"
-  out=$("$BIN/kubelet" --version)
-  [[ $out == "Kubernetes $KUBE_VERSION+k3s1" ]] || die "kubelet reports '$out', want Kubernetes $KUBE_VERSION+k3s1"
+  for b in "${RELEASES[@]}"; do
+    out=$("$KUBELETS/$b/kubelet" --version)
+    [[ $out == "Kubernetes $b" ]] || die "$KUBELETS/$b/kubelet reports '$out', want Kubernetes $b"
+    static_or_die "$KUBELETS/$b/kubelet"
+  done
   out=$("$BIN/longhorn-csi-plugin" --version)
   [[ $out == "longhorn-csi-plugin (lab stand-in) driver.longhorn.io "* ]] || die "longhorn-csi-plugin reports '$out'"
-  for b in runc containerd containerd-shim-runc-v2 ctr crictl kubelet longhorn-csi-plugin; do static_or_die "$BIN/$b"; done
+  for b in runc containerd containerd-shim-runc-v2 ctr crictl longhorn-csi-plugin; do static_or_die "$BIN/$b"; done
   for b in "${CNI_PLUGINS[@]}"; do
     static_or_die "$CNI_BIN/$b"
     [[ $(CNI_COMMAND=VERSION "$CNI_BIN/$b" </dev/null) == *cniVersion* ]] || die "CNI plugin $b does not answer VERSION"
@@ -233,7 +249,7 @@ verify() {
   for b in pause busybox; do
     tar -tf "$IMAGES/$b.tar" manifest.json >/dev/null || die "$IMAGES/$b.tar is not an image archive"
   done
-  log "kubelet $KUBE_VERSION+k3s1, the lab's Longhorn CSI node plugin, runc ${RUNC_VERSION}, containerd $CONTAINERD_VERSION, crictl $CRICTL_VERSION, CNI plugins $CNI_PLUGINS_VERSION (${CNI_PLUGINS[*]}), images $PAUSE_IMAGE $BUSYBOX_IMAGE: static, answering"
+  log "kubelets ${RELEASES[*]} (Kubernetes $KUBE_VERSION), the lab's Longhorn CSI node plugin, runc ${RUNC_VERSION}, containerd $CONTAINERD_VERSION, crictl $CRICTL_VERSION, CNI plugins $CNI_PLUGINS_VERSION (${CNI_PLUGINS[*]}), images $PAUSE_IMAGE $BUSYBOX_IMAGE: static, answering"
 }
 
 # ---- main -------------------------------------------------------------------------
@@ -242,7 +258,9 @@ step runc "$RUNC_VERSION" build_runc "$BIN/runc"
 step containerd "$CONTAINERD_VERSION" build_containerd "$BIN/containerd" "$BIN/containerd-shim-runc-v2" "$BIN/ctr"
 step cni-plugins "$CNI_PLUGINS_VERSION" build_cni "${CNI_PLUGINS[@]/#/$CNI_BIN/}"
 step crictl "$CRICTL_VERSION" build_crictl "$BIN/crictl"
-step kubelet "$KUBE_VERSION+k3s1" build_kubelet "$BIN/kubelet"
+for RELEASE in "${RELEASES[@]}"; do
+  step "kubelet-$RELEASE" "$RELEASE of $KUBE_VERSION" build_kubelet "$KUBELETS/$RELEASE/kubelet"
+done
 step longhorn-csi-plugin "$KUBE_VERSION $(sha256sum "$CSI_SOURCE" | cut -c1-16)" build_csi_plugin "$BIN/longhorn-csi-plugin"
 step images "$KUBE_VERSION $PAUSE_IMAGE $BUSYBOX_IMAGE $(sha256sum /bin/busybox 2>/dev/null | cut -c1-16)" build_images "$IMAGES/pause.tar" "$IMAGES/busybox.tar"
 verify

@@ -150,10 +150,14 @@ func runAgent(ctx context.Context, o *options) error {
 		return nil
 	}
 	if podRuntimeInstalled() {
+		kubelet, err := ownKubelet(kubeletsDir, version)
+		if err != nil {
+			return err
+		}
 		// The real kubelet serves the kubelet port; the tunnel reaches it on loopback. As k3s's
 		// (pkg/agent/tunnel), the tunnel dials the server itself, not the load balancer.
 		go runTunnel(ctx, serverURL, caBundle, cfg.CertData, cfg.KeyData, spec.kubeletPort)
-		err := runPodAgent(ctx, cfg, spec, localURL, caBundle)
+		err = runPodAgent(ctx, kubelet, cfg, spec, localURL, caBundle)
 		infof("k3s agent stopped")
 		return err
 	}

@@ -110,7 +110,11 @@
 //     lab/pod_hosts.py): after the same certificate request, CA pinning, token and node
 //     password handling, the agent registers its Node as above, then runs the real
 //     containerd and kubelet (instead of the heartbeat and the /healthz port) as k3s's
-//     agent does, with the client certificate it obtained; it imports the image
+//     agent does, with the client certificate it obtained. The kubelet is its own
+//     release's, <data/current/bin>/kubelets/<its version>/kubelet, as a k3s binary runs the
+//     kubelet compiled into it (pkg/daemons/executor/embed.go), so the Node reports the
+//     binary's version and an upgrade moves it; without that file the agent exits with an
+//     error naming it (never another release's kubelet). It imports the image
 //     tarballs of k3s's air-gap folder <data-dir>/agent/images at start and whenever
 //     one changes; stopping the agent kills containerd and the kubelet but leaves the
 //     containers running (KillMode=process), as on k3s; the product's fence and wipe stop

@@ -2,8 +2,8 @@ package main
 
 // Pod mode of the agent (LAB ONLY): when the container runtime k3s bundles is installed
 // where k3s extracts it (<k3s data>/data/current/bin: containerd, containerd-shim-runc-v2,
-// runc, ctr, crictl, the CNI plugins, and a kubelet), the agent runs the real thing as
-// k3s's agent does (pkg/agent/run.go, pkg/agent/containerd, pkg/daemons/agent):
+// runc, ctr, crictl, the CNI plugins), the agent runs the real thing as k3s's agent does
+// (pkg/agent/run.go, pkg/agent/containerd, pkg/daemons/agent):
 //
 //   - containerd as a child process (config version 3 written to
 //     <data-dir>/agent/etc/containerd/config.toml, socket /run/k3s/containerd/containerd.sock,
@@ -14,7 +14,16 @@ package main
 //     containerd's k8s.io namespace at start, and again whenever a file there changes;
 //   - a bridge + host-local CNI configuration for the Node's pod CIDR (allocated by the
 //     controller-manager) in <data-dir>/agent/etc/cni/net.d;
-//   - the real kubelet with the client certificate the agent obtained (its
+//   - the real kubelet of this binary's own k3s release: k3s compiles the kubelet into its
+//     binary and runs it in its own process (pkg/daemons/agent/agent.go starts it through
+//     pkg/daemons/executor/embed.go's Kubelet, kubelet.NewKubeletCommand), so a Node always
+//     reports the version of the k3s binary that runs it, and a k3s upgrade moves the kubelet
+//     with it. The stand-in cannot embed one, so the lab installs one kubelet per release it
+//     ships, at <data/current/bin>/kubelets/<k3s version>/kubelet (lab/build/pod_runtime.sh,
+//     lab/pod_hosts.py), and the agent runs the one stamped with its own version. When that
+//     one is missing it logs so and exits non-zero (never another release's kubelet: a k3s
+//     binary has no other kubelet to run);
+//   - that kubelet with the client certificate the agent obtained (its
 //     kubelet.kubeconfig), the serving certificate the agent makes, webhook
 //     authentication/authorization with the cluster's client CA (fetched from the
 //     supervisor's /v1-k3s/client-ca.crt with the node certificate, as k3s does), and
@@ -66,12 +75,41 @@ const (
 
 // podRuntimeInstalled: the bundled runtime is where k3s would have extracted it.
 func podRuntimeInstalled() bool {
-	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "runc", "kubelet"} {
-		if fi, err := os.Stat(filepath.Join(runtimeBinDir, b)); err != nil || fi.Mode()&0o111 == 0 {
+	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "runc"} {
+		if !executable(filepath.Join(runtimeBinDir, b)) {
 			return false
 		}
 	}
 	return true
+}
+
+func executable(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
+}
+
+// kubeletsDir holds one directory per k3s release, named by its version, with that release's kubelet.
+const kubeletsDir = runtimeBinDir + "/kubelets"
+
+// ownKubelet is the kubelet of the k3s release `release` under `dir` (kubeletsDir and this
+// binary's version; see the file comment): an error naming the release, the path and the
+// releases installed when it is not there.
+func ownKubelet(dir, release string) (string, error) {
+	path := filepath.Join(dir, release, "kubelet")
+	if executable(path) {
+		return path, nil
+	}
+	installed := []string{}
+	if entries, err := os.ReadDir(dir); err == nil {
+		for _, e := range entries {
+			if executable(filepath.Join(dir, e.Name(), "kubelet")) {
+				installed = append(installed, e.Name())
+			}
+		}
+	}
+	return "", fmt.Errorf("no kubelet for k3s %s at %s (kubelets installed for: %s); "+
+		"the kubelet a k3s binary runs is its own release's, never another's: rebuild the lab's pod runtime "+
+		"(lab/build/pod_runtime.sh) so it holds this release's kubelet", release, path, cmp.Or(strings.Join(installed, ", "), "none"))
 }
 
 // runtimeEnv is the environment k3s gives containerd and its own crictl/ctr commands.
@@ -107,6 +145,7 @@ func runBundled(name string, args []string) int {
 
 // podAgent runs containerd and the kubelet for one node.
 type podAgent struct {
+	kubelet   string // the path of this release's kubelet
 	spec      nodeSpec
 	cfg       *rest.Config
 	serverURL string
@@ -115,12 +154,12 @@ type podAgent struct {
 	nodes     corev1client.NodeInterface
 }
 
-func runPodAgent(ctx context.Context, cfg *rest.Config, spec nodeSpec, serverURL string, caBundle []byte) error {
+func runPodAgent(ctx context.Context, kubeletPath string, cfg *rest.Config, spec nodeSpec, serverURL string, caBundle []byte) error {
 	core, err := corev1client.NewForConfig(clientConfig(cfg, "kubelet"))
 	if err != nil {
 		return err
 	}
-	pa := &podAgent{spec: spec, cfg: cfg, serverURL: serverURL, caBundle: caBundle, etcDir: filepath.Join(spec.dataDir, "etc"), nodes: core.Nodes()}
+	pa := &podAgent{kubelet: kubeletPath, spec: spec, cfg: cfg, serverURL: serverURL, caBundle: caBundle, etcDir: filepath.Join(spec.dataDir, "etc"), nodes: core.Nodes()}
 	infof("Container runtime found in %s: running containerd and the kubelet", runtimeBinDir)
 	if err := pa.fetchClientCA(ctx); err != nil {
 		return err
@@ -168,7 +207,7 @@ func runPodAgent(ctx context.Context, cfg *rest.Config, spec nodeSpec, serverURL
 		}
 	}()
 	kubelet, err := pa.startChild(ctx, "kubelet", filepath.Join(spec.dataDir, "kubelet.log"),
-		filepath.Join(runtimeBinDir, "kubelet"), pa.kubeletArgs()...)
+		pa.kubelet, pa.kubeletArgs()...)
 	if err != nil {
 		return err
 	}

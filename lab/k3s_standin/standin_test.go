@@ -648,3 +648,32 @@ func TestCertificateRotateRemovesLeavesKeepsCAs(t *testing.T) {
 		}
 	}
 }
+
+// A k3s binary runs the kubelet compiled into it: the stand-in runs its own release's
+// kubelet and never another release's, and a missing one is an error naming it.
+func TestOwnKubeletIsTheReleasesOrAnError(t *testing.T) {
+	dir := t.TempDir()
+	put := func(release string) string {
+		path := filepath.Join(dir, release, "kubelet")
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	put("v1.37.2+k3s1")
+	_, err := ownKubelet(dir, "v1.37.3+k3s1")
+	want := "no kubelet for k3s v1.37.3+k3s1 at " + filepath.Join(dir, "v1.37.3+k3s1", "kubelet") + " (kubelets installed for: v1.37.2+k3s1)"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("another release's kubelet only: got %v, want an error with %q", err, want)
+	}
+	own := put("v1.37.3+k3s1")
+	if got, err := ownKubelet(dir, "v1.37.3+k3s1"); err != nil || got != own {
+		t.Fatalf("got %q, %v; want %q", got, err, own)
+	}
+	if _, err := ownKubelet(filepath.Join(dir, "none"), "v1.37.3+k3s1"); err == nil || !strings.Contains(err.Error(), "(kubelets installed for: none)") {
+		t.Fatalf("no kubelets: got %v", err)
+	}
+}

@@ -2,10 +2,10 @@
 
 A pod-capable host gets its own writable cgroup subtree, plain directories for containerd
 and the kubelet, and the runtime ``lab/build/pod_runtime.sh`` builds (containerd, runc, CNI
-plugins, crictl; the kubelet from ``lab/build/kube.sh``) where k3s keeps its bundled
-binaries. These tests check the host itself: containerd and runc run a container from an
-image imported without a registry, inside the host's own cgroups, and a teardown leaves no
-cgroup, mount or process behind.
+plugins, crictl; a kubelet per k3s release of the stand-in, from ``lab/build/kube.sh``'s
+Kubernetes) where k3s keeps its bundled binaries. These tests check the host itself:
+containerd and runc run a container from an image imported without a registry, inside the
+host's own cgroups, and a teardown leaves no cgroup, mount or process behind.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from lab.hosts import DEFAULT_CACHE_DIR, Host, HostSpec, Lab
 from lab.stack_harness import (
     LabStack,
     base_config,
+    k3s_release,
     server_spec,
     skip_without_lab_binaries,
     up_or_fail,
@@ -575,6 +576,35 @@ def test_a_reboot_killed_before_the_host_went_down_is_resumed_by_the_next_call(p
         120,
         pod_cluster.diagnose,
     )
+
+
+def test_a_patch_upgrade_moves_each_pod_workers_kubelet_to_the_new_release(pod_cluster: PodCluster) -> None:
+    """k3s runs the kubelet compiled into its own binary (pkg/daemons/agent/agent.go starts it in
+    the k3s process; there is no kubelet file to pick), so a Node always reports the k3s binary's
+    own version. A patch upgrade through the product (the stand-in stamped as the next patch
+    release) restarts each pod worker's agent on the new binary; its real kubelet must then report
+    that release, Ready, and the workloads run again."""
+    skip_without_lab_binaries("k3s-patch")
+    server = pod_cluster.server
+    release = k3s_release("k3s-patch")
+    new = release["k3s_version"]
+    for worker in pod_cluster.workers:
+        assert _node(server, worker.name)["status"]["nodeInfo"]["kubeletVersion"] != new
+    pod_cluster.config["cluster"].update(release)
+    pod_cluster.stack.write_config(pod_cluster.config)
+    pod_cluster.stack.log.clear()
+    up_or_fail(pod_cluster.stack)
+    text = pod_cluster.stack.text()
+    for worker in pod_cluster.workers:
+        assert f"[{worker.name}] Ready at {new}" in text, text[-4000:]
+        node = _node(server, worker.name)
+        assert node["status"]["nodeInfo"]["kubeletVersion"] == new, node["status"]["nodeInfo"]
+        assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"]), node
+        # The kubelet process that runs is the new release's own.
+        pids = worker.run(["pgrep", "-x", "kubelet"]).stdout.split()
+        exes = {worker.run(["readlink", f"/proc/{pid}/exe"]).stdout.strip() for pid in pids}
+        assert exes == {f"{RUNTIME}/kubelets/{new}/kubelet"}, exes
+    _wait("4 web pods Ready after the upgrade", lambda: sum(map(_ready, _pods(server))) == 4, 120, pod_cluster.diagnose)
 
 
 def test_the_fence_script_stops_every_container_shim_and_pod_mount(pod_cluster: PodCluster) -> None:
