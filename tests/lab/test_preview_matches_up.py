@@ -1,5 +1,10 @@
 """What `pulumi preview` plans for the routine changes of a running stack with Longhorn is what
-`pulumi up` then does: no replacement or deletion in the preview that the up does not make.
+`pulumi up` then does: no replacement or deletion in the preview that the up does not make, and
+no more and no fewer changes.
+
+The preview and the up change the same resources the same way: the preview announces no update
+the up then does not make (a resource whose inputs are unknown only because what it depends on is
+updated), and the up makes none the preview did not announce.
 
 One cluster (a server and a worker, Longhorn's lab chart, the lab's Longhorn manager stand-in), the
 real Pulumi CLI, the real Kubernetes provider plugin and the real engine; nothing is mocked. Each
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -61,6 +67,25 @@ def removals(operations: dict[str, str]) -> dict[str, str]:
             out[urn] = "replace"
         elif op in DELETING:
             out[urn] = "delete"
+    return out
+
+
+# A default provider (`pulumi:providers:<package>::default`, or `default_<version>`): the engine's
+# own, made for the resources that name no provider. The dynamic provider's takes the stack's config
+# as its inputs, so the up reports it updated whenever the config changes, while the plain preview
+# plans no step of it. It changes nothing on any host or in the cluster.
+DEFAULT_PROVIDER = re.compile(r"::pulumi:providers:[^:]+::default(_[0-9_]+)?$")
+
+
+def changes(operations: dict[str, str]) -> dict[str, str]:
+    """The operations that change a resource (URN -> operation), by resource name: the steps that
+    leave a resource as it is ("same", a read) dropped, and a replacement's steps as one; the
+    engine's default providers (DEFAULT_PROVIDER) left out."""
+    out = {}
+    for urn, op in operations.items():
+        if op in ("same", "read", "refresh") or DEFAULT_PROVIDER.search(urn):
+            continue
+        out[urn.rsplit("::", 1)[-1]] = "replace" if op in REPLACING else op
     return out
 
 
@@ -130,6 +155,13 @@ class Cluster:
         # The preview takes away nothing the up keeps: what `scripts/hk3s up` would ask about.
         unexpected = {urn: op for urn, op in planned_removals.items() if done_removals.get(urn) != op}
         assert not unexpected, f"the preview plans removals the up did not make: {unexpected}"
+        # No more and no less: every resource the preview plans to change, the up changes the same
+        # way, and the up changes nothing the preview did not plan.
+        said, made = changes(planned), changes(done)
+        assert said == made, (
+            f"the preview planned {sorted(set(said.items()) - set(made.items()))} that the up did not make, "
+            f"the up made {sorted(set(made.items()) - set(said.items()))} that the preview did not plan"
+        )
         # Longhorn's objects and their provider stay: none of these changes is another cluster.
         longhorn = {urn: op for urn, op in {**planned_removals, **done_removals}.items() if "kubernetes" in urn}
         assert not longhorn, f"Longhorn's objects replaced or deleted: {longhorn}"
