@@ -317,6 +317,12 @@ def asked_once_per_update(question: Hashable, ask: Callable[[], T]) -> T:
     return answers[question]
 
 
+def in_update() -> bool:
+    """Whether the calling thread runs a provider's update (its diffs are the update's own
+    questions, not the engine's diff of the resource)."""
+    return _UPDATE_ANSWERS.get() is not None
+
+
 def _state_only_off_host(update: Callable[..., UpdateResult]) -> Callable[..., UpdateResult]:
     @functools.wraps(update)
     def guarded(self: ResourceProvider, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
