@@ -279,7 +279,9 @@ class NodeJoinProvider(NodeProvider):
         join, which its update leaves as it is, counts as run: only the update finds the fence."""
         if not result.changes:
             return False
-        if not olds.get("state") or result.replaces:
+        # A replacement joins anew (the input diff's: a fenced worker's, which its diff turned into
+        # an update, asks no host again here).
+        if not olds.get("state") or self._diff_inputs(olds, news).replaces:
             return True
         if state_only_change(self, id_, olds, news) is not None:
             return False
