@@ -31,13 +31,13 @@ from providers.base import (
     NodeProvider,
     check_connection_inputs,
     diff_inputs,
+    join_run_as_planned,
     progress,
     resource_inputs,
     run_operation,
     ssh_target,
 )
 from providers.inputs import NodeInputs, checkable, is_known, known
-from providers.node_join import join_run_as_planned
 
 OUTPUTS = (
     "eligible",

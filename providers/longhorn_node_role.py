@@ -21,10 +21,17 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, UpdateResult
 
 from node_operations.longhorn_node_role import NodeRole, set_node_role
-from providers.base import NodeProvider, check_connection_inputs, diff_inputs, progress, resource_inputs, run_operation
+from providers.base import (
+    NodeProvider,
+    check_connection_inputs,
+    diff_inputs,
+    join_run_as_planned,
+    progress,
+    resource_inputs,
+    run_operation,
+)
 from providers.base import ssh_target as login_target
 from providers.inputs import NodeInputs, checkable, is_known, known
-from providers.node_join import join_run_as_planned
 from remote_access.kube import API_WAIT_SECONDS
 
 OUTPUTS = ("tags", "allow_scheduling")

@@ -35,6 +35,7 @@ from providers.base import (
     other_node,
     pin_recorded_host_key,
     progress,
+    record_join_judgement,
     resource_inputs,
     run_operation,
     ssh_target,
@@ -162,33 +163,8 @@ def pending_changes(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
     return changed
 
 
-# Whether this run runs each node's join again (node -> True or False), as the engine's diff of
-# the join in this provider process judged it. What runs after every run of the join (the disk
-# probe, the Longhorn node role) takes the join's `join_run`, an output: in a preview it is unknown
-# whenever the join updates, since a dynamic provider has no preview of its update (the engine hands
-# the new inputs back as its outputs), though most updates of a joined worker do not run the join
-# (labels and taints set through the API, a release K3sUpgrade moved, a new login key stored). Their
-# diffs read this to plan exactly what the up does: the engine diffs them after the join (they wait
-# for its outputs), and they run in the join's provider process (one per node, NodeEndpoint.options).
-_RUNS_AGAIN: dict[str, bool] = {}
 # Set while the engine's diff of a join judges whether it runs again (its own questions to `diff`).
 _JUDGING: ContextVar[bool] = ContextVar("judging_join", default=False)
-
-
-def join_runs_again(node: str) -> bool | None:
-    """Whether this run runs `node`'s join again, as the engine's diff of it judged; None when no
-    diff of it ran in this process (then nobody here can tell)."""
-    return _RUNS_AGAIN.get(node)
-
-
-def join_run_as_planned(node: str, olds: dict[str, Any], news: dict[str, Any]) -> dict[str, Any]:
-    """`news` of a resource that takes `node`'s `join_run`, as the diff compares it: an unknown
-    `join_run` (a preview of an update of the join) is the recorded one when the join's diff judged
-    that this run does not run the join again, so the preview plans no run the up does not make. A
-    join that runs again, or one nobody here judged, stays unknown: an update is planned."""
-    if "join_run" not in news or is_known(news["join_run"]) or join_runs_again(node) is not False:
-        return news
-    return {**news, "join_run": olds.get("join_run")}
 
 
 class NodeJoinProvider(NodeProvider):
@@ -267,7 +243,7 @@ class NodeJoinProvider(NodeProvider):
         try:
             result = self._diff(olds, news)
             node = str(news.get("node") if is_known(news.get("node")) else olds.get("node"))
-            _RUNS_AGAIN[node] = self._runs_again(id_, olds, news, result)
+            record_join_judgement(node, self._runs_again(id_, olds, news, result))
             return result
         finally:
             _JUDGING.reset(scope)

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 from pulumi.runtime.rpc import UNKNOWN
 
-from providers import node_join
+from providers import base, node_join
+from providers.base import join_runs_again
 from providers.disk_probe import DiskProbeProvider
 from providers.longhorn_node_role import LonghornNodeRoleProvider
-from providers.node_join import HOST_CHANGED, NodeJoinProvider, join_runs_again
+from providers.node_join import HOST_CHANGED, NodeJoinProvider
 from remote_access.kube import NodeStatus
 from tests.providers.joined_worker import JOINED_WORKER
 
@@ -54,7 +55,7 @@ ROLE_INPUTS = {key: value for key, value in ROLE.items() if key not in ("tags", 
 
 @pytest.fixture(autouse=True)
 def no_judgement_yet(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(node_join, "_RUNS_AGAIN", {})
+    monkeypatch.setattr(base, "_RUNS_AGAIN", {})
 
     async def no_host(*_args: Any, **_kwargs: Any) -> None:
         raise AssertionError("a diff asked a host")
