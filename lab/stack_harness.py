@@ -354,8 +354,8 @@ class LabStack:
             return f"{self.text()}\n{error}"
         return ""
 
-    def preview(self) -> auto.PreviewResult:
-        return self.stack().preview(color="never", on_output=self.log.append)
+    def preview(self, on_event: Callable[[auto.EngineEvent], None] | None = None) -> auto.PreviewResult:
+        return self.stack().preview(color="never", on_output=self.log.append, on_event=on_event)
 
     def destroy(self) -> auto.DestroyResult:
         return self.stack().destroy(color="never", on_output=self.log.append, parallel=PARALLEL)

@@ -29,7 +29,7 @@ from node_operations.network_mode import NetworkRefusedError
 from node_operations.refusal import tagged
 from node_operations.teardown import WipeError
 from providers.engine_watch import exit_with_the_engine
-from providers.inputs import NodeLogin, ResourceInputs, checkable, known
+from providers.inputs import NodeLogin, ResourceInputs, checkable, is_known, known
 from remote_access.session_pool import share_logins_on
 from remote_access.ssh import SshError, SshTarget
 
@@ -315,6 +315,46 @@ def asked_once_per_update(question: Hashable, ask: Callable[[], T]) -> T:
     if question not in answers:
         answers[question] = ask()
     return answers[question]
+
+
+# Whether this run runs each node's join again (node -> True or False), as the engine's diff of
+# the join (providers.node_join) in this provider process judged it. What runs after every run of
+# the join (the disk probe, the Longhorn node role) takes the join's `join_run`, an output: in a
+# preview it is unknown whenever the join updates, since a dynamic provider has no preview of its
+# update (the engine hands the new inputs back as its outputs), though most updates of a joined
+# worker do not run the join (labels and taints set through the API, a release K3sUpgrade moved, a
+# new login key stored). Their diffs read this to plan exactly what the up does: the engine diffs
+# them after the join (they wait for its outputs), and they run in the join's provider process (one
+# per node: NodeEndpoint.options). Kept here, not in the join's module: a process that runs only
+# the probe imports no other provider's module.
+_RUNS_AGAIN: dict[str, bool] = {}
+
+
+def record_join_judgement(node: str, runs_again: bool) -> None:
+    """The engine's diff of `node`'s join judged whether this run runs it again."""
+    _RUNS_AGAIN[node] = runs_again
+
+
+def join_runs_again(node: str) -> bool | None:
+    """Whether this run runs `node`'s join again, as the engine's diff of it judged; None when no
+    diff of it ran in this process (then nobody here can tell)."""
+    return _RUNS_AGAIN.get(node)
+
+
+def join_run_as_planned(node: str, olds: Mapping[str, Any], news: dict[str, Any]) -> dict[str, Any]:
+    """`news` of a resource that takes `node`'s `join_run`, as its diff compares them: an unknown
+    `join_run` (the preview of an update of the join) is the recorded one when the join's diff judged
+    that this run does not run the join again, so the preview plans no run the up does not make. A
+    join that runs again, or one nobody here judged, stays unknown: an update is planned."""
+    if "join_run" not in news or is_known(news["join_run"]) or join_runs_again(node) is not False:
+        return news
+    return {**news, "join_run": olds.get("join_run")}
+
+
+def in_update() -> bool:
+    """Whether the calling thread runs a provider's update (its diffs are the update's own
+    questions, not the engine's diff of the resource)."""
+    return _UPDATE_ANSWERS.get() is not None
 
 
 def _state_only_off_host(update: Callable[..., UpdateResult]) -> Callable[..., UpdateResult]:

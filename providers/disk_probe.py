@@ -5,7 +5,9 @@ sync small writes makes every volume with a copy on it slow, so it holds none
 
 It runs at the end of the worker's join and again at every rejoin (its `join_run`
 input is the join's run stamp), when its settings change, and on demand (an `up`
-that replaces it: `ClusterStack.check_disk`, `scripts/hk3s node check-disk`).
+that replaces it: `ClusterStack.check_disk`, `scripts/hk3s node check-disk`). A
+preview plans it where the up runs it: after a rejoin, not after an update of the
+join that does not rejoin (labels, taints, a release, a login key).
 
 A slow disk is recorded as `eligible: false` with the figures, the reason and the
 fix, and the run goes on: the disk decides only whether the worker holds copies, not
@@ -29,12 +31,13 @@ from providers.base import (
     NodeProvider,
     check_connection_inputs,
     diff_inputs,
+    join_run_as_planned,
     progress,
     resource_inputs,
     run_operation,
     ssh_target,
 )
-from providers.inputs import NodeInputs, checkable, known
+from providers.inputs import NodeInputs, checkable, is_known, known
 
 OUTPUTS = (
     "eligible",
@@ -107,7 +110,10 @@ class DiskProbeProvider(NodeProvider):
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # Measured again when the disk path, the threshold or ignore_slow_disk change, and at
-        # every run of the join (join_run): a rejoin may follow a change of the host.
+        # every run of the join (join_run): a rejoin may follow a change of the host. A preview
+        # plans a new measurement only where the join runs again (join_run_as_planned).
+        node = news.get("node") if is_known(news.get("node")) else olds.get("node")
+        news = join_run_as_planned(str(node), olds, news)
         return diff_inputs(olds, news, replace_on=self.replace_on, ignore=DiskProbeInputs.names("recorded_host_key"))
 
     def create(self, props: dict[str, Any]) -> CreateResult:

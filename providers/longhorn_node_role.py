@@ -5,7 +5,8 @@ One per node of a cluster that runs Longhorn: the server's always holds copies; 
 its disk probe's verdict (`holds_copies`: the probe's `eligible`, false for a worker that opted out).
 Applied after Longhorn is installed and the node has joined (and its disk was probed); applied again
 when the verdict changes (an on-demand `check_disk` targets it with the probe) and at every run of
-the worker's join (`join_run`), since a rejoin may follow a Longhorn node made anew. Delete leaves the
+the worker's join (`join_run`), since a rejoin may follow a Longhorn node made anew; a preview plans
+it where the up applies it (not after an update of the join that does not rejoin). Delete leaves the
 Longhorn node as it is: a node that leaves the cluster takes its Longhorn node with it (the removal
 deletes it), and a stack that stops installing Longhorn leaves Longhorn's objects alone.
 """
@@ -20,9 +21,17 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, Resource, UpdateResult
 
 from node_operations.longhorn_node_role import NodeRole, set_node_role
-from providers.base import NodeProvider, check_connection_inputs, diff_inputs, progress, resource_inputs, run_operation
+from providers.base import (
+    NodeProvider,
+    check_connection_inputs,
+    diff_inputs,
+    join_run_as_planned,
+    progress,
+    resource_inputs,
+    run_operation,
+)
 from providers.base import ssh_target as login_target
-from providers.inputs import NodeInputs, checkable, known
+from providers.inputs import NodeInputs, checkable, is_known, known
 from remote_access.kube import API_WAIT_SECONDS
 
 OUTPUTS = ("tags", "allow_scheduling")
@@ -77,7 +86,10 @@ class LonghornNodeRoleProvider(NodeProvider):
         return CheckResult(news, failures)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        # Nothing replaces it: every change is applied in place by the same idempotent patch.
+        # Nothing replaces it: every change is applied in place by the same idempotent patch. A
+        # preview plans it again only where the worker's join runs again (join_run_as_planned).
+        node = news.get("longhorn_node") if is_known(news.get("longhorn_node")) else olds.get("longhorn_node")
+        news = join_run_as_planned(str(node), olds, news)
         return diff_inputs(olds, news, replace_on=(), ignore=LonghornNodeRoleInputs.names("recorded_host_key"))
 
     def create(self, props: dict[str, Any]) -> CreateResult:

@@ -10,6 +10,7 @@ orphaned.
 from __future__ import annotations
 
 import dataclasses
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,12 +31,15 @@ from providers.base import (
     asked_once_per_update,
     check_connection_inputs,
     diff_inputs,
+    in_update,
     other_node,
     pin_recorded_host_key,
     progress,
+    record_join_judgement,
     resource_inputs,
     run_operation,
     ssh_target,
+    state_only_change,
 )
 from providers.inputs import K3sRelease, NodeInputs, NodeLogin, checkable, flat, is_known, known
 from remote_access.kube import API_WAIT_SECONDS, Taint
@@ -159,6 +163,10 @@ def pending_changes(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
     return changed
 
 
+# Set while the engine's diff of a join judges whether it runs again (its own questions to `diff`).
+_JUDGING: ContextVar[bool] = ContextVar("judging_join", default=False)
+
+
 class NodeJoinProvider(NodeProvider):
     """Dynamic provider of `NodeJoin`."""
 
@@ -227,7 +235,35 @@ class NodeJoinProvider(NodeProvider):
             "join_run": datetime.now(UTC).isoformat(timespec="seconds"),
         }
 
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+    def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        if in_update() or _JUDGING.get():
+            return self._diff(olds, news)
+        # The engine's diff: it also records whether the join runs again (join_runs_again).
+        scope = _JUDGING.set(True)
+        try:
+            result = self._diff(olds, news)
+            node = str(news.get("node") if is_known(news.get("node")) else olds.get("node"))
+            record_join_judgement(node, self._runs_again(id_, olds, news, result))
+            return result
+        finally:
+            _JUDGING.reset(scope)
+
+    def _runs_again(self, id_: str, olds: dict[str, Any], news: dict[str, Any], result: DiffResult) -> bool:
+        """Whether the update (or replacement) `result` plans runs the join, by the rules `update`
+        follows: not for a change of state-only inputs, of the release alone, or of labels and
+        taints alone. An input not known yet counts as changed (the join may run). A fenced worker's
+        join, which its update leaves as it is, counts as run: only the update finds the fence."""
+        if not result.changes:
+            return False
+        # A replacement joins anew (the input diff's: a fenced worker's, which its diff turned into
+        # an update, asks no host again here).
+        if not olds.get("state") or self._diff_inputs(olds, news).replaces:
+            return True
+        if state_only_change(self, id_, olds, news) is not None:
+            return False
+        return not (self._release_only(id_, olds, news) or self._metadata_only(id_, olds, news))
+
+    def _diff(self, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         inputs = self._diff_inputs(olds, news)
         if inputs.replaces and olds.get("state") and self._fence_record(olds, news) is not None:
             # A fenced worker's join is not replaced (a replacement would join the host, fighting

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pulumi import automation as auto
 
 from lab import slow_disk
 from lab.hosts import DEFAULT_CACHE_DIR, Host, HostSpec, Lab
@@ -185,8 +186,20 @@ def test_a_rejoin_probes_the_disk_again(cluster: Cluster) -> None:
     cluster.slow.run(["mv", "/etc/systemd/system/k3s-agent.service", "/root/k3s-agent.service.removed"])
     cluster.stack.write_config(config)
     start = len(cluster.stack.log)
+    planned: dict[str, str] = {}
+
+    def record(event: auto.EngineEvent) -> None:
+        step = event.resource_pre_event
+        if step is not None:
+            planned[step.metadata.urn.rsplit("::", 1)[-1]] = str(getattr(step.metadata.op, "value", step.metadata.op))
+
     try:
         cluster.api().refresh(on_output=cluster.stack.log.append)
+        # The preview announces the run the up makes: dp-slow joined and its disk probed again, no
+        # other worker's disk (its join's run stamp is unknown to the preview, the rejoin is not).
+        cluster.stack.preview(on_event=record)
+        probes = {name for name, op in planned.items() if name.endswith("-disk") and op != "same"}
+        assert planned.get("dp-slow-join") == "update" and probes == {"dp-slow-disk"}, planned
         up_or_fail(cluster.stack)
     finally:
         cluster.stack.write_config(cluster.config)
