@@ -9,7 +9,9 @@ each writing into its own Longhorn volume:
 - cur-app's claim is of the program's one-copy class: its copy is on the server;
 - only-app's claim is of a class whose copies follow a tag only fw-w1 carries: its only copy is on
   fw-w1.
-fw-w1's agent stops (its containers keep running, as on k3s). The pods tolerate its unreachable
+First, with every node up: a plain pod gets no answer from Longhorn's manager API, which the
+program's NetworkPolicy holds closed to all but Longhorn's own pods (and is answered without it).
+Then fw-w1's agent stops (its containers keep running, as on k3s). The pods tolerate its unreachable
 taint for 5 s, so the real taint eviction controller deletes them well within the minute a fence
 waits; they stay Terminating, and `status` still lists both workloads stranded on fw-w1 with what a
 fence would decide. A minute after fw-w1 went NotReady it is fenced.
@@ -234,6 +236,116 @@ def cluster(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Cluster:
     for app in ("cur-app", "only-app"):
         wait_until(f"{app} Running on fp-w1", lambda a=app: cluster.running(a) == [w1.name], 240, cluster.diagnose)  # type: ignore[misc]
     return cluster
+
+
+def probe_pod(
+    name: str, namespace: str, node: str, command: str, *, image: str, labels: dict[str, str]
+) -> dict[str, Any]:
+    """A bare pod of the lab's busybox image on `node`, running `command`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {"name": "main", "image": image, "imagePullPolicy": "Never", "command": ["sh", "-c", command]}
+            ],
+        },
+    }
+
+
+# Each second, one request for Longhorn's volume list, its outcome on a line of the log (busybox's
+# wget crashes with -T: the deadline is timeout's).
+ASK = (
+    "while true; do if timeout 3 wget -q -O - http://{ip}:9500/v1/volumes >/tmp/got 2>/tmp/err; "
+    'then echo "answered $(cat /tmp/got)"; else echo "no answer $(tail -1 /tmp/err)"; fi; sleep 1; done'
+)
+
+
+def test_a_plain_pod_gets_no_answer_from_longhorns_manager_api(cluster: Cluster) -> None:
+    """Longhorn's manager API (9500) has no authentication: whoever reaches it can delete volumes
+    or point the backup target elsewhere. The program keeps NetworkPolicies in longhorn-system
+    (components/longhorn_network.py) that let in only Longhorn's own pods (and the namespaces the
+    operator names), enforced by k3s's network-policy controller (the stand-in's, as kube-router
+    does it). Real pods, real containerd and kubelet, pod traffic between two workers over
+    flannel's VXLAN: a manager-like pod (labelled as Longhorn's manager, serving /v1/volumes on
+    9500) on fp-w2; a plain pod in `default` on fp-w1 asks it every second and gets no answer,
+    while a pod in longhorn-system does. With the program's policy deleted by hand, the plain pod
+    is answered (what the policy holds back), and with it back, it is not."""
+    image = pod_hosts.busybox_image()
+    serve = 'mkdir -p /www/v1 && echo \'{"data":["vol-a"]}\' > /www/v1/volumes && exec httpd -f -p 9500 -h /www'
+    manager = probe_pod(
+        "probe-manager", "longhorn-system", cluster.w2.name, serve, image=image, labels={"app": "longhorn-manager"}
+    )
+    cluster.apply("probe-manager", [manager])
+    wait_until(
+        "the manager-like pod running",
+        lambda: (
+            cluster.get("pod", "probe-manager", "-n", "longhorn-system")["status"].get("podIP") is not None
+            and cluster.get("pod", "probe-manager", "-n", "longhorn-system")["status"].get("phase") == "Running"
+        ),
+        120,
+        cluster.diagnose,
+    )
+    ip = cluster.get("pod", "probe-manager", "-n", "longhorn-system")["status"]["podIP"]
+    ask = ASK.format(ip=ip)
+    cluster.apply(
+        "probe-askers",
+        [
+            probe_pod("probe-intruder", "default", cluster.w1.name, ask, image=image, labels={"probe": "intruder"}),
+            probe_pod("probe-own", "longhorn-system", cluster.w1.name, ask, image=image, labels={"probe": "own"}),
+        ],
+    )
+
+    def log(name: str, namespace: str) -> list[str]:
+        found = cluster.server.run(
+            [K3S, "kubectl", "logs", name, "-n", namespace, "--tail", "3"], check=False, timeout=60
+        ).stdout
+        return found.strip().splitlines()
+
+    def answered(name: str, namespace: str) -> bool:
+        return any(line.startswith("answered") and "vol-a" in line for line in log(name, namespace))
+
+    try:
+        # Longhorn's own pods are let in: the manager serves, and the path between the workers works.
+        def logs() -> str:
+            asked = (("probe-own", "longhorn-system"), ("probe-intruder", "default"))
+            return "\n".join(f"{n}: {log(n, ns)}" for n, ns in asked) + "\n" + cluster.diagnose()
+
+        wait_until("a pod in longhorn-system answered", lambda: answered("probe-own", "longhorn-system"), 120, logs)
+        # The plain pod has asked for several seconds by now, each time with no answer.
+        wait_until("the plain pod's requests logged", lambda: len(log("probe-intruder", "default")) >= 3, 60)
+        refused = log("probe-intruder", "default")
+        assert all(line.startswith("no answer") for line in refused), refused
+        # Without the program's policy, the same requests are answered: the policy is what holds them.
+        policy = cluster.get("networkpolicy", "hk3s-longhorn-manager", "-n", "longhorn-system")
+        cluster.kubectl("delete", "networkpolicy", "hk3s-longhorn-manager", "-n", "longhorn-system")
+        wait_until("the plain pod answered with no policy", lambda: answered("probe-intruder", "default"), 60)
+        kept = {k: policy[k] for k in ("apiVersion", "kind", "spec")}
+        kept["metadata"] = {
+            k: policy["metadata"][k] for k in ("name", "namespace", "labels", "annotations") if k in policy["metadata"]
+        }
+        cluster.apply("probe-policy", [kept])
+        wait_until(
+            "the plain pod refused again with the policy back",
+            lambda: all(line.startswith("no answer") for line in log("probe-intruder", "default")[-2:]),
+            60,
+        )
+    finally:
+        # Gone before the next test, which reads every pod on fp-w1 as one of its workloads'.
+        cluster.kubectl("delete", "pod", "probe-intruder", "-n", "default", "--ignore-not-found", "--timeout=45s")
+        cluster.kubectl(
+            "delete",
+            "pod",
+            "probe-own",
+            "probe-manager",
+            "-n",
+            "longhorn-system",
+            "--ignore-not-found",
+            "--timeout=45s",
+        )
 
 
 def test_status_lists_the_workloads_stranded_on_a_worker_after_kubernetes_evicted_their_pods(
