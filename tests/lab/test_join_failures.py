@@ -656,11 +656,12 @@ def test_a_run_killed_after_the_binary_swap_restarts_k3s_when_resumed(lab: Lab, 
     assert killed.returncode != 0 and "result service" not in killed.stdout, killed.stdout
     assert running_executable().endswith("(deleted)")
 
-    async def resume() -> dict[str, str]:
+    async def resume(config: str | None) -> dict[str, str]:
+        """The program's install on the host, as the run that resumes the killed one makes it."""
         async with open_session(target(lab, host)) as session:
-            return await install_k3s(session, "server", wanted, None, lambda _line: None)
+            return await install_k3s(session, "server", wanted, config, lambda _line: None)
 
-    results = asyncio.run(resume())
+    results = asyncio.run(resume(None))
     assert results.get("binary") == "unchanged", results
     assert results.get("service") == "restarted", results
 
@@ -693,11 +694,7 @@ def test_a_run_killed_after_the_binary_swap_restarts_k3s_when_resumed(lab: Lab, 
     assert host.run(["cat", "/etc/rancher/k3s/config.yaml"]).stdout == config
     before = host.run(["systemctl", "show", "-p", "MainPID", "--value", "k3s"]).stdout.strip()
 
-    async def resume_config() -> dict[str, str]:
-        async with open_session(target(lab, host)) as session:
-            return await install_k3s(session, "server", wanted, config, lambda _line: None)
-
-    results = asyncio.run(resume_config())
+    results = asyncio.run(resume(config))
     assert results.get("config") == "unchanged", results
     assert results.get("service") == "restarted", results
     wait_until(
