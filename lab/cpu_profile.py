@@ -33,6 +33,8 @@ from typing import Any
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SAMPLE_SECONDS = 1.0
+#: How many commands the CI profile lists, the costliest first.
+COMMANDS_REPORTED = 40
 CONTROL_PLANE = ("kube-apiserver", "kine", "kube-controller", "kube-scheduler")
 
 
@@ -86,6 +88,22 @@ def classify(comm: str, cmdline: str, foreign_namespace: bool) -> str:
     if foreign_namespace or comm == "systemd-nspawn":
         return "lab_hosts"
     return "other"
+
+
+def command_label(comm: str, cmdline: str) -> str:
+    """What a process is, for the per-command list: its comm, and for Python what it runs
+    (`python -m pip`, the program, a dynamic provider, pytest), all of which are "python"."""
+    if not comm.startswith("python"):
+        return comm
+    words = cmdline.split()
+    if "pulumi-language-python-exec" in cmdline:
+        return "python: the Pulumi program"
+    if "pulumi.dynamic" in words:
+        return "python: dynamic providers"
+    if "-m" in words[:-1]:
+        return f"python -m {words[words.index('-m') + 1]}"
+    scripts = [Path(word).name for word in words[1:] if not word.startswith("-")]
+    return f"{comm} {scripts[0]}" if scripts else comm
 
 
 class CpuProfile:
@@ -267,6 +285,10 @@ class Accountant:
         self.counted: dict[tuple[int, int], float] = defaultdict(float)
         self.owed: dict[tuple[int, int], float] = defaultdict(float)
         self.totals: dict[tuple[str, str], float] = defaultdict(float)
+        # What each process runs (its comm); a child's time that reaches the profile only
+        # through its parent's waited-for children counts under the parent's command.
+        self.commands: dict[tuple[int, int], str] = {}
+        self.by_command: dict[str, float] = defaultdict(float)
         self.profiler_seconds = 0.0
 
     def _charge(self, ident: tuple[int, int], seconds: float, at: float) -> None:
@@ -280,6 +302,7 @@ class Accountant:
         # A pytest process itself is charged to the module it runs now.
         key = self.key[ident] if worker is None else charge_key(worker, self.key[ident][1], self.timeline, at)
         self.totals[key] += seconds
+        self.by_command[self.commands.get(ident, "?")] += seconds
 
     def sample(self, at: float, processes: Mapping[tuple[int, int], tuple[float, float, int, str | None, str]]) -> None:
         """PROCESSES: (pid, start ticks) -> (own s, children s, ppid, account in its environment, group)."""
@@ -365,6 +388,7 @@ class Accountant:
             },
             "other_accounts_cpu_seconds_by_group": {name: rounded(groups) for name, groups in sorted(rest.items())},
             "profiler_cpu_seconds": round(self.profiler_seconds, 1),
+            "cpu_seconds_by_command": dict(list(rounded(self.by_command).items())[:COMMANDS_REPORTED]),
         }
 
 
@@ -391,6 +415,9 @@ class CiProfile:
                 if group is None:
                     continue
                 self.known[ident] = (_environ_account(pid), group)
+                self.accountant.commands[ident] = command_label(
+                    _read(entry / "comm").strip(), _read(entry / "cmdline").replace("\0", " ")
+                )
             account, group = self.known[ident]
             snapshot[ident] = (own, children, ppid, account, group)
         self.accountant.sample(time.monotonic(), snapshot)

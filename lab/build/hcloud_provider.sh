@@ -53,7 +53,7 @@ esac
 
 [[ -f $SRC/go.mod ]] || die "no Go module at $SRC"
 # -mod=readonly: go.mod and go.sum are the pins; a build never rewrites them.
-go_environment "-buildvcs=false -modcacherw -mod=readonly"
+go_environment "-buildvcs=false -modcacherw -mod=readonly" unoptimized
 
 source_hash() {
   (

@@ -64,7 +64,7 @@ esac
 
 [[ -x $BIN/pulumi ]] || die "no Pulumi CLI at $BIN/pulumi: run lab/build/pulumi.sh first"
 # -modcacherw: module cache files stay writable, so the cache dir can simply be deleted.
-go_environment "-buildvcs=false -modcacherw"
+go_environment "-buildvcs=false -modcacherw" unoptimized
 
 stamp_content() {
   printf 'provider=%s@%s\nsdk-go=%s\nversion=%s\nregistered-as=%s\ngo=%s\nrecipe=%s\nconstruct=%s\n' \

@@ -34,7 +34,7 @@ case "${1:-}" in
   *) echo "usage: $0 [--force]" >&2; exit 2 ;;
 esac
 
-go_environment "-buildvcs=false -modcacherw"
+go_environment "-buildvcs=false -modcacherw" unoptimized
 
 stamp_content() {
   printf 'versitygw=%s\ngo=%s\nrecipe=%s\n' "$VERSITYGW_VERSION" "$GO_VERSION" "$RECIPE"

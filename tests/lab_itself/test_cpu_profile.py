@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.cpu_profile import ACCOUNT_VAR, EVENTS_VAR, Accountant, CpuProfile, ModuleTimeline, classify
+from lab.cpu_profile import ACCOUNT_VAR, EVENTS_VAR, Accountant, CpuProfile, ModuleTimeline, classify, command_label
 
 # 1.5 s of CPU, then alive past the next sample: a process is counted up to its last sample.
 BUSY = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass\ntime.sleep(2.5)\n"
@@ -38,6 +38,15 @@ def test_processes_are_grouped_by_what_they_are() -> None:
     assert classify("sshd", "sshd: root@notty", True) == "lab_hosts"
     assert classify("systemd-nspawn", "systemd-nspawn --boot", False) == "lab_hosts"
     assert classify("bash", "bash", False) == "other"
+
+
+def test_the_per_command_list_tells_pythons_apart_by_what_they_run() -> None:
+    assert command_label("python", "/repo/venv/bin/python -m pip list -v --format json") == "python -m pip"
+    assert command_label("python", "/p/venv/bin/python -u -m pulumi.dynamic 127.0.0.1:1") == "python: dynamic providers"
+    program = "/repo/venv/bin/python /cache/bin/pulumi-language-python-exec --monitor 127.0.0.1:2 /repo"
+    assert command_label("python", program) == "python: the Pulumi program"
+    assert command_label("python3", "/usr/bin/python3 /usr/bin/cloud-init status") == "python3 cloud-init"
+    assert command_label("kubectl", "kubectl get nodes -o json") == "kubectl"
 
 
 # ---- The CI profile's attribution (lab/cpu_profile.py's Accountant), on made-up /proc snapshots.
@@ -94,6 +103,9 @@ def test_a_short_lived_child_is_counted_once_through_its_parent() -> None:
     accountant.sample(13.0, {worker: (0.0, 1.2, 1, None, "other")})
     report = accountant.report()
     assert report["test_modules_cpu_seconds"]["tests/lab/test_a.py"] == pytest.approx(1.2)
+    # Both children's time reached the profile through the worker: it counts under the worker's
+    # command (unknown here: made-up snapshots name none).
+    assert report["cpu_seconds_by_command"] == {"?": pytest.approx(1.2)}
 
 
 def test_only_time_spent_during_the_profile_counts_and_the_rest_is_unattributed_by_group() -> None:
