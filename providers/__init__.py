@@ -55,26 +55,39 @@ _HOMES = {
     "NodeJoinProvider": "node_join",
 }
 
-# Every provider class, by name; the pickling test walks `ALL_PROVIDERS`, built from this.
-_ALL_PROVIDER_NAMES = (
-    "ConnectivityCheckProvider",
-    "DiskProbeProvider",
-    "HostFirewallProvider",
-    "HostProbeProvider",
-    "K3sServerProvider",
-    "K3sUpgradeProvider",
-    "NetworkPlanProvider",
-    "NetworkRangesProvider",
-    "NodeFenceProvider",
-    "NodeJoinProvider",
-    "NodeLoginKeyProvider",
-    "RetiredLoginKeysProvider",
-)
+# Every provider class, by name, and the module it lives in; the pickling test walks
+# `ALL_PROVIDERS`, built from this, and checks that no provider class of the package is missing.
+_ALL_PROVIDER_HOMES = {
+    "BootstrapFirewallReleaseProvider": "bootstrap_firewall",
+    "ConnectivityCheckProvider": "connectivity_check",
+    "CopiesOfferProvider": "copies_offer",
+    "DiskProbeProvider": "disk_probe",
+    "HostFirewallProvider": "host_firewall",
+    "HostKeyPairProvider": "host_key_pair",
+    "HostProbeProvider": "host_probe",
+    "K3sServerProvider": "k3s_server",
+    "K3sUpgradeProvider": "k3s_upgrade",
+    "LonghornNodeRoleProvider": "longhorn_node_role",
+    "NetworkPlanProvider": "network_plan",
+    "NetworkRangesProvider": "network_ranges",
+    "NodeAccessCheckProvider": "node_access_check",
+    "NodeFenceProvider": "node_fence",
+    "NodeJoinProvider": "node_join",
+    "NodeLoginKeyProvider": "login_key",
+    "ProjectSshKeyProvider": "project_ssh_key",
+    "RetiredLoginKeysProvider": "login_key",
+    "StackIdentityProvider": "stack_identity",
+    "TeardownGuardProvider": "teardown_guard",
+    "WorkerRosterProvider": "worker_roster",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name == "ALL_PROVIDERS":
-        value: Any = tuple(__getattr__(provider) for provider in _ALL_PROVIDER_NAMES)
+        value: Any = tuple(
+            getattr(importlib.import_module(f"providers.{home}"), provider)
+            for provider, home in _ALL_PROVIDER_HOMES.items()
+        )
     elif name in _HOMES:
         value = getattr(importlib.import_module(f"providers.{_HOMES[name]}"), name)
     else:
