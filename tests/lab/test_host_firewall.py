@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import re
 import socket
 import time
@@ -37,12 +38,14 @@ from node_operations.host_firewall.operator_firewall import OperatorFirewallRepo
 from node_operations.host_firewall.plan import FirewallError, NodeFirewallPlan
 from providers.host_firewall import HostFirewallProvider
 from remote_access.ssh import SshTarget, open_session
+from tests.vxlan_forgery import UDP_LOG, VXLAN_SEND
 
 pytestmark = pytest.mark.lab
 
 TCP_PORTS = (22, 6443, 8888, 9100, 10250, 30080)
 UDP_PORTS = (8472, 30080, 51820)
 LISTENER_LOG = "/run/hk3s-test-listener.log"
+LISTENER_UNIT = "hk3s-test-listener"
 PROBE_TIMEOUT = 2.0
 # k3s's default pod and Service networks (hk3s:cluster.pod_cidr and service_cidr).
 CLUSTER_NETWORKS = ("10.42.0.0/16", "10.43.0.0/16")
@@ -90,13 +93,14 @@ for _ in range(2):
 def start_listener(host: Host) -> None:
     """TCP listeners on every probed port but 22 (sshd has it), UDP listeners logging each datagram."""
     (host.root / "root/listener.py").write_text(LISTENER)
-    host.run("systemctl stop hk3s-test-listener 2>/dev/null; rm -f " + LISTENER_LOG, check=False)
+    # A new unit name each time: a stopped transient unit can stay loaded (its name taken) a while.
+    host.run(f"systemctl stop '{LISTENER_UNIT}*' 2>/dev/null; rm -f {LISTENER_LOG}", check=False)
     tcp = ",".join(str(port) for port in TCP_PORTS if port != 22)
     udp = ",".join(str(port) for port in UDP_PORTS)
     host.run(
         [
             "systemd-run",
-            "--unit=hk3s-test-listener",
+            f"--unit={LISTENER_UNIT}-{uuid.uuid4().hex[:8]}",
             "--collect",
             "python3",
             "/root/listener.py",
@@ -224,14 +228,14 @@ class Cluster:
     def peers(self) -> dict[str, str]:
         return {host.name: str(host.private_ip) for host in self.members}
 
-    def plan(self, host: Host) -> NodeFirewallPlan:
+    def plan(self, host: Host, pod_network: Literal["wireguard", "vxlan"] = "wireguard") -> NodeFirewallPlan:
         role: Literal["server", "worker"] = "server" if host is self.server else "worker"
         rules = inbound_rules(
             role=role,
             node=host.name,
             peers=self.peers(),
             server=self.server.name,
-            pod_network="wireguard",
+            pod_network=pod_network,
             # The root namespace plays the operator's laptop.
             operator_access=[f"{self.lab.public_gateway}/32"],
         )
@@ -243,8 +247,8 @@ class Cluster:
             node_addresses=tuple(sorted(self.peers().values())),
         )
 
-    def jobs(self) -> list[NodeFirewallJob]:
-        return [NodeFirewallJob(ssh_target(self.lab, host), self.plan(host)) for host in self.members]
+    def jobs(self, pod_network: Literal["wireguard", "vxlan"] = "wireguard") -> list[NodeFirewallJob]:
+        return [NodeFirewallJob(ssh_target(self.lab, host), self.plan(host, pod_network)) for host in self.members]
 
     def props(self, host: Host) -> dict[str, Any]:
         """A HostFirewall resource's inputs, as FirewallRules builds them."""
@@ -267,8 +271,8 @@ class Cluster:
         }
 
 
-def apply_all(cluster: Cluster) -> dict[str, Any]:
-    result = asyncio.run(apply_firewalls(cluster.jobs()))
+def apply_all(cluster: Cluster, pod_network: Literal["wireguard", "vxlan"] = "wireguard") -> dict[str, Any]:
+    result = asyncio.run(apply_firewalls(cluster.jobs(pod_network)))
     assert not result.failed, result.failed
     return dict(result.applied)
 
@@ -823,6 +827,88 @@ def test_create_adopts_and_outputs_backend_and_rule_count(cluster: Cluster) -> N
     # A create retried after a crash adopts what is there: same count, nothing doubled.
     again = provider.create(cluster.props(cluster.ufw))
     assert outs(again)["rule_count"] == outs(outcomes["fw-ufw"])["rule_count"]
+
+
+VXLAN_LOG = "/run/hk3s-test-vxlan.log"
+VXLAN_PORT = 9999
+
+
+def flannel_like_device(host: Host, subnet: int, peer_subnet: int) -> str:
+    """flannel.1 as flannel's vxlan backend makes it (VNI 1, port 8472, the node's private address
+    as local, the node's pod subnet's .0 on it, a peer's pod subnet routed onlink through it);
+    returns its MAC. The kernel's reverse-path filter is off on it, so the firewall alone decides."""
+    host.run(f"systemctl stop '{LISTENER_UNIT}*'", check=False)  # it holds 8472/udp, which the device needs
+    host.run(
+        f"ip link add flannel.1 type vxlan id 1 local {host.private_ip} dstport 8472 nolearning && "
+        f"ip addr add 10.42.{subnet}.0/32 dev flannel.1 && ip link set flannel.1 up && "
+        f"ip route add 10.42.{peer_subnet}.0/24 via 10.42.{peer_subnet}.0 dev flannel.1 onlink"
+    )
+    # The host's /proc/sys is read-only inside it; its network namespace's settings are set from outside.
+    host.netns_run(["sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.flannel/1.rp_filter=0"])
+    (host.root / "root/vxlan_log.py").write_text(UDP_LOG)
+    log_unit = ["systemd-run", "--unit=hk3s-test-vxlan-log", "--collect", "python3", "/root/vxlan_log.py"]
+    host.run([*log_unit, str(VXLAN_PORT), VXLAN_LOG])
+    deadline = time.monotonic() + 10
+    while f":{VXLAN_PORT} " not in host.run(["ss", "-Huln"]).stdout:
+        assert time.monotonic() < deadline, f"{host.name}: the VXLAN log listener did not come up"
+        time.sleep(0.1)
+    return str(json.loads(host.run(["ip", "-j", "link", "show", "flannel.1"]).stdout)[0]["address"])
+
+
+def test_a_forged_vxlan_packet_from_the_segment_reaches_no_node_on_any_backend(cluster: Cluster) -> None:
+    """With `pod_network: vxlan`, 8472/udp is open to the peers' addresses only, but VXLAN has no
+    authentication and an outer source is easy to forge on the nodes' segment: fw-out (on the
+    private network, never a peer) sends VXLAN packets whose outer source is the server's address,
+    so each node's firewall lets them in on 8472 and the kernel decapsulates them on flannel.1. Inner
+    packets from fw-out's own address (answered straight back to it, were they let in) and from the
+    node's own pod subnet (which never arrives over flannel.1) reach no listener on the UFW, the
+    firewalld and the nftables node; a packet from a peer's pod subnet, routed back out of
+    flannel.1, still does (so the forged packets are well made and the path works). The rule is on
+    the source and interface, whatever the protocol: a SYN to sshd from the same forged packet
+    meets the same drop. Real lab hosts, real kernel VXLAN devices made as flannel makes them, the
+    program's real firewall on each backend (applied through SSH as the join applies it)."""
+    targets = [cluster.ufw, cluster.firewalld, cluster.nft]
+    rp_filter = {t.name: t.netns_run(["sysctl", "-n", "net.ipv4.conf.all.rp_filter"]).stdout.strip() for t in targets}
+    apply_all(cluster, "vxlan")
+    try:
+        macs = {
+            target.name: flannel_like_device(target, subnet=10 + index, peer_subnet=1)
+            for index, target in enumerate(targets)
+        }
+
+        def forge(target: Host, inner_src: str, token: str) -> None:
+            index = targets.index(target)
+            argv = ["python3", "-c", VXLAN_SEND, str(cluster.server.private_ip), str(target.private_ip)]
+            argv += [macs[target.name], inner_src, f"10.42.{10 + index}.0", str(VXLAN_PORT), token]
+            cluster.outsider.run(argv, timeout=30)
+
+        for index, target in enumerate(targets):
+            forge(target, "10.42.1.5", f"from-a-pod-{target.name}")  # what flannel carries: passes
+            forge(target, str(cluster.outsider.private_ip), f"from-the-outsider-{target.name}")
+            forge(target, f"10.42.{10 + index}.7", f"own-subnet-{target.name}")
+
+        def received(target: Host) -> str:
+            return target.run(["cat", VXLAN_LOG], check=False).stdout
+
+        for target in targets:
+            deadline = time.monotonic() + 10
+            while f"from-a-pod-{target.name}" not in received(target):
+                assert time.monotonic() < deadline, (
+                    f"{target.name}: a pod-network packet over VXLAN did not arrive (the set-up is wrong): "
+                    + target.run(["nft", "list", "ruleset"], check=False).stdout[-3000:]
+                )
+                time.sleep(0.2)
+        time.sleep(0.5)
+        for target in targets:
+            log = received(target)
+            assert f"from-the-outsider-{target.name}" not in log, (target.name, log)
+            assert f"own-subnet-{target.name}" not in log, (target.name, log)
+    finally:
+        for target in targets:
+            target.run("systemctl stop hk3s-test-vxlan-log; ip link del flannel.1; rm -f " + VXLAN_LOG, check=False)
+            target.netns_run(["sysctl", "-qw", f"net.ipv4.conf.all.rp_filter={rp_filter[target.name]}"], check=False)
+            start_listener(target)
+        apply_all(cluster)
 
 
 # --------------------------------------------------------------------------- operator-run firewalls
