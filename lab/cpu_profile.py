@@ -33,6 +33,8 @@ from typing import Any
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SAMPLE_SECONDS = 1.0
+#: The speed probe's work: about 2 CPU seconds of one core on the lab's machine on a good day.
+SPEED_PROBE_ROUNDS = 3_000_000
 #: How many commands the CI profile lists, the costliest first.
 COMMANDS_REPORTED = 40
 CONTROL_PLANE = ("kube-apiserver", "kine", "kube-controller", "kube-scheduler")
@@ -444,6 +446,18 @@ class CiProfile:
         }
 
 
+def speed_probe_seconds(rounds: int = SPEED_PROBE_ROUNDS) -> float:
+    """The CPU seconds one core takes for a fixed piece of pure-Python work (hashing and integer
+    arithmetic). Wall times of runs on shared machines are only comparable with the machine's speed
+    beside them: the same cold run took 3269 s one day and 4739 s three sessions later on the
+    "same" 2-core machine."""
+    started = time.process_time()
+    value = 0
+    for index in range(rounds):
+        value = (value * 31 + hash((index, value & 0xFFFF))) & 0xFFFFFFFF
+    return round(time.process_time() - started, 3)
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m lab.cpu_profile ci --out FILE --events FILE`: profiles until SIGTERM or SIGINT,
     then writes the report to FILE."""
@@ -456,6 +470,8 @@ def main(argv: list[str] | None = None) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     report = CiProfile(args.events).run(stop)
+    # After the run (the sampler must start at once), when the machine has quieted down.
+    report["speed_probe_cpu_seconds"] = speed_probe_seconds()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
 

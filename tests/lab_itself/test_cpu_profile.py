@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from lab.cpu_profile import ACCOUNT_VAR, EVENTS_VAR, Accountant, CpuProfile, ModuleTimeline, classify, command_label
+from lab.cpu_profile import (
+    ACCOUNT_VAR,
+    EVENTS_VAR,
+    Accountant,
+    CpuProfile,
+    ModuleTimeline,
+    classify,
+    command_label,
+    speed_probe_seconds,
+)
 
 # 1.5 s of CPU, then alive past the next sample: a process is counted up to its last sample.
 BUSY = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass\ntime.sleep(2.5)\n"
@@ -38,6 +47,11 @@ def test_processes_are_grouped_by_what_they_are() -> None:
     assert classify("sshd", "sshd: root@notty", True) == "lab_hosts"
     assert classify("systemd-nspawn", "systemd-nspawn --boot", False) == "lab_hosts"
     assert classify("bash", "bash", False) == "other"
+
+
+def test_the_speed_probe_counts_cpu_time_that_grows_with_its_work() -> None:
+    small, large = speed_probe_seconds(100_000), speed_probe_seconds(800_000)
+    assert 0 < small < large
 
 
 def test_the_per_command_list_tells_pythons_apart_by_what_they_run() -> None:
