@@ -27,32 +27,20 @@ if TYPE_CHECKING:
 
     ALL_PROVIDERS: tuple[type, ...]
 
-# Where each exported name lives.
+# Where each exported resource lives (each provider class: _ALL_PROVIDER_HOMES below).
 _HOMES = {
     "ConnectivityCheck": "connectivity_check",
-    "ConnectivityCheckProvider": "connectivity_check",
     "DiskProbe": "disk_probe",
-    "DiskProbeProvider": "disk_probe",
     "HostFirewall": "host_firewall",
-    "HostFirewallProvider": "host_firewall",
     "HostProbe": "host_probe",
-    "HostProbeProvider": "host_probe",
     "K3sServer": "k3s_server",
-    "K3sServerProvider": "k3s_server",
     "K3sUpgrade": "k3s_upgrade",
-    "K3sUpgradeProvider": "k3s_upgrade",
     "NodeLoginKey": "login_key",
-    "NodeLoginKeyProvider": "login_key",
     "RetiredLoginKeys": "login_key",
-    "RetiredLoginKeysProvider": "login_key",
     "NetworkPlan": "network_plan",
-    "NetworkPlanProvider": "network_plan",
     "NetworkRanges": "network_ranges",
-    "NetworkRangesProvider": "network_ranges",
     "NodeFence": "node_fence",
-    "NodeFenceProvider": "node_fence",
     "NodeJoin": "node_join",
-    "NodeJoinProvider": "node_join",
 }
 
 # Every provider class, by name, and the module it lives in; the pickling test walks
@@ -84,12 +72,10 @@ _ALL_PROVIDER_HOMES = {
 
 def __getattr__(name: str) -> Any:
     if name == "ALL_PROVIDERS":
-        value: Any = tuple(
-            getattr(importlib.import_module(f"providers.{home}"), provider)
-            for provider, home in _ALL_PROVIDER_HOMES.items()
-        )
-    elif name in _HOMES:
-        value = getattr(importlib.import_module(f"providers.{_HOMES[name]}"), name)
+        value: Any = tuple(__getattr__(provider) for provider in _ALL_PROVIDER_HOMES)
+    elif name in _HOMES or name in _ALL_PROVIDER_HOMES:
+        home = _HOMES.get(name) or _ALL_PROVIDER_HOMES[name]
+        value = getattr(importlib.import_module(f"providers.{home}"), name)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
@@ -97,7 +83,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOMES, "ALL_PROVIDERS"])
+    return sorted([*globals(), *_HOMES, *_ALL_PROVIDER_HOMES, "ALL_PROVIDERS"])
 
 
 __all__ = [

@@ -409,7 +409,7 @@ class Lab:
             key = ssh_dir / f"ssh_host_{key_type}_key"
             if not key.exists():
                 _run(["ssh-keygen", "-q", "-t", key_type, "-N", "", "-C", f"root@{host.name}", "-f", key])
-        ed25519 = (host.root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().strip()
+        ed25519 = (ssh_dir / "ssh_host_ed25519_key.pub").read_text().strip()
         host.ssh_host_public_key = ed25519
         host.ssh_host_key_fingerprint = _key_fingerprint(ed25519)
         self._write_known_hosts()
