@@ -17,7 +17,7 @@ from lab.hosts import Host, HostSpec, Lab
 from lab.stack_harness import LabStack, base_config, run_cli, skip_without_lab_binaries, wait_until
 from lab.stack_processes import StackProcess, end_processes, processes_under
 from node_operations.host_facts import read_host_facts
-from remote_access.ssh import SshError, SshTarget
+from remote_access.ssh import FirstContact, SshError, SshTarget
 
 pytestmark = pytest.mark.lab
 LATE_ADDRESS = "10.99.0.7"
@@ -65,6 +65,13 @@ if [ -e {BOOTING_MARKER} ]; then echo "status: running"; else echo "status: done
 """
 
 
+# A booting host's cloud-init has left neither marker the probe reads before asking it
+# (/run/cloud-init/result.json, written when its last stage ends; /run/cloud-init/disabled,
+# written by its generator when it is off, as on a plain lab host): both are moved aside.
+MARKERS_ASIDE = "for m in result.json disabled; do [ ! -e /run/cloud-init/$m ] || mv /run/cloud-init/$m /run/cloud-init/$m.aside; done"
+MARKERS_BACK = "for m in result.json disabled; do [ ! -e /run/cloud-init/$m.aside ] || mv /run/cloud-init/$m.aside /run/cloud-init/$m; done"
+
+
 def ssh_logins(host: Host) -> list[str]:
     """The SSH connections the host has open (read inside it, not over SSH)."""
     out = host.run(["ss", "-Htn", "state", "established", "( sport = :22 )"]).stdout
@@ -77,6 +84,7 @@ def test_a_killed_up_leaves_no_process_and_no_login_behind(lab: Lab, host: Host,
     cloud_init.write_text(BOOTING_CLOUD_INIT)
     cloud_init.chmod(0o755)
     host.run(["touch", BOOTING_MARKER])
+    host.run(MARKERS_ASIDE)
     stack = LabStack(tmp_path)
     try:
         stack.write_config(base_config(lab, host, []))
@@ -106,4 +114,35 @@ def test_a_killed_up_leaves_no_process_and_no_login_behind(lab: Lab, host: Host,
         wait_until("the host sees no login of the killed run", lambda: not ssh_logins(host), timeout=10)
     finally:
         host.run(["rm", "-f", BOOTING_MARKER, ASKED, "/usr/local/bin/cloud-init"])
+        host.run(MARKERS_BACK)
         end_processes(processes_under(stack.directory))  # the language host, and any failure's leftovers
+
+
+def test_first_contact_with_a_booted_host_reads_cloud_inits_markers_not_its_status(lab: Lab, host: Host) -> None:
+    """`cloud-init status` is a Python program (half a CPU-second a call): the first contact
+    asks it only while neither of the markers of a finished or disabled cloud-init exists."""
+    assert host.public_ip
+    cloud_init = host.root / "usr/local/bin/cloud-init"
+    cloud_init.write_text(BOOTING_CLOUD_INIT)
+    cloud_init.chmod(0o755)
+    target = SshTarget(node=host.name, address=host.public_ip, private_key=lab.ssh_private_key_path.read_text())
+    lines: list[str] = []
+    contact = FirstContact(seconds=60, progress=lines.append)
+    try:
+        # A plain lab host: its generator left cloud-init out of the boot and said so.
+        assert host.run(["test", "-e", "/run/cloud-init/disabled"], check=False).returncode == 0
+        asyncio.run(read_host_facts(target, first_contact=contact))
+        assert host.run(["cat", ASKED], check=False).stdout == "", "asked cloud-init with its marker present"
+        # Finished: result.json, the disabled marker gone.
+        host.run(MARKERS_ASIDE)
+        host.run(["sh", "-c", 'echo \'{"v1": {"errors": []}}\' > /run/cloud-init/result.json'])
+        asyncio.run(read_host_facts(target, first_contact=contact))
+        assert host.run(["cat", ASKED], check=False).stdout == "", "asked cloud-init with result.json present"
+        # Neither marker: the status decides (the fake says done), and it was asked.
+        host.run(["rm", "-f", "/run/cloud-init/result.json"])
+        asyncio.run(read_host_facts(target, first_contact=contact))
+        assert "status" in host.run(["cat", ASKED]).stdout
+        assert not any("waiting for cloud-init" in line for line in lines)
+    finally:
+        host.run(["rm", "-f", ASKED, "/usr/local/bin/cloud-init"])
+        host.run(MARKERS_BACK)
