@@ -44,7 +44,7 @@ readonly PULUMI_VERSION="v3.276.0"
 # python3 from PATH), so point PULUMI_PYTHON_CMD at the project's venv python.
 readonly PYTHON_HOST_SDK_VERSION="v3.79.0"
 # Bump when the build recipe (flags, layout) changes so cached binaries are redone.
-readonly RECIPE=1
+readonly RECIPE=2
 
 readonly TOOLS="$CACHE/src/pulumi-tools"
 readonly STAMP="$BIN/.pulumi-stamp"
@@ -165,6 +165,42 @@ python_host_module() {
     github.com/pulumi/pulumi/sdk/v3/python/cmd/pulumi-language-python \
     "github.com/pulumi/pulumi/sdk/v3@$PYTHON_HOST_SDK_VERSION"
 }
+# The CLI's start, lazier. Every `pulumi` command (version, stack select, stack output, up...)
+# runs the init functions of everything linked in, ~190 ms of CPU before it does anything, and
+# 111 ms of that (GODEBUG=inittrace=1) is github.com/ccojocar/zxcvbn-go decoding its word lists
+# (frequency: 75 ms; matching: 36 ms) for the one command that uses them: `pulumi config set`
+# of a plaintext value whose key looks like a secret's (cmd/pulumi/config looksLikeSecret, and
+# `esc env set`). A lab run starts the CLI thousands of times. The build replaces that module with
+# a copy whose two tables are built on first use instead: frequency's init becomes a function
+# run once by frequency.Load(), matching's init no longer builds its matchers (its Omnimatch
+# already builds them when they are missing) and its builder loads the lists first. The
+# adjacency graphs stay eager: entropy's package variables read them during init. Same
+# results; tests/lab_itself/test_pulumi_cli.py checks the heuristic on the built CLI.
+lazy_word_lists() {
+  local module dir frequency matching
+  module=$(go -C "$TOOLS/cli" list -m -f '{{.Path}}@{{.Version}} {{.Dir}}' github.com/ccojocar/zxcvbn-go) \
+    || die "the CLI no longer depends on github.com/ccojocar/zxcvbn-go: drop lazy_word_lists"
+  dir=${module#* }
+  rm -rf "$TOOLS/zxcvbn-lazy"
+  cp -R "$dir" "$TOOLS/zxcvbn-lazy"
+  chmod -R u+w "$TOOLS/zxcvbn-lazy"
+  frequency="$TOOLS/zxcvbn-lazy/frequency/frequency.go"
+  matching="$TOOLS/zxcvbn-lazy/matching/matching.go"
+  grep -q '^func init() {$' "$frequency" || die "${module% *}: frequency.go has no init to defer"
+  sed -i 's/^func init() {$/func loadLists() {/' "$frequency"
+  printf '%s\n' '// Written by hk3s lab/build/pulumi.sh: the word lists, decoded on first use.' \
+    'package frequency' '' 'import "sync"' '' 'var listsOnce sync.Once' '' \
+    '// Load decodes the lists into Lists, once.' 'func Load() { listsOnce.Do(loadLists) }' \
+    >"$TOOLS/zxcvbn-lazy/frequency/lazy.go"
+  if ! grep -q '^	loadFrequencyList()$' "$matching" || ! grep -q '^func loadFrequencyList() {$' "$matching"; then
+    die "${module% *}: matching.go no longer builds its matchers in init through loadFrequencyList"
+  fi
+  sed -i -e '/^func init() {$/,/^}$/ s/^	loadFrequencyList()$/	\/\/ built on first use (Omnimatch)/' \
+    -e 's/^func loadFrequencyList() {$/func loadFrequencyList() {\n	frequency.Load()/' "$matching"
+  go -C "$TOOLS/cli" mod edit -replace="github.com/ccojocar/zxcvbn-go=../zxcvbn-lazy"
+  log "${module% *}: word lists built on first use (copy in $TOOLS/zxcvbn-lazy)"
+}
+
 build_cli() {
   go -C "$TOOLS/cli" build -trimpath \
     -ldflags "-s -w -X $VERSION_VAR=$PULUMI_VERSION" \
@@ -183,6 +219,7 @@ copy_scripts() {
 }
 
 timed "resolve and download modules (pulumi CLI)" cli_module
+timed "defer the CLI's word lists to first use" lazy_word_lists
 timed "resolve and download modules (python language host)" python_host_module
 timed "copy the Python scripts from sdk/v3@$PULUMI_VERSION" copy_scripts
 timed "build pulumi $PULUMI_VERSION" build_cli

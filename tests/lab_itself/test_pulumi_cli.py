@@ -156,3 +156,44 @@ def test_python_dynamic_resource_up_and_destroy(tmp_path: Path) -> None:
         assert stack.outputs() == {}
     finally:
         workspace.remove_stack("lab", force=True)
+
+
+def test_config_set_still_tells_a_secret_from_a_dictionary_word(tmp_path: Path) -> None:
+    """The lab's CLI decodes zxcvbn's word lists on first use (lab/build/pulumi.sh,
+    lazy_word_lists), not at every start: `pulumi config set` of a plaintext value under a
+    secret-looking key must still judge it with the lists loaded. A random token is refused;
+    "password1password" (16 characters, as many as the check reads) is a dictionary word twice,
+    low in entropy only when the lists are there (without them it is 16 characters of brute force,
+    over the threshold, and refused too)."""
+    _require_binaries()
+    work_dir = tmp_path / "program"
+    work_dir.mkdir()
+    (tmp_path / "state").mkdir()
+    (work_dir / "Pulumi.yaml").write_text(PULUMI_YAML.format(project=PROJECT, venv=_venv()))
+    env = {
+        **os.environ,
+        "PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PULUMI_SKIP_UPDATE_CHECK": "true",
+        "PULUMI_CONFIG_PASSPHRASE": "hk3s-lab-passphrase",
+        "PULUMI_BACKEND_URL": (tmp_path / "state").as_uri(),
+        "PULUMI_HOME": str(tmp_path / "pulumi-home"),
+    }
+
+    def pulumi(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["pulumi", *args, "--non-interactive"],
+            check=False,
+            cwd=work_dir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert pulumi("stack", "init", "lab").returncode == 0
+    token = pulumi("config", "set", "apiToken", "q7Xv2LmZ9kRt4WpYc8Nb3Hs6Jd1Fg5Ke")
+    assert token.returncode != 0
+    assert "looks like a secret" in token.stderr, token.stderr
+    word = pulumi("config", "set", "apiPassword", "password1password")
+    assert word.returncode == 0, word.stderr
+    assert pulumi("config", "get", "apiPassword").stdout.strip() == "password1password"
