@@ -325,6 +325,14 @@ def lab_pulumi_env(state: Path) -> dict[str, str]:
     }
 
 
+@functools.cache
+def _pulumi_command(root: str) -> auto.PulumiCommand:
+    """The CLI under `root`, made once per process: making one runs `pulumi version` (to check it
+    is new enough), and the harness made one for every operation of every stack. The binary under
+    a root does not change while the tests run."""
+    return auto.PulumiCommand(root=root)
+
+
 @dataclass
 class LabStack:
     """A copy of the project and one stack of it."""
@@ -378,7 +386,7 @@ class LabStack:
             work_dir=str(self.project),
             pulumi_home=str(self.directory / "pulumi-home"),
             env_vars=self.env,
-            pulumi_command=auto.PulumiCommand(root=str(self._cli_root())),
+            pulumi_command=_pulumi_command(str(self._cli_root())),
         )
         return auto.Stack.create_or_select(self.name, workspace)
 

@@ -142,6 +142,9 @@ class ClusterStack:
         )
         self.backend_url = self.env_vars["PULUMI_BACKEND_URL"] = self.backend_choice.url
         self._workspace: auto.LocalWorkspace | None = None
+        # The stack selected for the change `_exclusive` holds: selecting it is a `pulumi stack
+        # select` each time, and one change selected it three or four times.
+        self._held_stack: auto.Stack | None = None
         # Which backend, its checks, locks and kept states (operator_api.state_backend).
         self.backend = StateBackend(self.backend_url, self.env_vars, self.project, env)
 
@@ -176,6 +179,8 @@ class ClusterStack:
             raise StackError(problem) from None
 
     def _workspace_stack(self, *, create: bool) -> auto.Stack:
+        if self._held_stack is not None:
+            return self._held_stack
         if not self.file.exists():
             raise StackError(
                 f"{self.file.path.name} does not exist: copy Pulumi.dev.yaml to it and edit it (docs/configuration.md)"
@@ -737,7 +742,11 @@ class ClusterStack:
         self.backend.s3()  # checked before anything is touched
         with self.backend.operator_lock().hold(action):
             stale = self.backend.take_over(lambda line: _say(on_output, line))
-            yield self._recover(self._stack(), stale, clear_pending, on_output)
+            self._held_stack = self._stack()
+            try:
+                yield self._recover(self._held_stack, stale, clear_pending, on_output)
+            finally:
+                self._held_stack = None
 
     @contextlib.contextmanager
     def _api_forward(self, stack: auto.Stack, on_output: OutputCallback | None) -> Iterator[None]:
