@@ -135,19 +135,24 @@ result packet_filter "rules and chains removed: $xtables_rules_removed; nftables
 # k3s's rules still there, by the iptables tools (the host's, else k3s's bundled copy) and, where
 # nft is, by the ruleset itself (iptables-nft's chains are nftables chains of the same name), so
 # that a host whose tools are all gone does not pass unchecked. Checked before the files go: a
-# wipe that stops here keeps k3s's bundled tools for the next run.
+# wipe that stops here keeps k3s's bundled tools for the next run. Each listing is read whole
+# before it is searched: under pipefail, `lister | grep -q` fails when grep stops at the first
+# match while the lister still writes (SIGPIPE), which a long ruleset makes certain, and the
+# leftovers would pass as none.
 rules_left() {
-  local tool found=""
+  local tool found="" listing
   for tool in iptables ip6tables; do
-    if command -v "$tool-save" >/dev/null 2>&1 && "$tool-save" 2>/dev/null | grep -Eq '^:(KUBE-|CNI-|FLANNEL-)'; then
-      found="$found $tool-chains"
+    if command -v "$tool-save" >/dev/null 2>&1; then
+      listing=$("$tool-save" 2>/dev/null || true)
+      grep -Eq '^:(KUBE-|CNI-|FLANNEL-)' <<<"$listing" && found="$found $tool-chains"
     fi
   done
   if command -v nft >/dev/null 2>&1; then
     for family in ip ip6; do
       nft list table "$family" kube-proxy >/dev/null 2>&1 && found="$found nft-$family-kube-proxy"
     done
-    if nft list ruleset 2>/dev/null | grep -Eq '^[[:space:]]*chain (KUBE-|CNI-|FLANNEL-)'; then
+    listing=$(nft list ruleset 2>/dev/null || true)
+    if grep -Eq '^[[:space:]]*chain (KUBE-|CNI-|FLANNEL-)' <<<"$listing"; then
       case "$found" in *-chains*) ;; *) found="$found nft-chains" ;; esac
     fi
   fi

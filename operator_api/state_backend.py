@@ -57,9 +57,11 @@ PASSPHRASE = "passphrase"
 def secrets_provider_to_use(backend_url: str, named: str | None, chosen: str | None) -> str | None:
     """The secrets provider of a stack: the one its stack file names (`named`: the CLI opens the
     stack with it, whatever is chosen now), else the one the user chose for the stack's creation,
-    else the passphrase for a local (`file://`) backend, the only one a person alone needs. A
-    shared backend takes the passphrase only when the user set one (a team shares a key service
-    better: scripts/hk3s init --secrets-provider); a service backend (Pulumi Cloud) its own (None)."""
+    else the passphrase for a backend the Pulumi CLI keeps itself (`file://`, `s3://`, `gs://`,
+    `azblob://`: the CLI has no other default there), else the service backend's own (None). A
+    passphrase stack is opened only with PULUMI_CONFIG_PASSPHRASE (or _FILE) set: without it the
+    run is refused before the stack is made, naming the passphrase and a key service
+    (workspace.check_passphrase), which a team shares better than a passphrase."""
     if named:
         return named
     if chosen:

@@ -228,7 +228,7 @@ def test_a_pulumi_login_to_the_bucket_with_an_aws_profile_is_the_stack_every_sur
     """A user whose AWS access is a profile (a shared credentials file, no key in the environment)
     and who ran `pulumi login s3://...`, PULUMI_BACKEND_URL unset: `pulumi up` typed by hand, then
     `scripts/hk3s node list` and `status` and the API see that stack in the bucket, through the
-    profile named by AWS_PROFILE; then the same with the profile named by profile= in the URL."""
+    profile named by AWS_PROFILE; then `status` and `up` with the profile named by profile= in the URL."""
     credentials = tmp_path / "credentials"
     credentials.write_text(
         f"[team]\naws_access_key_id = {team.s3.access_key}\naws_secret_access_key = {team.s3.secret_key}\n"
@@ -300,6 +300,11 @@ def test_a_pulumi_login_to_the_bucket_with_an_aws_profile_is_the_stack_every_sur
         status = hk3s(by_url, "status", "--json")
         assert status.returncode == 0, status.stderr[-3000:]
         assert sorted(node["name"] for node in json.loads(status.stdout)["nodes"]) == recorded, status.stdout
+        # And an up through hk3s runs on that same stack in the bucket (its lock taken and released there).
+        up = hk3s(by_url, "up", "--yes")
+        assert up.returncode == 0 and "up succeeded" in up.stdout, up.stdout[-3000:] + up.stderr[-3000:]
+        assert "no Pulumi login" not in up.stderr + listed.stderr + status.stderr
+        assert not (tmp_path / ".hk3s-state").exists(), "a second, empty state was made"
         assert team.lock_keys() == []
     finally:
         pulumi(env, "logout")

@@ -5,6 +5,7 @@ package (k3s then makes its rules with the iptables it bundles, lab/k3s_bundle.p
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sqlite3
@@ -29,7 +30,9 @@ from lab.stack_harness import (
     up_or_fail,
     worker_spec,
 )
+from node_operations.teardown import WipeError, wipe_node
 from operator_api import ClusterStack, RefusedError
+from remote_access.ssh import SshTarget
 
 pytestmark = pytest.mark.lab
 K3S = "/usr/local/bin/k3s"
@@ -191,8 +194,8 @@ def test_status_checks_every_host_over_ssh(teardown_stack: Stack) -> None:
         assert check.cert_expires_in_days is not None and 300 < check.cert_expires_in_days <= 366, check
         assert 0 < check.disk_free_percent["/"] <= 100, check
     assert snapshot(teardown_stack) == before  # read-only
-    # A server this program creates starts with its Secrets encrypted at rest (k3s supports it
-    # only from the first start): nothing to warn of.
+    # The stack's server (adopted; its Secrets from before re-encrypted by the run, the test
+    # above) has its Secrets encrypted at rest: nothing to warn of.
     config = teardown_stack.server.root / "etc/rancher/k3s/config.yaml"
     assert "\nsecrets-encryption: true\n" in config.read_text()
     assert not [w for w in first.warnings if "unencrypted" in w], first.warnings
@@ -407,3 +410,41 @@ def test_destroy_with_the_setting_wipes_every_host_despite_a_kill_and_an_unreach
     # The unreachable worker kept everything: a person finishes it (the message said what).
     w2.power_on(wait=True)
     assert w2.run(["test", "-e", K3S], check=False).returncode == 0
+
+
+def test_a_wipe_that_cannot_remove_k3s_rules_fails_naming_them_and_keeps_k3s_data(teardown_stack: Stack) -> None:
+    """A host whose k3s chains no iptables tool can remove (the host's package removed and no
+    bundled copy of k3s's left: made here on a host outside the stack as iptables-nft makes them,
+    chains of nftables' `ip filter` table) is not reported wiped: the wipe fails naming what is
+    left and the fix, and stops before k3s's files go, so a run after the fix still has k3s's
+    bundled tools. Another program's long ruleset follows k3s's chains (a table of 20000 chains,
+    as on a busy host): the check must read a listing whole, since a search that stops at its
+    first match (`nft list ruleset | grep -q` under pipefail) ends the lister with SIGPIPE and
+    fails, and the leftover rules passed as none. A wipe that returned early without iptables
+    tools reported success here too."""
+    host = teardown_stack.outsider
+    remove_host_iptables(host)
+    kept = "/var/lib/rancher/k3s/agent/kept-until-the-rules-are-gone"
+    host.run(
+        [
+            "sh",
+            "-c",
+            f"nft add table ip filter && nft add chain ip filter KUBE-LEFT-BEHIND && "
+            "{ echo 'add table ip zz_filler'; for i in $(seq 20000); do echo \"add chain ip zz_filler f$i\"; done; } "
+            "> /tmp/filler.nft && nft -f /tmp/filler.nft && rm /tmp/filler.nft && "
+            f"mkdir -p {kept.rsplit('/', 1)[0]} && touch {kept}",
+        ]
+    )
+    target = SshTarget(
+        node=host.name,
+        address=host.ssh_ip,
+        private_key=teardown_stack.lab.ssh_private_key_path.read_text(),
+        recorded_host_key=host.ssh_host_public_key,
+    )
+    with pytest.raises(WipeError) as failed:
+        asyncio.run(wipe_node(target, lambda _line: None))
+    message = str(failed.value)
+    assert "k3s packet filter rules still on the host after the wipe: nft-chains" in message, message
+    assert "install iptables and run the wipe again" in message and "run the destroy again" in message, message
+    assert host.run(["test", "-e", kept], check=False).returncode == 0, "the wipe removed k3s's files regardless"
+    assert "chain KUBE-LEFT-BEHIND" in host.run(["nft", "list", "table", "ip", "filter"]).stdout
