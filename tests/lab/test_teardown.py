@@ -32,7 +32,7 @@ from lab.stack_harness import (
 )
 from node_operations.teardown import WipeError, wipe_node
 from operator_api import ClusterStack, RefusedError
-from remote_access.ssh import SshTarget
+from tests.lab.test_host_firewall import ssh_target
 
 pytestmark = pytest.mark.lab
 K3S = "/usr/local/bin/k3s"
@@ -435,14 +435,8 @@ def test_a_wipe_that_cannot_remove_k3s_rules_fails_naming_them_and_keeps_k3s_dat
             f"mkdir -p {kept.rsplit('/', 1)[0]} && touch {kept}",
         ]
     )
-    target = SshTarget(
-        node=host.name,
-        address=host.ssh_ip,
-        private_key=teardown_stack.lab.ssh_private_key_path.read_text(),
-        recorded_host_key=host.ssh_host_public_key,
-    )
     with pytest.raises(WipeError) as failed:
-        asyncio.run(wipe_node(target, lambda _line: None))
+        asyncio.run(wipe_node(ssh_target(teardown_stack.lab, host), lambda _line: None))
     message = str(failed.value)
     assert "k3s packet filter rules still on the host after the wipe: nft-chains" in message, message
     assert "install iptables and run the wipe again" in message and "run the destroy again" in message, message

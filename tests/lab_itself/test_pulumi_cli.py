@@ -104,17 +104,16 @@ def _pinned_version() -> str:
     ).stdout.strip()
 
 
-def test_python_dynamic_resource_up_and_destroy(tmp_path: Path) -> None:
+def _project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A project directory (its Pulumi.yaml only) and the environment that runs the lab's CLI on
+    it with a local state directory."""
     _require_binaries()
     venv = _venv()
     work_dir = tmp_path / "program"
     work_dir.mkdir()
     state_dir = tmp_path / "state"
     state_dir.mkdir()
-    marker = tmp_path / "marker.txt"
     (work_dir / "Pulumi.yaml").write_text(PULUMI_YAML.format(project=PROJECT, venv=venv))
-    (work_dir / "__main__.py").write_text(PROGRAM)
-
     env = {
         "PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
         "PULUMI_SKIP_UPDATE_CHECK": "true",
@@ -123,6 +122,13 @@ def test_python_dynamic_resource_up_and_destroy(tmp_path: Path) -> None:
         "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
         "PULUMI_PYTHON_CMD": str(venv / "bin" / "python"),
     }
+    return work_dir, env
+
+
+def test_python_dynamic_resource_up_and_destroy(tmp_path: Path) -> None:
+    work_dir, env = _project(tmp_path)
+    marker = tmp_path / "marker.txt"
+    (work_dir / "__main__.py").write_text(PROGRAM)
     workspace = auto.LocalWorkspace(
         work_dir=str(work_dir),
         pulumi_home=str(tmp_path / "pulumi-home"),
@@ -165,19 +171,8 @@ def test_config_set_still_tells_a_secret_from_a_dictionary_word(tmp_path: Path) 
     "password1password" (16 characters, as many as the check reads) is a dictionary word twice,
     low in entropy only when the lists are there (without them it is 16 characters of brute force,
     over the threshold, and refused too)."""
-    _require_binaries()
-    work_dir = tmp_path / "program"
-    work_dir.mkdir()
-    (tmp_path / "state").mkdir()
-    (work_dir / "Pulumi.yaml").write_text(PULUMI_YAML.format(project=PROJECT, venv=_venv()))
-    env = {
-        **os.environ,
-        "PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PULUMI_SKIP_UPDATE_CHECK": "true",
-        "PULUMI_CONFIG_PASSPHRASE": "hk3s-lab-passphrase",
-        "PULUMI_BACKEND_URL": (tmp_path / "state").as_uri(),
-        "PULUMI_HOME": str(tmp_path / "pulumi-home"),
-    }
+    work_dir, project_env = _project(tmp_path)
+    env = {**os.environ, **project_env, "PULUMI_HOME": str(tmp_path / "pulumi-home")}
 
     def pulumi(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
