@@ -87,7 +87,7 @@ from .state_backend import (
     secrets_provider_problem,
     secrets_provider_to_use,
 )
-from .workspace import check_passphrase, pulumi_command, pulumi_environment, resolve_backend
+from .workspace import check_passphrase, pulumi_command, pulumi_environment, resolve_backend, run_temporary_directory
 
 REPO = Path(__file__).resolve().parents[1]
 __all__ = ["REPO", "ClusterStack", "Preview", "Recovery", "RunResult"]
@@ -711,7 +711,11 @@ class ClusterStack:
                 on_output(line)
 
         try:
-            call(output)
+            # Every engine run gets a temporary directory of its own, removed when it ends (the
+            # Kubernetes provider leaves a copy of the admin kubeconfig in it). The workspace
+            # starts its commands with this same mapping.
+            with run_temporary_directory(self.env_vars):
+                call(output)
         except auto.ConcurrentUpdateError as error:
             raise StackBusyError(self.env, holders_from_message(str(error)), "held by a Pulumi run") from None
         except auto.CommandError as error:

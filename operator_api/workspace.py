@@ -10,12 +10,15 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pulumi import automation as auto
+
+from remote_access.private_dir import RUNTIME_DIR_VAR, runtime_directory
 
 from .errors import StackError, shown
 
@@ -35,6 +38,35 @@ def pulumi_environment(project_dir: Path, given: Mapping[str, str], root: Path |
         path = f"{Path(root) / 'bin'}{os.pathsep}{path}"
     env["PATH"] = path
     return env
+
+
+@contextlib.contextmanager
+def run_temporary_directory(env: MutableMapping[str, str]) -> Iterator[Path]:
+    """A temporary directory for one engine run alone, given to the run as $TMPDIR (in `env`,
+    the environment the run is started with) and removed with everything in it when the run
+    ends, however it ends.
+
+    The Kubernetes provider writes the kubeconfig it is configured with (the cluster's admin
+    client key) to a new file in $TMPDIR at every start and never removes it (pulumi-kubernetes
+    provider.go: `writeKubeconfigToFile`, for Helm's settings); in a shared /tmp, one copy of
+    the credentials per run would stay behind. The directory lies in the user's private runtime
+    directory, which the run's processes are told of (HK3S_RUNTIME_DIR), so that they still
+    share it with every other run (the SSH handshake slots, the API forward's record)."""
+    merged = {**os.environ, **env}
+    runtime = runtime_directory(merged)
+    scratch = Path(tempfile.mkdtemp(prefix="run-", dir=runtime))
+    saved = {name: env.get(name) for name in ("TMPDIR", RUNTIME_DIR_VAR)}
+    env["TMPDIR"] = str(scratch)
+    env[RUNTIME_DIR_VAR] = str(runtime)
+    try:
+        yield scratch
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,7 @@ import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -22,14 +23,25 @@ class UnsafeDirectoryError(RuntimeError):
     """A directory the program would keep its files in is not private to this user."""
 
 
-def runtime_directory() -> Path:
-    """This user's private directory for the run's transient files: `$XDG_RUNTIME_DIR/hk3s`
-    (the per-user runtime directory systemd makes, 0700) or, without one, `hk3s-<uid>` in
-    the system's temporary directory."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
+# Set by the operator API for the processes of a run it starts, whose $TMPDIR it points at a
+# directory of that run alone: the run's processes must still meet every other run's files here
+# (the SSH handshake slots, the API forward's record), so they are told where "here" is.
+RUNTIME_DIR_VAR = "HK3S_RUNTIME_DIR"
+
+
+def runtime_directory(env: Mapping[str, str] | None = None) -> Path:
+    """This user's private directory for the run's transient files: `$HK3S_RUNTIME_DIR` when a
+    run's starter named it, else `$XDG_RUNTIME_DIR/hk3s` (the per-user runtime directory
+    systemd makes, 0700) or, without one, `hk3s-<uid>` in the system's temporary directory.
+    `env`: the environment to read (default: this process's)."""
+    env = os.environ if env is None else env
+    if named := env.get(RUNTIME_DIR_VAR):
+        return private_directory(Path(named))
+    runtime = env.get("XDG_RUNTIME_DIR")
     if runtime:
         return private_directory(Path(runtime) / "hk3s")
-    return private_directory(Path(tempfile.gettempdir()) / f"hk3s-{os.geteuid()}")
+    temporary = env.get("TMPDIR") if env is not os.environ else None
+    return private_directory(Path(temporary or tempfile.gettempdir()) / f"hk3s-{os.geteuid()}")
 
 
 def private_directory(path: Path, *, tighten: bool = False) -> Path:

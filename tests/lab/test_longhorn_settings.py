@@ -15,6 +15,7 @@ import json
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -146,6 +147,40 @@ def test_longhorn_settings_are_kept_and_put_back(longhorn_stack: LonghornStack) 
     assert changes.get("update") == 1, changes
     assert _live_settings(server)["default-replica-count"] == "1"
     assert _recorded_settings(stack) == EXPECTED
+
+
+def _kubeconfig_copies(directory: Path) -> list[Path]:
+    """Files the Kubernetes provider wrote its kubeconfig to (`os.CreateTemp("", "kubeconfig")`),
+    anywhere under `directory`."""
+    return sorted(path for path in directory.rglob("kubeconfig*") if path.is_file())
+
+
+def test_scripts_hk3s_leaves_no_copy_of_the_admin_kubeconfig_in_the_temporary_directory(
+    longhorn_stack: LonghornStack, tmp_path: Path
+) -> None:
+    """pulumi-kubernetes writes the kubeconfig it is configured with to a new file in $TMPDIR at
+    every start (provider.go, `writeKubeconfigToFile` for Helm's settings) and never removes it:
+    each run by hand leaves a copy of the cluster's admin credentials (the client key of
+    cluster-admin) in the temporary directory, 192 of them in /tmp after one lab run. A run
+    through scripts/hk3s (and so the operator API) gives the engine a temporary directory of its
+    own, private to the user, and removes it with everything in it when the run ends."""
+    stack = longhorn_stack.stack
+    stack.env["TMPDIR"] = str(tmp_path)
+    try:
+        # As typed by hand (`pulumi preview`): the provider's copy stays behind.
+        stack.preview()
+        left = _kubeconfig_copies(tmp_path)
+        assert left, f"the Kubernetes provider left no kubeconfig in {tmp_path}: this test no longer shows the leak"
+        assert "client-key-data" in left[0].read_text()
+        for path in left:
+            path.unlink()
+
+        run = stack.hk3s("up", "--yes")
+        assert run.returncode == 0, run.output + run.stderr
+        assert _kubeconfig_copies(tmp_path) == [], "scripts/hk3s up left the cluster's admin kubeconfig behind"
+        assert list(tmp_path.rglob("run-*")) == [], "the run's temporary directory was not removed"
+    finally:
+        stack.env.pop("TMPDIR", None)
 
 
 K3S = "/usr/local/bin/k3s"

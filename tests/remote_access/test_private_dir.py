@@ -10,6 +10,7 @@ import os
 import pty
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 
 from operator_api.errors import StackError
 from operator_api.locks import keep_state_private
+from operator_api.workspace import run_temporary_directory
 from providers import host_probe
 from remote_access import api_forward
 from remote_access.api_forward import ApiForwardError, open_api_forward, stdin_is_terminal
@@ -24,6 +26,7 @@ from remote_access.private_dir import UnsafeDirectoryError, private_directory, r
 from remote_access.ssh import SshError, SshTarget, handshake_slot
 
 NOBODY = 65534
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _mode(path: Path) -> int:
@@ -37,6 +40,7 @@ def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     base.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
     monkeypatch.delenv("HK3S_SSH_SLOT_DIR", raising=False)
+    monkeypatch.delenv("HK3S_RUNTIME_DIR", raising=False)
     return base
 
 
@@ -54,6 +58,38 @@ def test_without_a_runtime_directory_the_temporary_one_gets_a_private_directory_
     monkeypatch.setattr("tempfile.tempdir", None)
     made = runtime_directory()
     assert made == tmp_path / f"hk3s-{os.geteuid()}" and _mode(made) == 0o700
+
+
+def test_an_engine_run_gets_a_temporary_directory_of_its_own_and_nothing_of_it_outlives_the_run(runtime: Path) -> None:
+    """The Kubernetes provider leaves a copy of the admin kubeconfig in $TMPDIR at every start
+    (pulumi-kubernetes `writeKubeconfigToFile`): the operator API's runs get a $TMPDIR of their
+    own, private to the user, removed when the run ends, also when it fails. Their processes
+    still share the user's runtime directory with every other run (HK3S_RUNTIME_DIR)."""
+    env = {"PATH": os.environ["PATH"], "TMPDIR": "/var/tmp"}
+    probe = (
+        "import tempfile; from remote_access.private_dir import runtime_directory; "
+        "open(tempfile.mkstemp(prefix='kubeconfig')[1], 'w').write('client-key-data: x'); "
+        "print(tempfile.gettempdir()); print(runtime_directory())"
+    )
+    with run_temporary_directory(env) as scratch:
+        assert scratch.parent == runtime / "hk3s" and _mode(scratch) == 0o700
+        seen = subprocess.run(
+            [sys.executable, "-c", probe],
+            env={**os.environ, **env},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        assert seen == [str(scratch), str(runtime / "hk3s")]
+        assert [path.name.startswith("kubeconfig") for path in scratch.iterdir()] == [True]
+    assert not scratch.exists(), "the run's temporary directory outlived the run"
+    assert env == {"PATH": os.environ["PATH"], "TMPDIR": "/var/tmp"}
+
+    with pytest.raises(RuntimeError, match="the run failed"), run_temporary_directory(env) as failed:
+        (failed / "kubeconfig123").write_text("client-key-data: x")
+        raise RuntimeError("the run failed")
+    assert not failed.exists() and env == {"PATH": os.environ["PATH"], "TMPDIR": "/var/tmp"}
 
 
 def test_a_directory_another_user_made_first_is_refused_and_left_alone(tmp_path: Path) -> None:
