@@ -32,7 +32,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 readonly KUBE_VERSION="v1.37.2"
 readonly KINE_VERSION="v0.17.5"
 # Bump when the build recipe (flags, tags, layout) changes so cached binaries are redone.
-readonly RECIPE=1
+readonly RECIPE=2
 
 readonly TOOLS="$CACHE/src/kube-tools"
 readonly STAMP="$BIN/.kube-stamp"
@@ -120,6 +120,9 @@ prepare_tools_module() {
     (cd "$TOOLS" && timed "go mod tidy (resolve and download modules)" go mod tidy)
     printf '%s\n' "$seed" >"$TOOLS/go.mod.seed"
   fi
+  # stored_translations points k8s.io/kubectl at a local copy after this; back to the release
+  # here, so that the check below and the copy start from the published module.
+  go -C "$TOOLS" mod edit -replace="k8s.io/kubectl=k8s.io/kubectl@$STAGING_VERSION"
   # Every k8s.io staging module must have resolved to the one release.
   # shellcheck disable=SC2086  # $staging is a whitespace-separated module list
   stray=$(cd "$TOOLS" && go list -m -f '{{.Path}} {{if .Replace}}{{.Replace.Version}}{{else}}{{.Version}}{{end}}' $staging \
@@ -130,6 +133,28 @@ prepare_tools_module() {
   KUBE_BUILD_DATE=$(sed -n 's/.*"Time": *"\([^"]*\)".*/\1/p' "$infofile" 2>/dev/null || true)
   KUBE_BUILD_DATE=${KUBE_BUILD_DATE:-1970-01-01T00:00:00Z}
   log "buildDate $KUBE_BUILD_DATE"
+}
+
+# kubectl's translations, stored rather than deflated (LAB ONLY: the lab's runs start kubectl
+# thousands of times). k8s.io/kubectl's i18n.LoadTranslations packs the language's .po and .mo
+# into an in-memory zip at every start, deflating 350 KB (half of kubectl's ~60 ms of CPU per
+# start, spent in pkg/cmd/options' init); zip.Store writes the same entries unpacked and gettext
+# reads them back the same way. The tools module builds kubectl from a copy of k8s.io/kubectl
+# with that one call changed (tests/lab_itself/test_kube_tools.py reads the translations back).
+stored_translations() {
+  local dir i18n
+  dir=$(cd "$TOOLS" && go list -m -f '{{if .Replace}}{{.Replace.Dir}}{{else}}{{.Dir}}{{end}}' k8s.io/kubectl) \
+    || die "the tools module does not resolve k8s.io/kubectl"
+  [[ -d $dir ]] || die "no module directory for k8s.io/kubectl@$STAGING_VERSION"
+  rm -rf "$TOOLS/kubectl-stored"
+  cp -R "$dir" "$TOOLS/kubectl-stored"
+  chmod -R u+w "$TOOLS/kubectl-stored"
+  i18n="$TOOLS/kubectl-stored/pkg/util/i18n/i18n.go"
+  grep -q '^		f, err := w.Create(file)$' "$i18n" \
+    || die "k8s.io/kubectl@$STAGING_VERSION: LoadTranslations no longer writes its zip with w.Create(file)"
+  sed -i 's/^		f, err := w.Create(file)$/		f, err := w.CreateHeader(\&zip.FileHeader{Name: file, Method: zip.Store})/' "$i18n"
+  go -C "$TOOLS" mod edit -replace="k8s.io/kubectl=./kubectl-stored"
+  log "k8s.io/kubectl@$STAGING_VERSION: translations stored, not deflated (copy in $TOOLS/kubectl-stored)"
 }
 
 kube_ldflags() {
@@ -206,6 +231,7 @@ if [[ $FORCE -eq 0 ]] && up_to_date; then
 else
   rm -f "$STAMP"
   timed "prepare tools module" prepare_tools_module
+  timed "store kubectl's translations" stored_translations
   STAGE=$(mktemp -d "$CACHE/build.XXXXXX")
   timed "build kubernetes binaries" build_kube "$STAGE"
   timed "build kine" build_kine "$STAGE"
