@@ -4,10 +4,13 @@ installer. Shared by the server set-up and the join."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import hashlib
+import os
 import shlex
+import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,6 +19,7 @@ from typing import Any, Literal
 
 from host_scripts import script_path
 from node_operations.host_facts import gather_facts, interface_of
+from remote_access.private_dir import UnsafeDirectoryError, private_directory, runtime_directory
 from remote_access.ssh import SshError, SshSession, SshTarget, open_session
 
 K3S_BIN = "/usr/local/bin/k3s"
@@ -237,11 +241,62 @@ _GZIPPED: dict[str, bytes] = {}
 _GZIPPING = threading.Lock()
 
 
+# Compressed binaries kept on this machine between runs, in the user's private runtime directory:
+# each run's provider process would compress the same tens of MB again (a second of CPU for a
+# real k3s). An entry is named by the binary's SHA-256 and its own, and is used only when its
+# bytes still hash to that name (a partial or damaged file is compressed anew); the newest few
+# are kept.
+_GZIP_CACHE = "k3s-gzipped"
+_GZIP_CACHE_KEEP = 4
+
+
 def gzipped_binary(path: Path, sha256: str) -> bytes:
+    """The binary at `path` (whose SHA-256 is `sha256`), gzipped: from this process's memory, else
+    from the cache on this machine, else compressed now and kept in both."""
     with _GZIPPING:
         if sha256 not in _GZIPPED:
-            _GZIPPED[sha256] = gzip.compress(path.expanduser().read_bytes(), compresslevel=1)
+            _GZIPPED[sha256] = _gzipped_from_cache(path, sha256)
         return _GZIPPED[sha256]
+
+
+def _gzip_cache() -> Path | None:
+    try:
+        return private_directory(runtime_directory() / _GZIP_CACHE)
+    except (OSError, UnsafeDirectoryError):
+        return None  # no private place to keep it: compress every time
+
+
+def _gzipped_from_cache(path: Path, sha256: str) -> bytes:
+    cache = _gzip_cache()
+    if cache is not None:
+        for entry in cache.glob(f"{sha256}.*.gz"):
+            with contextlib.suppress(OSError):
+                packed = entry.read_bytes()
+                if entry.name == f"{sha256}.{hashlib.sha256(packed).hexdigest()}.gz":
+                    os.utime(entry)  # the newest are kept
+                    return packed
+            entry.unlink(missing_ok=True)
+    packed = gzip.compress(path.expanduser().read_bytes(), compresslevel=1)
+    if cache is not None:
+        with contextlib.suppress(OSError):
+            _keep(cache, f"{sha256}.{hashlib.sha256(packed).hexdigest()}.gz", packed)
+    return packed
+
+
+def _keep(cache: Path, name: str, packed: bytes) -> None:
+    """Write the entry whole under its name (written aside, then renamed), and drop all but the
+    newest few."""
+    handle, temporary = tempfile.mkstemp(dir=cache, prefix=".new-")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(packed)
+        os.replace(temporary, cache / name)
+    except OSError:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    kept = sorted(cache.glob("*.gz"), key=lambda entry: entry.stat().st_mtime, reverse=True)
+    for old in kept[_GZIP_CACHE_KEEP:]:
+        old.unlink(missing_ok=True)
 
 
 def parse_results(output: str) -> dict[str, str]:
