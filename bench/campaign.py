@@ -730,7 +730,11 @@ class Campaign:
         self.lab, self.scratch, self.log = lab, scratch, log
         self.cluster = build_cluster(lab, scratch, workers, spares, log, pods=pods)
 
-    def run(self, schedule: list[Step]) -> tuple[list[StepReport], Violation | None]:
+    def run(
+        self, schedule: list[Step], on_step: Callable[[list[StepReport]], None] | None = None
+    ) -> tuple[list[StepReport], Violation | None]:
+        """Runs the schedule until its end or the first violation; `on_step` is given the reports
+        so far after every step that ended without one."""
         reports: list[StepReport] = []
         for index, step in enumerate(schedule):
             report = StepReport(index, step)
@@ -754,6 +758,8 @@ class Campaign:
                 return reports, Violation("campaign_error", f"{error!r}"[:4000])
             report.seconds = time.monotonic() - started
             self.log(report.line())
+            if on_step is not None:
+                on_step(reports)
         return reports, None
 
     def step(self, step: Step, report: StepReport) -> None:
@@ -1108,10 +1114,28 @@ def fresh_campaign(workers: int, spares: int, log: Callable[[str], None], *, pod
 
 
 def run_campaign(
-    schedule: list[Step], workers: int, spares: int, log: Callable[[str], None] = print, *, pods: bool = True
+    schedule: list[Step],
+    workers: int,
+    spares: int,
+    log: Callable[[str], None] = print,
+    *,
+    pods: bool = True,
+    on_step: Callable[[list[StepReport]], None] | None = None,
 ) -> tuple[list[StepReport], Violation | None]:
     with fresh_campaign(workers, spares, log, pods=pods) as campaign:
-        return campaign.run(schedule)
+        return campaign.run(schedule, on_step)
+
+
+def write_partial(out: Path, seed: int | None, schedule: list[Step], reports: list[StepReport], started: float) -> None:
+    """The result so far, written whole (aside, then renamed) after each step: a long run cut off
+    (a session's end, a machine going away) keeps every step it finished, marked unfinished."""
+    result = summary(seed, schedule, reports, time.monotonic() - started)
+    result["reports"] = [r.to_json() for r in reports]
+    result["violation"] = None
+    result["finished"] = False
+    partial = out.with_name(f".{out.name}.partial")
+    partial.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(partial, out)
 
 
 def summary(seed: int | None, schedule: list[Step], reports: list[StepReport], seconds: float) -> dict[str, Any]:
@@ -1160,10 +1184,17 @@ def main() -> int:
         schedule = make_schedule(args.seed, args.faults)
     print(f"seed {args.seed}: {len(schedule)} steps, {args.faults} faults", flush=True)
     started = time.monotonic()
-    reports, violation = run_campaign(schedule, args.workers, args.spares, pods=not args.plain)
+    out = args.out
+
+    def keep(reports: list[StepReport]) -> None:
+        if out is not None:
+            write_partial(out, args.seed, schedule, reports, started)
+
+    reports, violation = run_campaign(schedule, args.workers, args.spares, pods=not args.plain, on_step=keep)
     result: dict[str, Any] = summary(args.seed, schedule, reports, time.monotonic() - started)
     result["reports"] = [r.to_json() for r in reports]
     result["violation"] = None
+    result["finished"] = True
     if violation is not None:
         failing = schedule[: len(reports)]
         shortest = failing

@@ -22,11 +22,13 @@ from bench.campaign import (
     OPERATIONS,
     Cluster,
     Step,
+    StepReport,
     Violation,
     live_tokens,
     make_schedule,
     port_sources,
     shrink,
+    write_partial,
 )
 from node_operations.fence_workloads import STOPPED_ANNOTATION
 from node_operations.firewall_plan import PortRule
@@ -63,6 +65,23 @@ def test_the_shrinker_keeps_only_the_steps_the_violation_needs() -> None:
 
     shortest = shrink(schedule, Violation("node_per_worker", "x"), replay, lambda line: None)
     assert [step.op for step in shortest] == ["fence", "give_up", "remove"]
+
+
+def test_a_run_cut_off_keeps_every_step_it_finished(tmp_path: Path) -> None:
+    """A long run writes its result after each step, whole (a reader never sees half a file), and
+    marked unfinished until the run ends."""
+    schedule = make_schedule(5, 4)
+    out = tmp_path / "campaign.json"
+    reports = []
+    for index, step in enumerate(schedule[:3]):
+        report = StepReport(index, step, target="w1", fault_fired=step.fault is not None)
+        report.verdicts["converges"] = "ok"
+        reports.append(report)
+        write_partial(out, 5, schedule, reports, 0.0)
+        kept = json.loads(out.read_text())
+        assert kept["finished"] is False and kept["steps"] == index + 1 and kept["steps_planned"] == len(schedule)
+        assert [Step(**r["step"]) for r in kept["reports"]] == schedule[: index + 1]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["campaign.json"]
 
 
 def test_a_token_is_live_until_its_expiration() -> None:
