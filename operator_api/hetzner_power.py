@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Mapping
 
 from cluster_settings.models import StackSettings
-from components.hetzner_project import hetzner_name
 from node_operations.worker_removal import worker_answers
 from remote_access.hetzner_api import DEFAULT_ENDPOINT, HetznerAccess, HetznerApiError, power_on
 from remote_access.ssh import SshTarget
@@ -39,6 +38,10 @@ def fenced_hetzner_server(settings: StackSettings, stack: str, name: str) -> str
     if worker is None:
         return None
     if worker.kind == "hetzner":
+        # Imported here: the components module brings the Hetzner SDK, which no other command
+        # of the operator CLI needs (each `scripts/hk3s` line is a new process).
+        from components.hetzner_project import hetzner_name  # noqa: PLC0415
+
         return hetzner_name(settings.cluster.name, stack, worker.name)
     return str(worker.hcloud_server) if worker.hcloud_server else None
 

@@ -51,12 +51,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import botocore.config
-import botocore.exceptions
-import botocore.loaders
-import botocore.session
-from botocore import UNSIGNED
-
 from .errors import LockHolder, StackError, shown
 
 # Every query parameter gocloud.dev's s3blob URL opener and Pulumi's translation of the older
@@ -122,6 +116,8 @@ def _environment(env: Mapping[str, str]) -> Iterator[None]:
 def _loader() -> Any:
     """botocore's reader of its service models, shared by every session: it keeps what it read
     (S3's model takes a good part of a second to load)."""
+    import botocore.loaders  # noqa: PLC0415  (botocore is imported by the first S3 backend only: a quarter second)
+
     return botocore.loaders.create_loader()
 
 
@@ -138,6 +134,11 @@ def _client(
     env: Mapping[str, str], profile: str, endpoint: str, *, region: str, path_style: bool, params: Mapping[str, str]
 ) -> Any:
     """A botocore S3 client with the credentials the chain finds in `env` (BackendError when none)."""
+    import botocore.config  # noqa: PLC0415
+    import botocore.exceptions  # noqa: PLC0415
+    import botocore.session  # noqa: PLC0415
+    from botocore import UNSIGNED  # noqa: PLC0415
+
     options: dict[str, Any] = {
         "region_name": region,
         "connect_timeout": TIMEOUT,
@@ -271,6 +272,8 @@ class S3Backend:
     def _call(self, what: str, operation: str, **arguments: Any) -> Any:
         """One S3 operation of the client; BackendError (one line naming the fix) for an answer it
         refuses, OSError when the endpoint does not answer."""
+        import botocore.exceptions  # noqa: PLC0415
+
         try:
             return getattr(self.client, operation)(Bucket=self.bucket, **arguments)
         except botocore.exceptions.ClientError as error:

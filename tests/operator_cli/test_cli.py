@@ -356,3 +356,18 @@ def test_a_change_that_failed_part_way_names_up_as_the_way_on(
     code, _, err = run(project, capsys, "--stack", "dev", "node", "add", "w9", "--address", "10.0.0.9")
     assert code == 1, err
     assert "run `scripts/hk3s --stack dev up --yes`" in err and "same command" not in err, err
+
+
+def test_the_cli_starts_without_the_cloud_sdks_it_does_not_use() -> None:
+    """Every `scripts/hk3s` line is a new Python process: it imports the operator API, not the
+    program's components with the Hetzner and Kubernetes SDKs (a third of a second), and botocore
+    (a quarter) only for an `s3://` backend. Read in a fresh interpreter, as the CLI starts."""
+    script = (
+        "import sys, operator_cli.cli, operator_api; "
+        "print(sorted({name.split('.')[0] for name in sys.modules} "
+        "& {'pulumi_hcloud', 'pulumi_kubernetes', 'botocore', 'boto3'}))"
+    )
+    completed = subprocess.run(
+        [str(REPO / "venv" / "bin" / "python"), "-c", script], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert completed.stdout.strip() == "[]", completed.stdout
