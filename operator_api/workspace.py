@@ -49,12 +49,14 @@ def run_temporary_directory(env: MutableMapping[str, str]) -> Iterator[Path]:
     The Kubernetes provider writes the kubeconfig it is configured with (the cluster's admin
     client key) to a new file in $TMPDIR at every start and never removes it (pulumi-kubernetes
     provider.go: `writeKubeconfigToFile`, for Helm's settings); in a shared /tmp, one copy of
-    the credentials per run would stay behind. The directory lies in the user's private runtime
-    directory, which the run's processes are told of (HK3S_RUNTIME_DIR), so that they still
-    share it with every other run (the SSH handshake slots, the API forward's record)."""
+    the credentials per run would stay behind. The directory is made in the temporary directory
+    the run would have used (mode 0700, a name no one can take first), not in the runtime
+    directory, which is often a small tmpfs. The run's processes are told where the user's
+    runtime directory is (HK3S_RUNTIME_DIR), so that they still share it with every other run
+    (the SSH handshake slots, the API forward's record, the gzipped k3s binaries)."""
     merged = {**os.environ, **env}
     runtime = runtime_directory(merged)
-    scratch = Path(tempfile.mkdtemp(prefix="run-", dir=runtime))
+    scratch = Path(tempfile.mkdtemp(prefix="hk3s-run-", dir=merged.get("TMPDIR") or None))
     saved = {name: env.get(name) for name in ("TMPDIR", RUNTIME_DIR_VAR)}
     env["TMPDIR"] = str(scratch)
     env[RUNTIME_DIR_VAR] = str(runtime)

@@ -163,7 +163,7 @@ def test_scripts_hk3s_leaves_no_copy_of_the_admin_kubeconfig_in_the_temporary_di
     each run by hand leaves a copy of the cluster's admin credentials (the client key of
     cluster-admin) in the temporary directory, 192 of them in /tmp after one lab run. A run
     through scripts/hk3s (and so the operator API) gives the engine a temporary directory of its
-    own, private to the user, and removes it with everything in it when the run ends."""
+    own (0700, inside $TMPDIR) and removes it with everything in it when the run ends."""
     stack = longhorn_stack.stack
     stack.env["TMPDIR"] = str(tmp_path)
     try:
@@ -178,7 +178,7 @@ def test_scripts_hk3s_leaves_no_copy_of_the_admin_kubeconfig_in_the_temporary_di
         run = stack.hk3s("up", "--yes")
         assert run.returncode == 0, run.output + run.stderr
         assert _kubeconfig_copies(tmp_path) == [], "scripts/hk3s up left the cluster's admin kubeconfig behind"
-        assert list(tmp_path.rglob("run-*")) == [], "the run's temporary directory was not removed"
+        assert list(tmp_path.glob("hk3s-run-*")) == [], "the run's temporary directory was not removed"
     finally:
         stack.env.pop("TMPDIR", None)
 

@@ -63,16 +63,18 @@ def test_without_a_runtime_directory_the_temporary_one_gets_a_private_directory_
 def test_an_engine_run_gets_a_temporary_directory_of_its_own_and_nothing_of_it_outlives_the_run(runtime: Path) -> None:
     """The Kubernetes provider leaves a copy of the admin kubeconfig in $TMPDIR at every start
     (pulumi-kubernetes `writeKubeconfigToFile`): the operator API's runs get a $TMPDIR of their
-    own, private to the user, removed when the run ends, also when it fails. Their processes
+    own (0700, inside the one they were given), removed when the run ends, also when it fails. Their processes
     still share the user's runtime directory with every other run (HK3S_RUNTIME_DIR)."""
-    env = {"PATH": os.environ["PATH"], "TMPDIR": "/var/tmp"}
+    temporary = runtime.parent / "tmp"
+    temporary.mkdir()
+    env = {"PATH": os.environ["PATH"], "TMPDIR": str(temporary)}
     probe = (
         "import tempfile; from remote_access.private_dir import runtime_directory; "
         "open(tempfile.mkstemp(prefix='kubeconfig')[1], 'w').write('client-key-data: x'); "
         "print(tempfile.gettempdir()); print(runtime_directory())"
     )
     with run_temporary_directory(env) as scratch:
-        assert scratch.parent == runtime / "hk3s" and _mode(scratch) == 0o700
+        assert scratch.parent == temporary and _mode(scratch) == 0o700
         seen = subprocess.run(
             [sys.executable, "-c", probe],
             env={**os.environ, **env},
@@ -84,12 +86,12 @@ def test_an_engine_run_gets_a_temporary_directory_of_its_own_and_nothing_of_it_o
         assert seen == [str(scratch), str(runtime / "hk3s")]
         assert [path.name.startswith("kubeconfig") for path in scratch.iterdir()] == [True]
     assert not scratch.exists(), "the run's temporary directory outlived the run"
-    assert env == {"PATH": os.environ["PATH"], "TMPDIR": "/var/tmp"}
+    assert env == {"PATH": os.environ["PATH"], "TMPDIR": str(temporary)}
 
     with pytest.raises(RuntimeError, match="the run failed"), run_temporary_directory(env) as failed:
         (failed / "kubeconfig123").write_text("client-key-data: x")
         raise RuntimeError("the run failed")
-    assert not failed.exists() and env == {"PATH": os.environ["PATH"], "TMPDIR": "/var/tmp"}
+    assert not failed.exists() and env == {"PATH": os.environ["PATH"], "TMPDIR": str(temporary)}
 
 
 def test_a_directory_another_user_made_first_is_refused_and_left_alone(tmp_path: Path) -> None:
