@@ -14,7 +14,9 @@ of the child (`resource.getrusage(RUSAGE_CHILDREN)` before and after):
   dill, as the engine's provider process does with the pickled provider it is sent (dill pickles
   the class by reference, `providers.<module>.<Class>`, so unpickling imports that module);
 * a program process: what `__main__.py` imports (`pulumi`, `cluster_settings`,
-  `components.program`).
+  `components.program`);
+* an operator CLI process: what every `scripts/hk3s` line imports before it does anything
+  (`operator_cli.cli` and the operator API it drives).
 
 The baseline is the bare interpreter with the `pulumi.dynamic` modules only. Figures are medians
 over the runs; the machine is shared, so compare runs made one after the other.
@@ -51,6 +53,9 @@ PROGRAM_IMPORTS = (
     "from components.program import build_cluster, read_credentials\n"
 )
 
+# What `python -m operator_cli` imports before it reads its arguments.
+OPERATOR_CLI_IMPORTS = "import operator_cli.cli, operator_api\n"
+
 
 def child_cpu(code: str, stdin: bytes = b"") -> float:
     """User+sys CPU-seconds of one fresh interpreter running `code` in the repository."""
@@ -86,6 +91,7 @@ def main() -> None:
             PROVIDER_HOST_IMPORTS + UNPICKLE, args.runs, blob
         )
     program = median_cpu(PROGRAM_IMPORTS, args.runs)
+    operator_cli = median_cpu(OPERATOR_CLI_IMPORTS, args.runs)
     provider_median = round(statistics.median(per_provider.values()), 3)
 
     print(f"{'process':<62} {'CPU-s (median of ' + str(args.runs) + ')':>22}")
@@ -94,6 +100,7 @@ def main() -> None:
         print(f"{'provider ' + name:<62} {cpu:>22.3f}")
     print(f"{'provider process, median over the classes':<62} {provider_median:>22.3f}")
     print(f"{'program (__main__.py imports)':<62} {program:>22.3f}")
+    print(f"{'operator CLI (scripts/hk3s imports)':<62} {operator_cli:>22.3f}")
 
     if args.out:
         result: dict[str, Any] = {
@@ -106,6 +113,7 @@ def main() -> None:
                 "provider_process_median": provider_median,
                 "provider_process": per_provider,
                 "program": program,
+                "operator_cli": operator_cli,
             },
         }
         existing = json.loads(args.out.read_text()) if args.out.exists() else []

@@ -94,6 +94,24 @@ def test_the_slow_disk_is_a_real_mount_in_the_host(cluster: Cluster) -> None:
     mounts = cluster.slow.run(["findmnt", "-n", "-o", "FSTYPE", "/var/lib/longhorn"]).stdout.split()
     assert mounts == [slow_disk.FUSE_TYPE]
     assert cluster.server.run(["findmnt", "/var/lib/longhorn"], check=False).returncode != 0
+    # Its daemon, and every thread of it, runs ahead of the lab's other work, as a disk does not
+    # wait for a CPU (lab/slow_disk.py): field 19 of each thread's stat is its nice value.
+    mount_point = str(disk_of(cluster.fast).mount_point)
+    daemons = [
+        proc
+        for proc in Path("/proc").iterdir()
+        if proc.name.isdigit() and mount_point in _read(proc / "cmdline").replace("\0", " ")
+    ]
+    assert daemons, f"no {slow_disk.BINARY_NAME} serves {mount_point}"
+    niceness = {int(_read(task / "stat").rpartition(")")[2].split()[16]) for task in (daemons[0] / "task").iterdir()}
+    assert niceness == {slow_disk.DAEMON_NICENESS}, niceness
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def test_a_fast_disk_passes_and_a_slow_disk_is_refused_with_its_figures(cluster: Cluster) -> None:
