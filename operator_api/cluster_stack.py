@@ -198,6 +198,8 @@ class ClusterStack:
                 secrets_provider=provider,
                 pulumi_command=pulumi_command(self._command_root, self.env_vars["PATH"]),
             )
+            # The one mapping every command starts with: a run's own $TMPDIR goes in here (_run).
+            self._workspace.env_vars = self.env_vars
         try:
             if create:
                 return auto.Stack.create_or_select(self.env, self._workspace)
@@ -713,7 +715,7 @@ class ClusterStack:
         try:
             # Every engine run gets a temporary directory of its own, removed when it ends (the
             # Kubernetes provider leaves a copy of the admin kubeconfig in it). The workspace
-            # starts its commands with this same mapping.
+            # starts its commands with this same mapping (_workspace_stack).
             with run_temporary_directory(self.env_vars):
                 call(output)
         except auto.ConcurrentUpdateError as error:
