@@ -102,7 +102,7 @@ def upgrade(stack: LabStack, config: dict[str, Any], server: Host, workers: list
     time after the node before it (the program moves one node at a time)."""
     release = k3s_release(stamp)
     stack.write_config({**config, "cluster": {**config["cluster"], **release}})
-    with NodeWatcher(lambda: _kubectl_json(server, "get", "nodes")["items"]) as watcher:
+    with NodeWatcher(server) as watcher:
         started = time.monotonic()
         stack.up()
         wall = time.monotonic() - started
@@ -124,7 +124,7 @@ def upgrade(stack: LabStack, config: dict[str, Any], server: Host, workers: list
 
 
 def reboot(stack: LabStack, server: Host, worker: Host) -> dict[str, Any]:
-    with NodeWatcher(lambda: _kubectl_json(server, "get", "nodes")["items"]) as watcher:
+    with NodeWatcher(server) as watcher:
         started = time.monotonic()
         stack.api().reboot_worker(worker.name)
         wall = time.monotonic() - started

@@ -677,3 +677,15 @@ func TestOwnKubeletIsTheReleasesOrAnError(t *testing.T) {
 		t.Fatalf("no kubelets: got %v", err)
 	}
 }
+
+func TestKubectlRunsWithoutCollectionUnlessTheCallerChose(t *testing.T) {
+	got := kubectlEnv([]string{"PATH=/bin"})
+	if strings.Join(got, " ") != "PATH=/bin GOGC=off GOMEMLIMIT=256MiB" {
+		t.Fatalf("got %q", got)
+	}
+	for _, chosen := range []string{"GOGC=100", "GOMEMLIMIT=1GiB"} {
+		if got := kubectlEnv([]string{"PATH=/bin", chosen}); strings.Join(got, " ") != "PATH=/bin "+chosen {
+			t.Fatalf("%s: got %q", chosen, got)
+		}
+	}
+}

@@ -176,31 +176,14 @@ def test_rejoin_cordons_for_the_checks_and_leaves_pods(cluster: Cluster) -> None
     }
     cluster.server.run(["sh", "-c", f'printf "%s" "$1" | {K3S} kubectl create -f -', "-", json.dumps(pod)])
     uid = cluster.kubectl_json("get", "pod", "keep-me")["metadata"]["uid"]
-    cordoned_seen = threading.Event()
-    stop = threading.Event()
-    # jn-worker-2 joins in this run, in the pool "web": every sight of its Node, from the first,
-    # carries the pool's taint (never schedulable for ordinary pods without it).
-    pool_node_seen: list[set[str]] = []
-
-    def watch() -> None:
-        while not stop.is_set():
-            nodes = {n["metadata"]["name"]: n for n in cluster.kubectl_json("get", "nodes")["items"]}
-            if nodes["jn-worker-1"]["spec"].get("unschedulable"):
-                cordoned_seen.set()
-            if "jn-worker-2" in nodes:
-                pool_node_seen.append(cluster.taints(nodes["jn-worker-2"]))
-            time.sleep(0.3)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
+    # jn-worker-2 joins in this run, in the pool "web": every version of its Node the API's watch
+    # delivers, from the first, carries the pool's taint (never schedulable for ordinary pods without it).
+    with NodeWatcher(cluster.server) as watcher:
         result = cluster.up()  # config from the previous test: a registry (a rejoin), w1 relabelled, w2 added
-    finally:
-        stop.set()
-        watcher.join()
+    pool_node_seen = [cluster.taints(node) for node in watcher.seen("jn-worker-2")]
     assert result.summary.result == "succeeded"
     assert changes(result.summary.resource_changes).get("update", 0) >= 1
-    assert cordoned_seen.is_set(), "jn-worker-1 was never cordoned during its rejoin"
+    assert watcher.cordoned("jn-worker-1"), "jn-worker-1 was never cordoned during its rejoin"
     node = cluster.node("jn-worker-1")
     assert not node["spec"].get("unschedulable") and node["metadata"]["labels"]["tier"] == "web"
     assert cluster.kubectl_json("get", "pod", "keep-me")["metadata"]["uid"] == uid
@@ -235,29 +218,16 @@ def test_a_pools_taints_and_labels_reach_its_running_worker_without_a_rejoin(clu
     config["worker_pools"][0]["labels"] = {"pool": "web"}
     cluster.stack.write_config(config)
     agent_started = cluster.w2.run(["systemctl", "show", "-p", "ExecMainStartTimestamp", "k3s-agent"]).stdout
-    cordoned = threading.Event()
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            if cluster.node("jn-worker-2")["spec"].get("unschedulable"):
-                cordoned.set()
-            time.sleep(0.3)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
     cluster.stack.log.clear()
-    try:
+    with NodeWatcher(cluster.server) as watcher:
         result = cluster.up()
-    finally:
-        stop.set()
-        watcher.join()
     summary = changes(result.summary.resource_changes)
     assert summary.get("delete", 0) == 0 and summary.get("replace", 0) == 0, summary
     text = cluster.stack.text()
     assert "[jn-worker-2] labels and taints in step" in text and "no rejoin" in text, text[-3000:]
     assert "[jn-worker-2] preflight" not in text and "[jn-worker-2] validating" not in text
-    assert not cordoned.is_set(), "jn-worker-2 was cordoned: a rejoin ran"
+    assert watcher.seen("jn-worker-2"), "the watch delivered no version of jn-worker-2's Node"
+    assert not watcher.cordoned("jn-worker-2"), "jn-worker-2 was cordoned: a rejoin ran"
     node = cluster.node("jn-worker-2")
     # The key kept its place with the new value, the new taint came, the hand-set one stayed.
     assert cluster.taints(node) == {
@@ -276,6 +246,25 @@ def test_a_pools_taints_and_labels_reach_its_running_worker_without_a_rejoin(clu
     assert "pool" not in labels and labels["by-hand"] == "yes"
     # jn-worker-1 is in no pool: untouched.
     assert cluster.taints(cluster.node("jn-worker-1")) == set()
+
+
+def test_the_node_watcher_sees_a_cordon_shorter_than_any_poll(cluster: Cluster) -> None:
+    """The tests above judge "never cordoned" and "cordoned during its rejoin" from lab.node_watch,
+    which reads the API's watch: a cordon lifted a moment later (one shell line on the server,
+    well under the 0.3 s a poll used to wait) is seen, and so is its end."""
+    with NodeWatcher(cluster.server) as watcher:
+        deadline = time.monotonic() + 30
+        while not watcher.seen("jn-worker-2"):  # the watch's first list arrived
+            assert time.monotonic() < deadline, "the watch delivered no Node within 30 s"
+            time.sleep(0.1)
+        cluster.server.run(["sh", "-c", f"{K3S} kubectl cordon jn-worker-2 && {K3S} kubectl uncordon jn-worker-2"])
+        deadline = time.monotonic() + 30
+        while not (
+            watcher.cordoned("jn-worker-2") and not watcher.seen("jn-worker-2")[-1]["spec"].get("unschedulable")
+        ):
+            assert time.monotonic() < deadline, watcher.sights[-10:]
+            time.sleep(0.1)
+    assert not cluster.node("jn-worker-2")["spec"].get("unschedulable")
 
 
 def test_a_k3s_version_past_the_next_minor_is_refused_at_preview(cluster: Cluster) -> None:
@@ -414,7 +403,7 @@ def test_a_worker_that_does_not_come_back_stops_a_patch_upgrade_there(cluster: C
     )
     cluster.stack.log.clear()
     with (
-        NodeWatcher(lambda: cluster.kubectl_json("get", "nodes")["items"]) as watcher,
+        NodeWatcher(cluster.server) as watcher,
         pytest.raises(auto.CommandError),
     ):
         cluster.stack.up()
@@ -588,7 +577,7 @@ def test_a_minor_upgrade_drains_one_worker_at_a_time_after_the_server(cluster: C
     )
     cluster.stack.log.clear()
     started = time.monotonic()
-    with NodeWatcher(lambda: cluster.kubectl_json("get", "nodes")["items"]) as watcher:
+    with NodeWatcher(cluster.server) as watcher:
         result = cluster.up()
     seconds = time.monotonic() - started
     assert result.summary.result == "succeeded"
