@@ -39,7 +39,7 @@ def watch_events(text: str) -> tuple[list[dict[str, Any]], str]:
     """The complete JSON documents at the start of `text` (kubectl writes one per event, pretty
     printed, one after the other) and the rest, an event not yet whole."""
     decoder = json.JSONDecoder()
-    events = []
+    events: list[dict[str, Any]] = []
     while (rest := text.lstrip()) != "":
         try:
             event, end = decoder.raw_decode(rest)
