@@ -20,13 +20,12 @@ import time
 from typing import Any
 
 from lab.hosts import Host, HostNotRunningError
+from lab.hosts.host import NSENTER_ENV
 
 K3S = "/usr/local/bin/k3s"
 #: How long to wait before watching again when the API is away.
 RETRY_SECONDS = 0.5
 WATCH_ARGV = (K3S, "kubectl", "get", "nodes", "--watch", "--output-watch-events", "-o", "json")
-#: As `Host.run` gives its commands (kubectl keeps its discovery cache under $HOME).
-WATCH_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
 
 
 def node_ready(node: dict[str, Any]) -> bool:
@@ -91,7 +90,11 @@ class NodeWatcher:
                     return
                 # Its own session: stopping it ends nsenter and the kubectl it forked inside the host.
                 self._process = subprocess.Popen(
-                    argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=WATCH_ENV, start_new_session=True
+                    argv,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    env=dict(NSENTER_ENV),
+                    start_new_session=True,
                 )
             known: dict[str, dict[str, Any]] = {}
             pending = ""

@@ -36,6 +36,14 @@ NETEM_QUEUES = {"public": 4101, "private": 4102}
 NETEM_COMMENT = "hk3s-lab-netem"
 SSH_USER = "root"
 MAX_HOSTS = 80
+#: The environment of a command entered with nsenter (`Host.run`, and what runs beside it such as
+#: lab.node_watch): a root login's, so kubectl keeps its discovery cache under /root.
+NSENTER_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+    "TERM": "dumb",
+}
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
 
 Link = Literal["public", "private"]
@@ -264,13 +272,7 @@ class Host:
         real SSH."""
         if via == "ssh":
             return self.ssh(command, check=check, timeout=timeout)
-        env = {
-            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": "/root",
-            "LANG": "C.UTF-8",
-            "TERM": "dumb",
-        }
-        return _run(self.nsenter_argv(command), check=check, timeout=timeout, env=env)
+        return _run(self.nsenter_argv(command), check=check, timeout=timeout, env=dict(NSENTER_ENV))
 
     def netns_run(
         self, argv: Sequence[str], *, check: bool = True, timeout: float = 60
